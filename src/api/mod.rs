@@ -1,0 +1,1 @@
+//! The custom resources: `DistributedLock` and `LockClaim` in `turnstile.dev/v1alpha1`.

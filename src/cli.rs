@@ -1,0 +1,28 @@
+//! The `turnstile` command line: argument parsing and dispatch to the subcommands.
+
+use clap::{Parser, Subcommand};
+
+/// Distributed locks for Kubernetes workloads.
+#[derive(Debug, Parser)]
+#[command(name = "turnstile", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands of `turnstile`.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the CustomResourceDefinitions as YAML (`turnstile crds | kubectl apply -f -`).
+    Crds,
+}
+
+/// Runs the parsed command line.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Crds => {
+            anyhow::bail!("not implemented yet")
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! The reconcilers: small I/O shells over a pure decision core.

@@ -1,0 +1,14 @@
+//! Turnstile: distributed locks (mutexes and counting semaphores) as Kubernetes objects.
+//!
+//! The crate is layered; each layer only depends on the ones above it in this list:
+//!
+//! - [`lock`]: the lock engine, a library in its own right with no Kubernetes dependency:
+//!   [`lock::Locker`] over a [`lock::Backend`] (memory, Redis, MongoDB).
+//! - [`api`]: the `DistributedLock` and `LockClaim` custom resources (`turnstile.dev/v1alpha1`).
+//! - [`controller`]: the reconcilers, thin I/O shells over a pure decision core.
+//! - [`cli`]: the `turnstile` command line (`run`, `crds`, `wait`, `lock`).
+
+pub mod api;
+pub mod cli;
+pub mod controller;
+pub mod lock;

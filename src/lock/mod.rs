@@ -1,0 +1,1 @@
+//! The lock engine: mutexes and counting semaphores over pluggable backends.
