@@ -1,0 +1,156 @@
+//! Routing of targeted wake-ups to the waiting tasks of this process.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::Notify;
+
+type Waiters = HashMap<String, HashMap<String, WaiterSlot>>;
+
+struct WaiterSlot {
+    notify: Arc<Notify>,
+    /// Requests of this process waiting with the same (topic, owner); they share one slot.
+    registrations: usize,
+}
+
+/// Maps (topic, owner token) to the local task waiting for that owner's turn.
+///
+/// A topic is whatever a backend's wake-up messages are addressed by: the lock key in memory,
+/// the pub/sub channel in Redis. Cloning shares the registry.
+#[derive(Clone, Default)]
+pub struct WakeRegistry {
+    waiters: Arc<Mutex<Waiters>>,
+}
+
+impl fmt::Debug for WakeRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WakeRegistry")
+            .field("topics", &self.locked().len())
+            .finish()
+    }
+}
+
+impl WakeRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn locked(&self) -> MutexGuard<'_, Waiters> {
+        // A panic while holding this short lock cannot leave the maps inconsistent.
+        self.waiters
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Registers a waiter. `on_drop` runs after the subscription unregistered itself, e.g. to
+    /// drop a backend's pub/sub subscription.
+    pub fn register(
+        &self,
+        topic: &str,
+        owner: &str,
+        on_drop: Option<Box<dyn FnOnce() + Send + Sync>>,
+    ) -> WakeSubscription {
+        let notify = {
+            let mut waiters = self.locked();
+            let slot = waiters
+                .entry(topic.to_owned())
+                .or_default()
+                .entry(owner.to_owned())
+                .or_insert_with(|| WaiterSlot {
+                    notify: Arc::new(Notify::new()),
+                    registrations: 0,
+                });
+            slot.registrations += 1;
+            Arc::clone(&slot.notify)
+        };
+        WakeSubscription {
+            notify,
+            registry: Some((self.clone(), topic.to_owned(), owner.to_owned())),
+            on_drop,
+        }
+    }
+
+    /// Wakes the local waiter registered for (topic, owner), if any. Returns whether one was.
+    pub fn wake(&self, topic: &str, owner: &str) -> bool {
+        let waiters = self.locked();
+        match waiters.get(topic).and_then(|owners| owners.get(owner)) {
+            Some(slot) => {
+                // notify_one keeps a permit when nobody is awaiting yet: no lost wake-up.
+                slot.notify.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Wakes every local waiter, e.g. after a pub/sub reconnect during which messages may
+    /// have been lost. They re-poll once; that is the price of correctness.
+    pub fn wake_all(&self) {
+        for owners in self.locked().values() {
+            for slot in owners.values() {
+                slot.notify.notify_one();
+            }
+        }
+    }
+
+    /// Number of topics with at least one waiter.
+    pub fn topic_count(&self) -> usize {
+        self.locked().len()
+    }
+
+    fn unregister(&self, topic: &str, owner: &str) {
+        let mut waiters = self.locked();
+        let Some(owners) = waiters.get_mut(topic) else {
+            return;
+        };
+        if let Some(slot) = owners.get_mut(owner) {
+            slot.registrations = slot.registrations.saturating_sub(1);
+            if slot.registrations == 0 {
+                owners.remove(owner);
+            }
+        }
+        if owners.is_empty() {
+            waiters.remove(topic);
+        }
+    }
+}
+
+/// A registered interest in wake-ups for one owner on one lock. Dropping it unregisters.
+pub struct WakeSubscription {
+    notify: Arc<Notify>,
+    registry: Option<(WakeRegistry, String, String)>,
+    on_drop: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl fmt::Debug for WakeSubscription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (topic, owner) = match &self.registry {
+            Some((_, topic, owner)) => (topic.as_str(), owner.as_str()),
+            None => ("", ""),
+        };
+        f.debug_struct("WakeSubscription")
+            .field("topic", &topic)
+            .field("owner", &owner)
+            .finish()
+    }
+}
+
+impl WakeSubscription {
+    /// Waits for the next wake-up (returns at once if one arrived since the last call).
+    pub async fn notified(&self) {
+        self.notify.notified().await;
+    }
+}
+
+impl Drop for WakeSubscription {
+    fn drop(&mut self) {
+        if let Some((registry, topic, owner)) = self.registry.take() {
+            registry.unregister(&topic, &owner);
+        }
+        if let Some(on_drop) = self.on_drop.take() {
+            on_drop();
+        }
+    }
+}
