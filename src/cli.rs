@@ -22,7 +22,8 @@ pub enum Command {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Crds => {
-            anyhow::bail!("not implemented yet")
+            print!("{}", crate::api::crds_yaml()?);
+            Ok(())
         }
     }
 }

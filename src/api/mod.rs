@@ -1,1 +1,23 @@
 //! The custom resources: `DistributedLock` and `LockClaim` in `turnstile.dev/v1alpha1`.
+//!
+//! The names, fields, phases and printer columns here are the user-facing contract
+//! (DESIGN.md section 2): scripts and `kubectl` sessions depend on them, so change them
+//! only together with the design.
+
+mod claim;
+mod crds;
+mod lock;
+
+pub use claim::{ClaimPhase, LockClaim, LockClaimSpec, LockClaimStatus, HELD_CONDITION};
+pub use crds::{crd_yaml, crds, crds_yaml, CrdRenderError};
+pub use lock::{
+    BackendKind, DistributedLock, DistributedLockSpec, DistributedLockStatus, LockHolder,
+    DEFAULT_LEASE_DURATION_SECONDS, MAX_LEASE_DURATION_SECONDS, READY_CONDITION,
+};
+
+/// The API group of both custom resources.
+pub const GROUP: &str = "turnstile.dev";
+/// The API version of both custom resources.
+pub const VERSION: &str = "v1alpha1";
+/// The category both kinds belong to: `kubectl get locks` lists locks and claims together.
+pub const CATEGORY: &str = "locks";
