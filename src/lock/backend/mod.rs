@@ -30,6 +30,7 @@
 //! never hurt anyone else.
 
 pub mod memory;
+pub mod redis;
 mod wake;
 
 use std::fmt;
@@ -41,6 +42,7 @@ use async_trait::async_trait;
 use crate::lock::error::{LockError, LockResult};
 
 pub use self::memory::MemoryBackend;
+pub use self::redis::{RedisBackend, RedisBackendConfig};
 pub use self::wake::{WakeRegistry, WakeSubscription};
 
 /// Longest key accepted, in bytes.

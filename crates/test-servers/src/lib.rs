@@ -1,0 +1,17 @@
+//! Test support: starts real backend servers on free `127.0.0.1` ports, each in its own
+//! temporary directory, and stops them by PID when dropped.
+//!
+//! Many test binaries may use it in parallel: every server gets its own port, and a start
+//! that loses a port race (another process bound the port between our probe and the
+//! server's bind) is retried on a fresh port.
+//!
+//! - [`RedisServer`]: a `redis-server` without persistence.
+//!
+//! New launchers (MongoDB-compatible servers, ...) go in their own module and reuse
+//! [`free_port`], [`wait_until`] and [`ServerProcess`].
+
+mod process;
+mod redis;
+
+pub use self::process::{free_port, wait_until, ServerProcess};
+pub use self::redis::RedisServer;
