@@ -1,0 +1,55 @@
+//! Backend conformance suite: every behaviour of the lock engine, written once in
+//! [`cases`], run against every backend.
+//!
+//! Adding a backend = a factory in [`harness`] (`async fn NAME() -> Harness`) plus one
+//! `conformance_suite!(NAME);` line below.
+
+mod cases;
+mod harness;
+
+/// Instantiates every case as a test in module `$backend`, each with a fresh backend from
+/// `harness::$backend()`.
+macro_rules! conformance_suite {
+    ($backend:ident) => {
+        mod $backend {
+            conformance_suite!(@cases $backend,
+                invalid_arguments_are_typed_errors,
+                mutex_excludes_and_tokens_increase,
+                release_is_idempotent_and_never_hits_the_next_holder,
+                release_strict_reports_a_lost_lock,
+                extend_and_refresh_keep_the_lock_and_fail_once_lost,
+                expired_lease_is_lost_even_without_a_successor,
+                explicit_owner_reacquire_is_idempotent,
+                semaphore_admits_max_holders,
+                fencing_floor_raises_and_never_lowers,
+                snapshot_shows_holders_waiters_and_counter,
+                release_wakes_the_waiter_without_polling,
+                expiry_frees_the_lock_for_waiters,
+                waiters_are_served_first_come_first_served,
+                try_acquire_never_jumps_the_queue_and_dead_waiters_age_out,
+                one_release_costs_one_waiter_one_attempt,
+                releaser_does_not_regrab_its_own_lock,
+                run_releases_on_success_error_and_panic,
+                dropping_an_unreleased_lock_releases_it,
+                retry_policy_bounds_the_wait,
+                timeouts_and_cancellation_leave_no_ghost_grant,
+                cancelled_waiter_leaves_the_queue_and_passes_the_turn,
+                stress_mutex_counts_zero_violations,
+                stress_semaphore_counts_zero_violations,
+                stress_with_stalled_holders_counts_zero_violations,
+            );
+        }
+    };
+    (@cases $backend:ident, $($case:ident),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let harness = crate::harness::$backend().await;
+                let _ = crate::cases::$case(harness).await;
+            }
+        )+
+    };
+}
+
+conformance_suite!(memory);
+conformance_suite!(redis);
