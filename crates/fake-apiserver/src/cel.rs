@@ -1,0 +1,85 @@
+//! `x-kubernetes-validations` CEL rules, evaluated with the `kube-cel` crate
+//! (the CEL library kube-rs maintains), including transition rules with `oldSelf`.
+
+use serde_json::Value;
+
+use crate::error::FieldError;
+use crate::schema::type_name;
+
+/// Whether the schema has any CEL rule (to skip the work when it has none).
+pub(crate) fn has_rules(schema: &Value) -> bool {
+    match schema {
+        Value::Object(map) => {
+            map.contains_key("x-kubernetes-validations") || map.values().any(has_rules)
+        }
+        Value::Array(items) => items.iter().any(has_rules),
+        _ => false,
+    }
+}
+
+/// The value at a kube-cel field path such as `spec.items[2].name`.
+fn value_at<'a>(root: &'a Value, path: &str) -> Option<&'a Value> {
+    let mut cur = root;
+    for segment in path.split('.').filter(|s| !s.is_empty()) {
+        let (field, indexes) = match segment.find('[') {
+            Some(i) => (&segment[..i], &segment[i..]),
+            None => (segment, ""),
+        };
+        if !field.is_empty() {
+            cur = cur.get(field)?;
+        }
+        for idx in indexes.split('[').filter(|s| !s.is_empty()) {
+            let n: usize = idx.trim_end_matches(']').parse().ok()?;
+            cur = cur.get(n)?;
+        }
+    }
+    Some(cur)
+}
+
+/// Evaluates every rule; `old` is the stored object on updates (for `oldSelf`).
+/// Errors are worded as kube-apiserver words them: `path: Invalid value: "<type>": <message>`.
+pub(crate) fn evaluate(schema: &Value, object: &Value, old: Option<&Value>, api_version: &str, group: &str, kind: &str) -> Vec<FieldError> {
+    if !has_rules(schema) {
+        return Vec::new();
+    }
+    let root = kube_cel::RootContext { api_version: api_version.into(), api_group: group.into(), kind: kind.into() };
+    match kube_cel::Validator::new().validate_with_context(schema, object, old, Some(&root)) {
+        Ok(()) => Vec::new(),
+        Err(errors) => errors
+            .into_vec()
+            .into_iter()
+            .map(|e| {
+                let shown_type = value_at(object, &e.field_path).map(type_name).unwrap_or("object");
+                let value = Value::String(shown_type.to_string());
+                match e.reason.as_deref() {
+                    Some("FieldValueRequired") => FieldError::required(&e.field_path, &e.message),
+                    Some("FieldValueForbidden") => FieldError::forbidden(&e.field_path, &e.message),
+                    Some("FieldValueDuplicate") => {
+                        FieldError::other("FieldValueDuplicate", &e.field_path, format!("Duplicate value: {}", e.message))
+                    }
+                    _ => FieldError::invalid(&e.field_path, &value, &e.message),
+                }
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn immutability_transition_rule() {
+        let schema = json!({"type": "object", "properties": {"spec": {"type": "object",
+            "properties": {"lockName": {"type": "string",
+                "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "lockName is immutable"}]}}}}});
+        let old = json!({"spec": {"lockName": "a"}});
+        let new = json!({"spec": {"lockName": "b"}});
+        assert!(evaluate(&schema, &new, None, "x/v1", "x", "K").is_empty(), "no oldSelf on create");
+        assert!(evaluate(&schema, &old, Some(&old), "x/v1", "x", "K").is_empty());
+        let errs = evaluate(&schema, &new, Some(&old), "x/v1", "x", "K");
+        assert_eq!(errs.len(), 1);
+        assert_eq!(errs[0].text(), "spec.lockName: Invalid value: \"string\": lockName is immutable");
+    }
+}

@@ -1,0 +1,109 @@
+//! Discovery: `/version`, `/api`, `/api/v1`, `/apis`, `/apis/G`, `/apis/G/V` (the legacy
+//! documents; kubectl falls back to them when aggregated discovery is not offered).
+
+use std::hash::{Hash, Hasher};
+
+use serde_json::{json, Value};
+
+use crate::registry::{api_version, Registry, ResourceType};
+
+/// The Kubernetes version the fake claims (kubectl on these machines is v1.32).
+pub(crate) const MAJOR: &str = "1";
+/// See [`MAJOR`].
+pub(crate) const MINOR: &str = "32";
+
+/// `/version`.
+pub(crate) fn version() -> Value {
+    json!({
+        "major": MAJOR,
+        "minor": MINOR,
+        "gitVersion": format!("v{MAJOR}.{MINOR}.0-fake"),
+        "gitCommit": "0000000000000000000000000000000000000000",
+        "gitTreeState": "clean",
+        "buildDate": "2025-01-01T00:00:00Z",
+        "goVersion": "go1.23.0",
+        "compiler": "gc",
+        "platform": "linux/amd64",
+    })
+}
+
+/// `/api`.
+pub(crate) fn core_versions(server_address: &str) -> Value {
+    json!({
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}],
+    })
+}
+
+fn group_entry(name: &str, versions: &[String]) -> Value {
+    let list: Vec<Value> = versions.iter().map(|v| json!({"groupVersion": api_version(name, v), "version": v})).collect();
+    let preferred = list.first().cloned().unwrap_or_else(|| json!({}));
+    json!({"name": name, "versions": list, "preferredVersion": preferred})
+}
+
+/// `/apis`.
+pub(crate) fn group_list(registry: &Registry) -> Value {
+    let groups: Vec<Value> =
+        registry.groups().iter().filter(|(g, _)| !g.is_empty()).map(|(g, vs)| group_entry(g, vs)).collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+/// `/apis/G`, or None when no such group is served.
+pub(crate) fn group(registry: &Registry, name: &str) -> Option<Value> {
+    let (g, vs) = registry.groups().into_iter().find(|(g, _)| g == name && !g.is_empty())?;
+    let mut entry = group_entry(&g, &vs);
+    entry["kind"] = json!("APIGroup");
+    entry["apiVersion"] = json!("v1");
+    Some(entry)
+}
+
+/// A stable hash of a type's shape, like `storageVersionHash`.
+fn storage_hash(t: &ResourceType) -> String {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (&t.group, &t.kind, t.storage_version()).hash(&mut h);
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(&h.finish().to_be_bytes())
+}
+
+/// `/api/v1` or `/apis/G/V`, or None when that group/version is not served.
+pub(crate) fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<Value> {
+    let types: Vec<&std::sync::Arc<ResourceType>> =
+        registry.all().iter().filter(|t| t.group == group && t.version(version).is_some()).collect();
+    if types.is_empty() {
+        return None;
+    }
+    let mut resources = Vec::new();
+    for t in types {
+        let mut entry = json!({
+            "name": t.plural,
+            "singularName": t.singular,
+            "namespaced": t.namespaced,
+            "kind": t.kind,
+            "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
+            "storageVersionHash": storage_hash(t),
+        });
+        if !t.short_names.is_empty() {
+            entry["shortNames"] = json!(t.short_names);
+        }
+        if !t.categories.is_empty() {
+            entry["categories"] = json!(t.categories);
+        }
+        resources.push(entry);
+        if t.has_status(version) {
+            resources.push(json!({
+                "name": format!("{}/status", t.plural),
+                "singularName": "",
+                "namespaced": t.namespaced,
+                "kind": t.kind,
+                "verbs": ["get", "patch", "update"],
+            }));
+        }
+    }
+    Some(json!({
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": api_version(group, version),
+        "resources": resources,
+    }))
+}

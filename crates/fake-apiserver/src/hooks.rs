@@ -1,0 +1,118 @@
+//! Test hooks: injected faults and the request log.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+
+/// One request as the server saw it, with its Kubernetes request attributes
+/// (what RBAC would authorise).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedRequest {
+    /// HTTP method (`GET`, `POST`, ...).
+    pub method: String,
+    /// URL path.
+    pub path: String,
+    /// Raw query string ("" when none).
+    pub query: String,
+    /// Kubernetes verb: `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`,
+    /// `deletecollection`; for non-resource URLs the lower-cased method.
+    pub verb: String,
+    /// Whether this was a resource request (false for discovery, `/version`, `/openapi`).
+    pub is_resource_request: bool,
+    /// API group ("" for core).
+    pub api_group: String,
+    /// API version.
+    pub api_version: String,
+    /// Plural resource name.
+    pub resource: String,
+    /// Subresource (`status`) or "".
+    pub subresource: String,
+    /// Namespace or "".
+    pub namespace: String,
+    /// Object name or "".
+    pub name: String,
+    /// The `Content-Type` of the request body ("" when none), e.g. the patch type.
+    pub content_type: String,
+    /// HTTP status code answered.
+    pub status: u16,
+    /// Whether the answer was an injected fault.
+    pub injected_fault: bool,
+}
+
+/// A fault to inject: the next `remaining` writes whose path starts with `path_prefix`
+/// answer `status`.
+#[derive(Debug, Clone)]
+struct Fault {
+    path_prefix: String,
+    remaining: usize,
+    status: u16,
+}
+
+/// The hooks' shared state.
+#[derive(Debug, Default)]
+pub(crate) struct Hooks {
+    faults: Mutex<Vec<Fault>>,
+    log: Mutex<Vec<RecordedRequest>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Hooks {
+    /// Arms a fault.
+    pub(crate) fn inject(&self, path_prefix: &str, count: usize, status: u16) {
+        lock(&self.faults).push(Fault { path_prefix: path_prefix.to_string(), remaining: count, status });
+    }
+
+    /// Consumes one fault matching `path`, returning the status to answer.
+    pub(crate) fn take_fault(&self, path: &str) -> Option<u16> {
+        let mut faults = lock(&self.faults);
+        let fault = faults.iter_mut().find(|f| f.remaining > 0 && path.starts_with(&f.path_prefix))?;
+        fault.remaining -= 1;
+        let status = fault.status;
+        faults.retain(|f| f.remaining > 0);
+        Some(status)
+    }
+
+    /// Records a request.
+    pub(crate) fn record(&self, request: RecordedRequest) {
+        lock(&self.log).push(request);
+    }
+
+    /// A copy of the log.
+    pub(crate) fn log(&self) -> Vec<RecordedRequest> {
+        lock(&self.log).clone()
+    }
+
+    /// Empties the log.
+    pub(crate) fn clear_log(&self) {
+        lock(&self.log).clear();
+    }
+}
+
+/// The verbs used per `(group, resource[/subresource])`: what a least-privilege RBAC Role
+/// must grant for the requests logged. Only resource requests that were not injected
+/// faults are counted.
+pub fn rbac_summary(log: &[RecordedRequest]) -> BTreeMap<(String, String), BTreeSet<String>> {
+    let mut out: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    for r in log.iter().filter(|r| r.is_resource_request && !r.injected_fault) {
+        let resource = if r.subresource.is_empty() { r.resource.clone() } else { format!("{}/{}", r.resource, r.subresource) };
+        out.entry((r.api_group.clone(), resource)).or_default().insert(r.verb.clone());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn faults_are_consumed_in_order_and_by_prefix() {
+        let hooks = Hooks::default();
+        hooks.inject("/apis/x", 2, 409);
+        assert_eq!(hooks.take_fault("/api/v1/pods"), None);
+        assert_eq!(hooks.take_fault("/apis/x/v1/things"), Some(409));
+        assert_eq!(hooks.take_fault("/apis/x/v1/things"), Some(409));
+        assert_eq!(hooks.take_fault("/apis/x/v1/things"), None);
+    }
+}

@@ -1,0 +1,193 @@
+//! [`FakeApiServer`]: starting it, talking to it, and the test hooks.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::error::Error;
+use crate::hooks::{Hooks, RecordedRequest};
+use crate::http::{self, AppState};
+use crate::rest::{self, FieldValidation, Target, WriteOptions};
+use crate::store::Store;
+
+/// Namespaces that exist from the start, as on a new cluster.
+const INITIAL_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
+
+/// Configures a [`FakeApiServer`] before starting it.
+#[derive(Debug, Clone)]
+pub struct Builder {
+    port: u16,
+    bookmark_interval: Duration,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Self { port: 0, bookmark_interval: Duration::from_secs(5) }
+    }
+}
+
+impl Builder {
+    /// The port to listen on (default 0: a free port).
+    pub fn port(mut self, port: u16) -> Self {
+        self.port = port;
+        self
+    }
+
+    /// How often watches that allow bookmarks get one (kube-apiserver: about a minute;
+    /// default here: 5 s, so tests see them quickly).
+    pub fn bookmark_interval(mut self, interval: Duration) -> Self {
+        self.bookmark_interval = interval;
+        self
+    }
+
+    /// Binds `127.0.0.1:<port>` and starts serving. Must run inside a tokio runtime.
+    pub async fn start(self) -> Result<FakeApiServer, Error> {
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
+        let listener = TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr: addr.to_string(), source })?;
+        let addr = listener.local_addr().map_err(|source| Error::Bind { addr: addr.to_string(), source })?;
+        let url = format!("http://{addr}");
+        let store = Arc::new(Store::new());
+        let (close_watches, _) = watch::channel(0u64);
+        let state = Arc::new(AppState { store: store.clone(), hooks: Hooks::default(), close_watches, bookmark_interval: self.bookmark_interval, url: url.clone() });
+        create_initial_namespaces(&state);
+        let app = axum::Router::new().fallback(http::handle).with_state(state.clone());
+        let server_task = tokio::spawn(async move {
+            if let Err(err) = axum::serve(listener, app).await {
+                tracing::error!(error = %err, "fake apiserver stopped serving");
+            }
+        });
+        let gc_task = tokio::spawn(crate::gc::run(store));
+        tracing::info!(%url, "fake apiserver listening");
+        Ok(FakeApiServer { state, addr, url, server_task, gc_task })
+    }
+}
+
+fn create_initial_namespaces(state: &AppState) {
+    let Some(rtype) = state.store.lock().registry.lookup("", "v1", "namespaces") else { return };
+    let target = Target { rtype, version: "v1".into(), namespace: None, name: None, subresource: None };
+    let opts = WriteOptions { dry_run: false, field_validation: FieldValidation::Ignore, field_manager: None };
+    for ns in INITIAL_NAMESPACES {
+        let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+        if let Err(err) = rest::create(&state.store, &target, body, &opts) {
+            tracing::error!(namespace = ns, error = %err, "cannot create an initial namespace");
+        }
+    }
+}
+
+/// A running fake API server. Dropping it stops it (open watches are cut).
+#[derive(Debug)]
+pub struct FakeApiServer {
+    state: Arc<AppState>,
+    addr: SocketAddr,
+    url: String,
+    server_task: JoinHandle<()>,
+    gc_task: JoinHandle<()>,
+}
+
+impl FakeApiServer {
+    /// Starts a server on a free port of 127.0.0.1 with default settings.
+    pub async fn start() -> Result<Self, Error> {
+        Builder::default().start().await
+    }
+
+    /// A [`Builder`] for non-default settings.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The listening address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A kube client configuration pointing at this server (default namespace `default`).
+    pub fn kube_config(&self) -> Result<kube::Config, Error> {
+        let uri = self.url.parse::<axum::http::Uri>().map_err(|_| Error::Url(self.url.clone()))?;
+        Ok(kube::Config::new(uri))
+    }
+
+    /// A kube client for this server.
+    pub fn try_client(&self) -> Result<kube::Client, Error> {
+        Ok(kube::Client::try_from(self.kube_config()?)?)
+    }
+
+    /// A kube client for this server. Must be called inside a tokio runtime.
+    ///
+    /// # Panics
+    /// Only if kube cannot build a client for a plain-HTTP loopback URL without
+    /// credentials, which does not depend on any input; use [`Self::try_client`] to handle it.
+    pub fn client(&self) -> kube::Client {
+        self.try_client().expect("a kube client for a plain-HTTP loopback URL needs no TLS or credentials")
+    }
+
+    /// A kubeconfig (YAML) with one cluster, user and context, all named `fake`.
+    pub fn kubeconfig_yaml(&self) -> Result<String, Error> {
+        let config = json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "default"}}],
+            "current-context": "fake",
+            "preferences": {},
+        });
+        Ok(serde_yaml::to_string(&config)?)
+    }
+
+    /// Writes [`Self::kubeconfig_yaml`] to `path` (for `kubectl --kubeconfig`).
+    pub fn write_kubeconfig(&self, path: impl AsRef<Path>) -> Result<(), Error> {
+        let path = path.as_ref();
+        std::fs::write(path, self.kubeconfig_yaml()?).map_err(|source| Error::Kubeconfig { path: path.display().to_string(), source })
+    }
+
+    /// Compacts the watch history: resuming a watch from any resourceVersion older than
+    /// the current one answers `ERROR 410 Expired`. Open watches keep running.
+    pub fn compact(&self) {
+        self.state.store.with(|inner| inner.compact());
+    }
+
+    /// Ends every open watch (clients see the stream close, as when kube-apiserver restarts).
+    pub fn close_watches(&self) {
+        self.state.close_watches.send_modify(|generation| *generation += 1);
+    }
+
+    /// Makes the next `count` writes (POST, PUT, PATCH, DELETE) whose URL path starts with
+    /// `path_prefix` answer `status` (409 Conflict or 500 InternalError) without effect.
+    pub fn inject_faults(&self, path_prefix: &str, count: usize, status: u16) {
+        self.state.hooks.inject(path_prefix, count, status);
+    }
+
+    /// Every request served so far, in order.
+    pub fn request_log(&self) -> Vec<RecordedRequest> {
+        self.state.hooks.log()
+    }
+
+    /// Empties the request log.
+    pub fn clear_request_log(&self) {
+        self.state.hooks.clear_log();
+    }
+
+    /// The latest resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.state.store.lock().current_rv()
+    }
+}
+
+impl Drop for FakeApiServer {
+    fn drop(&mut self) {
+        self.close_watches();
+        self.server_task.abort();
+        self.gc_task.abort();
+    }
+}

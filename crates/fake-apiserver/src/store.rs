@@ -1,0 +1,207 @@
+//! Object storage, the global `resourceVersion`, the event history watches resume from,
+//! and compaction.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::Value;
+use tokio::sync::{broadcast, Notify};
+
+use crate::meta;
+use crate::registry::Registry;
+
+/// Where an object lives: storage group, plural resource, namespace (empty when
+/// cluster-scoped) and name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct ObjectKey {
+    pub group: String,
+    pub resource: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// The type of a watch event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventType {
+    /// The wire name.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Added => "ADDED",
+            Self::Modified => "MODIFIED",
+            Self::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One committed change.
+#[derive(Debug)]
+pub(crate) struct StoredEvent {
+    pub rv: u64,
+    pub event_type: EventType,
+    pub key: ObjectKey,
+    /// The object after the change (for DELETED: its last state, with the deletion's RV).
+    pub object: Arc<Value>,
+    /// The object before the change, for selector transitions.
+    pub previous: Option<Arc<Value>>,
+}
+
+/// How many events are kept for watch resumption before the oldest are compacted away.
+const HISTORY_LIMIT: usize = 50_000;
+
+/// Capacity of the live event channel; a watcher that falls this far behind is closed.
+const CHANNEL_CAPACITY: usize = 16_384;
+
+/// The mutable state, behind one lock so every write is atomic with its event.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    objects: BTreeMap<ObjectKey, Arc<Value>>,
+    rv: u64,
+    history: VecDeque<Arc<StoredEvent>>,
+    /// Watches may resume from a resourceVersion `>= compacted`.
+    compacted: u64,
+    /// The served types (changes when CRDs are written).
+    pub registry: Registry,
+    tx: broadcast::Sender<Arc<StoredEvent>>,
+    /// Set by writes the garbage collector should look at.
+    pub gc_wanted: bool,
+}
+
+/// The store shared by all request handlers.
+#[derive(Debug)]
+pub(crate) struct Store {
+    inner: Mutex<Inner>,
+    /// Wakes the garbage collector.
+    pub gc_notify: Notify,
+}
+
+impl Store {
+    /// An empty store serving the built-in types.
+    pub(crate) fn new() -> Self {
+        let (tx, _) = broadcast::channel(CHANNEL_CAPACITY);
+        Self {
+            inner: Mutex::new(Inner {
+                objects: BTreeMap::new(),
+                rv: 0,
+                history: VecDeque::new(),
+                compacted: 0,
+                registry: Registry::builtins(),
+                tx,
+                gc_wanted: false,
+            }),
+            gc_notify: Notify::new(),
+        }
+    }
+
+    /// Locks the state. A poisoned lock (a panic in another handler) is taken over:
+    /// every write leaves the maps consistent before anything can panic.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs `f` under the lock and wakes the garbage collector if it asked for it.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
+        let (result, wake) = {
+            let mut inner = self.lock();
+            let result = f(&mut inner);
+            let wake = std::mem::take(&mut inner.gc_wanted);
+            (result, wake)
+        };
+        if wake {
+            self.gc_notify.notify_one();
+        }
+        result
+    }
+}
+
+impl Inner {
+    /// The latest committed resourceVersion.
+    pub(crate) fn current_rv(&self) -> u64 {
+        self.rv
+    }
+
+    /// The object at `key`.
+    pub(crate) fn get(&self, key: &ObjectKey) -> Option<Arc<Value>> {
+        self.objects.get(key).cloned()
+    }
+
+    /// Objects of `group/resource`, in one namespace or all, ordered by namespace and name.
+    pub(crate) fn list(&self, group: &str, resource: &str, namespace: Option<&str>) -> Vec<Arc<Value>> {
+        self.objects
+            .iter()
+            .filter(|(k, _)| k.group == group && k.resource == resource && namespace.is_none_or(|ns| k.namespace == ns))
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    /// Every stored object with its key.
+    pub(crate) fn all(&self) -> impl Iterator<Item = (&ObjectKey, &Arc<Value>)> {
+        self.objects.iter()
+    }
+
+    /// Stores `object` at a new resourceVersion and emits `event_type`.
+    pub(crate) fn put(&mut self, key: ObjectKey, mut object: Value, event_type: EventType) -> Arc<Value> {
+        self.rv += 1;
+        meta::set_str(&mut object, "resourceVersion", &self.rv.to_string());
+        let object = Arc::new(object);
+        let previous = self.objects.insert(key.clone(), object.clone());
+        if meta::owner_uids(&object).next().is_some() {
+            self.gc_wanted = true;
+        }
+        self.emit(StoredEvent { rv: self.rv, event_type, key, object: object.clone(), previous });
+        object
+    }
+
+    /// Removes the object at `key` and emits DELETED with `last_state` at a new resourceVersion.
+    pub(crate) fn remove(&mut self, key: &ObjectKey, mut last_state: Value) -> Arc<Value> {
+        self.rv += 1;
+        meta::set_str(&mut last_state, "resourceVersion", &self.rv.to_string());
+        let object = Arc::new(last_state);
+        let previous = self.objects.remove(key);
+        self.gc_wanted = true;
+        self.emit(StoredEvent {
+            rv: self.rv,
+            event_type: EventType::Deleted,
+            key: key.clone(),
+            object: object.clone(),
+            previous,
+        });
+        object
+    }
+
+    fn emit(&mut self, event: StoredEvent) {
+        let event = Arc::new(event);
+        self.history.push_back(event.clone());
+        while self.history.len() > HISTORY_LIMIT {
+            if let Some(old) = self.history.pop_front() {
+                self.compacted = old.rv;
+            }
+        }
+        // No receivers is fine: nobody is watching.
+        let _ = self.tx.send(event);
+    }
+
+    /// Forgets all history: resuming a watch from any older resourceVersion answers 410.
+    pub(crate) fn compact(&mut self) {
+        self.history.clear();
+        self.compacted = self.rv;
+    }
+
+    /// Events after `rv`, or `Err(oldest)` when `rv` has been compacted.
+    pub(crate) fn events_since(&self, rv: u64) -> Result<Vec<Arc<StoredEvent>>, u64> {
+        if rv < self.compacted {
+            return Err(self.compacted);
+        }
+        Ok(self.history.iter().filter(|e| e.rv > rv).cloned().collect())
+    }
+
+    /// A receiver of every event committed from now on.
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<Arc<StoredEvent>> {
+        self.tx.subscribe()
+    }
+}
