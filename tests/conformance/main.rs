@@ -53,3 +53,12 @@ macro_rules! conformance_suite {
 
 conformance_suite!(memory);
 conformance_suite!(redis);
+
+/// Against a remote backend the cancellation trials must really cut acquires short, or
+/// `timeouts_and_cancellation_leave_no_ghost_grant` proves nothing there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cancellation_trials_cut_acquires_short() {
+    let cut_short =
+        cases::timeouts_and_cancellation_leave_no_ghost_grant(harness::redis().await).await;
+    assert!(cut_short > 0);
+}

@@ -40,6 +40,8 @@ use super::{
 use crate::lock::error::{LockError, LockResult};
 
 const BACKEND: &str = "redis";
+/// Reconnect attempts per failed command before it reports the backend unavailable.
+const RECONNECT_RETRIES: usize = 2;
 
 /// Helpers shared by every script.
 const PRELUDE: &str = r#"
@@ -242,17 +244,25 @@ pub struct RedisBackendConfig {
     url: String,
     key_prefix: String,
     response_timeout: Duration,
+    connect_timeout: Duration,
 }
 
 impl RedisBackendConfig {
-    /// Settings for `url` (`redis://host:port/db`, `rediss://…`), key prefix `turnstile:`,
-    /// response timeout 5 s.
+    /// Settings for `url` (`redis://host:port/db`), key prefix `turnstile:`, response
+    /// timeout 5 s, connect timeout 1 s.
     pub fn new(url: impl Into<String>) -> Self {
         RedisBackendConfig {
             url: url.into(),
             key_prefix: "turnstile:".to_owned(),
             response_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(1),
         }
+    }
+
+    /// How long one connection attempt may take (a few are made before a command fails).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
     }
 
     /// Prefix of every key and channel (lets several applications share one Redis).
@@ -496,9 +506,14 @@ impl RedisBackend {
     /// Must be called inside a tokio runtime (it spawns the pub/sub listener).
     pub async fn connect(config: RedisBackendConfig) -> LockResult<Self> {
         let client = redis::Client::open(config.url.as_str()).map_err(redis_error("open"))?;
+        // Fail fast while the server is down: a lock call should report BackendUnavailable
+        // within about a second rather than sit in the client's reconnect backoff.
         let manager_config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(config.response_timeout))
-            .set_connection_timeout(Some(config.response_timeout));
+            .set_connection_timeout(Some(config.connect_timeout))
+            .set_number_of_retries(RECONNECT_RETRIES)
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_millis(200));
         let mut connection = client
             .get_connection_manager_with_config(manager_config)
             .await
