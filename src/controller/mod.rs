@@ -1,1 +1,4 @@
-//! The reconcilers: small I/O shells over a pure decision core.
+//! The reconcilers: small I/O shells over a pure decision core ([`core`]).
+
+pub mod backend_ops;
+pub mod core;

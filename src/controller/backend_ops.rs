@@ -1,0 +1,79 @@
+//! Performing the core's planned backend calls on a lock engine [`Backend`].
+
+use crate::controller::core::{BackendOp, ExecutionGate, OpOutcome, PlannedOp};
+use crate::lock::{AcquireMode, AcquireOutcome, AcquireRequest, Backend, LockError};
+
+/// Performs `ops` in order on `backend` for the lock `key` (a semaphore of `max_holders`),
+/// honouring the [`ExecutionGate`]: nothing runs after a failure, no grant runs after a
+/// refused grant. Returns one outcome per op.
+pub async fn execute(
+    backend: &dyn Backend,
+    key: &str,
+    max_holders: u32,
+    ops: &[PlannedOp],
+) -> Vec<OpOutcome> {
+    let mut gate = ExecutionGate::default();
+    let mut outcomes = Vec::with_capacity(ops.len());
+    for planned in ops {
+        if !gate.admits(&planned.op) {
+            outcomes.push(OpOutcome::Skipped);
+            continue;
+        }
+        let outcome = perform(backend, key, max_holders, &planned.op)
+            .await
+            .unwrap_or_else(|error| OpOutcome::Failed {
+                message: error.to_string(),
+            });
+        tracing::debug!(
+            key,
+            claim = planned.claim.as_deref().unwrap_or(""),
+            op = ?planned.op,
+            outcome = ?outcome,
+            "backend call"
+        );
+        gate.record(&planned.op, &outcome);
+        outcomes.push(outcome);
+    }
+    outcomes
+}
+
+async fn perform(
+    backend: &dyn Backend,
+    key: &str,
+    max_holders: u32,
+    op: &BackendOp,
+) -> Result<OpOutcome, LockError> {
+    Ok(match op {
+        BackendOp::RaiseFloor { floor } => OpOutcome::FloorRaised {
+            counter: backend.raise_fencing_floor(key, *floor).await?,
+        },
+        BackendOp::Acquire { owner, ttl, .. } => {
+            let request = AcquireRequest {
+                key,
+                owner,
+                ttl: *ttl,
+                max_holders,
+                mode: AcquireMode::Try,
+                waiter_lease: *ttl,
+            };
+            match backend.acquire(&request).await? {
+                AcquireOutcome::Granted {
+                    fencing_token,
+                    already_held,
+                    ..
+                } => OpOutcome::Granted {
+                    fencing_token,
+                    already_held,
+                },
+                AcquireOutcome::Busy { retry_after }
+                | AcquireOutcome::Waiting { retry_after, .. } => OpOutcome::Busy { retry_after },
+            }
+        }
+        BackendOp::Extend { owner, ttl } => OpOutcome::Extended {
+            still_held: backend.extend(key, owner, *ttl).await?,
+        },
+        BackendOp::Release { owner } => OpOutcome::Released {
+            was_held: backend.release(key, owner, max_holders).await?,
+        },
+    })
+}
