@@ -107,3 +107,81 @@ pub(crate) fn resource_list(registry: &Registry, group: &str, version: &str) -> 
         "resources": resources,
     }))
 }
+
+/// Which aggregated discovery version (`v2` or `v2beta1`) the `Accept` header asks for first,
+/// if any; kubectl 1.32 and kube-rs' `run_aggregated` ask for it, older clients do not.
+pub(crate) fn aggregated_version(accept: &str) -> Option<&'static str> {
+    for range in accept.split(',') {
+        let params: Vec<&str> = range.split(';').map(str::trim).collect();
+        let has = |p: &str| params.contains(&p);
+        if params.first() == Some(&"application/json") {
+            if has("g=apidiscovery.k8s.io") && has("as=APIGroupDiscoveryList") {
+                if has("v=v2") {
+                    return Some("v2");
+                }
+                if has("v=v2beta1") {
+                    return Some("v2beta1");
+                }
+            } else if !range.contains("as=") {
+                return None;
+            }
+        }
+    }
+    None
+}
+
+/// The `Content-Type` of an aggregated discovery answer.
+pub(crate) fn aggregated_content_type(version: &str) -> String {
+    format!("application/json;g=apidiscovery.k8s.io;v={version};as=APIGroupDiscoveryList")
+}
+
+/// Aggregated discovery (`APIGroupDiscoveryList`) of the core group (`core == true`, for
+/// `/api`) or of all named groups (for `/apis`).
+pub(crate) fn aggregated(registry: &Registry, core: bool, discovery_version: &str) -> Value {
+    let items: Vec<Value> = registry
+        .groups()
+        .iter()
+        .filter(|(g, _)| g.is_empty() == core)
+        .map(|(g, versions)| {
+            let versions: Vec<Value> = versions
+                .iter()
+                .map(|v| {
+                    let resources: Vec<Value> = registry
+                        .all()
+                        .iter()
+                        .filter(|t| t.group == *g && t.version(v).is_some())
+                        .map(|t| {
+                            let kind = json!({"group": t.group, "version": v, "kind": t.kind});
+                            let mut r = json!({
+                                "resource": t.plural,
+                                "responseKind": kind,
+                                "scope": if t.namespaced { "Namespaced" } else { "Cluster" },
+                                "singularResource": t.singular,
+                                "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
+                            });
+                            if !t.short_names.is_empty() {
+                                r["shortNames"] = json!(t.short_names);
+                            }
+                            if !t.categories.is_empty() {
+                                r["categories"] = json!(t.categories);
+                            }
+                            if t.has_status(v) {
+                                r["subresources"] = json!([{"subresource": "status", "responseKind": kind, "verbs": ["get", "patch", "update"]}]);
+                            }
+                            r
+                        })
+                        .collect();
+                    json!({"version": v, "resources": resources, "freshness": "Current"})
+                })
+                .collect();
+            let metadata = if g.is_empty() { json!({}) } else { json!({"name": g}) };
+            json!({"metadata": metadata, "versions": versions})
+        })
+        .collect();
+    json!({
+        "kind": "APIGroupDiscoveryList",
+        "apiVersion": format!("apidiscovery.k8s.io/{discovery_version}"),
+        "metadata": {},
+        "items": items,
+    })
+}

@@ -230,8 +230,20 @@ fn dispatch(
             r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
             Ok(r)
         }
-        Route::CoreVersions => ok(discovery::core_versions(app.url.trim_start_matches("http://"))),
-        Route::Groups => ok(discovery::group_list(&registry())),
+        Route::CoreVersions | Route::Groups => {
+            let core = route == Route::CoreVersions;
+            match discovery::aggregated_version(&header_str(headers, header::ACCEPT)) {
+                Some(v) => {
+                    let mut r = json_response(200, &discovery::aggregated(&registry(), core, v), &[]);
+                    if let Ok(ct) = HeaderValue::from_str(&discovery::aggregated_content_type(v)) {
+                        r.headers_mut().insert(header::CONTENT_TYPE, ct);
+                    }
+                    Ok(r)
+                }
+                None if core => ok(discovery::core_versions(app.url.trim_start_matches("http://"))),
+                None => ok(discovery::group_list(&registry())),
+            }
+        }
         Route::Group(g) => discovery::group(&registry(), &g).map_or_else(|| Err(ApiError::no_route()), ok),
         Route::Resources(g, v) => discovery::resource_list(&registry(), &g, &v).map_or_else(|| Err(ApiError::no_route()), ok),
         Route::OpenApiRoot => ok(openapi::root(&registry())),
