@@ -78,6 +78,15 @@ impl Env {
         Some(Env::new().await)
     }
 
+    /// Like [`Env::fake_only`], configuring the fake with `builder`.
+    pub async fn fake_only_with(test: &str, builder: fake_apiserver::Builder) -> Option<Env> {
+        if real_kubeconfig().is_some() {
+            println!("skipped {test}: it needs the fake's test hooks");
+            return None;
+        }
+        Some(Env::with_builder(builder).await)
+    }
+
     /// Whether this run targets the fake.
     pub fn is_fake(&self) -> bool {
         self.fake.is_some()

@@ -1,0 +1,142 @@
+//! A kube-rs `Controller` and a `watcher` run against the fake across a forced 410:
+//! history is compacted and every watch is closed, so each must relist and carry on.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use serde_json::json;
+use support::Env;
+
+#[derive(Debug, thiserror::Error)]
+#[error("reconcile failed: {0}")]
+struct ReconcileError(#[from] kube::Error);
+
+async fn reconcile(cm: Arc<ConfigMap>, api: Arc<Api<ConfigMap>>) -> Result<Action, ReconcileError> {
+    let name = cm.metadata.name.clone().unwrap_or_default();
+    if cm.data.as_ref().and_then(|d| d.get("seen")).is_none() {
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"data": {"seen": "yes"}}))).await?;
+    }
+    Ok(Action::await_change())
+}
+
+fn make(name: &str) -> ConfigMap {
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": {"app": "rt"}}})).unwrap()
+}
+
+async fn all_seen(api: &Api<ConfigMap>, names: &[&str]) -> bool {
+    for n in names {
+        let seen = api.get_opt(n).await.unwrap().and_then(|c| c.data).is_some_and(|d| d.get("seen").is_some());
+        if !seen {
+            return false;
+        }
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_and_watcher_recover_from_a_forced_410() {
+    // Bookmarks rarely, so the watches still hold an old resourceVersion when history is compacted.
+    let builder = fake_apiserver::FakeApiServer::builder().bookmark_interval(Duration::from_secs(3600));
+    let Some(env) = Env::fake_only_with("controller_and_watcher_recover_from_a_forced_410", builder).await else { return };
+    let api: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
+    let shared = Arc::new(api.clone());
+    let reconcile_errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let watch_errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let config = watcher::Config::default().labels("app=rt");
+
+    let errors = reconcile_errors.clone();
+    let werrors = watch_errors.clone();
+    let controller = tokio::spawn(
+        Controller::new(api.clone(), config.clone())
+            .run(reconcile, |_, _, _| Action::requeue(Duration::from_millis(200)), shared)
+            .for_each(move |result| {
+                let errors = errors.clone();
+                let werrors = werrors.clone();
+                async move {
+                    match result {
+                        Ok(_) => {}
+                        Err(kube::runtime::controller::Error::QueueError(e)) => werrors.lock().unwrap().push(format!("controller watch: {e}")),
+                        Err(e) => errors.lock().unwrap().push(e.to_string()),
+                    }
+                }
+            }),
+    );
+    let seen_by_watcher = Arc::new(Mutex::new(BTreeSet::<String>::new()));
+    let seen = seen_by_watcher.clone();
+    let werrors = watch_errors.clone();
+    let watcher_task = tokio::spawn(watcher(api.clone(), config).for_each(move |event| {
+        let seen = seen.clone();
+        let werrors = werrors.clone();
+        async move {
+            match event {
+                Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)) => {
+                    seen.lock().unwrap().insert(cm.metadata.name.unwrap_or_default());
+                }
+                Ok(_) => {}
+                Err(e) => werrors.lock().unwrap().push(format!("watcher: {e}")),
+            }
+        }
+    }));
+
+    for n in ["a", "b"] {
+        api.create(&PostParams::default(), &make(n)).await.unwrap();
+    }
+    wait_until(|| async { all_seen(&api, &["a", "b"]).await }).await;
+
+    // Move the resourceVersion on without the watches seeing it, compact, then cut the watches:
+    // each resumes from an old resourceVersion and gets 410 Expired.
+    let others: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
+    others.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "unwatched"}})).unwrap()).await.unwrap();
+    env.server().compact();
+    env.server().close_watches();
+    for n in ["c", "d"] {
+        api.create(&PostParams::default(), &make(n)).await.unwrap();
+    }
+    wait_until(|| async { all_seen(&api, &["a", "b", "c", "d"]).await }).await;
+    let watcher_seen = seen_by_watcher.clone();
+    wait_until(move || {
+        let s = watcher_seen.clone();
+        async move { ["a", "b", "c", "d"].iter().all(|n| s.lock().unwrap().contains(*n)) }
+    })
+    .await;
+
+    controller.abort();
+    watcher_task.abort();
+    assert!(reconcile_errors.lock().unwrap().is_empty(), "reconcile errors: {:?}", reconcile_errors.lock().unwrap());
+    let watch_errors = watch_errors.lock().unwrap().clone();
+    println!("watch errors: {watch_errors:?}");
+    assert!(watch_errors.len() >= 2, "the controller's and the watcher's watches both got the 410: {watch_errors:?}");
+    assert!(
+        watch_errors.iter().all(|e| e.contains("410") || e.contains("too old resource version")),
+        "only the forced 410s: {watch_errors:?}"
+    );
+    let expired = env
+        .server()
+        .request_log()
+        .iter()
+        .filter(|r| r.verb == "list" && r.resource == "configmaps")
+        .count();
+    assert!(expired >= 4, "both the controller and the watcher listed again after the 410 ({expired} lists)");
+}
+
+async fn wait_until<F, Fut>(mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..300 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("condition not reached within 30 s");
+}
