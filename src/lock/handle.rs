@@ -31,8 +31,8 @@ struct Grant {
     max_holders: u32,
     fencing_token: u64,
     /// Local, conservative end of the lease: measured from *before* the request that granted
-    /// or extended it was sent, so it never lies later than the backend's expiry (clock-rate
-    /// drift aside).
+    /// or extended it was sent, minus a small margin (see [`local_lease_deadline`]), so it
+    /// never lies later than the backend's expiry.
     lease_deadline: Mutex<Instant>,
     lost: AtomicBool,
     released: AtomicBool,
@@ -49,6 +49,17 @@ impl fmt::Debug for Lock {
             .field("released", &self.is_released())
             .finish()
     }
+}
+
+/// The local end of a lease granted or extended by a request sent at `sent_at`.
+///
+/// Kept a little short of `sent_at + ttl` so the local "lost" verdict never comes later than
+/// the backend's: backends count expiry in whole milliseconds (up to 1 ms less than the ttl)
+/// on their own clock, whose rate may differ slightly from ours (NTP slews by at most 0.05%).
+/// The margin is 1 ms plus 0.2% of the ttl.
+pub(crate) fn local_lease_deadline(sent_at: Instant, ttl: Duration) -> Instant {
+    let margin = Duration::from_millis(1) + ttl / 500;
+    sent_at + ttl.saturating_sub(margin)
 }
 
 /// Everything [`Lock::new`] needs, as granted by a backend.
@@ -156,7 +167,7 @@ impl Lock {
             self.mark_lost();
             return Err(self.lost_error());
         }
-        *self.deadline_guard() = sent_at + ttl;
+        *self.deadline_guard() = local_lease_deadline(sent_at, ttl);
         tracing::debug!(key = %self.inner.key, fencing_token = self.inner.fencing_token, ttl_ms = ttl.as_millis() as u64, "lock extended");
         Ok(())
     }

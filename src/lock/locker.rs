@@ -15,7 +15,7 @@ use crate::lock::backend::{
     AcquireRequest, Backend, LockSnapshot, WakeSubscription,
 };
 use crate::lock::error::{LockError, LockResult};
-use crate::lock::handle::{GrantParts, Lock};
+use crate::lock::handle::{local_lease_deadline, GrantParts, Lock};
 use crate::lock::retry::{RetryContext, RetryPolicy};
 
 /// Slack added to a waiter's queue heartbeat beyond twice its polling delay, so a live
@@ -160,7 +160,11 @@ impl LockRequest {
         match outcome {
             Ok(AcquireOutcome::Granted {
                 fencing_token, ttl, ..
-            }) => Ok(Some(self.grant(owner, fencing_token, sent_at + ttl))),
+            }) => Ok(Some(self.grant(
+                owner,
+                fencing_token,
+                local_lease_deadline(sent_at, ttl),
+            ))),
             Ok(AcquireOutcome::Busy { .. } | AcquireOutcome::Waiting { .. }) => Ok(None),
             Err(error) => {
                 self.abandon(&owner).await;
@@ -256,7 +260,11 @@ impl LockRequest {
                     fencing_token, ttl, ..
                 } => {
                     tracing::debug!(key = %self.key, fencing_token, attempts = attempts.load(Ordering::Relaxed), "lock acquired");
-                    return Ok(self.grant(owner.to_owned(), fencing_token, sent_at + ttl));
+                    return Ok(self.grant(
+                        owner.to_owned(),
+                        fencing_token,
+                        local_lease_deadline(sent_at, ttl),
+                    ));
                 }
                 AcquireOutcome::Waiting {
                     position,

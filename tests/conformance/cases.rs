@@ -429,8 +429,10 @@ pub async fn release_wakes_the_waiter_without_polling(h: Harness) {
         .expect("woken by the release, not by polling")
         .expect("join")
         .expect("acquired");
-    // First attempt, the confirmation after subscribing, and the woken attempt.
-    assert_eq!(h.backend.acquire_calls_of("pushed"), 3);
+    // First attempt, the confirmation after subscribing, and the woken attempt (the
+    // confirmation itself wins if the release overtook it). Polling would add more.
+    let calls = h.backend.acquire_calls_of("pushed");
+    assert!((2..=3).contains(&calls), "{calls} acquire calls");
     lock.release().await.expect("release");
 }
 
@@ -619,15 +621,22 @@ pub async fn releaser_does_not_regrab_its_own_lock(h: Harness) {
     }
     let grants = grants.lock().unwrap().clone();
     assert_eq!(grants.len(), WORKERS * ROUNDS);
-    // Everyone was queued before the first grant, and each releaser re-queues at the back:
-    // strict rotation.
-    let expected: Vec<usize> = grants[..WORKERS]
-        .iter()
-        .copied()
-        .cycle()
-        .take(WORKERS * ROUNDS)
-        .collect();
-    assert_eq!(grants, expected);
+    // A releaser re-queues behind everyone already waiting, so it can only follow itself
+    // when every other worker is done or (a scheduling hiccup) has not re-queued yet. The
+    // ancestor's releaser re-grabbed nearly every time.
+    let mut served = [0usize; WORKERS];
+    let mut regrabs = Vec::new();
+    for (index, pair) in grants.windows(2).enumerate() {
+        served[pair[0]] += 1;
+        let others_busy = (0..WORKERS).any(|w| w != pair[0] && served[w] < ROUNDS);
+        if pair[0] == pair[1] && others_busy {
+            regrabs.push(index + 1);
+        }
+    }
+    assert!(
+        regrabs.len() <= grants.len() / 10,
+        "re-grabbed at grants {regrabs:?}: {grants:?}"
+    );
 }
 
 pub async fn run_releases_on_success_error_and_panic(h: Harness) {
@@ -883,9 +892,24 @@ impl Referee {
         let mut inside = self.inside.lock().unwrap();
         let live = inside.iter().filter(|other| !other.is_lost()).count() + 1;
         if live > max_holders {
+            let now = tokio::time::Instant::now();
+            let others: Vec<String> = inside
+                .iter()
+                .map(|other| {
+                    format!(
+                        "token {} owner {} lost {} left {:?}",
+                        other.fencing_token(),
+                        other.owner(),
+                        other.is_lost(),
+                        other.lease_deadline().checked_duration_since(now)
+                    )
+                })
+                .collect();
             self.violation(format!(
-                "{live} live holders inside (max {max_holders}), token {}",
-                lock.fencing_token()
+                "{live} live holders inside (max {max_holders}), token {} owner {} left {:?}: {others:?}",
+                lock.fencing_token(),
+                lock.owner(),
+                lock.lease_deadline().checked_duration_since(now)
             ));
         }
         if lock.fencing_token() <= started_after_token {
