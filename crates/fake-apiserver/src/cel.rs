@@ -38,25 +38,40 @@ fn value_at<'a>(root: &'a Value, path: &str) -> Option<&'a Value> {
 
 /// Evaluates every rule; `old` is the stored object on updates (for `oldSelf`).
 /// Errors are worded as kube-apiserver words them: `path: Invalid value: "<type>": <message>`.
-pub(crate) fn evaluate(schema: &Value, object: &Value, old: Option<&Value>, api_version: &str, group: &str, kind: &str) -> Vec<FieldError> {
+pub(crate) fn evaluate(
+    schema: &Value,
+    object: &Value,
+    old: Option<&Value>,
+    api_version: &str,
+    group: &str,
+    kind: &str,
+) -> Vec<FieldError> {
     if !has_rules(schema) {
         return Vec::new();
     }
-    let root = kube_cel::RootContext { api_version: api_version.into(), api_group: group.into(), kind: kind.into() };
+    let root = kube_cel::RootContext {
+        api_version: api_version.into(),
+        api_group: group.into(),
+        kind: kind.into(),
+    };
     match kube_cel::Validator::new().validate_with_context(schema, object, old, Some(&root)) {
         Ok(()) => Vec::new(),
         Err(errors) => errors
             .into_vec()
             .into_iter()
             .map(|e| {
-                let shown_type = value_at(object, &e.field_path).map(type_name).unwrap_or("object");
+                let shown_type = value_at(object, &e.field_path)
+                    .map(type_name)
+                    .unwrap_or("object");
                 let value = Value::String(shown_type.to_string());
                 match e.reason.as_deref() {
                     Some("FieldValueRequired") => FieldError::required(&e.field_path, &e.message),
                     Some("FieldValueForbidden") => FieldError::forbidden(&e.field_path, &e.message),
-                    Some("FieldValueDuplicate") => {
-                        FieldError::other("FieldValueDuplicate", &e.field_path, format!("Duplicate value: {}", e.message))
-                    }
+                    Some("FieldValueDuplicate") => FieldError::other(
+                        "FieldValueDuplicate",
+                        &e.field_path,
+                        format!("Duplicate value: {}", e.message),
+                    ),
                     _ => FieldError::invalid(&e.field_path, &value, &e.message),
                 }
             })
@@ -76,10 +91,16 @@ mod tests {
                 "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "lockName is immutable"}]}}}}});
         let old = json!({"spec": {"lockName": "a"}});
         let new = json!({"spec": {"lockName": "b"}});
-        assert!(evaluate(&schema, &new, None, "x/v1", "x", "K").is_empty(), "no oldSelf on create");
+        assert!(
+            evaluate(&schema, &new, None, "x/v1", "x", "K").is_empty(),
+            "no oldSelf on create"
+        );
         assert!(evaluate(&schema, &old, Some(&old), "x/v1", "x", "K").is_empty());
         let errs = evaluate(&schema, &new, Some(&old), "x/v1", "x", "K");
         assert_eq!(errs.len(), 1);
-        assert_eq!(errs[0].text(), "spec.lockName: Invalid value: \"string\": lockName is immutable");
+        assert_eq!(
+            errs[0].text(),
+            "spec.lockName: Invalid value: \"string\": lockName is immutable"
+        );
     }
 }

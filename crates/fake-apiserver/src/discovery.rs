@@ -37,21 +37,31 @@ pub(crate) fn core_versions(server_address: &str) -> Value {
 }
 
 fn group_entry(name: &str, versions: &[String]) -> Value {
-    let list: Vec<Value> = versions.iter().map(|v| json!({"groupVersion": api_version(name, v), "version": v})).collect();
+    let list: Vec<Value> = versions
+        .iter()
+        .map(|v| json!({"groupVersion": api_version(name, v), "version": v}))
+        .collect();
     let preferred = list.first().cloned().unwrap_or_else(|| json!({}));
     json!({"name": name, "versions": list, "preferredVersion": preferred})
 }
 
 /// `/apis`.
 pub(crate) fn group_list(registry: &Registry) -> Value {
-    let groups: Vec<Value> =
-        registry.groups().iter().filter(|(g, _)| !g.is_empty()).map(|(g, vs)| group_entry(g, vs)).collect();
+    let groups: Vec<Value> = registry
+        .groups()
+        .iter()
+        .filter(|(g, _)| !g.is_empty())
+        .map(|(g, vs)| group_entry(g, vs))
+        .collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
 /// `/apis/G`, or None when no such group is served.
 pub(crate) fn group(registry: &Registry, name: &str) -> Option<Value> {
-    let (g, vs) = registry.groups().into_iter().find(|(g, _)| g == name && !g.is_empty())?;
+    let (g, vs) = registry
+        .groups()
+        .into_iter()
+        .find(|(g, _)| g == name && !g.is_empty())?;
     let mut entry = group_entry(&g, &vs);
     entry["kind"] = json!("APIGroup");
     entry["apiVersion"] = json!("v1");
@@ -63,13 +73,16 @@ fn storage_hash(t: &ResourceType) -> String {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (&t.group, &t.kind, t.storage_version()).hash(&mut h);
     use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD.encode(&h.finish().to_be_bytes())
+    base64::engine::general_purpose::STANDARD.encode(h.finish().to_be_bytes())
 }
 
 /// `/api/v1` or `/apis/G/V`, or None when that group/version is not served.
 pub(crate) fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<Value> {
-    let types: Vec<&std::sync::Arc<ResourceType>> =
-        registry.all().iter().filter(|t| t.group == group && t.version(version).is_some()).collect();
+    let types: Vec<&std::sync::Arc<ResourceType>> = registry
+        .all()
+        .iter()
+        .filter(|t| t.group == group && t.version(version).is_some())
+        .collect();
     if types.is_empty() {
         return None;
     }

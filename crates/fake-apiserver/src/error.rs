@@ -52,7 +52,13 @@ impl FieldError {
 
     /// `field: Invalid value: "<type>": <detail>` (`field.TypeInvalid`).
     pub(crate) fn type_invalid(field: &str, value: &Value, detail: &str) -> Self {
-        Self::with_value("FieldValueTypeInvalid", "Invalid value", field, value, detail)
+        Self::with_value(
+            "FieldValueTypeInvalid",
+            "Invalid value",
+            field,
+            value,
+            detail,
+        )
     }
 
     /// `field: Required value[: detail]` (`field.Required`).
@@ -62,12 +68,20 @@ impl FieldError {
         } else {
             format!("Required value: {detail}")
         };
-        Self { reason: "FieldValueRequired", field: field.to_string(), body }
+        Self {
+            reason: "FieldValueRequired",
+            field: field.to_string(),
+            body,
+        }
     }
 
     /// `field: Forbidden: detail` (`field.Forbidden`).
     pub(crate) fn forbidden(field: &str, detail: &str) -> Self {
-        Self { reason: "FieldValueForbidden", field: field.to_string(), body: format!("Forbidden: {detail}") }
+        Self {
+            reason: "FieldValueForbidden",
+            field: field.to_string(),
+            body: format!("Forbidden: {detail}"),
+        }
     }
 
     /// `field: Unsupported value: <v>: supported values: "a", "b"` (`field.NotSupported`).
@@ -84,16 +98,30 @@ impl FieldError {
 
     /// A cause with a caller-chosen reason and body.
     pub(crate) fn other(reason: &'static str, field: &str, body: String) -> Self {
-        Self { reason, field: field.to_string(), body }
+        Self {
+            reason,
+            field: field.to_string(),
+            body,
+        }
     }
 
-    fn with_value(reason: &'static str, kind: &str, field: &str, value: &Value, detail: &str) -> Self {
+    fn with_value(
+        reason: &'static str,
+        kind: &str,
+        field: &str,
+        value: &Value,
+        detail: &str,
+    ) -> Self {
         let mut body = format!("{kind}: {}", go_value(value));
         if !detail.is_empty() {
             body.push_str(": ");
             body.push_str(detail);
         }
-        Self { reason, field: field.to_string(), body }
+        Self {
+            reason,
+            field: field.to_string(),
+            body,
+        }
     }
 
     /// The full text, `field: body`.
@@ -150,7 +178,12 @@ fn details(group: &str, kind: &str, name: &str) -> Value {
 
 impl ApiError {
     fn new(code: u16, reason: &'static str, message: String, details: Option<Value>) -> Self {
-        Self { code, reason, message, details }
+        Self {
+            code,
+            reason,
+            message,
+            details,
+        }
     }
 
     /// 404: `<resource>.<group> "<name>" not found`.
@@ -165,7 +198,12 @@ impl ApiError {
 
     /// 404 for a URL that names no known resource.
     pub(crate) fn no_route() -> Self {
-        Self::new(404, "NotFound", "the server could not find the requested resource".into(), None)
+        Self::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource".into(),
+            None,
+        )
     }
 
     /// 409: `<resource>.<group> "<name>" already exists`.
@@ -183,7 +221,10 @@ impl ApiError {
         Self::new(
             409,
             "Conflict",
-            format!("Operation cannot be fulfilled on {} {name:?}: {why}", qualified(resource, group)),
+            format!(
+                "Operation cannot be fulfilled on {} {name:?}: {why}",
+                qualified(resource, group)
+            ),
             Some(details(group, resource, name)),
         )
     }
@@ -195,8 +236,16 @@ impl ApiError {
     /// 422 Invalid with causes.
     pub(crate) fn invalid(group: &str, kind: &str, name: &str, causes: &[FieldError]) -> Self {
         let texts: Vec<String> = causes.iter().map(FieldError::text).collect();
-        let joined = if texts.len() == 1 { texts[0].clone() } else { format!("[{}]", texts.join(", ")) };
-        let qualified_kind = if group.is_empty() { kind.to_string() } else { format!("{kind}.{group}") };
+        let joined = if texts.len() == 1 {
+            texts[0].clone()
+        } else {
+            format!("[{}]", texts.join(", "))
+        };
+        let qualified_kind = if group.is_empty() {
+            kind.to_string()
+        } else {
+            format!("{kind}.{group}")
+        };
         let causes_json: Vec<Value> = causes
             .iter()
             .map(|c| json!({ "reason": c.reason, "message": c.body, "field": c.field }))
@@ -221,12 +270,22 @@ impl ApiError {
 
     /// 405 MethodNotAllowed.
     pub(crate) fn method_not_allowed() -> Self {
-        Self::new(405, "MethodNotAllowed", "the server does not allow this method on the requested resource".into(), None)
+        Self::new(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource".into(),
+            None,
+        )
     }
 
     /// 410 Expired, as sent in a watch ERROR event.
     pub(crate) fn expired(requested: u64, oldest: u64) -> Self {
-        Self::new(410, "Expired", format!("too old resource version: {requested} ({oldest})"), None)
+        Self::new(
+            410,
+            "Expired",
+            format!("too old resource version: {requested} ({oldest})"),
+            None,
+        )
     }
 
     /// 415 UnsupportedMediaType.
@@ -236,7 +295,12 @@ impl ApiError {
 
     /// 500 InternalError.
     pub(crate) fn internal(message: impl Into<String>) -> Self {
-        Self::new(500, "InternalError", format!("Internal error occurred: {}", message.into()), None)
+        Self::new(
+            500,
+            "InternalError",
+            format!("Internal error occurred: {}", message.into()),
+            None,
+        )
     }
 
     /// The HTTP status code.

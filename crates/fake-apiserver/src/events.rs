@@ -15,9 +15,22 @@ const RENAMED: &[(&str, &str)] = &[
 ];
 
 /// Fields with the same name in both.
-const SHARED: &[&str] = &["metadata", "reason", "type", "eventTime", "series", "action", "related", "reportingInstance"];
+const SHARED: &[&str] = &[
+    "metadata",
+    "reason",
+    "type",
+    "eventTime",
+    "series",
+    "action",
+    "related",
+    "reportingInstance",
+];
 
-fn convert(from: &Value, pairs: impl Iterator<Item = (&'static str, &'static str)>, api_version: &str) -> Value {
+fn convert(
+    from: &Value,
+    pairs: impl Iterator<Item = (&'static str, &'static str)>,
+    api_version: &str,
+) -> Value {
     let mut out = Map::new();
     out.insert("apiVersion".into(), Value::String(api_version.into()));
     out.insert("kind".into(), Value::String("Event".into()));

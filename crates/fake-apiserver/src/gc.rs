@@ -40,15 +40,21 @@ pub(crate) fn sweep(inner: &mut Inner) {
 
 fn plan(inner: &Inner) -> Vec<Action> {
     let live: HashSet<&str> = inner.all().map(|(_, v)| meta::uid(v)).collect();
-    let terminating: Vec<(&ObjectKey, &Arc<Value>)> =
-        inner.all().filter(|(k, v)| k.group.is_empty() && k.resource == "namespaces" && meta::is_deleting(v)).collect();
+    let terminating: Vec<(&ObjectKey, &Arc<Value>)> = inner
+        .all()
+        .filter(|(k, v)| k.group.is_empty() && k.resource == "namespaces" && meta::is_deleting(v))
+        .collect();
     let mut actions = Vec::new();
     for (key, obj) in inner.all() {
         let owners: Vec<&str> = meta::owner_uids(obj).collect();
         if owners.is_empty() {
             continue;
         }
-        let dangling: Vec<String> = owners.iter().filter(|u| !live.contains(**u)).map(|u| u.to_string()).collect();
+        let dangling: Vec<String> = owners
+            .iter()
+            .filter(|u| !live.contains(**u))
+            .map(|u| u.to_string())
+            .collect();
         if dangling.len() == owners.len() {
             if !meta::is_deleting(obj) {
                 actions.push(Action::Delete(key.clone()));
@@ -58,7 +64,10 @@ fn plan(inner: &Inner) -> Vec<Action> {
         }
     }
     for (ns_key, _) in terminating {
-        let contents: Vec<(&ObjectKey, &Arc<Value>)> = inner.all().filter(|(k, _)| k.namespace == ns_key.name).collect();
+        let contents: Vec<(&ObjectKey, &Arc<Value>)> = inner
+            .all()
+            .filter(|(k, _)| k.namespace == ns_key.name)
+            .collect();
         if contents.is_empty() {
             actions.push(Action::RemoveNamespace(ns_key.clone()));
         }
@@ -74,7 +83,9 @@ fn plan(inner: &Inner) -> Vec<Action> {
 fn apply(inner: &mut Inner, action: Action) {
     match action {
         Action::Delete(key) => {
-            let Some(rtype) = inner.registry.storage_type(&key.group, &key.resource) else { return };
+            let Some(rtype) = inner.registry.storage_type(&key.group, &key.resource) else {
+                return;
+            };
             if let Err(err) = rest::delete_locked(inner, &rtype, &key, &DeleteOptions::default()) {
                 tracing::debug!(name = %key.name, error = %err, "garbage collection skipped an object");
             }

@@ -61,13 +61,19 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Hooks {
     /// Arms a fault.
     pub(crate) fn inject(&self, path_prefix: &str, count: usize, status: u16) {
-        lock(&self.faults).push(Fault { path_prefix: path_prefix.to_string(), remaining: count, status });
+        lock(&self.faults).push(Fault {
+            path_prefix: path_prefix.to_string(),
+            remaining: count,
+            status,
+        });
     }
 
     /// Consumes one fault matching `path`, returning the status to answer.
     pub(crate) fn take_fault(&self, path: &str) -> Option<u16> {
         let mut faults = lock(&self.faults);
-        let fault = faults.iter_mut().find(|f| f.remaining > 0 && path.starts_with(&f.path_prefix))?;
+        let fault = faults
+            .iter_mut()
+            .find(|f| f.remaining > 0 && path.starts_with(&f.path_prefix))?;
         fault.remaining -= 1;
         let status = fault.status;
         faults.retain(|f| f.remaining > 0);
@@ -95,9 +101,18 @@ impl Hooks {
 /// faults are counted.
 pub fn rbac_summary(log: &[RecordedRequest]) -> BTreeMap<(String, String), BTreeSet<String>> {
     let mut out: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
-    for r in log.iter().filter(|r| r.is_resource_request && !r.injected_fault) {
-        let resource = if r.subresource.is_empty() { r.resource.clone() } else { format!("{}/{}", r.resource, r.subresource) };
-        out.entry((r.api_group.clone(), resource)).or_default().insert(r.verb.clone());
+    for r in log
+        .iter()
+        .filter(|r| r.is_resource_request && !r.injected_fault)
+    {
+        let resource = if r.subresource.is_empty() {
+            r.resource.clone()
+        } else {
+            format!("{}/{}", r.resource, r.subresource)
+        };
+        out.entry((r.api_group.clone(), resource))
+            .or_default()
+            .insert(r.verb.clone());
     }
     out
 }

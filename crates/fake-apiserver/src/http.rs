@@ -68,7 +68,11 @@ struct ResourceRequest {
 }
 
 fn parse_route(path: &str) -> Route {
-    let parts: Vec<&str> = path.trim_matches('/').split('/').filter(|p| !p.is_empty()).collect();
+    let parts: Vec<&str> = path
+        .trim_matches('/')
+        .split('/')
+        .filter(|p| !p.is_empty())
+        .collect();
     match parts.as_slice() {
         ["version"] => Route::Version,
         ["healthz" | "readyz" | "livez", ..] => Route::Health,
@@ -112,14 +116,20 @@ fn resource_route(group: &str, version: &str, rest: &[&str]) -> Route {
 }
 
 fn parse_query(query: &str) -> HashMap<String, String> {
-    form_urlencoded::parse(query.as_bytes()).into_owned().collect()
+    form_urlencoded::parse(query.as_bytes())
+        .into_owned()
+        .collect()
 }
 
 fn truthy(q: &HashMap<String, String>, key: &str) -> bool {
     matches!(q.get(key).map(String::as_str), Some("true" | "1"))
 }
 
-fn verb_of(method: &Method, req: &ResourceRequest, query: &HashMap<String, String>) -> &'static str {
+fn verb_of(
+    method: &Method,
+    req: &ResourceRequest,
+    query: &HashMap<String, String>,
+) -> &'static str {
     match (method.as_str(), req.name.is_some()) {
         ("GET", _) if truthy(query, "watch") => "watch",
         ("GET", true) => "get",
@@ -136,7 +146,10 @@ fn verb_of(method: &Method, req: &ResourceRequest, query: &HashMap<String, Strin
 fn json_response(code: u16, body: &Value, warnings: &[String]) -> Response {
     let mut response = Response::new(Body::from(body.to_string()));
     *response.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::OK);
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     for w in warnings {
         if let Ok(v) = HeaderValue::from_str(&format!("299 - {w:?}")) {
             response.headers_mut().append(header::WARNING, v);
@@ -184,20 +197,39 @@ pub(crate) async fn handle(State(app): State<Arc<AppState>>, request: Request) -
         record.namespace = r.namespace.clone().unwrap_or_default();
         record.name = r.name.clone().unwrap_or_default();
     }
-    let is_write = matches!(method, Method::POST | Method::PUT | Method::PATCH | Method::DELETE);
-    let response = match (is_write && record.is_resource_request).then(|| app.hooks.take_fault(&path)).flatten() {
+    let is_write = matches!(
+        method,
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    );
+    let response = match (is_write && record.is_resource_request)
+        .then(|| app.hooks.take_fault(&path))
+        .flatten()
+    {
         Some(code) => {
             record.injected_fault = true;
             let err = if code == 409 {
-                ApiError::conflict(&record.api_group, &record.resource, &record.name, ApiError::STALE)
+                ApiError::conflict(
+                    &record.api_group,
+                    &record.resource,
+                    &record.name,
+                    ApiError::STALE,
+                )
             } else {
-                ApiError { code, reason: "InternalError", message: "Internal error occurred: injected fault".into(), details: None }
+                ApiError {
+                    code,
+                    reason: "InternalError",
+                    message: "Internal error occurred: injected fault".into(),
+                    details: None,
+                }
             };
             error_response(&err)
         }
         None => match axum::body::to_bytes(body, MAX_BODY).await {
-            Ok(bytes) => dispatch(&app, &method, &parts.headers, route, &query, bytes).unwrap_or_else(|e| error_response(&e)),
-            Err(e) => error_response(&ApiError::bad_request(format!("cannot read request body: {e}"))),
+            Ok(bytes) => dispatch(&app, &method, &parts.headers, route, &query, bytes)
+                .unwrap_or_else(|e| error_response(&e)),
+            Err(e) => error_response(&ApiError::bad_request(format!(
+                "cannot read request body: {e}"
+            ))),
         },
     };
     record.status = response.status().as_u16();
@@ -207,7 +239,11 @@ pub(crate) async fn handle(State(app): State<Arc<AppState>>, request: Request) -
 }
 
 fn header_str(headers: &HeaderMap, name: header::HeaderName) -> String {
-    headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string()
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string()
 }
 
 fn dispatch(
@@ -227,27 +263,38 @@ fn dispatch(
         Route::Version => ok(discovery::version()),
         Route::Health => {
             let mut r = Response::new(Body::from("ok"));
-            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            );
             Ok(r)
         }
         Route::CoreVersions | Route::Groups => {
             let core = route == Route::CoreVersions;
             match discovery::aggregated_version(&header_str(headers, header::ACCEPT)) {
                 Some(v) => {
-                    let mut r = json_response(200, &discovery::aggregated(&registry(), core, v), &[]);
+                    let mut r =
+                        json_response(200, &discovery::aggregated(&registry(), core, v), &[]);
                     if let Ok(ct) = HeaderValue::from_str(&discovery::aggregated_content_type(v)) {
                         r.headers_mut().insert(header::CONTENT_TYPE, ct);
                     }
                     Ok(r)
                 }
-                None if core => ok(discovery::core_versions(app.url.trim_start_matches("http://"))),
+                None if core => ok(discovery::core_versions(
+                    app.url.trim_start_matches("http://"),
+                )),
                 None => ok(discovery::group_list(&registry())),
             }
         }
-        Route::Group(g) => discovery::group(&registry(), &g).map_or_else(|| Err(ApiError::no_route()), ok),
-        Route::Resources(g, v) => discovery::resource_list(&registry(), &g, &v).map_or_else(|| Err(ApiError::no_route()), ok),
+        Route::Group(g) => {
+            discovery::group(&registry(), &g).map_or_else(|| Err(ApiError::no_route()), ok)
+        }
+        Route::Resources(g, v) => discovery::resource_list(&registry(), &g, &v)
+            .map_or_else(|| Err(ApiError::no_route()), ok),
         Route::OpenApiRoot => ok(openapi::root(&registry())),
-        Route::OpenApiDoc(g, v) => openapi::document(&registry(), &g, &v).map_or_else(|| Err(ApiError::no_route()), ok),
+        Route::OpenApiDoc(g, v) => {
+            openapi::document(&registry(), &g, &v).map_or_else(|| Err(ApiError::no_route()), ok)
+        }
         Route::NotFound => Err(ApiError::no_route()),
         Route::Resource(r) => resource(app, method, headers, r, query, body),
     }
@@ -255,21 +302,35 @@ fn dispatch(
 
 fn selectors(query: &HashMap<String, String>, resource: &str) -> Result<Selectors, ApiError> {
     Ok(Selectors {
-        labels: LabelSelector::parse(query.get("labelSelector").map(String::as_str).unwrap_or_default())?,
-        fields: FieldSelector::parse(query.get("fieldSelector").map(String::as_str).unwrap_or_default(), resource)?,
+        labels: LabelSelector::parse(
+            query
+                .get("labelSelector")
+                .map(String::as_str)
+                .unwrap_or_default(),
+        )?,
+        fields: FieldSelector::parse(
+            query
+                .get("fieldSelector")
+                .map(String::as_str)
+                .unwrap_or_default(),
+            resource,
+        )?,
     })
 }
 
 fn decode_body(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
     let content_type = header_str(headers, header::CONTENT_TYPE);
-    let base = content_type.split(';').next().unwrap_or_default().trim().to_string();
+    let base = content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_string();
     match base.as_str() {
-        "" | "application/json" | "*/*" => {
-            serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}")))
-        }
-        "application/yaml" => {
-            serde_yaml::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding YAML request body: {e}")))
-        }
+        "" | "application/json" | "*/*" => serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}"))),
+        "application/yaml" => serde_yaml::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding YAML request body: {e}"))),
         other => Err(ApiError::unsupported_media_type(other)),
     }
 }
@@ -286,25 +347,44 @@ fn delete_options(query: &HashMap<String, String>, body: &[u8]) -> Result<Delete
     let parsed: Value = if body.is_empty() {
         json!({})
     } else {
-        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
     };
     let policy = parsed
         .get("propagationPolicy")
         .and_then(Value::as_str)
         .map(String::from)
         .or_else(|| query.get("propagationPolicy").cloned());
-    let orphan = parsed.get("orphanDependents").and_then(Value::as_bool).or_else(|| query.get("orphanDependents").map(|o| o == "true"));
+    let orphan = parsed
+        .get("orphanDependents")
+        .and_then(Value::as_bool)
+        .or_else(|| query.get("orphanDependents").map(|o| o == "true"));
     let mut propagation = policy.as_deref().map(Propagation::parse).transpose()?;
     if propagation.is_none() {
-        propagation = orphan.map(|o| if o { Propagation::Orphan } else { Propagation::Background });
+        propagation = orphan.map(|o| {
+            if o {
+                Propagation::Orphan
+            } else {
+                Propagation::Background
+            }
+        });
     }
     let dry_run = query.get("dryRun").is_some_and(|d| d == "All")
-        || parsed.get("dryRun").and_then(Value::as_array).is_some_and(|d| d.iter().any(|x| x == "All"));
+        || parsed
+            .get("dryRun")
+            .and_then(Value::as_array)
+            .is_some_and(|d| d.iter().any(|x| x == "All"));
     Ok(DeleteOptions {
         dry_run,
         propagation,
-        precondition_uid: parsed.pointer("/preconditions/uid").and_then(Value::as_str).map(String::from),
-        precondition_rv: parsed.pointer("/preconditions/resourceVersion").and_then(Value::as_str).map(String::from),
+        precondition_uid: parsed
+            .pointer("/preconditions/uid")
+            .and_then(Value::as_str)
+            .map(String::from),
+        precondition_rv: parsed
+            .pointer("/preconditions/resourceVersion")
+            .and_then(Value::as_str)
+            .map(String::from),
     })
 }
 
@@ -316,7 +396,12 @@ fn resource(
     query: &HashMap<String, String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let rtype = app.store.lock().registry.lookup(&r.group, &r.version, &r.resource).ok_or_else(ApiError::no_route)?;
+    let rtype = app
+        .store
+        .lock()
+        .registry
+        .lookup(&r.group, &r.version, &r.resource)
+        .ok_or_else(ApiError::no_route)?;
     // A namespace in the URL of a cluster-scoped type (other than namespaces/NAME) names nothing.
     if !rtype.namespaced && r.namespace.is_some() && r.resource != "namespaces" {
         return Err(ApiError::no_route());
@@ -329,26 +414,49 @@ fn resource(
     let target = Target {
         rtype: rtype.clone(),
         version: r.version.clone(),
-        namespace: if rtype.namespaced { r.namespace.clone() } else { None },
+        namespace: if rtype.namespaced {
+            r.namespace.clone()
+        } else {
+            None
+        },
         name: r.name.clone(),
         subresource: r.subresource.clone(),
     };
-    if rtype.namespaced && target.namespace.is_none() && !(method == Method::GET && r.name.is_none()) {
+    if rtype.namespaced
+        && target.namespace.is_none()
+        && !(method == Method::GET && r.name.is_none())
+    {
         return Err(ApiError::no_route());
     }
-    let rendering = render::negotiate(&header_str(headers, header::ACCEPT), query.get("includeObject").map(String::as_str));
-    let write = |result: rest::WriteResult| Ok(json_response(result.code, &result.object, &result.warnings));
+    let rendering = render::negotiate(
+        &header_str(headers, header::ACCEPT),
+        query.get("includeObject").map(String::as_str),
+    );
+    let write = |result: rest::WriteResult| {
+        Ok(json_response(result.code, &result.object, &result.warnings))
+    };
     match (method.as_str(), r.name.is_some()) {
         ("GET", true) => {
             let obj = rest::get(&app.store, &target)?;
-            Ok(json_response(200, &render::object(&rtype, &r.version, obj, &rendering), &[]))
+            Ok(json_response(
+                200,
+                &render::object(&rtype, &r.version, obj, &rendering),
+                &[],
+            ))
         }
         ("GET", false) if truthy(query, "watch") => {
-            let rv = query.get("resourceVersion").map(String::as_str).unwrap_or_default();
+            let rv = query
+                .get("resourceVersion")
+                .map(String::as_str)
+                .unwrap_or_default();
             let resource_version = if rv.is_empty() {
                 None
             } else {
-                Some(rv.parse::<u64>().map_err(|_| ApiError::bad_request(format!("resourceVersion: Invalid value: {rv:?}: must be a number")))?)
+                Some(rv.parse::<u64>().map_err(|_| {
+                    ApiError::bad_request(format!(
+                        "resourceVersion: Invalid value: {rv:?}: must be a number"
+                    ))
+                })?)
             };
             let timeout = query
                 .get("timeoutSeconds")
@@ -364,11 +472,20 @@ fn resource(
                 selectors: selectors(query, &r.resource)?,
                 rendering,
             };
-            let settings = WatchSettings { bookmark_interval: app.bookmark_interval, close: app.close_watches.subscribe() };
+            let settings = WatchSettings {
+                bookmark_interval: app.bookmark_interval,
+                close: app.close_watches.subscribe(),
+            };
             let body = watch::start(app.store.clone(), target, params, settings)?;
             let mut response = Response::new(body);
-            response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            response.headers_mut().insert(
+                header::CACHE_CONTROL,
+                HeaderValue::from_static("no-cache, private"),
+            );
             Ok(response)
         }
         ("GET", false) => {
@@ -385,29 +502,62 @@ fn resource(
             if let Some(n) = page.remaining {
                 list_meta["remainingItemCount"] = json!(n);
             }
-            Ok(json_response(200, &render::list(&rtype, &r.version, page.items, list_meta, &rendering), &[]))
+            Ok(json_response(
+                200,
+                &render::list(&rtype, &r.version, page.items, list_meta, &rendering),
+                &[],
+            ))
         }
         ("POST", false) => {
             if r.subresource.is_some() {
                 return Err(ApiError::method_not_allowed());
             }
-            write(rest::create(&app.store, &target, decode_body(headers, &body)?, &write_options(query)?)?)
+            write(rest::create(
+                &app.store,
+                &target,
+                decode_body(headers, &body)?,
+                &write_options(query)?,
+            )?)
         }
-        ("PUT", true) => write(rest::update(&app.store, &target, decode_body(headers, &body)?, &write_options(query)?)?),
+        ("PUT", true) => write(rest::update(
+            &app.store,
+            &target,
+            decode_body(headers, &body)?,
+            &write_options(query)?,
+        )?),
         ("PATCH", true) => {
             let kind = PatchKind::from_content_type(&header_str(headers, header::CONTENT_TYPE))?;
-            write(rest::patch(&app.store, &target, kind, &body, &write_options(query)?)?)
+            write(rest::patch(
+                &app.store,
+                &target,
+                kind,
+                &body,
+                &write_options(query)?,
+            )?)
         }
         ("DELETE", true) => {
             if r.subresource.is_some() {
                 return Err(ApiError::method_not_allowed());
             }
-            write(rest::delete(&app.store, &target, &delete_options(query, &body)?)?)
+            write(rest::delete(
+                &app.store,
+                &target,
+                &delete_options(query, &body)?,
+            )?)
         }
         ("DELETE", false) => {
-            let deleted = rest::delete_collection(&app.store, &target, &selectors(query, &r.resource)?, &delete_options(query, &body)?)?;
+            let deleted = rest::delete_collection(
+                &app.store,
+                &target,
+                &selectors(query, &r.resource)?,
+                &delete_options(query, &body)?,
+            )?;
             let list_meta = json!({"resourceVersion": app.store.lock().current_rv().to_string()});
-            Ok(json_response(200, &render::list(&rtype, &r.version, deleted, list_meta, &Rendering::Full), &[]))
+            Ok(json_response(
+                200,
+                &render::list(&rtype, &r.version, deleted, list_meta, &Rendering::Full),
+                &[],
+            ))
         }
         _ => Err(ApiError::method_not_allowed()),
     }
@@ -423,10 +573,40 @@ mod tests {
             Route::Resource(r) => (r.resource, r.namespace, r.name, r.subresource),
             other => panic!("{other:?}"),
         };
-        assert_eq!(r("/api/v1/namespaces/foo"), ("namespaces".into(), Some("foo".into()), Some("foo".into()), None));
-        assert_eq!(r("/api/v1/namespaces/foo/status"), ("namespaces".into(), Some("foo".into()), Some("foo".into()), Some("status".into())));
-        assert_eq!(r("/apis/x.dev/v1/namespaces/ns/things/a/status"), ("things".into(), Some("ns".into()), Some("a".into()), Some("status".into())));
-        assert_eq!(r("/apis/x.dev/v1/things"), ("things".into(), None, None, None));
-        assert_eq!(parse_route("/apis/x.dev/v1"), Route::Resources("x.dev".into(), "v1".into()));
+        assert_eq!(
+            r("/api/v1/namespaces/foo"),
+            (
+                "namespaces".into(),
+                Some("foo".into()),
+                Some("foo".into()),
+                None
+            )
+        );
+        assert_eq!(
+            r("/api/v1/namespaces/foo/status"),
+            (
+                "namespaces".into(),
+                Some("foo".into()),
+                Some("foo".into()),
+                Some("status".into())
+            )
+        );
+        assert_eq!(
+            r("/apis/x.dev/v1/namespaces/ns/things/a/status"),
+            (
+                "things".into(),
+                Some("ns".into()),
+                Some("a".into()),
+                Some("status".into())
+            )
+        );
+        assert_eq!(
+            r("/apis/x.dev/v1/things"),
+            ("things".into(), None, None, None)
+        );
+        assert_eq!(
+            parse_route("/apis/x.dev/v1"),
+            Route::Resources("x.dev".into(), "v1".into())
+        );
     }
 }

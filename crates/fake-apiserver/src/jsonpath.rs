@@ -8,7 +8,10 @@ enum Segment {
     Field(String),
     Index(i64),
     Wildcard,
-    Filter { path: Vec<String>, op: Option<(bool, Value)> },
+    Filter {
+        path: Vec<String>,
+        op: Option<(bool, Value)>,
+    },
 }
 
 /// A parsed path.
@@ -38,7 +41,10 @@ impl JsonPath {
     pub(crate) fn parse(path: &str) -> Result<Self, ParseError> {
         let err = || ParseError(path.to_string());
         let p = path.trim();
-        let p = p.strip_prefix('{').and_then(|r| r.strip_suffix('}')).unwrap_or(p);
+        let p = p
+            .strip_prefix('{')
+            .and_then(|r| r.strip_suffix('}'))
+            .unwrap_or(p);
         let p = p.strip_prefix('$').unwrap_or(p);
         let chars: Vec<char> = p.chars().collect();
         let mut i = 0;
@@ -64,7 +70,9 @@ impl JsonPath {
                     let inner = inner.trim();
                     segments.push(if inner == "*" {
                         Segment::Wildcard
-                    } else if let Some(f) = inner.strip_prefix("?(").and_then(|r| r.strip_suffix(')')) {
+                    } else if let Some(f) =
+                        inner.strip_prefix("?(").and_then(|r| r.strip_suffix(')'))
+                    {
                         parse_filter(f).ok_or_else(err)?
                     } else if inner.starts_with('\'') || inner.starts_with('"') {
                         Segment::Field(inner[1..inner.len().saturating_sub(1)].to_string())
@@ -149,7 +157,11 @@ fn parse_filter(f: &str) -> Option<Segment> {
         (f, None)
     };
     let lhs = lhs.trim().strip_prefix('@')?;
-    let path = lhs.split('.').filter(|s| !s.is_empty()).map(String::from).collect();
+    let path = lhs
+        .split('.')
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
     Some(Segment::Filter { path, op })
 }
 
@@ -163,10 +175,23 @@ mod tests {
         let o = json!({"spec": {"a": 1}, "status": {"conditions": [
             {"type": "Ready", "status": "True"}, {"type": "Held", "status": "False"}],
             "holders": [{"claim": "x"}, {"claim": "y"}]}});
-        let one = |p: &str| JsonPath::parse(p).unwrap().find(&o).into_iter().cloned().collect::<Vec<_>>();
+        let one = |p: &str| {
+            JsonPath::parse(p)
+                .unwrap()
+                .find(&o)
+                .into_iter()
+                .cloned()
+                .collect::<Vec<_>>()
+        };
         assert_eq!(one(".spec.a"), vec![json!(1)]);
-        assert_eq!(one(".status.conditions[?(@.type==\"Held\")].status"), vec![json!("False")]);
-        assert_eq!(one(".status.holders[*].claim"), vec![json!("x"), json!("y")]);
+        assert_eq!(
+            one(".status.conditions[?(@.type==\"Held\")].status"),
+            vec![json!("False")]
+        );
+        assert_eq!(
+            one(".status.holders[*].claim"),
+            vec![json!("x"), json!("y")]
+        );
         assert_eq!(one(".status.holders[-1].claim"), vec![json!("y")]);
         assert_eq!(one("{.status.holders[0]['claim']}"), vec![json!("x")]);
         assert!(one(".spec.missing").is_empty());

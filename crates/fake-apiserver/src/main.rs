@@ -25,7 +25,9 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow_free::Result {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
@@ -38,10 +40,21 @@ async fn main() -> anyhow_free::Result {
         server.write_kubeconfig(path)?;
     }
     let mut stdout = std::io::stdout();
-    writeln!(stdout, "{}", server.url()).map_err(|source| fake_apiserver::Error::Bind { addr: server.url().into(), source })?;
-    stdout.flush().map_err(|source| fake_apiserver::Error::Bind { addr: server.url().into(), source })?;
+    writeln!(stdout, "{}", server.url()).map_err(|source| fake_apiserver::Error::Bind {
+        addr: server.url().into(),
+        source,
+    })?;
+    stdout
+        .flush()
+        .map_err(|source| fake_apiserver::Error::Bind {
+            addr: server.url().into(),
+            source,
+        })?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|source| fake_apiserver::Error::Bind { addr: server.url().into(), source })?;
+        .map_err(|source| fake_apiserver::Error::Bind {
+            addr: server.url().into(),
+            source,
+        })?;
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}

@@ -13,7 +13,9 @@ pub(crate) fn metadata_mut(obj: &mut Value) -> &mut Map<String, Value> {
         *obj = Value::Object(Map::new());
     }
     let map = obj.as_object_mut().expect("made an object above");
-    let meta = map.entry("metadata").or_insert_with(|| Value::Object(Map::new()));
+    let meta = map
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Map::new()));
     if !meta.is_object() {
         *meta = Value::Object(Map::new());
     }
@@ -22,7 +24,10 @@ pub(crate) fn metadata_mut(obj: &mut Value) -> &mut Map<String, Value> {
 
 /// `metadata.<field>` as a string ("" when missing).
 pub(crate) fn str_field<'a>(obj: &'a Value, field: &str) -> &'a str {
-    obj.get("metadata").and_then(|m| m.get(field)).and_then(Value::as_str).unwrap_or("")
+    obj.get("metadata")
+        .and_then(|m| m.get(field))
+        .and_then(Value::as_str)
+        .unwrap_or("")
 }
 
 /// `metadata.name`.
@@ -57,20 +62,29 @@ pub(crate) fn set_str(obj: &mut Value, field: &str, value: &str) {
 
 /// `metadata.generation` (0 when missing).
 pub(crate) fn generation(obj: &Value) -> i64 {
-    obj.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0)
+    obj.pointer("/metadata/generation")
+        .and_then(Value::as_i64)
+        .unwrap_or(0)
 }
 
 /// `metadata.finalizers`.
 pub(crate) fn finalizers(obj: &Value) -> Vec<String> {
     obj.pointer("/metadata/finalizers")
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|f| f.as_str().map(String::from)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 /// `metadata.labels` as pairs.
 pub(crate) fn labels(obj: &Value) -> Map<String, Value> {
-    obj.pointer("/metadata/labels").and_then(Value::as_object).cloned().unwrap_or_default()
+    obj.pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default()
 }
 
 /// The uids in `metadata.ownerReferences`.

@@ -36,8 +36,11 @@ fn query_param(name: &str, description: &str) -> Value {
 
 /// The OpenAPI v3 document of one group/version, or None when it is not served.
 pub(crate) fn document(registry: &Registry, group: &str, version: &str) -> Option<Value> {
-    let types: Vec<&std::sync::Arc<ResourceType>> =
-        registry.all().iter().filter(|t| t.group == group && t.version(version).is_some()).collect();
+    let types: Vec<&std::sync::Arc<ResourceType>> = registry
+        .all()
+        .iter()
+        .filter(|t| t.group == group && t.version(version).is_some())
+        .collect();
     if types.is_empty() {
         return None;
     }
@@ -47,11 +50,22 @@ pub(crate) fn document(registry: &Registry, group: &str, version: &str) -> Optio
         let name = schema_name(t, version);
         let reference = json!({"$ref": format!("#/components/schemas/{name}")});
         let content = json!({"application/json": {"schema": reference}});
-        let base = if t.group.is_empty() { format!("/api/{version}") } else { format!("/apis/{}/{version}", t.group) };
-        let collection =
-            if t.namespaced { format!("{base}/namespaces/{{namespace}}/{}", t.plural) } else { format!("{base}/{}", t.plural) };
+        let base = if t.group.is_empty() {
+            format!("/api/{version}")
+        } else {
+            format!("/apis/{}/{version}", t.group)
+        };
+        let collection = if t.namespaced {
+            format!("{base}/namespaces/{{namespace}}/{}", t.plural)
+        } else {
+            format!("{base}/{}", t.plural)
+        };
         let mut patch_types = Map::new();
-        for ct in ["application/json-patch+json", "application/merge-patch+json", "application/apply-patch+yaml"] {
+        for ct in [
+            "application/json-patch+json",
+            "application/merge-patch+json",
+            "application/apply-patch+yaml",
+        ] {
             patch_types.insert(ct.into(), json!({"schema": {"type": "object"}}));
         }
         let op = |action: &str| {
@@ -70,13 +84,19 @@ pub(crate) fn document(registry: &Registry, group: &str, version: &str) -> Optio
             query_param("force", "Force is going to \"force\" Apply requests."),
         ]);
         let mut put = op("put");
-        put["parameters"] = json!([query_param("fieldValidation", "fieldValidation"), query_param("dryRun", "dryRun")]);
+        put["parameters"] = json!([
+            query_param("fieldValidation", "fieldValidation"),
+            query_param("dryRun", "dryRun")
+        ]);
         paths.insert(
             format!("{collection}/{{name}}"),
             json!({"get": op("get"), "put": put, "patch": patch, "delete": op("delete")}),
         );
         let mut post = op("post");
-        post["parameters"] = json!([query_param("fieldValidation", "fieldValidation"), query_param("dryRun", "dryRun")]);
+        post["parameters"] = json!([
+            query_param("fieldValidation", "fieldValidation"),
+            query_param("dryRun", "dryRun")
+        ]);
         paths.insert(collection, json!({"get": op("list"), "post": post}));
 
         let mut schema = t
@@ -84,7 +104,9 @@ pub(crate) fn document(registry: &Registry, group: &str, version: &str) -> Optio
             .iter()
             .find(|v| v.name == version)
             .and_then(|v| v.schema.clone())
-            .unwrap_or_else(|| json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}));
+            .unwrap_or_else(
+                || json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}),
+            );
         if let Some(props) = schema.get_mut("properties").and_then(Value::as_object_mut) {
             props.insert("apiVersion".into(), json!({"type": "string"}));
             props.insert("kind".into(), json!({"type": "string"}));
@@ -106,7 +128,9 @@ pub(crate) fn root(registry: &Registry) -> Value {
     let mut paths = Map::new();
     for (group, versions) in registry.groups() {
         for version in versions {
-            let Some(doc) = document(registry, &group, &version) else { continue };
+            let Some(doc) = document(registry, &group, &version) else {
+                continue;
+            };
             let mut h = std::collections::hash_map::DefaultHasher::new();
             doc.to_string().hash(&mut h);
             let path = gv_path(&group, &version);

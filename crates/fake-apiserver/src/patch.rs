@@ -50,7 +50,8 @@ pub(crate) fn parse_body(kind: PatchKind, body: &[u8]) -> Result<Value, ApiError
     match kind {
         PatchKind::Apply => serde_yaml::from_slice::<Value>(body)
             .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}"))),
-        _ => serde_json::from_slice::<Value>(body).map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}"))),
+        _ => serde_json::from_slice::<Value>(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}"))),
     }
 }
 
@@ -70,7 +71,9 @@ pub(crate) fn apply(kind: PatchKind, current: &Value, patch: &Value) -> Result<V
             json_patch::patch(&mut doc, &ops).map_err(|e| ApiError {
                 code: 422,
                 reason: "Invalid",
-                message: format!("the server rejected our request due to an error in our request: {e}"),
+                message: format!(
+                    "the server rejected our request due to an error in our request: {e}"
+                ),
                 details: None,
             })?;
         }
@@ -87,17 +90,36 @@ mod tests {
     fn merge_json_and_strategic() {
         let cur = json!({"spec": {"a": 1, "b": 2}, "status": {"x": [1, 2]}});
         assert_eq!(
-            apply(PatchKind::Merge, &cur, &json!({"spec": {"a": null, "c": 3}})).unwrap(),
+            apply(
+                PatchKind::Merge,
+                &cur,
+                &json!({"spec": {"a": null, "c": 3}})
+            )
+            .unwrap(),
             json!({"spec": {"b": 2, "c": 3}, "status": {"x": [1, 2]}})
         );
         assert_eq!(
-            apply(PatchKind::Json, &cur, &json!([{"op": "replace", "path": "/spec/a", "value": 9}])).unwrap()["spec"]["a"],
+            apply(
+                PatchKind::Json,
+                &cur,
+                &json!([{"op": "replace", "path": "/spec/a", "value": 9}])
+            )
+            .unwrap()["spec"]["a"],
             json!(9)
         );
-        let failed_test = apply(PatchKind::Json, &cur, &json!([{"op": "test", "path": "/spec/a", "value": 5}]));
+        let failed_test = apply(
+            PatchKind::Json,
+            &cur,
+            &json!([{"op": "test", "path": "/spec/a", "value": 5}]),
+        );
         assert_eq!(failed_test.unwrap_err().code, 422);
         assert_eq!(
-            apply(PatchKind::Strategic, &cur, &json!({"$setElementOrder/x": [], "status": {"x": [3], "$retainKeys": ["x"]}})).unwrap()["status"],
+            apply(
+                PatchKind::Strategic,
+                &cur,
+                &json!({"$setElementOrder/x": [], "status": {"x": [3], "$retainKeys": ["x"]}})
+            )
+            .unwrap()["status"],
             json!({"x": [3]})
         );
     }

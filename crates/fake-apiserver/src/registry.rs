@@ -41,7 +41,9 @@ impl Propagation {
             "Background" => Ok(Self::Background),
             "Orphan" => Ok(Self::Orphan),
             "Foreground" => Ok(Self::Foreground),
-            other => Err(ApiError::bad_request(format!("propagationPolicy: Unsupported value: {other:?}"))),
+            other => Err(ApiError::bad_request(format!(
+                "propagationPolicy: Unsupported value: {other:?}"
+            ))),
         }
     }
 }
@@ -114,7 +116,9 @@ impl ResourceType {
 
     /// Whether `version` has the status subresource.
     pub(crate) fn has_status(&self, version: &str) -> bool {
-        self.versions.iter().any(|v| v.name == version && v.status_subresource)
+        self.versions
+            .iter()
+            .any(|v| v.name == version && v.status_subresource)
     }
 }
 
@@ -167,7 +171,11 @@ impl Builtin {
                 printer_columns: Vec::new(),
                 status_subresource: self.status,
             }],
-            storage_group: if self.special == Special::EventsV1 { String::new() } else { self.group.into() },
+            storage_group: if self.special == Special::EventsV1 {
+                String::new()
+            } else {
+                self.group.into()
+            },
             special: self.special,
             tracks_generation: self.generation,
             default_propagation: self.propagation,
@@ -177,26 +185,153 @@ impl Builtin {
 }
 
 const BUILTINS: &[Builtin] = &[
-    Builtin { group: "", version: "v1", kind: "Namespace", plural: "namespaces", short: &["ns"], categories: &[], namespaced: false, status: true, special: Special::Namespace, generation: false, propagation: Propagation::Background },
-    Builtin { group: "", version: "v1", kind: "Event", plural: "events", short: &["ev"], categories: &[], namespaced: true, status: false, special: Special::None, generation: false, propagation: Propagation::Background },
-    Builtin { group: "", version: "v1", kind: "Pod", plural: "pods", short: &["po"], categories: &["all"], namespaced: true, status: true, special: Special::Pod, generation: true, propagation: Propagation::Background },
-    Builtin { group: "", version: "v1", kind: "ConfigMap", plural: "configmaps", short: &["cm"], categories: &[], namespaced: true, status: false, special: Special::None, generation: false, propagation: Propagation::Background },
-    Builtin { group: "", version: "v1", kind: "Secret", plural: "secrets", short: &[], categories: &[], namespaced: true, status: false, special: Special::Secret, generation: false, propagation: Propagation::Background },
-    Builtin { group: "", version: "v1", kind: "ServiceAccount", plural: "serviceaccounts", short: &["sa"], categories: &[], namespaced: true, status: false, special: Special::None, generation: false, propagation: Propagation::Background },
-    Builtin { group: "events.k8s.io", version: "v1", kind: "Event", plural: "events", short: &["ev"], categories: &[], namespaced: true, status: false, special: Special::EventsV1, generation: false, propagation: Propagation::Background },
-    Builtin { group: "batch", version: "v1", kind: "Job", plural: "jobs", short: &[], categories: &["all"], namespaced: true, status: true, special: Special::None, generation: true, propagation: Propagation::Orphan },
-    Builtin { group: "coordination.k8s.io", version: "v1", kind: "Lease", plural: "leases", short: &[], categories: &[], namespaced: true, status: false, special: Special::None, generation: false, propagation: Propagation::Background },
-    Builtin { group: "apiextensions.k8s.io", version: "v1", kind: "CustomResourceDefinition", plural: "customresourcedefinitions", short: &["crd", "crds"], categories: &["api-extensions"], namespaced: false, status: true, special: Special::Crd, generation: true, propagation: Propagation::Background },
+    Builtin {
+        group: "",
+        version: "v1",
+        kind: "Namespace",
+        plural: "namespaces",
+        short: &["ns"],
+        categories: &[],
+        namespaced: false,
+        status: true,
+        special: Special::Namespace,
+        generation: false,
+        propagation: Propagation::Background,
+    },
+    Builtin {
+        group: "",
+        version: "v1",
+        kind: "Event",
+        plural: "events",
+        short: &["ev"],
+        categories: &[],
+        namespaced: true,
+        status: false,
+        special: Special::None,
+        generation: false,
+        propagation: Propagation::Background,
+    },
+    Builtin {
+        group: "",
+        version: "v1",
+        kind: "Pod",
+        plural: "pods",
+        short: &["po"],
+        categories: &["all"],
+        namespaced: true,
+        status: true,
+        special: Special::Pod,
+        generation: true,
+        propagation: Propagation::Background,
+    },
+    Builtin {
+        group: "",
+        version: "v1",
+        kind: "ConfigMap",
+        plural: "configmaps",
+        short: &["cm"],
+        categories: &[],
+        namespaced: true,
+        status: false,
+        special: Special::None,
+        generation: false,
+        propagation: Propagation::Background,
+    },
+    Builtin {
+        group: "",
+        version: "v1",
+        kind: "Secret",
+        plural: "secrets",
+        short: &[],
+        categories: &[],
+        namespaced: true,
+        status: false,
+        special: Special::Secret,
+        generation: false,
+        propagation: Propagation::Background,
+    },
+    Builtin {
+        group: "",
+        version: "v1",
+        kind: "ServiceAccount",
+        plural: "serviceaccounts",
+        short: &["sa"],
+        categories: &[],
+        namespaced: true,
+        status: false,
+        special: Special::None,
+        generation: false,
+        propagation: Propagation::Background,
+    },
+    Builtin {
+        group: "events.k8s.io",
+        version: "v1",
+        kind: "Event",
+        plural: "events",
+        short: &["ev"],
+        categories: &[],
+        namespaced: true,
+        status: false,
+        special: Special::EventsV1,
+        generation: false,
+        propagation: Propagation::Background,
+    },
+    Builtin {
+        group: "batch",
+        version: "v1",
+        kind: "Job",
+        plural: "jobs",
+        short: &[],
+        categories: &["all"],
+        namespaced: true,
+        status: true,
+        special: Special::None,
+        generation: true,
+        propagation: Propagation::Orphan,
+    },
+    Builtin {
+        group: "coordination.k8s.io",
+        version: "v1",
+        kind: "Lease",
+        plural: "leases",
+        short: &[],
+        categories: &[],
+        namespaced: true,
+        status: false,
+        special: Special::None,
+        generation: false,
+        propagation: Propagation::Background,
+    },
+    Builtin {
+        group: "apiextensions.k8s.io",
+        version: "v1",
+        kind: "CustomResourceDefinition",
+        plural: "customresourcedefinitions",
+        short: &["crd", "crds"],
+        categories: &["api-extensions"],
+        namespaced: false,
+        status: true,
+        special: Special::Crd,
+        generation: true,
+        propagation: Propagation::Background,
+    },
 ];
 
 impl Registry {
     /// The built-in types only.
     pub(crate) fn builtins() -> Self {
-        Self { types: BUILTINS.iter().map(|b| Arc::new(b.build())).collect() }
+        Self {
+            types: BUILTINS.iter().map(|b| Arc::new(b.build())).collect(),
+        }
     }
 
     /// The type serving `group/version/plural`.
-    pub(crate) fn lookup(&self, group: &str, version: &str, plural: &str) -> Option<Arc<ResourceType>> {
+    pub(crate) fn lookup(
+        &self,
+        group: &str,
+        version: &str,
+        plural: &str,
+    ) -> Option<Arc<ResourceType>> {
         self.types
             .iter()
             .find(|t| t.group == group && t.plural == plural && t.version(version).is_some())
@@ -205,8 +340,15 @@ impl Registry {
 
     /// The type that stores objects under `storage_group/plural` with its own group
     /// (the canonical one, used for garbage collection and namespaces).
-    pub(crate) fn storage_type(&self, storage_group: &str, plural: &str) -> Option<Arc<ResourceType>> {
-        self.types.iter().find(|t| t.group == storage_group && t.plural == plural).cloned()
+    pub(crate) fn storage_type(
+        &self,
+        storage_group: &str,
+        plural: &str,
+    ) -> Option<Arc<ResourceType>> {
+        self.types
+            .iter()
+            .find(|t| t.group == storage_group && t.plural == plural)
+            .cloned()
     }
 
     /// Every type.
@@ -237,13 +379,15 @@ impl Registry {
 
     /// Registers (or replaces) the type a CRD defines.
     pub(crate) fn register(&mut self, rtype: ResourceType) {
-        self.types.retain(|t| !(t.group == rtype.group && t.plural == rtype.plural));
+        self.types
+            .retain(|t| !(t.group == rtype.group && t.plural == rtype.plural));
         self.types.push(Arc::new(rtype));
     }
 
     /// Removes the type `group/plural`.
     pub(crate) fn unregister(&mut self, group: &str, plural: &str) {
-        self.types.retain(|t| !(t.from_crd && t.group == group && t.plural == plural));
+        self.types
+            .retain(|t| !(t.from_crd && t.group == group && t.plural == plural));
     }
 }
 
@@ -264,7 +408,11 @@ fn strings_at(v: &Value, path: &[&str]) -> Vec<String> {
         }
     }
     cur.as_array()
-        .map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -272,13 +420,23 @@ fn strings_at(v: &Value, path: &[&str]) -> Vec<String> {
 pub(crate) fn type_from_crd(crd: &Value) -> Result<ResourceType, Vec<FieldError>> {
     let mut errors = Vec::new();
     let name = str_at(crd, &["metadata", "name"]).unwrap_or_default();
-    let group = str_at(crd, &["spec", "group"]).unwrap_or_default().to_string();
-    let plural = str_at(crd, &["spec", "names", "plural"]).unwrap_or_default().to_string();
-    let kind = str_at(crd, &["spec", "names", "kind"]).unwrap_or_default().to_string();
+    let group = str_at(crd, &["spec", "group"])
+        .unwrap_or_default()
+        .to_string();
+    let plural = str_at(crd, &["spec", "names", "plural"])
+        .unwrap_or_default()
+        .to_string();
+    let kind = str_at(crd, &["spec", "names", "kind"])
+        .unwrap_or_default()
+        .to_string();
     if group.is_empty() {
         errors.push(FieldError::required("spec.group", ""));
     } else if !group.contains('.') {
-        errors.push(FieldError::invalid("spec.group", &Value::String(group.clone()), "should be a domain with at least one dot"));
+        errors.push(FieldError::invalid(
+            "spec.group",
+            &Value::String(group.clone()),
+            "should be a domain with at least one dot",
+        ));
     }
     if plural.is_empty() {
         errors.push(FieldError::required("spec.names.plural", ""));
@@ -307,23 +465,43 @@ pub(crate) fn type_from_crd(crd: &Value) -> Result<ResourceType, Vec<FieldError>
         }
     };
     let mut versions = Vec::new();
-    let raw_versions = crd.pointer("/spec/versions").and_then(Value::as_array).cloned().unwrap_or_default();
+    let raw_versions = crd
+        .pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     if raw_versions.is_empty() {
-        errors.push(FieldError::invalid("spec.versions", &Value::Array(vec![]), "must have exactly one version marked as storage version"));
+        errors.push(FieldError::invalid(
+            "spec.versions",
+            &Value::Array(vec![]),
+            "must have exactly one version marked as storage version",
+        ));
     }
     for (i, v) in raw_versions.iter().enumerate() {
-        let vname = v.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+        let vname = v
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
         if vname.is_empty() {
-            errors.push(FieldError::required(&format!("spec.versions[{i}].name"), ""));
+            errors.push(FieldError::required(
+                &format!("spec.versions[{i}].name"),
+                "",
+            ));
         }
         let schema = v.pointer("/schema/openAPIV3Schema").cloned();
         match &schema {
-            None => errors.push(FieldError::required(&format!("spec.versions[{i}].schema.openAPIV3Schema"), "schemas are required")),
-            Some(s) if s.get("type").and_then(Value::as_str) != Some("object") => errors.push(FieldError::other(
-                "FieldValueRequired",
-                &format!("spec.versions[{i}].schema.openAPIV3Schema.type"),
-                "Required value: must be object at the root".into(),
+            None => errors.push(FieldError::required(
+                &format!("spec.versions[{i}].schema.openAPIV3Schema"),
+                "schemas are required",
             )),
+            Some(s) if s.get("type").and_then(Value::as_str) != Some("object") => {
+                errors.push(FieldError::other(
+                    "FieldValueRequired",
+                    &format!("spec.versions[{i}].schema.openAPIV3Schema.type"),
+                    "Required value: must be object at the root".into(),
+                ))
+            }
             Some(_) => {}
         }
         let printer_columns = v
@@ -332,12 +510,32 @@ pub(crate) fn type_from_crd(crd: &Value) -> Result<ResourceType, Vec<FieldError>
             .map(|cols| {
                 cols.iter()
                     .map(|c| PrinterColumn {
-                        name: c.get("name").and_then(Value::as_str).unwrap_or_default().into(),
-                        type_: c.get("type").and_then(Value::as_str).unwrap_or("string").into(),
-                        format: c.get("format").and_then(Value::as_str).unwrap_or_default().into(),
-                        description: c.get("description").and_then(Value::as_str).unwrap_or_default().into(),
+                        name: c
+                            .get("name")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default()
+                            .into(),
+                        type_: c
+                            .get("type")
+                            .and_then(Value::as_str)
+                            .unwrap_or("string")
+                            .into(),
+                        format: c
+                            .get("format")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default()
+                            .into(),
+                        description: c
+                            .get("description")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default()
+                            .into(),
                         priority: c.get("priority").and_then(Value::as_i64).unwrap_or(0),
-                        json_path: c.get("jsonPath").and_then(Value::as_str).unwrap_or_default().into(),
+                        json_path: c
+                            .get("jsonPath")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default()
+                            .into(),
                     })
                     .collect()
             })
@@ -361,8 +559,12 @@ pub(crate) fn type_from_crd(crd: &Value) -> Result<ResourceType, Vec<FieldError>
     if !errors.is_empty() {
         return Err(errors);
     }
-    let singular = str_at(crd, &["spec", "names", "singular"]).map(String::from).unwrap_or_else(|| kind.to_lowercase());
-    let list_kind = str_at(crd, &["spec", "names", "listKind"]).map(String::from).unwrap_or_else(|| format!("{kind}List"));
+    let singular = str_at(crd, &["spec", "names", "singular"])
+        .map(String::from)
+        .unwrap_or_else(|| kind.to_lowercase());
+    let list_kind = str_at(crd, &["spec", "names", "listKind"])
+        .map(String::from)
+        .unwrap_or_else(|| format!("{kind}List"));
     Ok(ResourceType {
         storage_group: group.clone(),
         group,

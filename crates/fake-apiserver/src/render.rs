@@ -14,7 +14,10 @@ pub(crate) enum Rendering {
     /// `PartialObjectMetadata(List)`.
     PartialMetadata,
     /// A Table of the given `apiVersion` (`meta.k8s.io/v1` or `v1beta1`).
-    Table { api_version: String, include: IncludeObject },
+    Table {
+        api_version: String,
+        include: IncludeObject,
+    },
 }
 
 /// Picks the first acceptable media type of `accept`.
@@ -31,10 +34,15 @@ pub(crate) fn negotiate(accept: &str, include_object: Option<&str>) -> Rendering
             (Some("Table"), Some("meta.k8s.io")) => {
                 let v = param("v").unwrap_or("v1");
                 if v == "v1" || v == "v1beta1" {
-                    return Rendering::Table { api_version: format!("meta.k8s.io/{v}"), include: IncludeObject::parse(include_object) };
+                    return Rendering::Table {
+                        api_version: format!("meta.k8s.io/{v}"),
+                        include: IncludeObject::parse(include_object),
+                    };
                 }
             }
-            (Some("PartialObjectMetadata" | "PartialObjectMetadataList"), Some("meta.k8s.io")) => return Rendering::PartialMetadata,
+            (Some("PartialObjectMetadata" | "PartialObjectMetadataList"), Some("meta.k8s.io")) => {
+                return Rendering::PartialMetadata
+            }
             (None, _) => return Rendering::Full,
             _ => {}
         }
@@ -43,18 +51,38 @@ pub(crate) fn negotiate(accept: &str, include_object: Option<&str>) -> Rendering
 }
 
 /// One object (served form) as `rendering` asks.
-pub(crate) fn object(rtype: &ResourceType, version: &str, obj: Value, rendering: &Rendering) -> Value {
+pub(crate) fn object(
+    rtype: &ResourceType,
+    version: &str,
+    obj: Value,
+    rendering: &Rendering,
+) -> Value {
     match rendering {
         Rendering::Full => obj,
         Rendering::PartialMetadata => table::partial_metadata(&obj),
-        Rendering::Table { api_version, include } => {
-            table::table(rtype, version, std::slice::from_ref(&obj), *include, api_version, None, true)
-        }
+        Rendering::Table {
+            api_version,
+            include,
+        } => table::table(
+            rtype,
+            version,
+            std::slice::from_ref(&obj),
+            *include,
+            api_version,
+            None,
+            true,
+        ),
     }
 }
 
 /// A list (served items) as `rendering` asks.
-pub(crate) fn list(rtype: &ResourceType, version: &str, items: Vec<Value>, list_meta: Value, rendering: &Rendering) -> Value {
+pub(crate) fn list(
+    rtype: &ResourceType,
+    version: &str,
+    items: Vec<Value>,
+    list_meta: Value,
+    rendering: &Rendering,
+) -> Value {
     match rendering {
         Rendering::Full => json!({
             "kind": rtype.list_kind,
@@ -68,7 +96,18 @@ pub(crate) fn list(rtype: &ResourceType, version: &str, items: Vec<Value>, list_
             "metadata": list_meta,
             "items": items.iter().map(table::partial_metadata).collect::<Vec<_>>(),
         }),
-        Rendering::Table { api_version, include } => table::table(rtype, version, &items, *include, api_version, Some(list_meta), true),
+        Rendering::Table {
+            api_version,
+            include,
+        } => table::table(
+            rtype,
+            version,
+            &items,
+            *include,
+            api_version,
+            Some(list_meta),
+            true,
+        ),
     }
 }
 
@@ -79,9 +118,23 @@ mod tests {
     #[test]
     fn kubectl_and_kube_rs_accept_headers() {
         let kubectl = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
-        assert!(matches!(negotiate(kubectl, None), Rendering::Table { ref api_version, .. } if api_version == "meta.k8s.io/v1"));
-        assert_eq!(negotiate("application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1", None), Rendering::PartialMetadata);
-        assert_eq!(negotiate("application/vnd.kubernetes.protobuf, application/json", None), Rendering::Full);
+        assert!(
+            matches!(negotiate(kubectl, None), Rendering::Table { ref api_version, .. } if api_version == "meta.k8s.io/v1")
+        );
+        assert_eq!(
+            negotiate(
+                "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
+                None
+            ),
+            Rendering::PartialMetadata
+        );
+        assert_eq!(
+            negotiate(
+                "application/vnd.kubernetes.protobuf, application/json",
+                None
+            ),
+            Rendering::Full
+        );
         assert_eq!(negotiate("", None), Rendering::Full);
     }
 }

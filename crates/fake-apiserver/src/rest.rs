@@ -34,7 +34,11 @@ impl Target {
         ObjectKey {
             group: self.rtype.storage_group.clone(),
             resource: self.rtype.plural.clone(),
-            namespace: if self.rtype.namespaced { self.namespace.clone().unwrap_or_default() } else { String::new() },
+            namespace: if self.rtype.namespaced {
+                self.namespace.clone().unwrap_or_default()
+            } else {
+                String::new()
+            },
             name: name.to_string(),
         }
     }
@@ -44,7 +48,9 @@ impl Target {
     }
 
     fn url_name(&self) -> Result<&str, ApiError> {
-        self.name.as_deref().ok_or_else(ApiError::method_not_allowed)
+        self.name
+            .as_deref()
+            .ok_or_else(ApiError::method_not_allowed)
     }
 
     fn is_status(&self) -> bool {
@@ -106,7 +112,10 @@ pub(crate) fn to_served(rtype: &ResourceType, version: &str, stored: &Value) -> 
     }
     let mut obj = stored.clone();
     if let Some(map) = obj.as_object_mut() {
-        map.insert("apiVersion".into(), Value::String(rtype.api_version(version)));
+        map.insert(
+            "apiVersion".into(),
+            Value::String(rtype.api_version(version)),
+        );
         map.insert("kind".into(), Value::String(rtype.kind.clone()));
     }
     obj
@@ -119,7 +128,10 @@ fn to_stored(rtype: &ResourceType, obj: Value) -> Value {
     }
     let mut obj = obj;
     if let Some(map) = obj.as_object_mut() {
-        map.insert("apiVersion".into(), Value::String(rtype.api_version(rtype.storage_version())));
+        map.insert(
+            "apiVersion".into(),
+            Value::String(rtype.api_version(rtype.storage_version())),
+        );
         map.insert("kind".into(), Value::String(rtype.kind.clone()));
     }
     obj
@@ -128,13 +140,21 @@ fn to_stored(rtype: &ResourceType, obj: Value) -> Value {
 /// Rejects a body whose `apiVersion`/`kind` name another type.
 fn check_type_meta(rtype: &ResourceType, version: &str, body: &Value) -> Result<(), ApiError> {
     if !body.is_object() {
-        return Err(ApiError::bad_request("the body of the request must be a JSON object"));
+        return Err(ApiError::bad_request(
+            "the body of the request must be a JSON object",
+        ));
     }
     let kind = body.get("kind").and_then(Value::as_str).unwrap_or_default();
-    let api_version = body.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+    let api_version = body
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     let served = rtype.api_version(version);
     if !kind.is_empty() && kind != rtype.kind {
-        return Err(ApiError::bad_request(format!("the kind in the data ({kind}) does not match the expected kind ({})", rtype.kind)));
+        return Err(ApiError::bad_request(format!(
+            "the kind in the data ({kind}) does not match the expected kind ({})",
+            rtype.kind
+        )));
     }
     if !api_version.is_empty() && api_version != served {
         return Err(ApiError::bad_request(format!(
@@ -150,7 +170,8 @@ const DNS1123_LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lowe
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -159,11 +180,13 @@ fn is_dns_label(s: &str) -> bool {
 fn validate_name(rtype: &ResourceType, name: &str) -> Option<FieldError> {
     let value = Value::String(name.to_string());
     if rtype.special == Special::Namespace {
-        return (!is_dns_label(name)).then(|| FieldError::invalid("metadata.name", &value, DNS1123_LABEL_MSG));
+        return (!is_dns_label(name))
+            .then(|| FieldError::invalid("metadata.name", &value, DNS1123_LABEL_MSG));
     }
     if rtype.special == Special::EventsV1 || rtype.plural == "events" {
         // Event names carry timestamps and dots; kube-apiserver only checks they are path-safe.
-        return (name.contains('/') || name.contains('%')).then(|| FieldError::invalid("metadata.name", &value, "may not contain '/' or '%'"));
+        return (name.contains('/') || name.contains('%'))
+            .then(|| FieldError::invalid("metadata.name", &value, "may not contain '/' or '%'"));
     }
     let ok = name.len() <= 253 && name.split('.').all(is_dns_label);
     (!ok).then(|| FieldError::invalid("metadata.name", &value, DNS1123_SUBDOMAIN_MSG))
@@ -174,7 +197,9 @@ fn random_suffix() -> String {
     use rand::Rng;
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let mut rng = rand::rng();
-    (0..5).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect()
+    (0..5)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect()
 }
 
 /// Unknown fields of a request body (for `fieldValidation`), as `unknown field "path"` texts.
@@ -190,18 +215,30 @@ fn unknown_fields(rtype: &ResourceType, version: &str, body: &Value) -> Vec<Stri
     }
     if let Some(schema_root) = rtype.version(version).and_then(|v| v.schema.as_ref()) {
         schema::drop_nulls(schema_root, &mut probe);
-        unknown.extend(schema::prune(schema_root, &mut probe, true).into_iter().filter(|p| !p.starts_with("metadata.")));
+        unknown.extend(
+            schema::prune(schema_root, &mut probe, true)
+                .into_iter()
+                .filter(|p| !p.starts_with("metadata.")),
+        );
     }
     unknown
 }
 
 /// Applies `fieldValidation` to the unknown fields of a body: an error when Strict,
 /// warnings when Warn.
-fn field_validation(rtype: &ResourceType, version: &str, body: &Value, mode: FieldValidation) -> Result<Vec<String>, ApiError> {
+fn field_validation(
+    rtype: &ResourceType,
+    version: &str,
+    body: &Value,
+    mode: FieldValidation,
+) -> Result<Vec<String>, ApiError> {
     if mode == FieldValidation::Ignore {
         return Ok(Vec::new());
     }
-    let unknown: Vec<String> = unknown_fields(rtype, version, body).iter().map(|p| format!("unknown field {p:?}")).collect();
+    let unknown: Vec<String> = unknown_fields(rtype, version, body)
+        .iter()
+        .map(|p| format!("unknown field {p:?}"))
+        .collect();
     if unknown.is_empty() {
         return Ok(Vec::new());
     }
@@ -226,7 +263,12 @@ fn clean_metadata(obj: &mut Value) {
 /// Schema processing of a custom resource: nulls, defaults, pruning, validation, CEL.
 fn admit(rtype: &ResourceType, obj: &mut Value, old: Option<&Value>) -> Result<(), ApiError> {
     let storage_version = rtype.storage_version().to_string();
-    let Some(schema_root) = rtype.versions.iter().find(|v| v.name == storage_version).and_then(|v| v.schema.clone()) else {
+    let Some(schema_root) = rtype
+        .versions
+        .iter()
+        .find(|v| v.name == storage_version)
+        .and_then(|v| v.schema.clone())
+    else {
         return Ok(());
     };
     schema::drop_nulls(&schema_root, obj);
@@ -247,7 +289,12 @@ fn admit(rtype: &ResourceType, obj: &mut Value, old: Option<&Value>) -> Result<(
     if errors.is_empty() {
         Ok(())
     } else {
-        Err(ApiError::invalid(&rtype.group, &rtype.kind, meta::name(obj), &errors))
+        Err(ApiError::invalid(
+            &rtype.group,
+            &rtype.kind,
+            meta::name(obj),
+            &errors,
+        ))
     }
 }
 
@@ -262,13 +309,22 @@ fn without_metadata(obj: &Value) -> Value {
 
 /// Folds a Secret's `stringData` into base64 `data`, as kube-apiserver does.
 fn fold_string_data(obj: &mut Value) {
-    let Some(map) = obj.as_object_mut() else { return };
-    let Some(Value::Object(string_data)) = map.remove("stringData") else { return };
-    let data = map.entry("data").or_insert_with(|| Value::Object(Map::new()));
+    let Some(map) = obj.as_object_mut() else {
+        return;
+    };
+    let Some(Value::Object(string_data)) = map.remove("stringData") else {
+        return;
+    };
+    let data = map
+        .entry("data")
+        .or_insert_with(|| Value::Object(Map::new()));
     if let Some(data) = data.as_object_mut() {
         for (k, v) in string_data {
             let text = v.as_str().unwrap_or_default().to_string();
-            data.insert(k, Value::String(base64::engine::general_purpose::STANDARD.encode(text)));
+            data.insert(
+                k,
+                Value::String(base64::engine::general_purpose::STANDARD.encode(text)),
+            );
         }
     }
 }
@@ -308,7 +364,12 @@ fn spec_changed(old: &Value, new: &Value, status_is_subresource: bool) -> bool {
 /// Gets one object.
 pub(crate) fn get(store: &Store, t: &Target) -> Result<Value, ApiError> {
     let name = t.url_name()?;
-    store.with(|inner| inner.get(&t.key(name)).map(|o| to_served(&t.rtype, &t.version, &o)).ok_or_else(|| t.not_found(name)))
+    store.with(|inner| {
+        inner
+            .get(&t.key(name))
+            .map(|o| to_served(&t.rtype, &t.version, &o))
+            .ok_or_else(|| t.not_found(name))
+    })
 }
 
 /// Pagination of a list.
@@ -329,12 +390,17 @@ pub(crate) struct ListPage {
 }
 
 fn encode_continue(rv: u64, namespace: &str, name: &str) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json!({"rv": rv, "ns": namespace, "name": name}).to_string())
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(json!({"rv": rv, "ns": namespace, "name": name}).to_string())
 }
 
 fn decode_continue(token: &str) -> Result<(String, String), ApiError> {
-    let bad = || ApiError::bad_request("continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)");
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token).map_err(|_| bad())?;
+    let bad = || {
+        ApiError::bad_request("continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)")
+    };
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token)
+        .map_err(|_| bad())?;
     let v: Value = serde_json::from_slice(&bytes).map_err(|_| bad())?;
     let ns = v.get("ns").and_then(Value::as_str).ok_or_else(bad)?;
     let name = v.get("name").and_then(Value::as_str).ok_or_else(bad)?;
@@ -343,38 +409,69 @@ fn decode_continue(token: &str) -> Result<(String, String), ApiError> {
 
 /// Lists objects matching the selectors, one page at a time when `limit` is set.
 pub(crate) fn list(store: &Store, t: &Target, opts: &ListOptions) -> Result<ListPage, ApiError> {
-    let after = opts.continue_token.as_deref().map(decode_continue).transpose()?;
+    let after = opts
+        .continue_token
+        .as_deref()
+        .map(decode_continue)
+        .transpose()?;
     store.with(|inner| {
         let rv = inner.current_rv();
-        let ns = if t.rtype.namespaced { t.namespace.as_deref() } else { None };
+        let ns = if t.rtype.namespaced {
+            t.namespace.as_deref()
+        } else {
+            None
+        };
         let matching: Vec<Arc<Value>> = inner
             .list(&t.rtype.storage_group, &t.rtype.plural, ns)
             .into_iter()
             .filter(|o| opts.selectors.matches(o))
             .filter(|o| match &after {
-                Some((ans, aname)) => (meta::namespace(o), meta::name(o)) > (ans.as_str(), aname.as_str()),
+                Some((ans, aname)) => {
+                    (meta::namespace(o), meta::name(o)) > (ans.as_str(), aname.as_str())
+                }
                 None => true,
             })
             .collect();
         let total = matching.len();
         let take = opts.limit.filter(|l| *l > 0).unwrap_or(total).min(total);
-        let items: Vec<Value> = matching[..take].iter().map(|o| to_served(&t.rtype, &t.version, o)).collect();
+        let items: Vec<Value> = matching[..take]
+            .iter()
+            .map(|o| to_served(&t.rtype, &t.version, o))
+            .collect();
         let (continue_token, remaining) = if take < total {
             let last = &matching[take - 1];
-            (Some(encode_continue(rv, meta::namespace(last), meta::name(last))), Some(total - take))
+            (
+                Some(encode_continue(rv, meta::namespace(last), meta::name(last))),
+                Some(total - take),
+            )
         } else {
             (None, None)
         };
-        Ok(ListPage { items, resource_version: rv, continue_token, remaining })
+        Ok(ListPage {
+            items,
+            resource_version: rv,
+            continue_token,
+            remaining,
+        })
     })
 }
 
 /// Creates an object (POST to the collection).
-pub(crate) fn create(store: &Store, t: &Target, body: Value, opts: &WriteOptions) -> Result<WriteResult, ApiError> {
+pub(crate) fn create(
+    store: &Store,
+    t: &Target,
+    body: Value,
+    opts: &WriteOptions,
+) -> Result<WriteResult, ApiError> {
     store.with(|inner| create_locked(inner, t, body, opts))
 }
 
-fn create_locked(inner: &mut Inner, t: &Target, body: Value, opts: &WriteOptions) -> Result<WriteResult, ApiError> {
+fn create_locked(
+    inner: &mut Inner,
+    t: &Target,
+    body: Value,
+    opts: &WriteOptions,
+) -> Result<WriteResult, ApiError> {
     let rtype = t.rtype.clone();
     check_type_meta(&rtype, &t.version, &body)?;
     let warnings = field_validation(&rtype, &t.version, &body, opts.field_validation)?;
@@ -384,7 +481,12 @@ fn create_locked(inner: &mut Inner, t: &Target, body: Value, opts: &WriteOptions
         if !body_ns.is_empty() && body_ns != ns {
             return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"));
         }
-        let ns_key = ObjectKey { group: String::new(), resource: "namespaces".into(), namespace: String::new(), name: ns.clone() };
+        let ns_key = ObjectKey {
+            group: String::new(),
+            resource: "namespaces".into(),
+            namespace: String::new(),
+            name: ns.clone(),
+        };
         match inner.get(&ns_key) {
             None => return Err(ApiError::not_found("", "namespaces", &ns)),
             Some(n) if meta::is_deleting(&n) => {
@@ -403,7 +505,9 @@ fn create_locked(inner: &mut Inner, t: &Target, body: Value, opts: &WriteOptions
     let mut obj = to_stored(&rtype, body);
     clean_metadata(&mut obj);
     if !meta::resource_version(&obj).is_empty() {
-        return Err(ApiError::internal("resourceVersion should not be set on objects to be created"));
+        return Err(ApiError::internal(
+            "resourceVersion should not be set on objects to be created",
+        ));
     }
     let mut name = meta::name(&obj).to_string();
     let generate_name = meta::str_field(&obj, "generateName").to_string();
@@ -416,7 +520,15 @@ fn create_locked(inner: &mut Inner, t: &Target, body: Value, opts: &WriteOptions
         };
     }
     if name.is_empty() {
-        return Err(ApiError::invalid(&rtype.group, &rtype.kind, "", &[FieldError::required("metadata.name", "name or generateName is required")]));
+        return Err(ApiError::invalid(
+            &rtype.group,
+            &rtype.kind,
+            "",
+            &[FieldError::required(
+                "metadata.name",
+                "name or generateName is required",
+            )],
+        ));
     }
     if let Some(err) = validate_name(&rtype, &name) {
         return Err(ApiError::invalid(&rtype.group, &rtype.kind, &name, &[err]));
@@ -433,7 +545,10 @@ fn create_locked(inner: &mut Inner, t: &Target, body: Value, opts: &WriteOptions
         } else {
             m.remove("namespace");
         }
-        m.insert("uid".into(), Value::String(uuid::Uuid::new_v4().to_string()));
+        m.insert(
+            "uid".into(),
+            Value::String(uuid::Uuid::new_v4().to_string()),
+        );
         m.insert("creationTimestamp".into(), Value::String(meta::now()));
         m.remove("deletionTimestamp");
         m.remove("deletionGracePeriodSeconds");
@@ -456,7 +571,8 @@ fn create_locked(inner: &mut Inner, t: &Target, body: Value, opts: &WriteOptions
         Special::Pod => obj["status"] = json!({"phase": "Pending", "qosClass": "BestEffort"}),
         Special::Secret => fold_string_data(&mut obj),
         Special::Crd => {
-            let new_type = registry::type_from_crd(&obj).map_err(|errs| ApiError::invalid(&rtype.group, &rtype.kind, &name, &errs))?;
+            let new_type = registry::type_from_crd(&obj)
+                .map_err(|errs| ApiError::invalid(&rtype.group, &rtype.kind, &name, &errs))?;
             obj["status"] = json!({
                 "acceptedNames": {"plural": "", "kind": ""},
                 "conditions": [],
@@ -469,13 +585,21 @@ fn create_locked(inner: &mut Inner, t: &Target, body: Value, opts: &WriteOptions
         admit(&rtype, &mut obj, None)?;
     }
     if opts.dry_run {
-        return Ok(WriteResult { object: to_served(&rtype, &t.version, &obj), code: 201, warnings });
+        return Ok(WriteResult {
+            object: to_served(&rtype, &t.version, &obj),
+            code: 201,
+            warnings,
+        });
     }
     let stored = inner.put(key.clone(), obj, EventType::Added);
     if rtype.special == Special::Crd {
         establish_crd(inner, &key, &stored);
     }
-    Ok(WriteResult { object: to_served(&rtype, &t.version, &stored), code: 201, warnings })
+    Ok(WriteResult {
+        object: to_served(&rtype, &t.version, &stored),
+        code: 201,
+        warnings,
+    })
 }
 
 impl Target {
@@ -492,11 +616,11 @@ impl Target {
 /// Registers the CRD's type and marks it NamesAccepted and Established, as the
 /// apiextensions controllers do right after the create.
 fn establish_crd(inner: &mut Inner, key: &ObjectKey, stored: &Value) {
-    let Ok(new_type) = registry::type_from_crd(stored) else { return };
-    let now = meta::now();
-    let condition = |type_: &str, reason: &str, message: &str| {
-        json!({"type": type_, "status": "True", "lastTransitionTime": now, "reason": reason, "message": message})
+    let Ok(new_type) = registry::type_from_crd(stored) else {
+        return;
     };
+    let now = meta::now();
+    let condition = |type_: &str, reason: &str, message: &str| json!({"type": type_, "status": "True", "lastTransitionTime": now, "reason": reason, "message": message});
     let mut established = stored.clone();
     established["status"] = json!({
         "acceptedNames": stored.pointer("/spec/names").cloned().unwrap_or_else(|| json!({})),
@@ -511,12 +635,19 @@ fn establish_crd(inner: &mut Inner, key: &ObjectKey, stored: &Value) {
 }
 
 /// Replaces an object (PUT), on the main resource or `/status`.
-pub(crate) fn update(store: &Store, t: &Target, body: Value, opts: &WriteOptions) -> Result<WriteResult, ApiError> {
+pub(crate) fn update(
+    store: &Store,
+    t: &Target,
+    body: Value,
+    opts: &WriteOptions,
+) -> Result<WriteResult, ApiError> {
     let name = t.url_name()?.to_string();
     check_type_meta(&t.rtype, &t.version, &body)?;
     let body_name = meta::name(&body);
     if !body_name.is_empty() && body_name != name {
-        return Err(ApiError::bad_request(format!("the name of the object ({body_name}) does not match the name on the URL ({name})")));
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({body_name}) does not match the name on the URL ({name})"
+        )));
     }
     if t.rtype.namespaced {
         let body_ns = meta::namespace(&body);
@@ -529,7 +660,12 @@ pub(crate) fn update(store: &Store, t: &Target, body: Value, opts: &WriteOptions
         let old = inner.get(&t.key(&name)).ok_or_else(|| t.not_found(&name))?;
         let body_rv = meta::resource_version(&body);
         if !body_rv.is_empty() && body_rv != meta::resource_version(&old) {
-            return Err(ApiError::conflict(&t.rtype.group, &t.rtype.plural, &name, ApiError::STALE));
+            return Err(ApiError::conflict(
+                &t.rtype.group,
+                &t.rtype.plural,
+                &name,
+                ApiError::STALE,
+            ));
         }
         let body_uid = meta::uid(&body);
         if !body_uid.is_empty() && body_uid != meta::uid(&old) {
@@ -537,7 +673,10 @@ pub(crate) fn update(store: &Store, t: &Target, body: Value, opts: &WriteOptions
                 &t.rtype.group,
                 &t.rtype.plural,
                 &name,
-                &format!("Precondition failed: UID in precondition: {body_uid}, UID in object meta: {}", meta::uid(&old)),
+                &format!(
+                    "Precondition failed: UID in precondition: {body_uid}, UID in object meta: {}",
+                    meta::uid(&old)
+                ),
             ));
         }
         let new = prepare_update(t, &old, to_stored(&t.rtype, body));
@@ -556,7 +695,16 @@ fn prepare_update(t: &Target, old: &Value, mut body: Value) -> Value {
         return new;
     }
     clean_metadata(&mut body);
-    for field in ["name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "resourceVersion"] {
+    for field in [
+        "name",
+        "namespace",
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "generation",
+        "resourceVersion",
+    ] {
         meta::copy_field(old, &mut body, field);
     }
     if t.rtype.has_status(t.rtype.storage_version()) {
@@ -576,38 +724,69 @@ fn prepare_update(t: &Target, old: &Value, mut body: Value) -> Value {
 }
 
 /// Validates and stores an updated object: generation, finalizer and no-op rules.
-fn commit_update(inner: &mut Inner, t: &Target, old: &Value, mut new: Value, opts: &WriteOptions) -> Result<WriteResult, ApiError> {
+fn commit_update(
+    inner: &mut Inner,
+    t: &Target,
+    old: &Value,
+    mut new: Value,
+    opts: &WriteOptions,
+) -> Result<WriteResult, ApiError> {
     let rtype = t.rtype.clone();
     let name = meta::name(old).to_string();
     if meta::is_deleting(old) {
         let before = meta::finalizers(old);
-        let added: Vec<String> = meta::finalizers(&new).into_iter().filter(|f| !before.contains(f)).collect();
+        let added: Vec<String> = meta::finalizers(&new)
+            .into_iter()
+            .filter(|f| !before.contains(f))
+            .collect();
         if !added.is_empty() {
             let detail = format!("no new finalizers can be added if the object is being deleted, found new finalizers []string{{{}}}", added.iter().map(|a| format!("{a:?}")).collect::<Vec<_>>().join(", "));
-            return Err(ApiError::invalid(&rtype.group, &rtype.kind, &name, &[FieldError::forbidden("metadata.finalizers", &detail)]));
+            return Err(ApiError::invalid(
+                &rtype.group,
+                &rtype.kind,
+                &name,
+                &[FieldError::forbidden("metadata.finalizers", &detail)],
+            ));
         }
     }
     if rtype.from_crd {
         admit(&rtype, &mut new, Some(old))?;
     }
     if rtype.special == Special::Crd {
-        registry::type_from_crd(&new).map_err(|errs| ApiError::invalid(&rtype.group, &rtype.kind, &name, &errs))?;
+        registry::type_from_crd(&new)
+            .map_err(|errs| ApiError::invalid(&rtype.group, &rtype.kind, &name, &errs))?;
     }
     let storage_version = rtype.storage_version().to_string();
     if rtype.tracks_generation && spec_changed(old, &new, rtype.has_status(&storage_version)) {
-        meta::metadata_mut(&mut new).insert("generation".into(), Value::from(meta::generation(old) + 1));
+        meta::metadata_mut(&mut new)
+            .insert("generation".into(), Value::from(meta::generation(old) + 1));
     }
     if new == *old {
-        return Ok(WriteResult { object: to_served(&rtype, &t.version, old), code: 200, warnings: Vec::new() });
+        return Ok(WriteResult {
+            object: to_served(&rtype, &t.version, old),
+            code: 200,
+            warnings: Vec::new(),
+        });
     }
     if opts.dry_run {
-        return Ok(WriteResult { object: to_served(&rtype, &t.version, &new), code: 200, warnings: Vec::new() });
+        return Ok(WriteResult {
+            object: to_served(&rtype, &t.version, &new),
+            code: 200,
+            warnings: Vec::new(),
+        });
     }
     let key = t.key(&name);
-    if meta::is_deleting(&new) && meta::finalizers(&new).is_empty() && !namespace_still_finalizing(&rtype, &new) {
+    if meta::is_deleting(&new)
+        && meta::finalizers(&new).is_empty()
+        && !namespace_still_finalizing(&rtype, &new)
+    {
         let gone = inner.remove(&key, new);
         after_removal(inner, &rtype, &gone);
-        return Ok(WriteResult { object: to_served(&rtype, &t.version, &gone), code: 200, warnings: Vec::new() });
+        return Ok(WriteResult {
+            object: to_served(&rtype, &t.version, &gone),
+            code: 200,
+            warnings: Vec::new(),
+        });
     }
     let stored = inner.put(key, new, EventType::Modified);
     if rtype.special == Special::Crd {
@@ -615,18 +794,31 @@ fn commit_update(inner: &mut Inner, t: &Target, old: &Value, mut new: Value, opt
             inner.registry.register(updated);
         }
     }
-    Ok(WriteResult { object: to_served(&rtype, &t.version, &stored), code: 200, warnings: Vec::new() })
+    Ok(WriteResult {
+        object: to_served(&rtype, &t.version, &stored),
+        code: 200,
+        warnings: Vec::new(),
+    })
 }
 
 /// A Terminating namespace is removed by the namespace controller (our GC), not by its
 /// metadata finalizers running out.
 fn namespace_still_finalizing(rtype: &ResourceType, obj: &Value) -> bool {
     rtype.special == Special::Namespace
-        && obj.pointer("/spec/finalizers").and_then(Value::as_array).is_some_and(|f| !f.is_empty())
+        && obj
+            .pointer("/spec/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty())
 }
 
 /// Patches an object; an apply patch to a missing object creates it.
-pub(crate) fn patch(store: &Store, t: &Target, kind: PatchKind, body: &[u8], opts: &WriteOptions) -> Result<WriteResult, ApiError> {
+pub(crate) fn patch(
+    store: &Store,
+    t: &Target,
+    kind: PatchKind,
+    body: &[u8],
+    opts: &WriteOptions,
+) -> Result<WriteResult, ApiError> {
     let name = t.url_name()?.to_string();
     if kind == PatchKind::Strategic && t.rtype.from_crd {
         return Err(ApiError {
@@ -637,7 +829,15 @@ pub(crate) fn patch(store: &Store, t: &Target, kind: PatchKind, body: &[u8], opt
         });
     }
     if kind == PatchKind::Apply && opts.field_manager.as_deref().unwrap_or_default().is_empty() {
-        return Err(ApiError::invalid("meta.k8s.io", "PatchOptions", "", &[FieldError::required("fieldManager", "is required for apply patch")]));
+        return Err(ApiError::invalid(
+            "meta.k8s.io",
+            "PatchOptions",
+            "",
+            &[FieldError::required(
+                "fieldManager",
+                "is required for apply patch",
+            )],
+        ));
     }
     let patch_value = patch::parse_body(kind, body)?;
     store.with(|inner| {
@@ -678,19 +878,36 @@ pub(crate) fn patch(store: &Store, t: &Target, kind: PatchKind, body: &[u8], opt
 }
 
 /// Deletes an object: with finalizers it only gets a `deletionTimestamp`.
-pub(crate) fn delete(store: &Store, t: &Target, opts: &DeleteOptions) -> Result<WriteResult, ApiError> {
+pub(crate) fn delete(
+    store: &Store,
+    t: &Target,
+    opts: &DeleteOptions,
+) -> Result<WriteResult, ApiError> {
     let name = t.url_name()?.to_string();
     store.with(|inner| {
         let key = t.key(&name);
         let obj = delete_locked(inner, &t.rtype, &key, opts)?;
-        Ok(WriteResult { object: to_served(&t.rtype, &t.version, &obj), code: 200, warnings: Vec::new() })
+        Ok(WriteResult {
+            object: to_served(&t.rtype, &t.version, &obj),
+            code: 200,
+            warnings: Vec::new(),
+        })
     })
 }
 
 /// Deletes every object of the collection that matches the selectors.
-pub(crate) fn delete_collection(store: &Store, t: &Target, selectors: &Selectors, opts: &DeleteOptions) -> Result<Vec<Value>, ApiError> {
+pub(crate) fn delete_collection(
+    store: &Store,
+    t: &Target,
+    selectors: &Selectors,
+    opts: &DeleteOptions,
+) -> Result<Vec<Value>, ApiError> {
     store.with(|inner| {
-        let ns = if t.rtype.namespaced { t.namespace.as_deref() } else { None };
+        let ns = if t.rtype.namespaced {
+            t.namespace.as_deref()
+        } else {
+            None
+        };
         let victims: Vec<Arc<Value>> = inner
             .list(&t.rtype.storage_group, &t.rtype.plural, ns)
             .into_iter()
@@ -707,17 +924,35 @@ pub(crate) fn delete_collection(store: &Store, t: &Target, selectors: &Selectors
 }
 
 /// The delete itself, under the lock; also used by the garbage collector.
-pub(crate) fn delete_locked(inner: &mut Inner, rtype: &Arc<ResourceType>, key: &ObjectKey, opts: &DeleteOptions) -> Result<Value, ApiError> {
-    let old = inner.get(key).ok_or_else(|| ApiError::not_found(&rtype.group, &rtype.plural, &key.name))?;
-    if let Some(uid) = opts.precondition_uid.as_deref().filter(|u| *u != meta::uid(&old)) {
+pub(crate) fn delete_locked(
+    inner: &mut Inner,
+    rtype: &Arc<ResourceType>,
+    key: &ObjectKey,
+    opts: &DeleteOptions,
+) -> Result<Value, ApiError> {
+    let old = inner
+        .get(key)
+        .ok_or_else(|| ApiError::not_found(&rtype.group, &rtype.plural, &key.name))?;
+    if let Some(uid) = opts
+        .precondition_uid
+        .as_deref()
+        .filter(|u| *u != meta::uid(&old))
+    {
         return Err(ApiError::conflict(
             &rtype.group,
             &rtype.plural,
             &key.name,
-            &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {}", meta::uid(&old)),
+            &format!(
+                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                meta::uid(&old)
+            ),
         ));
     }
-    if let Some(rv) = opts.precondition_rv.as_deref().filter(|r| *r != meta::resource_version(&old)) {
+    if let Some(rv) = opts
+        .precondition_rv
+        .as_deref()
+        .filter(|r| *r != meta::resource_version(&old))
+    {
         return Err(ApiError::conflict(
             &rtype.group,
             &rtype.plural,
@@ -747,7 +982,8 @@ pub(crate) fn delete_locked(inner: &mut Inner, rtype: &Arc<ResourceType>, key: &
             m.insert("deletionGracePeriodSeconds".into(), Value::from(0));
         }
         if meta::generation(&old) > 0 {
-            meta::metadata_mut(&mut marked).insert("generation".into(), Value::from(meta::generation(&old) + 1));
+            meta::metadata_mut(&mut marked)
+                .insert("generation".into(), Value::from(meta::generation(&old) + 1));
         }
         if rtype.special == Special::Namespace {
             marked["status"] = json!({"phase": "Terminating"});
@@ -766,7 +1002,10 @@ pub(crate) fn delete_locked(inner: &mut Inner, rtype: &Arc<ResourceType>, key: &
 /// Housekeeping after an object is gone for good.
 fn after_removal(inner: &mut Inner, rtype: &ResourceType, gone: &Value) {
     if rtype.special == Special::Crd {
-        if let (Some(group), Some(plural)) = (gone.pointer("/spec/group").and_then(Value::as_str), gone.pointer("/spec/names/plural").and_then(Value::as_str)) {
+        if let (Some(group), Some(plural)) = (
+            gone.pointer("/spec/group").and_then(Value::as_str),
+            gone.pointer("/spec/names/plural").and_then(Value::as_str),
+        ) {
             inner.registry.unregister(group, plural);
         }
     }
@@ -774,10 +1013,21 @@ fn after_removal(inner: &mut Inner, rtype: &ResourceType, gone: &Value) {
 
 /// Deletes every custom resource of a CRD that is being deleted.
 fn remove_custom_resources(inner: &mut Inner, crd: &Value) {
-    let group = crd.pointer("/spec/group").and_then(Value::as_str).unwrap_or_default().to_string();
-    let plural = crd.pointer("/spec/names/plural").and_then(Value::as_str).unwrap_or_default().to_string();
-    let keys: Vec<(ObjectKey, Arc<Value>)> =
-        inner.all().filter(|(k, _)| k.group == group && k.resource == plural).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let group = crd
+        .pointer("/spec/group")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let plural = crd
+        .pointer("/spec/names/plural")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let keys: Vec<(ObjectKey, Arc<Value>)> = inner
+        .all()
+        .filter(|(k, _)| k.group == group && k.resource == plural)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     for (k, v) in keys {
         inner.remove(&k, (*v).clone());
     }
@@ -801,7 +1051,11 @@ pub(crate) fn orphan_dependents(inner: &mut Inner, owner_uid: &str) {
 pub(crate) fn drop_owner_refs(obj: &mut Value, uids: &[String]) {
     let m = meta::metadata_mut(obj);
     if let Some(Value::Array(refs)) = m.get_mut("ownerReferences") {
-        refs.retain(|r| !uids.iter().any(|u| r.get("uid").and_then(Value::as_str) == Some(u)));
+        refs.retain(|r| {
+            !uids
+                .iter()
+                .any(|u| r.get("uid").and_then(Value::as_str) == Some(u))
+        });
         if refs.is_empty() {
             m.remove("ownerReferences");
         }

@@ -86,7 +86,13 @@ pub(crate) fn prune(schema: &Value, value: &mut Value, root: bool) -> Vec<String
     pruned
 }
 
-fn prune_at(schema: &Value, value: &mut Value, path: &str, keep_type_meta: bool, pruned: &mut Vec<String>) {
+fn prune_at(
+    schema: &Value,
+    value: &mut Value,
+    path: &str,
+    keep_type_meta: bool,
+    pruned: &mut Vec<String>,
+) {
     let preserve = flag(schema, "x-kubernetes-preserve-unknown-fields");
     let embedded = keep_type_meta || flag(schema, "x-kubernetes-embedded-resource");
     if let Some(obj) = value.as_object_mut() {
@@ -169,10 +175,8 @@ pub(crate) fn validate(schema: &Value, value: &Value, path: &str) -> Vec<FieldEr
 
 fn validate_at(schema: &Value, value: &Value, path: &str, errors: &mut Vec<FieldError>) {
     let shown = if path.is_empty() { "body" } else { path };
-    if value.is_null() {
-        if flag(schema, "nullable") || schema.get("type").is_none() {
-            return;
-        }
+    if value.is_null() && (flag(schema, "nullable") || schema.get("type").is_none()) {
+        return;
     }
     let int_or_string = flag(schema, "x-kubernetes-int-or-string");
     if let Some(want) = schema.get("type").and_then(Value::as_str) {
@@ -183,7 +187,11 @@ fn validate_at(schema: &Value, value: &Value, path: &str, errors: &mut Vec<Field
             other => actual == other,
         } || (int_or_string && matches!(actual, "integer" | "string"));
         if !ok {
-            let wanted = if int_or_string { "integer,string".to_string() } else { want.to_string() };
+            let wanted = if int_or_string {
+                "integer,string".to_string()
+            } else {
+                want.to_string()
+            };
             errors.push(FieldError::type_invalid(
                 path,
                 &Value::String(actual.into()),
@@ -205,7 +213,11 @@ fn validate_at(schema: &Value, value: &Value, path: &str, errors: &mut Vec<Field
         if !allowed.contains(value) {
             let names: Vec<String> = allowed
                 .iter()
-                .map(|a| a.as_str().map(String::from).unwrap_or_else(|| a.to_string()))
+                .map(|a| {
+                    a.as_str()
+                        .map(String::from)
+                        .unwrap_or_else(|| a.to_string())
+                })
                 .collect();
             errors.push(FieldError::not_supported(path, value, &names));
         }
@@ -221,11 +233,26 @@ fn validate_at(schema: &Value, value: &Value, path: &str, errors: &mut Vec<Field
 
     for (keyword, detail) in [("anyOf", "anyOf"), ("oneOf", "oneOf")] {
         if let Some(branches) = schema.get(keyword).and_then(Value::as_array) {
-            let passing = branches.iter().filter(|b| validate(b, value, path).is_empty()).count();
-            let ok = if keyword == "anyOf" { passing >= 1 } else { passing == 1 };
+            let passing = branches
+                .iter()
+                .filter(|b| validate(b, value, path).is_empty())
+                .count();
+            let ok = if keyword == "anyOf" {
+                passing >= 1
+            } else {
+                passing == 1
+            };
             if !ok {
-                let what = if keyword == "anyOf" { "at least one schema" } else { "one and only one schema" };
-                errors.push(FieldError::invalid(path, value, &format!("{shown} in body must validate {what} ({detail})")));
+                let what = if keyword == "anyOf" {
+                    "at least one schema"
+                } else {
+                    "one and only one schema"
+                };
+                errors.push(FieldError::invalid(
+                    path,
+                    value,
+                    &format!("{shown} in body must validate {what} ({detail})"),
+                ));
             }
         }
     }
@@ -236,79 +263,174 @@ fn validate_at(schema: &Value, value: &Value, path: &str, errors: &mut Vec<Field
     }
     if let Some(not) = schema.get("not") {
         if validate(not, value, path).is_empty() {
-            errors.push(FieldError::invalid(path, value, &format!("{shown} in body must not validate the schema (not)")));
+            errors.push(FieldError::invalid(
+                path,
+                value,
+                &format!("{shown} in body must not validate the schema (not)"),
+            ));
         }
     }
 }
 
-fn validate_number(schema: &Value, n: &serde_json::Number, value: &Value, path: &str, shown: &str, errors: &mut Vec<FieldError>) {
+fn validate_number(
+    schema: &Value,
+    n: &serde_json::Number,
+    value: &Value,
+    path: &str,
+    shown: &str,
+    errors: &mut Vec<FieldError>,
+) {
     let Some(x) = n.as_f64() else { return };
     if let Some(min) = num(schema, "minimum") {
         let exclusive = flag(schema, "exclusiveMinimum");
         if (exclusive && x <= min) || (!exclusive && x < min) {
-            let rel = if exclusive { "greater than" } else { "greater than or equal to" };
-            errors.push(FieldError::invalid(path, value, &format!("{shown} in body should be {rel} {}", num_text(schema, "minimum"))));
+            let rel = if exclusive {
+                "greater than"
+            } else {
+                "greater than or equal to"
+            };
+            errors.push(FieldError::invalid(
+                path,
+                value,
+                &format!(
+                    "{shown} in body should be {rel} {}",
+                    num_text(schema, "minimum")
+                ),
+            ));
         }
     }
     if let Some(max) = num(schema, "maximum") {
         let exclusive = flag(schema, "exclusiveMaximum");
         if (exclusive && x >= max) || (!exclusive && x > max) {
-            let rel = if exclusive { "less than" } else { "less than or equal to" };
-            errors.push(FieldError::invalid(path, value, &format!("{shown} in body should be {rel} {}", num_text(schema, "maximum"))));
+            let rel = if exclusive {
+                "less than"
+            } else {
+                "less than or equal to"
+            };
+            errors.push(FieldError::invalid(
+                path,
+                value,
+                &format!(
+                    "{shown} in body should be {rel} {}",
+                    num_text(schema, "maximum")
+                ),
+            ));
         }
     }
     if let Some(m) = num(schema, "multipleOf").filter(|m| *m != 0.0) {
         if (x / m).fract() != 0.0 {
-            errors.push(FieldError::invalid(path, value, &format!("{shown} in body should be a multiple of {}", num_text(schema, "multipleOf"))));
+            errors.push(FieldError::invalid(
+                path,
+                value,
+                &format!(
+                    "{shown} in body should be a multiple of {}",
+                    num_text(schema, "multipleOf")
+                ),
+            ));
         }
     }
-    if schema.get("format").and_then(Value::as_str) == Some("int32") && (x < i32::MIN as f64 || x > i32::MAX as f64) {
-        errors.push(FieldError::invalid(path, value, &format!("{shown} in body must be of type int32: {}", format_number(n))));
+    if schema.get("format").and_then(Value::as_str) == Some("int32")
+        && (x < i32::MIN as f64 || x > i32::MAX as f64)
+    {
+        errors.push(FieldError::invalid(
+            path,
+            value,
+            &format!(
+                "{shown} in body must be of type int32: {}",
+                format_number(n)
+            ),
+        ));
     }
 }
 
-fn validate_string(schema: &Value, s: &str, value: &Value, path: &str, shown: &str, errors: &mut Vec<FieldError>) {
+fn validate_string(
+    schema: &Value,
+    s: &str,
+    value: &Value,
+    path: &str,
+    shown: &str,
+    errors: &mut Vec<FieldError>,
+) {
     let len = s.chars().count() as u64;
     if let Some(max) = schema.get("maxLength").and_then(Value::as_u64) {
         if len > max {
-            errors.push(FieldError::other("FieldValueTooLong", path, format!("Too long: may not be more than {max} bytes")));
+            errors.push(FieldError::other(
+                "FieldValueTooLong",
+                path,
+                format!("Too long: may not be more than {max} bytes"),
+            ));
         }
     }
     if let Some(min) = schema.get("minLength").and_then(Value::as_u64) {
         if len < min {
-            errors.push(FieldError::invalid(path, value, &format!("{shown} in body should be at least {min} chars long")));
+            errors.push(FieldError::invalid(
+                path,
+                value,
+                &format!("{shown} in body should be at least {min} chars long"),
+            ));
         }
     }
     if let Some(pattern) = schema.get("pattern").and_then(Value::as_str) {
         match regex::Regex::new(pattern) {
             Ok(re) if !re.is_match(s) => {
-                errors.push(FieldError::invalid(path, value, &format!("{shown} in body should match '{pattern}'")));
+                errors.push(FieldError::invalid(
+                    path,
+                    value,
+                    &format!("{shown} in body should match '{pattern}'"),
+                ));
             }
             Ok(_) => {}
-            Err(_) => errors.push(FieldError::invalid(path, value, &format!("{shown} in body has an invalid pattern '{pattern}'"))),
+            Err(_) => errors.push(FieldError::invalid(
+                path,
+                value,
+                &format!("{shown} in body has an invalid pattern '{pattern}'"),
+            )),
         }
     }
     if schema.get("format").and_then(Value::as_str) == Some("date-time") && !is_rfc3339(s) {
-        errors.push(FieldError::invalid(path, value, &format!("{shown} in body must be of type date-time: {s:?}")));
+        errors.push(FieldError::invalid(
+            path,
+            value,
+            &format!("{shown} in body must be of type date-time: {s:?}"),
+        ));
     }
 }
 
-fn validate_array(schema: &Value, items: &[Value], value: &Value, path: &str, shown: &str, errors: &mut Vec<FieldError>) {
+fn validate_array(
+    schema: &Value,
+    items: &[Value],
+    value: &Value,
+    path: &str,
+    shown: &str,
+    errors: &mut Vec<FieldError>,
+) {
     let n = items.len() as u64;
     if let Some(max) = schema.get("maxItems").and_then(Value::as_u64) {
         if n > max {
-            errors.push(FieldError::other("FieldValueTooMany", path, format!("Too many: {n}: must have at most {max} items")));
+            errors.push(FieldError::other(
+                "FieldValueTooMany",
+                path,
+                format!("Too many: {n}: must have at most {max} items"),
+            ));
         }
     }
     if let Some(min) = schema.get("minItems").and_then(Value::as_u64) {
         if n < min {
-            errors.push(FieldError::invalid(path, value, &format!("{shown} in body should have at least {min} items")));
+            errors.push(FieldError::invalid(
+                path,
+                value,
+                &format!("{shown} in body should have at least {min} items"),
+            ));
         }
     }
     if flag(schema, "uniqueItems") {
         for (i, a) in items.iter().enumerate() {
             if items[..i].contains(a) {
-                errors.push(FieldError::other("FieldValueDuplicate", &format!("{path}[{i}]"), format!("Duplicate value: {}", crate::error::go_value(a))));
+                errors.push(FieldError::other(
+                    "FieldValueDuplicate",
+                    &format!("{path}[{i}]"),
+                    format!("Duplicate value: {}", crate::error::go_value(a)),
+                ));
             }
         }
     }
@@ -319,7 +441,13 @@ fn validate_array(schema: &Value, items: &[Value], value: &Value, path: &str, sh
     }
 }
 
-fn validate_object(schema: &Value, obj: &Map<String, Value>, path: &str, shown: &str, errors: &mut Vec<FieldError>) {
+fn validate_object(
+    schema: &Value,
+    obj: &Map<String, Value>,
+    path: &str,
+    shown: &str,
+    errors: &mut Vec<FieldError>,
+) {
     if let Some(required) = schema.get("required").and_then(Value::as_array) {
         for r in required.iter().filter_map(Value::as_str) {
             if !obj.contains_key(r) {
@@ -330,12 +458,20 @@ fn validate_object(schema: &Value, obj: &Map<String, Value>, path: &str, shown: 
     let n = obj.len() as u64;
     if let Some(max) = schema.get("maxProperties").and_then(Value::as_u64) {
         if n > max {
-            errors.push(FieldError::other("FieldValueTooMany", path, format!("Too many: {n}: must have at most {max} items")));
+            errors.push(FieldError::other(
+                "FieldValueTooMany",
+                path,
+                format!("Too many: {n}: must have at most {max} items"),
+            ));
         }
     }
     if let Some(min) = schema.get("minProperties").and_then(Value::as_u64) {
         if n < min {
-            errors.push(FieldError::invalid(path, &Value::Number(n.into()), &format!("{shown} in body should have at least {min} properties")));
+            errors.push(FieldError::invalid(
+                path,
+                &Value::Number(n.into()),
+                &format!("{shown} in body should have at least {min} properties"),
+            ));
         }
     }
     let props = properties(schema);
@@ -381,12 +517,25 @@ mod tests {
         drop_nulls(&s, &mut obj);
         apply_defaults(&s, &mut obj);
         let pruned = prune(&s, &mut obj, true);
-        assert_eq!(pruned, vec!["top".to_string(), "metadata.bogus".into(), "spec.extra".into()]);
-        assert_eq!(obj["spec"], json!({"lockName": "l", "max": 1, "free": {"any": 1}, "opt": null}));
+        assert_eq!(
+            pruned,
+            vec![
+                "top".to_string(),
+                "metadata.bogus".into(),
+                "spec.extra".into()
+            ]
+        );
+        assert_eq!(
+            obj["spec"],
+            json!({"lockName": "l", "max": 1, "free": {"any": 1}, "opt": null})
+        );
         assert!(validate(&s, &obj, "").is_empty());
 
         let bad = json!({"spec": {"max": 0, "backend": "mongo"}});
-        let texts: Vec<String> = validate(&s, &bad, "").iter().map(FieldError::text).collect();
+        let texts: Vec<String> = validate(&s, &bad, "")
+            .iter()
+            .map(FieldError::text)
+            .collect();
         assert_eq!(
             texts,
             vec![

@@ -39,7 +39,11 @@ fn split_top_level(s: &str) -> Vec<&str> {
         }
     }
     parts.push(&s[start..]);
-    parts.into_iter().map(str::trim).filter(|p| !p.is_empty()).collect()
+    parts
+        .into_iter()
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect()
 }
 
 fn set_values(rest: &str, selector: &str) -> Result<Vec<String>, ApiError> {
@@ -47,8 +51,16 @@ fn set_values(rest: &str, selector: &str) -> Result<Vec<String>, ApiError> {
     let inner = rest
         .strip_prefix('(')
         .and_then(|r| r.strip_suffix(')'))
-        .ok_or_else(|| ApiError::bad_request(format!("unable to parse requirement: found '{rest}', expected: '(' in {selector:?}")))?;
-    Ok(inner.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect())
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "unable to parse requirement: found '{rest}', expected: '(' in {selector:?}"
+            ))
+        })?;
+    Ok(inner
+        .split(',')
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .collect())
 }
 
 impl LabelSelector {
@@ -69,7 +81,9 @@ impl LabelSelector {
             } else if let Some((k, rest)) = part.split_once(" in ") {
                 LabelReq::In(k.trim().into(), set_values(rest, selector)?)
             } else if part.contains(' ') || part.contains('(') {
-                return Err(ApiError::bad_request(format!("unable to parse requirement: {part:?}")));
+                return Err(ApiError::bad_request(format!(
+                    "unable to parse requirement: {part:?}"
+                )));
             } else {
                 LabelReq::Exists(part.to_string())
             };
@@ -109,7 +123,14 @@ const COMMON_FIELDS: &[&str] = &["metadata.name", "metadata.namespace"];
 /// Extra fields some built-in kinds support, as kube-apiserver does.
 fn kind_fields(resource: &str) -> &'static [&'static str] {
     match resource {
-        "pods" => &["spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName", "status.phase", "status.podIP"],
+        "pods" => &[
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "status.phase",
+            "status.podIP",
+        ],
         "events" => &[
             "involvedObject.kind",
             "involvedObject.namespace",
@@ -142,11 +163,15 @@ impl FieldSelector {
             } else if let Some((f, v)) = part.split_once('=') {
                 (f, v, false)
             } else {
-                return Err(ApiError::bad_request(format!("invalid selector: '{selector}'; can't understand '{part}'")));
+                return Err(ApiError::bad_request(format!(
+                    "invalid selector: '{selector}'; can't understand '{part}'"
+                )));
             };
             let field = field.trim();
             if !COMMON_FIELDS.contains(&field) && !kind_fields(resource).contains(&field) {
-                return Err(ApiError::bad_request(format!("field label not supported: {field}")));
+                return Err(ApiError::bad_request(format!(
+                    "field label not supported: {field}"
+                )));
             }
             reqs.push((field.to_string(), value.trim().to_string(), negated));
         }
@@ -209,16 +234,33 @@ mod tests {
             ("", true),
         ];
         for (sel, want) in cases {
-            assert_eq!(LabelSelector::parse(sel).unwrap().matches(&o), want, "{sel}");
+            assert_eq!(
+                LabelSelector::parse(sel).unwrap().matches(&o),
+                want,
+                "{sel}"
+            );
         }
     }
 
     #[test]
     fn field_selector_name_namespace_and_unsupported() {
         let o = obj(json!({}));
-        assert!(FieldSelector::parse("metadata.name=a", "widgets").unwrap().matches(&o));
-        assert!(!FieldSelector::parse("metadata.name!=a", "widgets").unwrap().matches(&o));
-        assert!(FieldSelector::parse("metadata.namespace=ns,metadata.name=a", "widgets").unwrap().matches(&o));
-        assert_eq!(FieldSelector::parse("spec.foo=1", "widgets").unwrap_err().code, 400);
+        assert!(FieldSelector::parse("metadata.name=a", "widgets")
+            .unwrap()
+            .matches(&o));
+        assert!(!FieldSelector::parse("metadata.name!=a", "widgets")
+            .unwrap()
+            .matches(&o));
+        assert!(
+            FieldSelector::parse("metadata.namespace=ns,metadata.name=a", "widgets")
+                .unwrap()
+                .matches(&o)
+        );
+        assert_eq!(
+            FieldSelector::parse("spec.foo=1", "widgets")
+                .unwrap_err()
+                .code,
+            400
+        );
     }
 }

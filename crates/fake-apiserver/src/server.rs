@@ -28,7 +28,10 @@ pub struct Builder {
 
 impl Default for Builder {
     fn default() -> Self {
-        Self { port: 0, bookmark_interval: Duration::from_secs(5) }
+        Self {
+            port: 0,
+            bookmark_interval: Duration::from_secs(5),
+        }
     }
 }
 
@@ -49,14 +52,30 @@ impl Builder {
     /// Binds `127.0.0.1:<port>` and starts serving. Must run inside a tokio runtime.
     pub async fn start(self) -> Result<FakeApiServer, Error> {
         let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
-        let listener = TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr: addr.to_string(), source })?;
-        let addr = listener.local_addr().map_err(|source| Error::Bind { addr: addr.to_string(), source })?;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| Error::Bind {
+                addr: addr.to_string(),
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| Error::Bind {
+            addr: addr.to_string(),
+            source,
+        })?;
         let url = format!("http://{addr}");
         let store = Arc::new(Store::new());
         let (close_watches, _) = watch::channel(0u64);
-        let state = Arc::new(AppState { store: store.clone(), hooks: Hooks::default(), close_watches, bookmark_interval: self.bookmark_interval, url: url.clone() });
+        let state = Arc::new(AppState {
+            store: store.clone(),
+            hooks: Hooks::default(),
+            close_watches,
+            bookmark_interval: self.bookmark_interval,
+            url: url.clone(),
+        });
         create_initial_namespaces(&state);
-        let app = axum::Router::new().fallback(http::handle).with_state(state.clone());
+        let app = axum::Router::new()
+            .fallback(http::handle)
+            .with_state(state.clone());
         let server_task = tokio::spawn(async move {
             if let Err(err) = axum::serve(listener, app).await {
                 tracing::error!(error = %err, "fake apiserver stopped serving");
@@ -64,14 +83,32 @@ impl Builder {
         });
         let gc_task = tokio::spawn(crate::gc::run(store));
         tracing::info!(%url, "fake apiserver listening");
-        Ok(FakeApiServer { state, addr, url, server_task, gc_task })
+        Ok(FakeApiServer {
+            state,
+            addr,
+            url,
+            server_task,
+            gc_task,
+        })
     }
 }
 
 fn create_initial_namespaces(state: &AppState) {
-    let Some(rtype) = state.store.lock().registry.lookup("", "v1", "namespaces") else { return };
-    let target = Target { rtype, version: "v1".into(), namespace: None, name: None, subresource: None };
-    let opts = WriteOptions { dry_run: false, field_validation: FieldValidation::Ignore, field_manager: None };
+    let Some(rtype) = state.store.lock().registry.lookup("", "v1", "namespaces") else {
+        return;
+    };
+    let target = Target {
+        rtype,
+        version: "v1".into(),
+        namespace: None,
+        name: None,
+        subresource: None,
+    };
+    let opts = WriteOptions {
+        dry_run: false,
+        field_validation: FieldValidation::Ignore,
+        field_manager: None,
+    };
     for ns in INITIAL_NAMESPACES {
         let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
         if let Err(err) = rest::create(&state.store, &target, body, &opts) {
@@ -113,7 +150,10 @@ impl FakeApiServer {
 
     /// A kube client configuration pointing at this server (default namespace `default`).
     pub fn kube_config(&self) -> Result<kube::Config, Error> {
-        let uri = self.url.parse::<axum::http::Uri>().map_err(|_| Error::Url(self.url.clone()))?;
+        let uri = self
+            .url
+            .parse::<axum::http::Uri>()
+            .map_err(|_| Error::Url(self.url.clone()))?;
         Ok(kube::Config::new(uri))
     }
 
@@ -128,7 +168,8 @@ impl FakeApiServer {
     /// Only if kube cannot build a client for a plain-HTTP loopback URL without
     /// credentials, which does not depend on any input; use [`Self::try_client`] to handle it.
     pub fn client(&self) -> kube::Client {
-        self.try_client().expect("a kube client for a plain-HTTP loopback URL needs no TLS or credentials")
+        self.try_client()
+            .expect("a kube client for a plain-HTTP loopback URL needs no TLS or credentials")
     }
 
     /// A kubeconfig (YAML) with one cluster, user and context, all named `fake`.
@@ -148,7 +189,10 @@ impl FakeApiServer {
     /// Writes [`Self::kubeconfig_yaml`] to `path` (for `kubectl --kubeconfig`).
     pub fn write_kubeconfig(&self, path: impl AsRef<Path>) -> Result<(), Error> {
         let path = path.as_ref();
-        std::fs::write(path, self.kubeconfig_yaml()?).map_err(|source| Error::Kubeconfig { path: path.display().to_string(), source })
+        std::fs::write(path, self.kubeconfig_yaml()?).map_err(|source| Error::Kubeconfig {
+            path: path.display().to_string(),
+            source,
+        })
     }
 
     /// Compacts the watch history: resuming a watch from any resourceVersion older than
@@ -159,7 +203,9 @@ impl FakeApiServer {
 
     /// Ends every open watch (clients see the stream close, as when kube-apiserver restarts).
     pub fn close_watches(&self) {
-        self.state.close_watches.send_modify(|generation| *generation += 1);
+        self.state
+            .close_watches
+            .send_modify(|generation| *generation += 1);
     }
 
     /// Makes the next `count` writes (POST, PUT, PATCH, DELETE) whose URL path starts with

@@ -101,7 +101,9 @@ impl Store {
     /// Locks the state. A poisoned lock (a panic in another handler) is taken over:
     /// every write leaves the maps consistent before anything can panic.
     pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Runs `f` under the lock and wakes the garbage collector if it asked for it.
@@ -131,10 +133,19 @@ impl Inner {
     }
 
     /// Objects of `group/resource`, in one namespace or all, ordered by namespace and name.
-    pub(crate) fn list(&self, group: &str, resource: &str, namespace: Option<&str>) -> Vec<Arc<Value>> {
+    pub(crate) fn list(
+        &self,
+        group: &str,
+        resource: &str,
+        namespace: Option<&str>,
+    ) -> Vec<Arc<Value>> {
         self.objects
             .iter()
-            .filter(|(k, _)| k.group == group && k.resource == resource && namespace.is_none_or(|ns| k.namespace == ns))
+            .filter(|(k, _)| {
+                k.group == group
+                    && k.resource == resource
+                    && namespace.is_none_or(|ns| k.namespace == ns)
+            })
             .map(|(_, v)| v.clone())
             .collect()
     }
@@ -145,7 +156,12 @@ impl Inner {
     }
 
     /// Stores `object` at a new resourceVersion and emits `event_type`.
-    pub(crate) fn put(&mut self, key: ObjectKey, mut object: Value, event_type: EventType) -> Arc<Value> {
+    pub(crate) fn put(
+        &mut self,
+        key: ObjectKey,
+        mut object: Value,
+        event_type: EventType,
+    ) -> Arc<Value> {
         self.rv += 1;
         meta::set_str(&mut object, "resourceVersion", &self.rv.to_string());
         let object = Arc::new(object);
@@ -153,7 +169,13 @@ impl Inner {
         if meta::owner_uids(&object).next().is_some() {
             self.gc_wanted = true;
         }
-        self.emit(StoredEvent { rv: self.rv, event_type, key, object: object.clone(), previous });
+        self.emit(StoredEvent {
+            rv: self.rv,
+            event_type,
+            key,
+            object: object.clone(),
+            previous,
+        });
         object
     }
 

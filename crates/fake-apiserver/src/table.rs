@@ -41,7 +41,11 @@ pub(crate) fn human_duration(seconds: i64) -> String {
     let minutes = seconds / 60;
     if minutes < 10 {
         let s = seconds % 60;
-        return if s == 0 { format!("{minutes}m") } else { format!("{minutes}m{s}s") };
+        return if s == 0 {
+            format!("{minutes}m")
+        } else {
+            format!("{minutes}m{s}s")
+        };
     }
     if minutes < 180 {
         return format!("{minutes}m");
@@ -49,21 +53,33 @@ pub(crate) fn human_duration(seconds: i64) -> String {
     let hours = seconds / 3600;
     if hours < 8 {
         let m = minutes % 60;
-        return if m == 0 { format!("{hours}h") } else { format!("{hours}h{m}m") };
+        return if m == 0 {
+            format!("{hours}h")
+        } else {
+            format!("{hours}h{m}m")
+        };
     }
     if hours < 48 {
         return format!("{hours}h");
     }
     if hours < 24 * 8 {
         let h = hours % 24;
-        return if h == 0 { format!("{}d", hours / 24) } else { format!("{}d{h}h", hours / 24) };
+        return if h == 0 {
+            format!("{}d", hours / 24)
+        } else {
+            format!("{}d{h}h", hours / 24)
+        };
     }
     if hours < 24 * 365 * 2 {
         return format!("{}d", hours / 24);
     }
     if hours < 24 * 365 * 8 {
         let dy = (hours / 24) % 365;
-        return if dy == 0 { format!("{}y", hours / 24 / 365) } else { format!("{}y{dy}d", hours / 24 / 365) };
+        return if dy == 0 {
+            format!("{}y", hours / 24 / 365)
+        } else {
+            format!("{}y{dy}d", hours / 24 / 365)
+        };
     }
     format!("{}y", hours / 24 / 365)
 }
@@ -79,7 +95,10 @@ fn go_print(v: &Value) -> String {
         Value::Object(o) => {
             let mut keys: Vec<&String> = o.keys().collect();
             keys.sort();
-            let parts: Vec<String> = keys.iter().map(|k| format!("{k}:{}", go_print(&o[*k]))).collect();
+            let parts: Vec<String> = keys
+                .iter()
+                .map(|k| format!("{k}:{}", go_print(&o[*k])))
+                .collect();
             format!("map[{}]", parts.join(" "))
         }
     }
@@ -87,16 +106,26 @@ fn go_print(v: &Value) -> String {
 
 /// One cell as the CRD table convertor computes it.
 fn cell(column: &PrinterColumn, obj: &Value) -> Value {
-    let Ok(path) = JsonPath::parse(&column.json_path) else { return Value::Null };
-    let Some(value) = path.find(obj).into_iter().next() else { return Value::Null };
+    let Ok(path) = JsonPath::parse(&column.json_path) else {
+        return Value::Null;
+    };
+    let Some(value) = path.find(obj).into_iter().next() else {
+        return Value::Null;
+    };
     match column.type_.as_str() {
         "string" => Value::String(go_print(value)),
-        "integer" => value.as_i64().or_else(|| value.as_f64().map(|f| f as i64)).map(Value::from).unwrap_or(Value::Null),
+        "integer" => value
+            .as_i64()
+            .or_else(|| value.as_f64().map(|f| f as i64))
+            .map(Value::from)
+            .unwrap_or(Value::Null),
         "number" => value.as_f64().map(Value::from).unwrap_or(Value::Null),
         "boolean" => value.as_bool().map(Value::Bool).unwrap_or(Value::Null),
         "date" => match value.as_str() {
             Some(s) => match chrono::DateTime::parse_from_rfc3339(s) {
-                Ok(t) => Value::String(human_duration(chrono::Utc::now().signed_duration_since(t).num_seconds())),
+                Ok(t) => Value::String(human_duration(
+                    chrono::Utc::now().signed_duration_since(t).num_seconds(),
+                )),
                 Err(_) => Value::String("<invalid>".into()),
             },
             None => Value::Null,
@@ -118,7 +147,12 @@ fn age_column() -> PrinterColumn {
 
 /// The printer columns of `rtype` at `version` (Age alone when the CRD declares none).
 fn columns(rtype: &ResourceType, version: &str) -> Vec<PrinterColumn> {
-    let declared = rtype.versions.iter().find(|v| v.name == version).map(|v| v.printer_columns.clone()).unwrap_or_default();
+    let declared = rtype
+        .versions
+        .iter()
+        .find(|v| v.name == version)
+        .map(|v| v.printer_columns.clone())
+        .unwrap_or_default();
     if declared.is_empty() {
         vec![age_column()]
     } else {
@@ -146,7 +180,9 @@ pub(crate) fn table(
     with_definitions: bool,
 ) -> Value {
     let cols = columns(rtype, version);
-    let mut definitions = vec![json!({"name": "Name", "type": "string", "format": "name", "description": NAME_DESCRIPTION, "priority": 0})];
+    let mut definitions = vec![
+        json!({"name": "Name", "type": "string", "format": "name", "description": NAME_DESCRIPTION, "priority": 0}),
+    ];
     definitions.extend(cols.iter().map(|c| {
         json!({"name": c.name, "type": c.type_, "format": c.format, "description": c.description, "priority": c.priority})
     }));

@@ -54,15 +54,30 @@ impl Watcher {
         ev.key.group == self.target.rtype.storage_group
             && ev.key.resource == self.target.rtype.plural
             && (!self.target.rtype.namespaced
-                || self.target.namespace.as_deref().is_none_or(|ns| ev.key.namespace == ns))
+                || self
+                    .target
+                    .namespace
+                    .as_deref()
+                    .is_none_or(|ns| ev.key.namespace == ns))
     }
 
     fn render(&mut self, obj: &Value) -> Value {
         let served = to_served(&self.target.rtype, &self.target.version, obj);
         match &self.params.rendering {
-            Rendering::Table { api_version, include } => {
+            Rendering::Table {
+                api_version,
+                include,
+            } => {
                 let with_definitions = std::mem::replace(&mut self.first_table, false);
-                table::table(&self.target.rtype, &self.target.version, &[served], *include, api_version, None, with_definitions)
+                table::table(
+                    &self.target.rtype,
+                    &self.target.version,
+                    &[served],
+                    *include,
+                    api_version,
+                    None,
+                    with_definitions,
+                )
             }
             other => render::object(&self.target.rtype, &self.target.version, served, other),
         }
@@ -74,7 +89,10 @@ impl Watcher {
             return None;
         }
         let now = self.params.selectors.matches(&ev.object);
-        let before = ev.previous.as_deref().is_some_and(|p| self.params.selectors.matches(p));
+        let before = ev
+            .previous
+            .as_deref()
+            .is_some_and(|p| self.params.selectors.matches(p));
         let event_type = match ev.event_type {
             EventType::Added if now => EventType::Added,
             EventType::Modified if now && before => EventType::Modified,
@@ -89,59 +107,87 @@ impl Watcher {
 
     fn bookmark(&self, rv: u64, initial_events_end: bool) -> Bytes {
         let (kind, api_version) = match &self.params.rendering {
-            Rendering::PartialMetadata => ("PartialObjectMetadata".to_string(), "meta.k8s.io/v1".to_string()),
-            _ => (self.target.rtype.kind.clone(), self.target.rtype.api_version(&self.target.version)),
+            Rendering::PartialMetadata => (
+                "PartialObjectMetadata".to_string(),
+                "meta.k8s.io/v1".to_string(),
+            ),
+            _ => (
+                self.target.rtype.kind.clone(),
+                self.target.rtype.api_version(&self.target.version),
+            ),
         };
         let mut metadata = json!({"resourceVersion": rv.to_string()});
         if initial_events_end {
             metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
         }
-        line("BOOKMARK", json!({"kind": kind, "apiVersion": api_version, "metadata": metadata}))
+        line(
+            "BOOKMARK",
+            json!({"kind": kind, "apiVersion": api_version, "metadata": metadata}),
+        )
     }
 }
 
 /// Starts a watch and returns its streaming body.
-pub(crate) fn start(store: Arc<Store>, target: Target, params: WatchParams, settings: WatchSettings) -> Result<Body, ApiError> {
-    let mut watcher = Watcher { target, params, first_table: true };
+pub(crate) fn start(
+    store: Arc<Store>,
+    target: Target,
+    params: WatchParams,
+    settings: WatchSettings,
+) -> Result<Body, ApiError> {
+    let mut watcher = Watcher {
+        target,
+        params,
+        first_table: true,
+    };
     let mut initial: Vec<Bytes> = Vec::new();
     let mut close = settings.close;
     close.borrow_and_update();
     // Read the starting point and subscribe under one lock, so no event is missed or repeated.
-    let (rx, start_rv) = store.with(|inner| {
-        let rx = inner.subscribe();
-        let current = inner.current_rv();
-        let from_state = watcher.params.send_initial_events || matches!(watcher.params.resource_version, None | Some(0));
-        if from_state {
-            let ns = if watcher.target.rtype.namespaced { watcher.target.namespace.clone() } else { None };
-            for obj in inner.list(&watcher.target.rtype.storage_group, &watcher.target.rtype.plural, ns.as_deref()) {
-                if watcher.params.selectors.matches(&obj) {
-                    let rendered = watcher.render(&obj);
-                    initial.push(line("ADDED", rendered));
-                }
-            }
-            Ok((rx, current))
-        } else {
-            let from = watcher.params.resource_version.unwrap_or(0);
-            match inner.events_since(from) {
-                Ok(events) => {
-                    for ev in events {
-                        if let Some(l) = watcher.translate(&ev) {
-                            initial.push(l);
-                        }
+    let (rx, start_rv) = store
+        .with(|inner| {
+            let rx = inner.subscribe();
+            let current = inner.current_rv();
+            let from_state = watcher.params.send_initial_events
+                || matches!(watcher.params.resource_version, None | Some(0));
+            if from_state {
+                let ns = if watcher.target.rtype.namespaced {
+                    watcher.target.namespace.clone()
+                } else {
+                    None
+                };
+                for obj in inner.list(
+                    &watcher.target.rtype.storage_group,
+                    &watcher.target.rtype.plural,
+                    ns.as_deref(),
+                ) {
+                    if watcher.params.selectors.matches(&obj) {
+                        let rendered = watcher.render(&obj);
+                        initial.push(line("ADDED", rendered));
                     }
-                    Ok((rx, current.max(from)))
                 }
-                Err(oldest) => Err(ApiError::expired(from, oldest)),
+                Ok((rx, current))
+            } else {
+                let from = watcher.params.resource_version.unwrap_or(0);
+                match inner.events_since(from) {
+                    Ok(events) => {
+                        for ev in events {
+                            if let Some(l) = watcher.translate(&ev) {
+                                initial.push(l);
+                            }
+                        }
+                        Ok((rx, current.max(from)))
+                    }
+                    Err(oldest) => Err(ApiError::expired(from, oldest)),
+                }
             }
-        }
-    })
-    .map_or_else(
-        |expired: ApiError| {
-            initial.push(line("ERROR", expired.to_status()));
-            (None, 0)
-        },
-        |(rx, rv)| (Some(rx), rv),
-    );
+        })
+        .map_or_else(
+            |expired: ApiError| {
+                initial.push(line("ERROR", expired.to_status()));
+                (None, 0)
+            },
+            |(rx, rv)| (Some(rx), rv),
+        );
     if watcher.params.send_initial_events && rx.is_some() {
         initial.push(watcher.bookmark(start_rv, true));
     }
@@ -153,9 +199,19 @@ pub(crate) fn start(store: Arc<Store>, target: Target, params: WatchParams, sett
             }
         }
         let Some(rx) = rx else { return };
-        pump(watcher, rx, out, close, start_rv, settings.bookmark_interval).await;
+        pump(
+            watcher,
+            rx,
+            out,
+            close,
+            start_rv,
+            settings.bookmark_interval,
+        )
+        .await;
     });
-    let stream = futures::stream::unfold(out_rx, |mut rx| async move { rx.recv().await.map(|b| (Ok::<Bytes, Infallible>(b), rx)) });
+    let stream = futures::stream::unfold(out_rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<Bytes, Infallible>(b), rx))
+    });
     Ok(Body::from_stream(stream))
 }
 
@@ -170,7 +226,10 @@ async fn pump(
 ) {
     let deadline = tokio::time::sleep(watcher.params.timeout);
     tokio::pin!(deadline);
-    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + bookmark_interval, bookmark_interval);
+    let mut ticker = tokio::time::interval_at(
+        tokio::time::Instant::now() + bookmark_interval,
+        bookmark_interval,
+    );
     let mut progress = start_rv;
     loop {
         let next = tokio::select! {

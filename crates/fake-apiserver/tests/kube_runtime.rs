@@ -22,7 +22,12 @@ struct ReconcileError(#[from] kube::Error);
 async fn reconcile(cm: Arc<ConfigMap>, api: Arc<Api<ConfigMap>>) -> Result<Action, ReconcileError> {
     let name = cm.metadata.name.clone().unwrap_or_default();
     if cm.data.as_ref().and_then(|d| d.get("seen")).is_none() {
-        api.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"data": {"seen": "yes"}}))).await?;
+        api.patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"seen": "yes"}})),
+        )
+        .await?;
     }
     Ok(Action::await_change())
 }
@@ -33,7 +38,12 @@ fn make(name: &str) -> ConfigMap {
 
 async fn all_seen(api: &Api<ConfigMap>, names: &[&str]) -> bool {
     for n in names {
-        let seen = api.get_opt(n).await.unwrap().and_then(|c| c.data).is_some_and(|d| d.get("seen").is_some());
+        let seen = api
+            .get_opt(n)
+            .await
+            .unwrap()
+            .and_then(|c| c.data)
+            .is_some_and(|d| d.contains_key("seen"));
         if !seen {
             return false;
         }
@@ -44,8 +54,13 @@ async fn all_seen(api: &Api<ConfigMap>, names: &[&str]) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_and_watcher_recover_from_a_forced_410() {
     // Bookmarks rarely, so the watches still hold an old resourceVersion when history is compacted.
-    let builder = fake_apiserver::FakeApiServer::builder().bookmark_interval(Duration::from_secs(3600));
-    let Some(env) = Env::fake_only_with("controller_and_watcher_recover_from_a_forced_410", builder).await else { return };
+    let builder =
+        fake_apiserver::FakeApiServer::builder().bookmark_interval(Duration::from_secs(3600));
+    let Some(env) =
+        Env::fake_only_with("controller_and_watcher_recover_from_a_forced_410", builder).await
+    else {
+        return;
+    };
     let api: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
     let shared = Arc::new(api.clone());
     let reconcile_errors = Arc::new(Mutex::new(Vec::<String>::new()));
@@ -56,14 +71,21 @@ async fn controller_and_watcher_recover_from_a_forced_410() {
     let werrors = watch_errors.clone();
     let controller = tokio::spawn(
         Controller::new(api.clone(), config.clone())
-            .run(reconcile, |_, _, _| Action::requeue(Duration::from_millis(200)), shared)
+            .run(
+                reconcile,
+                |_, _, _| Action::requeue(Duration::from_millis(200)),
+                shared,
+            )
             .for_each(move |result| {
                 let errors = errors.clone();
                 let werrors = werrors.clone();
                 async move {
                     match result {
                         Ok(_) => {}
-                        Err(kube::runtime::controller::Error::QueueError(e)) => werrors.lock().unwrap().push(format!("controller watch: {e}")),
+                        Err(kube::runtime::controller::Error::QueueError(e)) => werrors
+                            .lock()
+                            .unwrap()
+                            .push(format!("controller watch: {e}")),
                         Err(e) => errors.lock().unwrap().push(e.to_string()),
                     }
                 }
@@ -78,7 +100,9 @@ async fn controller_and_watcher_recover_from_a_forced_410() {
         async move {
             match event {
                 Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)) => {
-                    seen.lock().unwrap().insert(cm.metadata.name.unwrap_or_default());
+                    seen.lock()
+                        .unwrap()
+                        .insert(cm.metadata.name.unwrap_or_default());
                 }
                 Ok(_) => {}
                 Err(e) => werrors.lock().unwrap().push(format!("watcher: {e}")),
@@ -94,7 +118,13 @@ async fn controller_and_watcher_recover_from_a_forced_410() {
     // Move the resourceVersion on without the watches seeing it, compact, then cut the watches:
     // each resumes from an old resourceVersion and gets 410 Expired.
     let others: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
-    others.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "unwatched"}})).unwrap()).await.unwrap();
+    others
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "unwatched"}})).unwrap(),
+        )
+        .await
+        .unwrap();
     env.server().compact();
     env.server().close_watches();
     for n in ["c", "d"] {
@@ -104,18 +134,31 @@ async fn controller_and_watcher_recover_from_a_forced_410() {
     let watcher_seen = seen_by_watcher.clone();
     wait_until(move || {
         let s = watcher_seen.clone();
-        async move { ["a", "b", "c", "d"].iter().all(|n| s.lock().unwrap().contains(*n)) }
+        async move {
+            ["a", "b", "c", "d"]
+                .iter()
+                .all(|n| s.lock().unwrap().contains(*n))
+        }
     })
     .await;
 
     controller.abort();
     watcher_task.abort();
-    assert!(reconcile_errors.lock().unwrap().is_empty(), "reconcile errors: {:?}", reconcile_errors.lock().unwrap());
+    assert!(
+        reconcile_errors.lock().unwrap().is_empty(),
+        "reconcile errors: {:?}",
+        reconcile_errors.lock().unwrap()
+    );
     let watch_errors = watch_errors.lock().unwrap().clone();
     println!("watch errors: {watch_errors:?}");
-    assert!(watch_errors.len() >= 2, "the controller's and the watcher's watches both got the 410: {watch_errors:?}");
     assert!(
-        watch_errors.iter().all(|e| e.contains("410") || e.contains("too old resource version")),
+        watch_errors.len() >= 2,
+        "the controller's and the watcher's watches both got the 410: {watch_errors:?}"
+    );
+    assert!(
+        watch_errors
+            .iter()
+            .all(|e| e.contains("410") || e.contains("too old resource version")),
         "only the forced 410s: {watch_errors:?}"
     );
     let expired = env
@@ -124,7 +167,10 @@ async fn controller_and_watcher_recover_from_a_forced_410() {
         .iter()
         .filter(|r| r.verb == "list" && r.resource == "configmaps")
         .count();
-    assert!(expired >= 4, "both the controller and the watcher listed again after the 410 ({expired} lists)");
+    assert!(
+        expired >= 4,
+        "both the controller and the watcher listed again after the 410 ({expired} lists)"
+    );
 }
 
 async fn wait_until<F, Fut>(mut check: F)
@@ -139,4 +185,46 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("condition not reached within 30 s");
+}
+
+#[tokio::test]
+async fn the_event_recorder_creates_then_patches_a_series() {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    use kube::Resource as _;
+
+    let env = Env::new().await;
+    let api: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
+    let cm = api
+        .create(&PostParams::default(), &make("subject"))
+        .await
+        .unwrap();
+    let recorder = Recorder::new(
+        env.client.clone(),
+        Reporter {
+            controller: "turnstile-test".into(),
+            instance: Some("t".into()),
+        },
+    );
+    let event = Event {
+        type_: EventType::Normal,
+        reason: "Acquired".into(),
+        note: Some("granted".into()),
+        action: "Acquire".into(),
+        secondary: None,
+    };
+    let reference = cm.object_ref(&());
+    recorder.publish(&event, &reference).await.unwrap();
+    recorder.publish(&event, &reference).await.unwrap();
+    let events: Api<CoreEvent> = Api::namespaced(env.client.clone(), &env.namespace);
+    let listed = events.list(&Default::default()).await.unwrap();
+    assert_eq!(
+        listed.items.len(),
+        1,
+        "the repeat is a patch of the same Event"
+    );
+    let e = &listed.items[0];
+    assert_eq!(e.reason.as_deref(), Some("Acquired"));
+    assert_eq!(e.involved_object.name.as_deref(), Some("subject"));
+    assert_eq!(e.series.as_ref().and_then(|s| s.count), Some(2));
 }

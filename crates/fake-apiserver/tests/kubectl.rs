@@ -71,7 +71,11 @@ spec:
 "#;
 
 fn text(out: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 #[track_caller]
@@ -99,55 +103,155 @@ async fn kubectl_applies_gets_waits_and_deletes() {
     let env = Env::new().await;
     let ns = env.namespace.clone();
     let out = ok(env.kubectl_stdin(&["apply", "-f", "-"], FIXTURE_CRDS));
-    assert!(out.contains("customresourcedefinition.apiextensions.k8s.io/gizmos.kubectl.turnstile.dev"), "{out}");
-    ok(env.kubectl(&["wait", "--for=condition=Established", "crd/gizmos.kubectl.turnstile.dev", "crd/doohickeys.kubectl.turnstile.dev", "--timeout=30s"]));
+    assert!(
+        out.contains("customresourcedefinition.apiextensions.k8s.io/gizmos.kubectl.turnstile.dev"),
+        "{out}"
+    );
+    ok(env.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/gizmos.kubectl.turnstile.dev",
+        "crd/doohickeys.kubectl.turnstile.dev",
+        "--timeout=30s",
+    ]));
 
     let objects = "apiVersion: kubectl.turnstile.dev/v1\nkind: Gizmo\nmetadata: {name: g1, finalizers: [kubectl.turnstile.dev/hold]}\nspec: {size: 3}\n---\n\
                    apiVersion: kubectl.turnstile.dev/v1\nkind: Doohickey\nmetadata: {name: d1}\nspec: {anything: [1, 2]}\n";
     let out = ok(env.kubectl_stdin(&["apply", "-n", &ns, "-f", "-"], objects));
-    assert!(out.contains("gizmo.kubectl.turnstile.dev/g1 created") && out.contains("doohickey.kubectl.turnstile.dev/d1 created"), "{out}");
+    assert!(
+        out.contains("gizmo.kubectl.turnstile.dev/g1 created")
+            && out.contains("doohickey.kubectl.turnstile.dev/d1 created"),
+        "{out}"
+    );
     let out = ok(env.kubectl_stdin(&["apply", "-n", &ns, "-f", "-"], objects));
-    assert!(out.contains("gizmo.kubectl.turnstile.dev/g1 unchanged"), "{out}");
+    assert!(
+        out.contains("gizmo.kubectl.turnstile.dev/g1 unchanged"),
+        "{out}"
+    );
 
     // Printer columns, short name, category.
     let out = ok(env.kubectl(&["get", "gizmos", "-n", &ns]));
-    let lines: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
+    let lines: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
     assert_eq!(lines[0], ["NAME", "SIZE", "PHASE", "AGE"], "{out}");
     assert_eq!(&lines[1][..2], ["g1", "3"], "{out}");
-    assert!(lines[1][2].ends_with('s'), "empty phase, then an age: {out}");
+    assert!(
+        lines[1][2].ends_with('s'),
+        "empty phase, then an age: {out}"
+    );
     let out = ok(env.kubectl(&["get", "toys", "-n", &ns]));
-    assert!(out.contains("gizmo.kubectl.turnstile.dev/g1") && out.contains("doohickey.kubectl.turnstile.dev/d1"), "{out}");
-    assert_eq!(ok(env.kubectl(&["get", "gz", "g1", "-n", &ns, "-o", "jsonpath={.spec.color}"])), "blue", "schema default");
+    assert!(
+        out.contains("gizmo.kubectl.turnstile.dev/g1")
+            && out.contains("doohickey.kubectl.turnstile.dev/d1"),
+        "{out}"
+    );
+    assert_eq!(
+        ok(env.kubectl(&["get", "gz", "g1", "-n", &ns, "-o", "jsonpath={.spec.color}"])),
+        "blue",
+        "schema default"
+    );
 
     // Server-side validation through kubectl apply.
     let invalid = "apiVersion: kubectl.turnstile.dev/v1\nkind: Gizmo\nmetadata: {name: bad}\nspec: {size: 0}\n";
     let out = env.kubectl_stdin(&["apply", "-n", &ns, "-f", "-"], invalid);
     assert!(!out.status.success());
-    assert!(text(&out).contains("spec.size: Invalid value: 0: spec.size in body should be greater than or equal to 1"), "{}", text(&out));
+    assert!(
+        text(&out).contains(
+            "spec.size: Invalid value: 0: spec.size in body should be greater than or equal to 1"
+        ),
+        "{}",
+        text(&out)
+    );
     let unknown = "apiVersion: kubectl.turnstile.dev/v1\nkind: Gizmo\nmetadata: {name: bad}\nspec: {size: 1, bogus: 2}\n";
     let out = env.kubectl_stdin(&["apply", "-n", &ns, "-f", "-"], unknown);
     assert!(!out.status.success());
-    assert!(text(&out).contains("unknown field \"spec.bogus\""), "{}", text(&out));
+    assert!(
+        text(&out).contains("unknown field \"spec.bogus\""),
+        "{}",
+        text(&out)
+    );
 
     // wait --for=condition and --for=jsonpath while the status changes.
-    let waiter = spawn_kubectl(&env, &["wait", "--for=condition=Ready", "gizmo/g1", "-n", &ns, "--timeout=30s"]);
-    let json_waiter = spawn_kubectl(&env, &["wait", "--for=jsonpath={.status.phase}=Ready", "gizmo/g1", "-n", &ns, "--timeout=30s"]);
+    let waiter = spawn_kubectl(
+        &env,
+        &[
+            "wait",
+            "--for=condition=Ready",
+            "gizmo/g1",
+            "-n",
+            &ns,
+            "--timeout=30s",
+        ],
+    );
+    let json_waiter = spawn_kubectl(
+        &env,
+        &[
+            "wait",
+            "--for=jsonpath={.status.phase}=Ready",
+            "gizmo/g1",
+            "-n",
+            &ns,
+            "--timeout=30s",
+        ],
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    ok(env.kubectl(&["patch", "gizmo", "g1", "-n", &ns, "--subresource=status", "--type=merge",
-        "-p", r#"{"status":{"phase":"Ready","conditions":[{"type":"Ready","status":"True"}]}}"#]));
+    ok(env.kubectl(&[
+        "patch",
+        "gizmo",
+        "g1",
+        "-n",
+        &ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"phase":"Ready","conditions":[{"type":"Ready","status":"True"}]}}"#,
+    ]));
     let out = waiter.wait_with_output().unwrap();
     assert!(text(&out).contains("condition met"), "{}", text(&out));
     let out = json_waiter.wait_with_output().unwrap();
     assert!(text(&out).contains("condition met"), "{}", text(&out));
     let out = ok(env.kubectl(&["get", "gizmos", "-n", &ns]));
-    assert!(out.lines().nth(1).unwrap().split_whitespace().nth(2) == Some("Ready"), "{out}");
+    assert!(
+        out.lines().nth(1).unwrap().split_whitespace().nth(2) == Some("Ready"),
+        "{out}"
+    );
 
     // delete with a finalizer; wait --for=delete completes when it is removed.
     ok(env.kubectl(&["delete", "gizmo", "g1", "-n", &ns, "--wait=false"]));
-    assert!(!ok(env.kubectl(&["get", "gizmo", "g1", "-n", &ns, "-o", "jsonpath={.metadata.deletionTimestamp}"])).is_empty());
-    let deleter = spawn_kubectl(&env, &["wait", "--for=delete", "gizmo/g1", "-n", &ns, "--timeout=30s"]);
+    assert!(!ok(env.kubectl(&[
+        "get",
+        "gizmo",
+        "g1",
+        "-n",
+        &ns,
+        "-o",
+        "jsonpath={.metadata.deletionTimestamp}"
+    ]))
+    .is_empty());
+    let deleter = spawn_kubectl(
+        &env,
+        &[
+            "wait",
+            "--for=delete",
+            "gizmo/g1",
+            "-n",
+            &ns,
+            "--timeout=30s",
+        ],
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    ok(env.kubectl(&["patch", "gizmo", "g1", "-n", &ns, "--type=json", "-p", r#"[{"op":"remove","path":"/metadata/finalizers"}]"#]));
+    ok(env.kubectl(&[
+        "patch",
+        "gizmo",
+        "g1",
+        "-n",
+        &ns,
+        "--type=json",
+        "-p",
+        r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
+    ]));
     let out = deleter.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     ok(env.kubectl(&["delete", "doohickey", "d1", "-n", &ns]));
@@ -158,7 +262,13 @@ async fn kubectl_applies_gets_waits_and_deletes() {
 fn repository_crds() -> Vec<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../crds");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .map(|entries| entries.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "yaml")).collect())
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+                .collect()
+        })
         .unwrap_or_default();
     files.sort();
     files
@@ -176,19 +286,46 @@ async fn kubectl_applies_the_repository_crds() {
     for f in &files {
         ok(env.kubectl(&["apply", "-f", f.to_str().unwrap()]));
     }
-    ok(env.kubectl(&["wait", "--for=condition=Established", "crd/distributedlocks.turnstile.dev", "crd/lockclaims.turnstile.dev", "--timeout=30s"]));
+    ok(env.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/distributedlocks.turnstile.dev",
+        "crd/lockclaims.turnstile.dev",
+        "--timeout=30s",
+    ]));
     let objects = "apiVersion: turnstile.dev/v1alpha1\nkind: DistributedLock\nmetadata: {name: db}\nspec: {maxHolders: 1}\n---\n\
                    apiVersion: turnstile.dev/v1alpha1\nkind: LockClaim\nmetadata: {name: job-a}\nspec: {lockName: db}\n";
     ok(env.kubectl_stdin(&["apply", "-n", &ns, "-f", "-"], objects));
     let out = ok(env.kubectl(&["get", "locks", "-n", &ns]));
-    assert!(out.contains("distributedlock.turnstile.dev/db") && out.contains("lockclaim.turnstile.dev/job-a"), "{out}");
+    assert!(
+        out.contains("distributedlock.turnstile.dev/db")
+            && out.contains("lockclaim.turnstile.dev/job-a"),
+        "{out}"
+    );
     let out = ok(env.kubectl(&["get", "lclaim", "-n", &ns]));
     let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "LOCK", "PHASE", "HOLDER", "TOKEN", "POSITION", "EXPIRES", "AGE"], "{out}");
+    assert_eq!(
+        header,
+        ["NAME", "LOCK", "PHASE", "HOLDER", "TOKEN", "POSITION", "EXPIRES", "AGE"],
+        "{out}"
+    );
     // The CRD's CEL rule keeps lockName immutable.
-    let out = env.kubectl(&["patch", "lclaim", "job-a", "-n", &ns, "--type=merge", "-p", r#"{"spec":{"lockName":"other"}}"#]);
+    let out = env.kubectl(&[
+        "patch",
+        "lclaim",
+        "job-a",
+        "-n",
+        &ns,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"lockName":"other"}}"#,
+    ]);
     assert!(!out.status.success(), "{}", text(&out));
-    assert!(text(&out).contains("lockName is immutable"), "{}", text(&out));
+    assert!(
+        text(&out).contains("lockName is immutable"),
+        "{}",
+        text(&out)
+    );
 }
 
 #[tokio::test]
@@ -206,7 +343,9 @@ async fn the_binary_prints_its_url_writes_a_kubeconfig_and_stops_on_sigterm() {
         .spawn()
         .unwrap();
     let mut first_line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut first_line).unwrap();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first_line)
+        .unwrap();
     let url = first_line.trim().to_string();
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
     let config = std::fs::read_to_string(&kubeconfig).unwrap();
@@ -219,8 +358,16 @@ async fn the_binary_prints_its_url_writes_a_kubeconfig_and_stops_on_sigterm() {
         .args(["get", "namespace", "default", "-o", "name"])
         .output()
         .unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "namespace/default", "{}", text(&out));
-    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "namespace/default",
+        "{}",
+        text(&out)
+    );
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
     assert!(killed.success());
     let started = Instant::now();
     loop {

@@ -30,7 +30,10 @@ pub struct Env {
 }
 
 fn real_kubeconfig() -> Option<PathBuf> {
-    std::env::var(REAL_CLUSTER_ENV).ok().filter(|p| !p.is_empty()).map(PathBuf::from)
+    std::env::var(REAL_CLUSTER_ENV)
+        .ok()
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
 }
 
 fn random_suffix() -> String {
@@ -48,24 +51,48 @@ impl Env {
         let dir = tempfile::tempdir().expect("tempdir");
         let env = match real_kubeconfig() {
             Some(path) => {
-                ANNOUNCE.call_once(|| println!("contract tests: running against the real cluster in {}", path.display()));
-                let kubeconfig = kube::config::Kubeconfig::read_from(&path).expect("read TURNSTILE_E2E_KUBECONFIG");
-                let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.expect("kubeconfig");
-                Env { client: Client::try_from(config).expect("client"), namespace: String::new(), kubeconfig: path, fake: None, dir }
+                ANNOUNCE.call_once(|| {
+                    println!(
+                        "contract tests: running against the real cluster in {}",
+                        path.display()
+                    )
+                });
+                let kubeconfig = kube::config::Kubeconfig::read_from(&path)
+                    .expect("read TURNSTILE_E2E_KUBECONFIG");
+                let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                    .await
+                    .expect("kubeconfig");
+                Env {
+                    client: Client::try_from(config).expect("client"),
+                    namespace: String::new(),
+                    kubeconfig: path,
+                    fake: None,
+                    dir,
+                }
             }
             None => {
                 ANNOUNCE.call_once(|| println!("real-cluster contract run skipped: {REAL_CLUSTER_ENV} is not set; using the fake"));
                 let server = builder.start().await.expect("start fake");
                 let kubeconfig = dir.path().join("kubeconfig");
                 server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-                Env { client: server.client(), namespace: String::new(), kubeconfig, fake: Some(server), dir }
+                Env {
+                    client: server.client(),
+                    namespace: String::new(),
+                    kubeconfig,
+                    fake: Some(server),
+                    dir,
+                }
             }
         };
         let mut env = env;
         env.namespace = format!("ct-{}", random_suffix());
         let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client.clone());
-        let ns = serde_json::from_value(json!({"metadata": {"name": env.namespace}})).expect("namespace");
-        namespaces.create(&PostParams::default(), &ns).await.expect("create test namespace");
+        let ns = serde_json::from_value(json!({"metadata": {"name": env.namespace}}))
+            .expect("namespace");
+        namespaces
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("create test namespace");
         env
     }
 
@@ -113,9 +140,14 @@ impl Env {
         }
         for _ in 0..100 {
             let got = crds.get(WIDGET_CRD_NAME).await.expect("get CRD");
-            let established = got.data.pointer("/status/conditions").and_then(Value::as_array).is_some_and(|cs| {
-                cs.iter().any(|c| c["type"] == "Established" && c["status"] == "True")
-            });
+            let established = got
+                .data
+                .pointer("/status/conditions")
+                .and_then(Value::as_array)
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c["type"] == "Established" && c["status"] == "True")
+                });
             if established {
                 // The type is served right after Established.
                 return;
@@ -131,23 +163,39 @@ impl Env {
     }
 
     /// A raw request; returns status, headers and body.
-    pub async fn raw(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<Value>) -> (u16, http::HeaderMap, String) {
+    pub async fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<Value>,
+    ) -> (u16, http::HeaderMap, String) {
         let mut builder = http::Request::builder().method(method).uri(path);
         for (k, v) in headers {
             builder = builder.header(*k, *v);
         }
         let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
-        let request = builder.body(kube::client::Body::from(bytes)).expect("request");
+        let request = builder
+            .body(kube::client::Body::from(bytes))
+            .expect("request");
         let response = self.client.send(request).await.expect("send");
         let status = response.status().as_u16();
         let headers = response.headers().clone();
-        let body = response.into_body().collect().await.expect("body").to_bytes();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
         (status, headers, String::from_utf8_lossy(&body).into_owned())
     }
 
     /// Opens a watch and returns the raw response for line-by-line reading.
     pub async fn open_watch(&self, path_and_query: &str) -> WatchLines {
-        let request = http::Request::builder().uri(path_and_query).body(kube::client::Body::empty()).expect("request");
+        let request = http::Request::builder()
+            .uri(path_and_query)
+            .body(kube::client::Body::empty())
+            .expect("request");
         let response = self.client.send(request).await.expect("watch");
         WatchLines {
             status: response.status().as_u16(),
@@ -190,7 +238,12 @@ impl Env {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("spawn kubectl");
-        child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(stdin.as_bytes())
+            .expect("write stdin");
         child.wait_with_output().expect("kubectl output")
     }
 }
@@ -223,9 +276,14 @@ impl WatchLines {
                 if text.trim().is_empty() {
                     continue;
                 }
-                return Some(serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("watch line is not JSON ({e}): {text}")));
+                return Some(
+                    serde_json::from_str(text.trim())
+                        .unwrap_or_else(|e| panic!("watch line is not JSON ({e}): {text}")),
+                );
             }
-            let frame = tokio::time::timeout_at(deadline, self.body.frame()).await.ok()??;
+            let frame = tokio::time::timeout_at(deadline, self.body.frame())
+                .await
+                .ok()??;
             if let Ok(data) = frame.expect("watch frame").into_data() {
                 self.buffer.extend_from_slice(&data);
             }
@@ -349,7 +407,10 @@ impl Env {
         let name = format!("{}-x", env.namespace);
         let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client.clone());
         let ns = serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace");
-        namespaces.create(&PostParams::default(), &ns).await.expect("create namespace");
+        namespaces
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("create namespace");
         name
     }
 }
