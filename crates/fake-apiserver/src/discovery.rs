@@ -12,6 +12,18 @@ pub(crate) const MAJOR: &str = "1";
 /// See [`MAJOR`].
 pub(crate) const MINOR: &str = "32";
 
+/// The verbs every served resource supports.
+const RESOURCE_VERBS: [&str; 8] = [
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
+
 /// `/version`.
 pub(crate) fn version() -> Value {
     json!({
@@ -78,22 +90,18 @@ fn storage_hash(t: &ResourceType) -> String {
 
 /// `/api/v1` or `/apis/G/V`, or None when that group/version is not served.
 pub(crate) fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<Value> {
-    let types: Vec<&std::sync::Arc<ResourceType>> = registry
-        .all()
-        .iter()
-        .filter(|t| t.group == group && t.version(version).is_some())
-        .collect();
+    let types = registry.in_group_version(group, version);
     if types.is_empty() {
         return None;
     }
     let mut resources = Vec::new();
-    for t in types {
+    for t in &types {
         let mut entry = json!({
             "name": t.plural,
             "singularName": t.singular,
             "namespaced": t.namespaced,
             "kind": t.kind,
-            "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
+            "verbs": RESOURCE_VERBS,
             "storageVersionHash": storage_hash(t),
         });
         if !t.short_names.is_empty() {
@@ -160,9 +168,8 @@ pub(crate) fn aggregated(registry: &Registry, core: bool, discovery_version: &st
                 .iter()
                 .map(|v| {
                     let resources: Vec<Value> = registry
-                        .all()
+                        .in_group_version(g, v)
                         .iter()
-                        .filter(|t| t.group == *g && t.version(v).is_some())
                         .map(|t| {
                             let kind = json!({"group": t.group, "version": v, "kind": t.kind});
                             let mut r = json!({
@@ -170,7 +177,7 @@ pub(crate) fn aggregated(registry: &Registry, core: bool, discovery_version: &st
                                 "responseKind": kind,
                                 "scope": if t.namespaced { "Namespaced" } else { "Cluster" },
                                 "singularResource": t.singular,
-                                "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
+                                "verbs": RESOURCE_VERBS,
                             });
                             if !t.short_names.is_empty() {
                                 r["shortNames"] = json!(t.short_names);

@@ -36,17 +36,13 @@ fn query_param(name: &str, description: &str) -> Value {
 
 /// The OpenAPI v3 document of one group/version, or None when it is not served.
 pub(crate) fn document(registry: &Registry, group: &str, version: &str) -> Option<Value> {
-    let types: Vec<&std::sync::Arc<ResourceType>> = registry
-        .all()
-        .iter()
-        .filter(|t| t.group == group && t.version(version).is_some())
-        .collect();
+    let types = registry.in_group_version(group, version);
     if types.is_empty() {
         return None;
     }
     let mut paths = Map::new();
     let mut schemas = Map::new();
-    for t in types {
+    for t in &types {
         let name = schema_name(t, version);
         let reference = json!({"$ref": format!("#/components/schemas/{name}")});
         let content = json!({"application/json": {"schema": reference}});

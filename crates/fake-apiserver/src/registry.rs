@@ -351,9 +351,13 @@ impl Registry {
             .cloned()
     }
 
-    /// Every type.
-    pub(crate) fn all(&self) -> &[Arc<ResourceType>] {
-        &self.types
+    /// The types served at `group/version`.
+    pub(crate) fn in_group_version(&self, group: &str, version: &str) -> Vec<Arc<ResourceType>> {
+        self.types
+            .iter()
+            .filter(|t| t.group == group && t.version(version).is_some())
+            .cloned()
+            .collect()
     }
 
     /// The groups in discovery order (core first), with their served versions.

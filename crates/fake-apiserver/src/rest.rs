@@ -361,6 +361,24 @@ fn spec_changed(old: &Value, new: &Value, status_is_subresource: bool) -> bool {
     strip(old) != strip(new)
 }
 
+/// 409 for a `uid` that does not match the stored object's (a failed UID precondition).
+fn uid_precondition_failed(
+    rtype: &ResourceType,
+    name: &str,
+    wanted: &str,
+    actual: &Value,
+) -> ApiError {
+    ApiError::conflict(
+        &rtype.group,
+        &rtype.plural,
+        name,
+        &format!(
+            "Precondition failed: UID in precondition: {wanted}, UID in object meta: {}",
+            meta::uid(actual)
+        ),
+    )
+}
+
 /// Gets one object.
 pub(crate) fn get(store: &Store, t: &Target) -> Result<Value, ApiError> {
     let name = t.url_name()?;
@@ -669,15 +687,7 @@ pub(crate) fn update(
         }
         let body_uid = meta::uid(&body);
         if !body_uid.is_empty() && body_uid != meta::uid(&old) {
-            return Err(ApiError::conflict(
-                &t.rtype.group,
-                &t.rtype.plural,
-                &name,
-                &format!(
-                    "Precondition failed: UID in precondition: {body_uid}, UID in object meta: {}",
-                    meta::uid(&old)
-                ),
-            ));
+            return Err(uid_precondition_failed(&t.rtype, &name, body_uid, &old));
         }
         let new = prepare_update(t, &old, to_stored(&t.rtype, body));
         let mut result = commit_update(inner, t, &old, new, opts)?;
@@ -862,12 +872,7 @@ pub(crate) fn patch(
         }
         let patched_uid = meta::uid(&patched);
         if !patched_uid.is_empty() && patched_uid != meta::uid(&old) {
-            return Err(ApiError::conflict(
-                &t.rtype.group,
-                &t.rtype.plural,
-                &name,
-                &format!("Precondition failed: UID in precondition: {patched_uid}, UID in object meta: {}", meta::uid(&old)),
-            ));
+            return Err(uid_precondition_failed(&t.rtype, &name, patched_uid, &old));
         }
         let warnings = field_validation(&t.rtype, &t.version, &patched, opts.field_validation)?;
         let new = prepare_update(t, &old, to_stored(&t.rtype, patched));
@@ -938,15 +943,7 @@ pub(crate) fn delete_locked(
         .as_deref()
         .filter(|u| *u != meta::uid(&old))
     {
-        return Err(ApiError::conflict(
-            &rtype.group,
-            &rtype.plural,
-            &key.name,
-            &format!(
-                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                meta::uid(&old)
-            ),
-        ));
+        return Err(uid_precondition_failed(rtype, &key.name, uid, &old));
     }
     if let Some(rv) = opts
         .precondition_rv

@@ -20,6 +20,13 @@ fn rv(o: &DynamicObject) -> String {
     o.metadata.resource_version.clone().unwrap_or_default()
 }
 
+fn names(list: kube::api::ObjectList<DynamicObject>) -> Vec<String> {
+    list.items
+        .into_iter()
+        .map(|o| o.metadata.name.unwrap_or_default())
+        .collect()
+}
+
 fn widget_path(env: &Env, name: &str) -> String {
     format!(
         "/apis/{WIDGET_GROUP}/v1/namespaces/{}/widgets/{name}",
@@ -630,44 +637,14 @@ async fn list_filters_by_label_and_field_selectors_and_pages() {
         w.metadata.labels = Some([("tier".to_string(), tier.to_string())].into());
         api.create(&PostParams::default(), &w).await.unwrap();
     }
-    let names = |l: kube::api::ObjectList<DynamicObject>| {
-        l.items
-            .into_iter()
-            .map(|o| o.metadata.name.unwrap())
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(
-        names(
-            api.list(&ListParams::default().labels("tier=front"))
-                .await
-                .unwrap()
-        ),
-        ["a", "c"]
-    );
-    assert_eq!(
-        names(
-            api.list(&ListParams::default().labels("tier in (back)"))
-                .await
-                .unwrap()
-        ),
-        ["b"]
-    );
-    assert_eq!(
-        names(
-            api.list(&ListParams::default().labels("tier!=front"))
-                .await
-                .unwrap()
-        ),
-        ["b"]
-    );
-    assert_eq!(
-        names(
-            api.list(&ListParams::default().fields("metadata.name=c"))
-                .await
-                .unwrap()
-        ),
-        ["c"]
-    );
+    for (params, want) in [
+        (ListParams::default().labels("tier=front"), vec!["a", "c"]),
+        (ListParams::default().labels("tier in (back)"), vec!["b"]),
+        (ListParams::default().labels("tier!=front"), vec!["b"]),
+        (ListParams::default().fields("metadata.name=c"), vec!["c"]),
+    ] {
+        assert_eq!(names(api.list(&params).await.unwrap()), want, "{params:?}");
+    }
     let all: Api<DynamicObject> = Api::all_with(env.client.clone(), &support::widget_resource());
     let in_ns = all
         .list(&ListParams::default().fields(&format!("metadata.namespace={}", env.namespace)))

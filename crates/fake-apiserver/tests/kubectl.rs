@@ -86,16 +86,7 @@ fn ok(out: Output) -> String {
 
 /// Starts a kubectl command in the background (for `wait` while another command acts).
 fn spawn_kubectl(env: &Env, args: &[&str]) -> std::process::Child {
-    Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(&env.kubeconfig)
-        .arg("--cache-dir")
-        .arg(env.dir().join("kubectl-cache"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn kubectl")
+    env.kubectl_command(args).spawn().expect("spawn kubectl")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

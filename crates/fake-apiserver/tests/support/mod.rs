@@ -210,32 +210,31 @@ impl Env {
         }
     }
 
-    /// Runs kubectl against this env (own cache dir, so ports reused across tests do not mix).
-    pub fn kubectl(&self, args: &[&str]) -> Output {
-        let cache = self.dir.path().join("kubectl-cache");
-        std::process::Command::new("kubectl")
+    /// A kubectl command against this env (own cache dir, so ports reused across tests do not mix).
+    pub fn kubectl_command(&self, args: &[&str]) -> std::process::Command {
+        let mut command = std::process::Command::new("kubectl");
+        command
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .arg("--cache-dir")
-            .arg(&cache)
+            .arg(self.dir.path().join("kubectl-cache"))
             .args(args)
-            .output()
-            .expect("run kubectl")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        command
+    }
+
+    /// Runs kubectl against this env.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        self.kubectl_command(args).output().expect("run kubectl")
     }
 
     /// Runs kubectl with `stdin` piped in.
     pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
         use std::io::Write as _;
-        let cache = self.dir.path().join("kubectl-cache");
-        let mut child = std::process::Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .arg("--cache-dir")
-            .arg(&cache)
-            .args(args)
+        let mut child = self
+            .kubectl_command(args)
             .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("spawn kubectl");
         child
