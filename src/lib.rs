@@ -7,8 +7,13 @@
 //! - [`api`]: the `DistributedLock` and `LockClaim` custom resources (`turnstile.dev/v1alpha1`).
 //! - [`controller`]: the reconcilers, thin I/O shells over a pure decision core.
 //! - [`cli`]: the `turnstile` command line (`run`, `crds`, `wait`, `lock`).
+//!
+//! Beside the layers: [`leader`] (leader election on a Lease) and [`metrics`] (Prometheus
+//! metrics, `/healthz`, `/readyz`), wired into `turnstile run`.
 
 pub mod api;
 pub mod cli;
 pub mod controller;
+pub mod leader;
 pub mod lock;
+pub mod metrics;
