@@ -68,14 +68,23 @@ pub(crate) fn apply(kind: PatchKind, current: &Value, patch: &Value) -> Result<V
         PatchKind::Json => {
             let ops: json_patch::Patch = serde_json::from_value(patch.clone())
                 .map_err(|e| ApiError::bad_request(format!("error decoding JSON patch: {e}")))?;
-            json_patch::patch(&mut doc, &ops).map_err(|e| ApiError {
-                code: 422,
-                reason: "Invalid",
-                message: format!(
-                    "the server rejected our request due to an error in our request: {e}"
-                ),
-                details: None,
-            })?;
+            for op in ops.iter() {
+                // kube-apiserver's JSON patch (evanphx/json-patch) lets a `test` for null pass on
+                // a missing path; kube-rs' finalizer helper relies on it.
+                if let json_patch::PatchOperation::Test(test) = op {
+                    if test.value.is_null() && doc.pointer(test.path.as_str()).is_none() {
+                        continue;
+                    }
+                }
+                json_patch::patch(&mut doc, std::slice::from_ref(op)).map_err(|e| ApiError {
+                    code: 422,
+                    reason: "Invalid",
+                    message: format!(
+                        "the server rejected our request due to an error in our request: {e}"
+                    ),
+                    details: None,
+                })?;
+            }
         }
     }
     Ok(doc)
@@ -106,6 +115,14 @@ mod tests {
             )
             .unwrap()["spec"]["a"],
             json!(9)
+        );
+        let null_test = json!([{"op": "test", "path": "/metadata/finalizers", "value": null},
+            {"op": "add", "path": "/metadata/finalizers", "value": ["f"]}]);
+        let mut with_meta = cur.clone();
+        with_meta["metadata"] = json!({});
+        assert_eq!(
+            apply(PatchKind::Json, &with_meta, &null_test).unwrap()["metadata"]["finalizers"],
+            json!(["f"])
         );
         let failed_test = apply(
             PatchKind::Json,

@@ -228,3 +228,46 @@ async fn the_event_recorder_creates_then_patches_a_series() {
     assert_eq!(e.involved_object.name.as_deref(), Some("subject"));
     assert_eq!(e.series.as_ref().and_then(|s| s.count), Some(2));
 }
+
+#[tokio::test]
+async fn the_finalizer_helper_adds_and_removes_its_finalizer() {
+    use kube::runtime::finalizer::{finalizer, Event as FinalizerEvent};
+
+    const NAME: &str = "test.turnstile.dev/cleanup";
+    let env = Env::new().await;
+    let api: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
+    api.create(&PostParams::default(), &make("guarded"))
+        .await
+        .unwrap();
+    let cleaned = Arc::new(Mutex::new(0));
+    let run = |cm: ConfigMap| {
+        let cleaned = cleaned.clone();
+        let api = api.clone();
+        async move {
+            finalizer(&api, NAME, Arc::new(cm), |event| async move {
+                if let FinalizerEvent::Cleanup(_) = event {
+                    *cleaned.lock().unwrap() += 1;
+                }
+                Ok::<_, ReconcileError>(Action::await_change())
+            })
+            .await
+        }
+    };
+    // First pass adds the finalizer (JSON patch: test null + add), the second reconciles.
+    run(api.get("guarded").await.unwrap()).await.unwrap();
+    let guarded = api.get("guarded").await.unwrap();
+    assert_eq!(
+        guarded.metadata.finalizers.clone().unwrap_or_default(),
+        [NAME]
+    );
+    run(guarded).await.unwrap();
+    api.delete("guarded", &Default::default()).await.unwrap();
+    let deleting = api.get("guarded").await.unwrap();
+    assert!(deleting.metadata.deletion_timestamp.is_some());
+    run(deleting).await.unwrap();
+    assert_eq!(*cleaned.lock().unwrap(), 1);
+    assert!(
+        api.get_opt("guarded").await.unwrap().is_none(),
+        "gone once the helper removed its finalizer"
+    );
+}
