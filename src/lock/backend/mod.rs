@@ -30,6 +30,7 @@
 //! never hurt anyone else.
 
 pub mod memory;
+pub mod mongo;
 pub mod redis;
 mod wake;
 
@@ -42,6 +43,7 @@ use async_trait::async_trait;
 use crate::lock::error::{LockError, LockResult};
 
 pub use self::memory::MemoryBackend;
+pub use self::mongo::{MongoBackend, MongoBackendConfig, MongoWakeMode, MongoWakeSource};
 pub use self::redis::{RedisBackend, RedisBackendConfig};
 pub use self::wake::{WakeRegistry, WakeSubscription};
 
