@@ -6,12 +6,15 @@
 //! server's bind) is retried on a fresh port.
 //!
 //! - [`RedisServer`]: a `redis-server` without persistence.
+//! - [`MongoServer`]: a MongoDB-wire-compatible server (SecantusDB), or `MONGODB_URI`'s.
 //!
 //! New launchers (MongoDB-compatible servers, ...) go in their own module and reuse
 //! [`free_port`], [`wait_until`] and [`ServerProcess`].
 
+mod mongo;
 mod process;
 mod redis;
 
+pub use self::mongo::{MongoFlavor, MongoServer, Unavailable};
 pub use self::process::{free_port, wait_until, ServerProcess};
 pub use self::redis::RedisServer;

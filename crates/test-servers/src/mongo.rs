@@ -1,0 +1,310 @@
+//! A MongoDB-wire-compatible server for tests.
+//!
+//! No real `mongod` can be installed on the project's machines; tests run against SecantusDB
+//! (`secantusd-rs`, or its Python fallback `secantusd-py`), always as a separate process and
+//! never linked. Both present a one-node replica set, so change streams work; started with
+//! [`MongoFlavor::Standalone`] `secantusd-rs` presents a standalone server instead (no change
+//! streams), for testing the polling fallback.
+//!
+//! [`MongoServer::for_tests`] decides what a test talks to: the server `MONGODB_URI` names,
+//! else one it starts. With neither a URI nor a server binary the test is skipped with one
+//! printed line, except under `CI=true`, where that is an error.
+
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, TcpStream};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tempfile::TempDir;
+
+use crate::process::{free_port, wait_until, ServerProcess};
+
+/// How many fresh ports to try before giving up on a start.
+const START_ATTEMPTS: usize = 5;
+/// How long a started server may take to answer `ping`.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The server binaries tried in order when `TURNSTILE_MONGO_SERVER` is not set.
+const CANDIDATES: [&str; 2] = ["secantusd-rs", "secantusd-py"];
+
+/// What the server presents to drivers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MongoFlavor {
+    /// A one-node replica set: change streams work.
+    ReplicaSet,
+    /// A standalone server: no change streams (`secantusd-rs --standalone`).
+    Standalone,
+}
+
+/// A MongoDB-compatible server: spawned on a free 127.0.0.1 port and stopped by PID on drop,
+/// or an external one named by `MONGODB_URI` (left alone).
+#[derive(Debug)]
+pub struct MongoServer {
+    // Field order matters: the process stops before its directory is removed.
+    process: Option<ServerProcess>,
+    uri: String,
+    _dir: Option<TempDir>,
+}
+
+/// Why no server is available for a test.
+#[derive(Debug)]
+pub enum Unavailable {
+    /// Not under CI and no server binary installed: skip the test.
+    Skip(String),
+    /// Under `CI=true`, or a server that exists failed to start: fail the test.
+    Fail(io::Error),
+}
+
+impl MongoServer {
+    /// The server tests should use: the one `MONGODB_URI` names, else a process shared by
+    /// the tests of this binary (started on first use, stopped when the last user drops it;
+    /// give each test its own database). Returns [`Unavailable::Skip`] when no server binary
+    /// is installed, unless `CI=true`.
+    pub fn for_tests() -> Result<Arc<MongoServer>, Unavailable> {
+        if let Some(uri) = std::env::var("MONGODB_URI")
+            .ok()
+            .filter(|uri| !uri.is_empty())
+        {
+            return Ok(Arc::new(MongoServer {
+                process: None,
+                uri,
+                _dir: None,
+            }));
+        }
+        static SHARED: Mutex<Weak<MongoServer>> = Mutex::new(Weak::new());
+        let mut shared = SHARED
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(server) = shared.upgrade() {
+            return Ok(server);
+        }
+        let server = match Self::start(MongoFlavor::ReplicaSet) {
+            Ok(server) => Arc::new(server),
+            Err(error) if error.kind() == io::ErrorKind::NotFound && !under_ci() => {
+                return Err(Unavailable::Skip(format!(
+                    "no MongoDB test server: set MONGODB_URI or install secantusd-rs (.ci/install): {error}"
+                )))
+            }
+            Err(error) => return Err(Unavailable::Fail(error)),
+        };
+        *shared = Arc::downgrade(&server);
+        Ok(server)
+    }
+
+    /// Starts a server of `flavor` and waits until it answers `ping`. The binary is
+    /// `$TURNSTILE_MONGO_SERVER` if set, else `secantusd-rs` or `secantusd-py` from `PATH`;
+    /// an error of kind `NotFound` means none is installed.
+    pub fn start(flavor: MongoFlavor) -> io::Result<Self> {
+        let binary = find_binary()?;
+        let python = binary
+            .file_name()
+            .is_some_and(|name| name.to_string_lossy().ends_with("-py"));
+        if python && flavor == MongoFlavor::Standalone {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "secantusd-py has no standalone mode",
+            ));
+        }
+        let mut last_error = None;
+        for _ in 0..START_ATTEMPTS {
+            match Self::try_start(&binary, python, flavor) {
+                Ok(server) => return Ok(server),
+                Err(error) => last_error = Some(error),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| io::Error::other("MongoDB test server did not start")))
+    }
+
+    fn try_start(binary: &PathBuf, python: bool, flavor: MongoFlavor) -> io::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("turnstile-mongo-")
+            .tempdir()?;
+        let port = free_port()?;
+        let mut command = Command::new(binary);
+        command
+            .args(["--host", "127.0.0.1"])
+            .arg("--port")
+            .arg(port.to_string());
+        if python {
+            command.args(["--storage-path", ":memory:"]);
+        } else {
+            command
+                .arg("--storage-path")
+                .arg(dir.path().join("data"))
+                .args(["--cache-size", "256M", "--log-file-max", "16MB"])
+                .args(["--log-level", "WARNING"]);
+            if flavor == MongoFlavor::Standalone {
+                command.arg("--standalone");
+            }
+        }
+        // Its own working directory: no stray config file is picked up, nothing is left behind.
+        command.current_dir(dir.path());
+        let mut process = ServerProcess::spawn(command)?;
+        let ready = wait_until(READY_TIMEOUT, || {
+            // A server that lost the port race exits: stop waiting, try another port.
+            process.has_exited() || ping(port).is_ok()
+        });
+        if !ready || process.has_exited() {
+            return Err(io::Error::other(format!(
+                "{} on port {port} did not become ready",
+                binary.display()
+            )));
+        }
+        Ok(MongoServer {
+            process: Some(process),
+            uri: format!("mongodb://127.0.0.1:{port}/"),
+            _dir: Some(dir),
+        })
+    }
+
+    /// The connection string, e.g. `mongodb://127.0.0.1:PORT/`.
+    pub fn uri(&self) -> &str {
+        &self.uri
+    }
+
+    /// The spawned server's process id (`None` for an external server).
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(ServerProcess::pid)
+    }
+
+    /// Stops a spawned server now (dropping does the same; an external one is left alone).
+    pub fn stop(mut self) {
+        if let Some(process) = self.process.as_mut() {
+            process.stop();
+        }
+    }
+}
+
+fn under_ci() -> bool {
+    std::env::var("CI").is_ok_and(|value| value.eq_ignore_ascii_case("true") || value == "1")
+}
+
+fn find_binary() -> io::Result<PathBuf> {
+    if let Some(path) = std::env::var_os("TURNSTILE_MONGO_SERVER").filter(|path| !path.is_empty()) {
+        return Ok(PathBuf::from(path));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for name in CANDIDATES {
+        for dir in std::env::split_paths(&path) {
+            let candidate = dir.join(name);
+            if candidate.is_file() {
+                return Ok(candidate);
+            }
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("none of {CANDIDATES:?} is on PATH"),
+    ))
+}
+
+/// Sends `{ping: 1}` as an OP_MSG and checks the reply says `ok: 1`.
+fn ping(port: u16) -> io::Result<()> {
+    let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.write_all(&ping_message())?;
+    let mut header = [0u8; 16];
+    stream.read_exact(&mut header)?;
+    let length = i32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+    let body_length = usize::try_from(length)
+        .ok()
+        .and_then(|length| length.checked_sub(16))
+        .filter(|length| *length < 1 << 24)
+        .ok_or_else(|| io::Error::other("bad reply length"))?;
+    let mut body = vec![0u8; body_length];
+    stream.read_exact(&mut body)?;
+    if reply_is_ok(&body) {
+        Ok(())
+    } else {
+        Err(io::Error::other("ping did not answer ok: 1"))
+    }
+}
+
+/// An OP_MSG (opcode 2013) with one body section: `{ping: 1, $db: "admin"}`.
+fn ping_message() -> Vec<u8> {
+    let mut document = Vec::new();
+    document.push(0x10); // int32
+    document.extend_from_slice(b"ping\0");
+    document.extend_from_slice(&1i32.to_le_bytes());
+    document.push(0x02); // string
+    document.extend_from_slice(b"$db\0");
+    document.extend_from_slice(&6i32.to_le_bytes());
+    document.extend_from_slice(b"admin\0");
+    document.push(0x00);
+    let document_length = (document.len() + 4) as i32;
+    let mut body = Vec::new();
+    body.extend_from_slice(&0u32.to_le_bytes()); // flag bits
+    body.push(0); // section kind 0: body
+    body.extend_from_slice(&document_length.to_le_bytes());
+    body.extend_from_slice(&document);
+    let mut message = Vec::new();
+    message.extend_from_slice(&((16 + body.len()) as i32).to_le_bytes());
+    message.extend_from_slice(&1i32.to_le_bytes()); // request id
+    message.extend_from_slice(&0i32.to_le_bytes()); // response to
+    message.extend_from_slice(&2013i32.to_le_bytes());
+    message.extend_from_slice(&body);
+    message
+}
+
+/// Does an OP_MSG reply body hold `ok: 1` (as a double or int32)?
+fn reply_is_ok(body: &[u8]) -> bool {
+    let double_one = [&[0x01u8][..], b"ok\0", &1.0f64.to_le_bytes()].concat();
+    let int_one = [&[0x10u8][..], b"ok\0", &1i32.to_le_bytes()].concat();
+    [double_one, int_one].iter().any(|needle| {
+        body.windows(needle.len())
+            .any(|window| window == needle.as_slice())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn start_or_skip(flavor: MongoFlavor) -> Option<MongoServer> {
+        match MongoServer::start(flavor) {
+            Ok(server) => Some(server),
+            Err(error) if error.kind() == io::ErrorKind::NotFound && !under_ci() => {
+                println!("skipped: no MongoDB test server installed ({error})");
+                None
+            }
+            Err(error) => panic!("MongoDB test server failed to start: {error}"),
+        }
+    }
+
+    fn port_of(server: &MongoServer) -> u16 {
+        server
+            .uri()
+            .trim_start_matches("mongodb://127.0.0.1:")
+            .trim_end_matches('/')
+            .parse()
+            .expect("port in uri")
+    }
+
+    #[test]
+    fn starts_answers_ping_and_stops_by_pid() {
+        let Some(server) = start_or_skip(MongoFlavor::ReplicaSet) else {
+            return;
+        };
+        assert!(server.uri().starts_with("mongodb://127.0.0.1:"));
+        assert!(server.pid().is_some());
+        let port = port_of(&server);
+        ping(port).expect("ping");
+        server.stop();
+        assert!(ping(port).is_err(), "server still answers after stop");
+    }
+
+    #[test]
+    fn ping_replies_are_checked() {
+        let ok = [&[0x01u8][..], b"ok\0", &1.0f64.to_le_bytes()].concat();
+        let not_ok = [&[0x01u8][..], b"ok\0", &0.0f64.to_le_bytes()].concat();
+        assert!(reply_is_ok(&ok));
+        assert!(!reply_is_ok(&not_ok));
+        let message = ping_message();
+        assert_eq!(
+            i32::from_le_bytes([message[0], message[1], message[2], message[3]]) as usize,
+            message.len()
+        );
+    }
+}
