@@ -6,14 +6,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use test_servers::RedisServer;
-use turnstile::lock::backend::{AcquireOutcome, AcquireRequest, LockSnapshot, WakeSubscription};
+use test_servers::{MongoServer, RedisServer, Unavailable};
+use turnstile::lock::backend::{
+    AcquireOutcome, AcquireRequest, LockSnapshot, MongoBackend, MongoBackendConfig,
+    WakeSubscription,
+};
 use turnstile::lock::{Backend, LockResult, Locker, RedisBackend, RedisBackendConfig, RetryPolicy};
 
 /// A backend under test, wrapped in a counter, plus whatever keeps its server alive.
 pub struct Harness {
     pub backend: Arc<CountingBackend>,
-    _server: Option<RedisServer>,
+    _server: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Harness {
@@ -53,8 +56,33 @@ pub async fn redis() -> Harness {
         .expect("connect to redis");
     Harness {
         backend: Arc::new(CountingBackend::new(Arc::new(backend))),
-        _server: Some(server),
+        _server: Some(Box::new(server)),
     }
+}
+
+/// Connects a MongoDB backend, in a database of its own, to the test server (`MONGODB_URI`'s,
+/// else a SecantusDB process shared by this binary's tests). `None` skips the test when no
+/// server is installed; under `CI=true` that panics instead.
+pub async fn mongo() -> Option<Harness> {
+    let server = match tokio::task::spawn_blocking(MongoServer::for_tests)
+        .await
+        .expect("launcher thread")
+    {
+        Ok(server) => server,
+        Err(Unavailable::Skip(reason)) => {
+            println!("skipped: {reason}");
+            return None;
+        }
+        Err(Unavailable::Fail(error)) => panic!("MongoDB test server unavailable: {error}"),
+    };
+    let database = format!("conformance_{}", uuid::Uuid::new_v4().simple());
+    let backend = MongoBackend::connect(server.uri(), MongoBackendConfig::new().database(database))
+        .await
+        .expect("connect to mongo");
+    Some(Harness {
+        backend: Arc::new(CountingBackend::new(Arc::new(backend))),
+        _server: Some(Box::new(server)),
+    })
 }
 
 /// Counts backend calls, to check that a release costs O(1) attempts, not O(waiters).
