@@ -1,0 +1,725 @@
+//! The kustomize base in `deploy/`, rendered by the kubectl on PATH (`kubectl kustomize`),
+//! alone and with the Redis component, and checked object by object: what is installed,
+//! the controller Pod's hardening, probes and HA settings, and least-privilege RBAC.
+//!
+//! `deploy/crds/` holds copies of the generated `crds/` files (kustomize refuses files outside
+//! its directory); `TURNSTILE_BLESS_CRDS=1` refreshes them, as it refreshes `crds/`.
+
+use std::collections::BTreeSet;
+use std::path::{Component, Path, PathBuf};
+use std::process::Command;
+
+use serde::Deserialize;
+use serde_json::Value;
+use turnstile::leader::{DEFAULT_LEASE_NAME, POD_NAMESPACE_ENV, POD_NAME_ENV};
+
+const NAMESPACE: &str = "turnstile-system";
+const SERVICE_ACCOUNT: &str = "turnstile-controller";
+const CONTROLLER: &str = "turnstile-controller";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `kubectl kustomize DIR`, split into objects.
+fn kustomize(dir: &Path) -> Vec<Value> {
+    let output = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .expect("kubectl on PATH (the deploy tests render with it)");
+    assert!(
+        output.status.success(),
+        "kubectl kustomize {} failed: {}",
+        dir.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).expect("UTF-8 manifests");
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|document| Value::deserialize(document).expect("a YAML object"))
+        .filter(|object| !object.is_null())
+        .collect()
+}
+
+fn render_base() -> Vec<Value> {
+    kustomize(&repo().join("deploy"))
+}
+
+/// `to` relative to the directory `from` (kustomize refuses absolute resource paths).
+fn relative(from: &Path, to: &Path) -> PathBuf {
+    let from: Vec<Component> = from.components().collect();
+    let to: Vec<Component> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut path = PathBuf::new();
+    for _ in common..from.len() {
+        path.push("..");
+    }
+    for component in &to[common..] {
+        path.push(component);
+    }
+    path
+}
+
+/// The base plus the Redis component, through an overlay as a user would write it.
+fn render_with_redis() -> Vec<Value> {
+    let overlay = tempfile::Builder::new()
+        .prefix("deploy-overlay-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("temporary overlay directory");
+    let root = overlay.path().canonicalize().expect("overlay path");
+    let deploy = repo().join("deploy").canonicalize().expect("deploy path");
+    let base = relative(&root, &deploy);
+    let component = base.join("components").join("redis");
+    std::fs::write(
+        root.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n  - {}\n",
+            base.display(),
+            component.display()
+        ),
+    )
+    .expect("write the overlay");
+    kustomize(&root)
+}
+
+fn str_at<'a>(value: &'a Value, pointer: &str) -> Option<&'a str> {
+    value.pointer(pointer).and_then(Value::as_str)
+}
+
+fn kind_of(object: &Value) -> &str {
+    str_at(object, "/kind").unwrap_or_default()
+}
+
+fn name_of(object: &Value) -> &str {
+    str_at(object, "/metadata/name").unwrap_or_default()
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| kind_of(o) == kind && name_of(o) == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
+}
+
+fn strings(value: Option<&Value>) -> Vec<String> {
+    value
+        .and_then(Value::as_array)
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn controller_container(objects: &[Value]) -> &Value {
+    let deployment = find(objects, "Deployment", CONTROLLER);
+    deployment
+        .pointer("/spec/template/spec/containers")
+        .and_then(Value::as_array)
+        .and_then(|containers| containers.iter().find(|c| c["name"] == "controller"))
+        .expect("a container named controller")
+}
+
+fn env_var<'a>(container: &'a Value, name: &str) -> Option<&'a Value> {
+    container["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)
+}
+
+const CLUSTER_SCOPED: &[&str] = &[
+    "Namespace",
+    "CustomResourceDefinition",
+    "ClusterRole",
+    "ClusterRoleBinding",
+];
+
+#[test]
+fn the_base_renders_every_part_into_the_turnstile_namespace() {
+    let objects = render_base();
+    let rendered: BTreeSet<(String, String)> = objects
+        .iter()
+        .map(|o| (kind_of(o).to_string(), name_of(o).to_string()))
+        .collect();
+    let expected: BTreeSet<(String, String)> = [
+        ("Namespace", NAMESPACE),
+        ("CustomResourceDefinition", "distributedlocks.turnstile.dev"),
+        ("CustomResourceDefinition", "lockclaims.turnstile.dev"),
+        ("ServiceAccount", SERVICE_ACCOUNT),
+        ("ClusterRole", "turnstile-controller"),
+        ("ClusterRoleBinding", "turnstile-controller"),
+        ("Role", "turnstile-leader-election"),
+        ("RoleBinding", "turnstile-leader-election"),
+        ("ClusterRole", "turnstile-edit"),
+        ("ClusterRole", "turnstile-view"),
+        ("Deployment", CONTROLLER),
+        ("Service", "turnstile-controller-metrics"),
+        ("PodDisruptionBudget", CONTROLLER),
+    ]
+    .into_iter()
+    .map(|(kind, name)| (kind.to_string(), name.to_string()))
+    .collect();
+    assert_eq!(rendered, expected);
+
+    for object in &objects {
+        let namespace = str_at(object, "/metadata/namespace");
+        if CLUSTER_SCOPED.contains(&kind_of(object)) {
+            assert_eq!(
+                namespace,
+                None,
+                "{} {} is cluster-scoped",
+                kind_of(object),
+                name_of(object)
+            );
+        } else {
+            assert_eq!(
+                namespace,
+                Some(NAMESPACE),
+                "{} {}",
+                kind_of(object),
+                name_of(object)
+            );
+        }
+    }
+    let namespace = find(&objects, "Namespace", NAMESPACE);
+    assert_eq!(
+        str_at(
+            namespace,
+            "/metadata/labels/pod-security.kubernetes.io~1enforce"
+        ),
+        Some("restricted")
+    );
+}
+
+#[test]
+fn the_deployed_crds_are_the_generated_ones() {
+    let generated = repo().join("crds");
+    let copies = repo().join("deploy").join("crds");
+    let yaml_files = |dir: &Path| -> BTreeSet<String> {
+        std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("list {}: {e}", dir.display()))
+            .map(|entry| {
+                entry
+                    .expect("entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .filter(|name| name.ends_with(".yaml"))
+            .collect()
+    };
+    if std::env::var_os("TURNSTILE_BLESS_CRDS").is_some() {
+        for name in yaml_files(&copies) {
+            std::fs::remove_file(copies.join(name)).expect("remove a stale copy");
+        }
+        for name in yaml_files(&generated) {
+            std::fs::copy(generated.join(&name), copies.join(&name)).expect("copy a CRD");
+        }
+    }
+    let names = yaml_files(&generated);
+    assert_eq!(
+        yaml_files(&copies),
+        names,
+        "deploy/crds/ must copy crds/; refresh with TURNSTILE_BLESS_CRDS=1 cargo test -p turnstile --test deploy_manifests"
+    );
+    for name in &names {
+        let original = std::fs::read_to_string(generated.join(name)).expect("read crds/");
+        let copy = std::fs::read_to_string(copies.join(name)).expect("read deploy/crds/");
+        assert!(
+            original == copy,
+            "deploy/crds/{name} differs from crds/{name}; refresh with TURNSTILE_BLESS_CRDS=1 cargo test -p turnstile --test deploy_manifests"
+        );
+    }
+    // Every copy is installed by the base.
+    let kustomization =
+        std::fs::read_to_string(repo().join("deploy").join("kustomization.yaml")).expect("read");
+    let kustomization: Value = serde_yaml::from_str(&kustomization).expect("YAML");
+    let resources = strings(kustomization.get("resources"));
+    for name in &names {
+        assert!(
+            resources.contains(&format!("crds/{name}")),
+            "deploy/kustomization.yaml misses crds/{name}"
+        );
+    }
+}
+
+#[test]
+fn the_controller_runs_two_leader_elected_replicas() {
+    let objects = render_base();
+    let deployment = find(&objects, "Deployment", CONTROLLER);
+    assert_eq!(deployment.pointer("/spec/replicas"), Some(&Value::from(2)));
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], SERVICE_ACCOUNT);
+    let container = controller_container(&objects);
+    let args = strings(container.get("args"));
+    assert_eq!(args.first().map(String::as_str), Some("run"), "{args:?}");
+    assert!(args.iter().any(|a| a == "--leader-elect"), "{args:?}");
+    assert!(args.iter().any(|a| a == "--log-format=json"), "{args:?}");
+    // The Lease identity and namespace come from the downward API.
+    for (variable, field) in [
+        (POD_NAME_ENV, "metadata.name"),
+        (POD_NAMESPACE_ENV, "metadata.namespace"),
+    ] {
+        let env = env_var(container, variable).unwrap_or_else(|| panic!("no {variable}"));
+        assert_eq!(
+            str_at(env, "/valueFrom/fieldRef/fieldPath"),
+            Some(field),
+            "{variable}"
+        );
+    }
+    let image = str_at(container, "/image").expect("image");
+    let tag = image.rsplit_once(':').map(|(_, tag)| tag).unwrap_or("");
+    assert!(
+        !tag.is_empty() && tag != "latest" && !tag.contains('/'),
+        "pin the image tag: {image}"
+    );
+    // Two replicas never drain together and prefer different nodes.
+    let pdb = find(&objects, "PodDisruptionBudget", CONTROLLER);
+    assert_eq!(pdb.pointer("/spec/maxUnavailable"), Some(&Value::from(1)));
+    assert_eq!(
+        pdb["spec"]["selector"]["matchLabels"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    let spread = &pod["topologySpreadConstraints"][0];
+    assert_eq!(spread["topologyKey"], "kubernetes.io/hostname");
+    // Room for SIGTERM -> stop reconciling -> release the Lease.
+    assert!(pod["terminationGracePeriodSeconds"].as_i64().unwrap_or(30) >= 15);
+}
+
+/// The pieces of the "restricted" Pod Security Standard a Pod template can get wrong.
+fn assert_restricted(name: &str, pod: &Value) {
+    for field in ["hostNetwork", "hostPID", "hostIPC"] {
+        assert_ne!(pod[field], Value::Bool(true), "{name}: {field}");
+    }
+    for volume in pod["volumes"].as_array().into_iter().flatten() {
+        assert!(volume.get("hostPath").is_none(), "{name}: hostPath volume");
+    }
+    let containers = pod["containers"].as_array().expect("containers");
+    let init = pod["initContainers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for container in containers.iter().chain(&init) {
+        let security = &container["securityContext"];
+        let pod_security = &pod["securityContext"];
+        let non_root = security["runAsNonRoot"]
+            .as_bool()
+            .or(pod_security["runAsNonRoot"].as_bool());
+        assert_eq!(non_root, Some(true), "{name}: runAsNonRoot");
+        let user = security["runAsUser"]
+            .as_i64()
+            .or(pod_security["runAsUser"].as_i64());
+        assert_ne!(user, Some(0), "{name}: runs as root");
+        assert_eq!(
+            security["allowPrivilegeEscalation"],
+            Value::Bool(false),
+            "{name}: privilege escalation"
+        );
+        assert_ne!(
+            security["privileged"],
+            Value::Bool(true),
+            "{name}: privileged"
+        );
+        assert_eq!(
+            security["readOnlyRootFilesystem"],
+            Value::Bool(true),
+            "{name}: writable root filesystem"
+        );
+        let dropped = strings(security.pointer("/capabilities/drop"));
+        assert!(
+            dropped.iter().any(|c| c == "ALL"),
+            "{name}: capabilities not dropped"
+        );
+        let added = strings(security.pointer("/capabilities/add"));
+        assert!(
+            added.iter().all(|c| c == "NET_BIND_SERVICE"),
+            "{name}: adds {added:?}"
+        );
+        let seccomp = str_at(security, "/seccompProfile/type")
+            .or(str_at(pod_security, "/seccompProfile/type"));
+        assert_eq!(seccomp, Some("RuntimeDefault"), "{name}: seccomp");
+        // Requests and limits for CPU and memory, requests within limits.
+        for resource in ["cpu", "memory"] {
+            let request = str_at(container, &format!("/resources/requests/{resource}"));
+            let limit = str_at(container, &format!("/resources/limits/{resource}"));
+            let (Some(request), Some(limit)) = (request, limit) else {
+                panic!("{name}: {resource} request and limit required");
+            };
+            assert!(
+                quantity(request) <= quantity(limit),
+                "{name}: {resource} {request} > {limit}"
+            );
+        }
+    }
+}
+
+/// A Kubernetes quantity in base units (the suffixes the manifests use).
+fn quantity(text: &str) -> f64 {
+    let (number, factor) = [
+        ("Gi", 1024.0 * 1024.0 * 1024.0),
+        ("Mi", 1024.0 * 1024.0),
+        ("Ki", 1024.0),
+        ("m", 0.001),
+    ]
+    .iter()
+    .find_map(|(suffix, factor)| text.strip_suffix(suffix).map(|n| (n, *factor)))
+    .unwrap_or((text, 1.0));
+    number
+        .parse::<f64>()
+        .unwrap_or_else(|_| panic!("quantity {text}"))
+        * factor
+}
+
+#[test]
+fn every_pod_meets_the_restricted_pod_security_standard() {
+    let objects = render_with_redis();
+    let deployments: Vec<&Value> = objects
+        .iter()
+        .filter(|o| kind_of(o) == "Deployment")
+        .collect();
+    assert_eq!(deployments.len(), 2, "the controller and Redis");
+    for deployment in deployments {
+        assert_restricted(name_of(deployment), &deployment["spec"]["template"]["spec"]);
+    }
+}
+
+#[test]
+fn probes_and_the_metrics_service_use_the_metrics_port() {
+    let objects = render_base();
+    let container = controller_container(&objects);
+    let args = strings(container.get("args"));
+    let address = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--metrics-addr="))
+        .expect("--metrics-addr");
+    let port: i64 = address
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .expect("a port");
+    assert!(
+        !address.starts_with("127.") && !address.starts_with("localhost"),
+        "kubelet cannot probe {address}"
+    );
+    let ports = container["ports"].as_array().expect("ports");
+    let metrics_port = ports
+        .iter()
+        .find(|p| p["name"] == "metrics")
+        .expect("a port named metrics");
+    assert_eq!(metrics_port["containerPort"].as_i64(), Some(port));
+    let names_the_port = |value: &Value| value == "metrics" || value.as_i64() == Some(port);
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        let get = &container[probe]["httpGet"];
+        assert_eq!(get["path"], path, "{probe}");
+        assert!(names_the_port(&get["port"]), "{probe} port {}", get["port"]);
+    }
+    let service = find(&objects, "Service", "turnstile-controller-metrics");
+    let deployment = find(&objects, "Deployment", CONTROLLER);
+    let pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+        .as_object()
+        .expect("labels");
+    for (key, value) in service["spec"]["selector"].as_object().expect("selector") {
+        assert_eq!(
+            pod_labels.get(key),
+            Some(value),
+            "the Service selects the controller Pods"
+        );
+    }
+    let service_port = &service["spec"]["ports"][0];
+    assert_eq!(service_port["name"], "metrics");
+    assert!(names_the_port(&service_port["targetPort"]));
+}
+
+/// One `(apiGroup, resource, verb)` a rule grants, with its resourceNames (empty: any).
+type Grant = (String, String, String, Vec<String>);
+
+fn grants(role: &Value) -> Vec<Grant> {
+    let mut out = Vec::new();
+    for rule in role["rules"].as_array().expect("rules") {
+        assert!(
+            rule.get("nonResourceURLs").is_none(),
+            "{}: non-resource URLs",
+            name_of(role)
+        );
+        let names = strings(rule.get("resourceNames"));
+        for group in strings(rule.get("apiGroups")) {
+            for resource in strings(rule.get("resources")) {
+                for verb in strings(rule.get("verbs")) {
+                    out.push((group.clone(), resource.clone(), verb, names.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn assert_no_wildcards(role: &Value) {
+    for (group, resource, verb, _) in grants(role) {
+        for part in [&group, &resource, &verb] {
+            assert!(
+                !part.contains('*'),
+                "{} grants a wildcard: {group}/{resource} {verb}",
+                name_of(role)
+            );
+        }
+    }
+}
+
+fn unnamed(grants: &[Grant]) -> BTreeSet<(String, String, String)> {
+    grants
+        .iter()
+        .filter(|(.., names)| names.is_empty())
+        .map(|(g, r, v, _)| (g.clone(), r.clone(), v.clone()))
+        .collect()
+}
+
+fn triples(list: &[(&str, &str, &[&str])]) -> BTreeSet<(String, String, String)> {
+    list.iter()
+        .flat_map(|(group, resource, verbs)| {
+            verbs
+                .iter()
+                .map(move |verb| (group.to_string(), resource.to_string(), verb.to_string()))
+        })
+        .collect()
+}
+
+const WRITE_VERBS: &[&str] = &["create", "update", "patch", "delete", "deletecollection"];
+const DANGEROUS_VERBS: &[&str] = &["escalate", "bind", "impersonate", "approve", "sign"];
+
+#[test]
+fn the_controller_cluster_role_grants_exactly_what_the_controller_uses() {
+    let objects = render_base();
+    let role = find(&objects, "ClusterRole", "turnstile-controller");
+    assert_no_wildcards(role);
+    let granted = grants(role);
+    assert!(granted.iter().all(|(.., names)| names.is_empty()));
+    const READ: &[&str] = &["get", "list", "watch"];
+    let expected = triples(&[
+        // Watched and cached; finalizers are edited on the objects themselves.
+        (
+            "turnstile.dev",
+            "distributedlocks",
+            &["get", "list", "watch", "patch", "update"],
+        ),
+        (
+            "turnstile.dev",
+            "lockclaims",
+            &["get", "list", "watch", "patch", "update"],
+        ),
+        (
+            "turnstile.dev",
+            "distributedlocks/status",
+            &["patch", "update"],
+        ),
+        ("turnstile.dev", "lockclaims/status", &["patch", "update"]),
+        // Owners of claims: alive or finished?
+        ("", "pods", READ),
+        // Job gating un-suspends Jobs.
+        ("batch", "jobs", &["get", "list", "watch", "patch"]),
+        ("events.k8s.io", "events", &["create", "patch"]),
+    ]);
+    assert_eq!(
+        unnamed(&granted),
+        expected,
+        "update this list only with the e2e RBAC coverage test"
+    );
+
+    // Whatever the list becomes, these stay true.
+    for (group, resource, verb, _) in &granted {
+        let what = format!("{group}/{resource} {verb}");
+        assert!(!DANGEROUS_VERBS.contains(&verb.as_str()), "{what}");
+        assert!(
+            !matches!(verb.as_str(), "delete" | "deletecollection"),
+            "the controller never deletes: {what}"
+        );
+        assert_ne!(
+            resource, "secrets",
+            "Secrets reach the controller as env vars, not API reads: {what}"
+        );
+        assert!(!group.starts_with("rbac.authorization.k8s.io"), "{what}");
+        assert!(
+            !group.starts_with("apiextensions.k8s.io"),
+            "CRDs are installed, not managed: {what}"
+        );
+        if *verb == "create" {
+            assert_eq!(
+                (group.as_str(), resource.as_str()),
+                ("events.k8s.io", "events"),
+                "cluster-wide create: {what}"
+            );
+        }
+        if group.is_empty() && resource == "pods" {
+            assert!(READ.contains(&verb.as_str()), "Pods are read-only: {what}");
+        }
+    }
+
+    let binding = find(&objects, "ClusterRoleBinding", "turnstile-controller");
+    assert_eq!(binding["roleRef"]["kind"], "ClusterRole");
+    assert_eq!(binding["roleRef"]["name"], "turnstile-controller");
+    assert_eq!(
+        binding["subjects"],
+        serde_json::json!([{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}])
+    );
+}
+
+#[test]
+fn leader_election_is_a_namespaced_role_on_one_named_lease() {
+    let objects = render_base();
+    assert!(
+        objects
+            .iter()
+            .filter(|o| kind_of(o) == "ClusterRole")
+            .flat_map(grants)
+            .all(|(_, resource, ..)| resource != "leases"),
+        "no cluster-wide Lease access"
+    );
+    let role = find(&objects, "Role", "turnstile-leader-election");
+    assert_no_wildcards(role);
+    let granted = grants(role);
+    // `create` cannot name its object; everything else is limited to the controller's Lease.
+    let expected: BTreeSet<Grant> = [
+        ("create", vec![]),
+        ("get", vec![DEFAULT_LEASE_NAME.to_string()]),
+        ("update", vec![DEFAULT_LEASE_NAME.to_string()]),
+    ]
+    .into_iter()
+    .map(|(verb, names)| {
+        (
+            "coordination.k8s.io".to_string(),
+            "leases".to_string(),
+            verb.to_string(),
+            names,
+        )
+    })
+    .collect();
+    assert_eq!(granted.into_iter().collect::<BTreeSet<_>>(), expected);
+    let binding = find(&objects, "RoleBinding", "turnstile-leader-election");
+    assert_eq!(binding["roleRef"]["kind"], "Role");
+    assert_eq!(binding["roleRef"]["name"], "turnstile-leader-election");
+    assert_eq!(binding["subjects"][0]["name"], SERVICE_ACCOUNT);
+    assert_eq!(binding["subjects"][0]["namespace"], NAMESPACE);
+}
+
+#[test]
+fn edit_and_view_users_get_locks_and_claims_through_aggregated_roles() {
+    let objects = render_base();
+    let aggregated = |label: &str| -> Vec<&Value> {
+        objects
+            .iter()
+            .filter(|o| kind_of(o) == "ClusterRole")
+            .filter(|o| {
+                o["metadata"]["labels"][format!("rbac.authorization.k8s.io/{label}")] == "true"
+            })
+            .collect()
+    };
+    let rules_of = |roles: &[&Value]| -> BTreeSet<(String, String, String)> {
+        roles
+            .iter()
+            .inspect(|role| assert_no_wildcards(role))
+            .flat_map(|role| unnamed(&grants(role)))
+            .collect()
+    };
+    let edit = rules_of(&aggregated("aggregate-to-edit"));
+    let view = rules_of(&aggregated("aggregate-to-view"));
+    let admin = rules_of(&aggregated("aggregate-to-admin"));
+    for resource in ["distributedlocks", "lockclaims"] {
+        for verb in [
+            "get", "list", "watch", "create", "update", "patch", "delete",
+        ] {
+            let triple = (
+                "turnstile.dev".to_string(),
+                resource.to_string(),
+                verb.to_string(),
+            );
+            assert!(edit.contains(&triple), "edit lacks {resource} {verb}");
+            assert!(admin.contains(&triple), "admin lacks {resource} {verb}");
+        }
+        for verb in ["get", "list", "watch"] {
+            let triple = (
+                "turnstile.dev".to_string(),
+                resource.to_string(),
+                verb.to_string(),
+            );
+            assert!(view.contains(&triple), "view lacks {resource} {verb}");
+        }
+    }
+    for (group, resource, verb) in view {
+        assert!(
+            !WRITE_VERBS.contains(&verb.as_str()),
+            "view may write {group}/{resource} {verb}"
+        );
+    }
+    for (group, resource, verb) in edit.iter().chain(&admin) {
+        assert_eq!(
+            group, "turnstile.dev",
+            "aggregated roles only cover Turnstile's resources"
+        );
+        assert!(
+            !(resource.ends_with("/status") && WRITE_VERBS.contains(&verb.as_str())),
+            "tenants may write {resource} ({verb}): status is the controller's"
+        );
+    }
+}
+
+#[test]
+fn the_redis_component_wires_the_url_from_a_secret() {
+    let objects = render_with_redis();
+    let container = controller_container(&objects);
+    let env = env_var(container, "TURNSTILE_REDIS_URL").expect("TURNSTILE_REDIS_URL");
+    assert!(
+        env.get("value").is_none(),
+        "the URL must come from a Secret"
+    );
+    let secret_name = str_at(env, "/valueFrom/secretKeyRef/name").expect("a secretKeyRef");
+    let key = str_at(env, "/valueFrom/secretKeyRef/key").expect("a key");
+    let secret = find(&objects, "Secret", secret_name);
+    assert_eq!(str_at(secret, "/metadata/namespace"), Some(NAMESPACE));
+    assert!(
+        secret["data"].get(key).is_some(),
+        "the Secret {secret_name} has no key {key}"
+    );
+    let args = strings(container.get("args"));
+    assert!(
+        args.iter().all(|a| !a.contains("redis")),
+        "no URL on the command line: {args:?}"
+    );
+
+    // The Redis it points at, reachable only from the controller.
+    let redis = find(&objects, "Deployment", "turnstile-redis");
+    let service = find(&objects, "Service", "turnstile-redis");
+    let redis_labels = &redis["spec"]["template"]["metadata"]["labels"];
+    for (label, value) in service["spec"]["selector"].as_object().expect("selector") {
+        assert_eq!(&redis_labels[label], value, "the Service selects Redis");
+    }
+    assert_eq!(service["spec"]["ports"][0]["port"], 6379);
+    let policy = find(&objects, "NetworkPolicy", "turnstile-redis");
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"],
+        redis["spec"]["selector"]["matchLabels"]
+    );
+    let controller_labels =
+        &find(&objects, "Deployment", CONTROLLER)["spec"]["template"]["metadata"]["labels"];
+    let from = &policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"];
+    for (label, value) in from.as_object().expect("a pod selector") {
+        assert_eq!(
+            &controller_labels[label], value,
+            "only the controller reaches Redis"
+        );
+    }
+    for object in &objects {
+        if !CLUSTER_SCOPED.contains(&kind_of(object)) {
+            assert_eq!(
+                str_at(object, "/metadata/namespace"),
+                Some(NAMESPACE),
+                "{}",
+                name_of(object)
+            );
+        }
+    }
+    // The base alone has no Redis.
+    let base = render_base();
+    assert!(env_var(controller_container(&base), "TURNSTILE_REDIS_URL").is_none());
+    assert!(base.iter().all(|o| !name_of(o).contains("redis")));
+}
