@@ -16,6 +16,8 @@ pub struct Cli {
 pub enum Command {
     /// Print the CustomResourceDefinitions as YAML (`turnstile crds | kubectl apply -f -`).
     Crds,
+    /// Run the controller: grant LockClaims their DistributedLocks, in order.
+    Run(crate::controller::command::RunArgs),
 }
 
 /// Runs the parsed command line.
@@ -25,5 +27,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", crate::api::crds_yaml()?);
             Ok(())
         }
+        Command::Run(args) => crate::controller::command::run_command(args).await,
     }
 }

@@ -1,0 +1,179 @@
+//! The metrics server over real HTTP on 127.0.0.1: `/metrics` shows what was recorded (in
+//! the OpenMetrics text Prometheus scrapes), `/healthz` answers while the runtime runs,
+//! `/readyz` follows the readiness flag, and the server stops on its shutdown signal.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use turnstile::api::BackendKind;
+use turnstile::metrics::{
+    self, BackendOperation, LockLostCause, Metrics, MetricsError, Readiness, ReconcileErrorKind,
+    METRICS_CONTENT_TYPE,
+};
+
+struct Answer {
+    status: u16,
+    content_type: String,
+    body: String,
+}
+
+/// One HTTP/1.1 GET, read to the end (`Connection: close`).
+async fn get(addr: SocketAddr, path: &str) -> Answer {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut raw))
+        .await
+        .expect("an answer in time")
+        .expect("read");
+    let raw = String::from_utf8(raw).expect("UTF-8");
+    let (head, body) = raw.split_once("\r\n\r\n").expect("headers and body");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status");
+    let content_type = head
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("content-type")
+                .then(|| value.trim().to_string())
+        })
+        .unwrap_or_default();
+    Answer {
+        status,
+        content_type,
+        body: body.to_string(),
+    }
+}
+
+/// The value of one series in an exposition (`name{labels}` exactly as printed).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        line.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .split(' ')
+            .next()?
+            .parse()
+            .ok()
+    })
+}
+
+#[tokio::test]
+async fn scrapes_show_what_was_recorded_and_probes_follow_readiness() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let metrics = Metrics::new();
+    let readiness = Readiness::new();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(metrics::serve_on(
+        listener,
+        metrics.clone(),
+        readiness.clone(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+
+    assert_eq!(get(addr, "/healthz").await.status, 200);
+    assert_eq!(
+        get(addr, "/readyz").await.status,
+        503,
+        "ready before the caches synced"
+    );
+    readiness.set_ready(true);
+    assert_eq!(get(addr, "/readyz").await.status, 200);
+
+    for _ in 0..3 {
+        metrics.record_grant(BackendKind::Memory, Duration::from_millis(250));
+    }
+    metrics.record_grant(BackendKind::Redis, Duration::from_secs(2));
+    metrics.record_release(BackendKind::Memory, Duration::from_secs(1));
+    metrics.record_release(BackendKind::Memory, Duration::from_secs(1));
+    metrics.record_expiry(BackendKind::Redis, Duration::from_secs(30));
+    metrics.record_lock_lost(
+        BackendKind::Memory,
+        LockLostCause::BackendLost,
+        Duration::from_secs(5),
+    );
+    metrics.record_renewal(BackendKind::Memory);
+    metrics.record_backend_error(BackendKind::Redis, BackendOperation::Acquire);
+    metrics.record_reconcile_error(ReconcileErrorKind::Api);
+    metrics.set_queue_depth("team-a/db", BackendKind::Memory, 4);
+    metrics.set_queue_depth("team-b/db", BackendKind::Memory, 2);
+    metrics.set_leader(true);
+
+    let scrape = get(addr, "/metrics").await;
+    assert_eq!(scrape.status, 200);
+    assert_eq!(scrape.content_type, METRICS_CONTENT_TYPE);
+    let text = scrape.body;
+    let expect = |series: &str, value: f64| {
+        assert_eq!(sample(&text, series), Some(value), "{series} in:\n{text}");
+    };
+    expect(r#"turnstile_grants_total{backend="memory"}"#, 3.0);
+    expect(r#"turnstile_grants_total{backend="redis"}"#, 1.0);
+    expect(r#"turnstile_grants_total{backend="mongo"}"#, 0.0);
+    expect(r#"turnstile_releases_total{backend="memory"}"#, 2.0);
+    expect(r#"turnstile_expiries_total{backend="redis"}"#, 1.0);
+    expect(
+        r#"turnstile_lock_lost_total{backend="redis",cause="expired"}"#,
+        1.0,
+    );
+    expect(
+        r#"turnstile_lock_lost_total{backend="memory",cause="backend_lost"}"#,
+        1.0,
+    );
+    expect(r#"turnstile_renewals_total{backend="memory"}"#, 1.0);
+    expect(
+        r#"turnstile_backend_errors_total{backend="redis",operation="acquire"}"#,
+        1.0,
+    );
+    expect(r#"turnstile_reconcile_errors_total{kind="api"}"#, 1.0);
+    expect(r#"turnstile_queue_depth{backend="memory"}"#, 6.0);
+    expect("turnstile_leader", 1.0);
+    // Histograms: counts, sums and cumulative buckets.
+    expect(r#"turnstile_wait_seconds_count{backend="memory"}"#, 3.0);
+    expect(r#"turnstile_wait_seconds_sum{backend="memory"}"#, 0.75);
+    expect(
+        r#"turnstile_wait_seconds_bucket{le="0.32",backend="memory"}"#,
+        3.0,
+    );
+    expect(
+        r#"turnstile_wait_seconds_bucket{le="0.08",backend="memory"}"#,
+        0.0,
+    );
+    expect(
+        r#"turnstile_hold_seconds_count{backend="memory",outcome="released"}"#,
+        2.0,
+    );
+    expect(
+        r#"turnstile_hold_seconds_count{backend="memory",outcome="lost"}"#,
+        1.0,
+    );
+    assert!(text.ends_with("# EOF\n"));
+    // No lock name leaks into a label.
+    assert!(!text.contains("team-a") && !text.contains("team-b"));
+
+    assert_eq!(get(addr, "/nothing-here").await.status, 404);
+    stop.send(()).expect("server still running");
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("the server stops on its shutdown signal")
+        .expect("server task")
+        .expect("served without error");
+}
+
+#[tokio::test]
+async fn a_taken_address_is_a_typed_error() {
+    let taken = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = taken.local_addr().expect("address");
+    let result = metrics::serve(addr, Metrics::new(), Readiness::new(), async {}).await;
+    assert!(
+        matches!(result, Err(MetricsError::Bind { addr: failed, .. }) if failed == addr),
+        "{result:?}"
+    );
+}
