@@ -9,6 +9,8 @@ pub const HELD_CONDITION: &str = "Held";
 
 /// A request for a `DistributedLock` in the same namespace. Claims are granted in order of
 /// `creationTimestamp`, then name; the status records the grant and its fencing token.
+// clippy reads the repeated `type_` keys of separate `printcolumn(...)` groups as duplicates.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
 #[kube(
     group = "turnstile.dev",

@@ -14,6 +14,8 @@ pub const READY_CONDITION: &str = "Ready";
 
 /// A distributed lock: a mutex (`maxHolders: 1`) or a counting semaphore, granted to
 /// `LockClaim`s in the same namespace in FIFO order.
+// clippy reads the repeated `type_` keys of separate `printcolumn(...)` groups as duplicates.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
 #[kube(
     group = "turnstile.dev",

@@ -1,4 +1,22 @@
 //! The reconcilers: small I/O shells over a pure decision core ([`core`]).
+//!
+//! - [`core`]: the decisions (who holds, who waits, who is next), with no I/O.
+//! - [`lock_reconciler`]: one pass over a `DistributedLock` and all its claims.
+//! - [`claim_reconciler`]: claims whose lock does not exist.
+//! - [`backend_ops`]: performs the core's backend calls on the lock engine.
+//! - [`runtime`]: the watches, caches and controllers (`turnstile run`).
 
 pub mod backend_ops;
+pub mod backends;
+pub mod claim_reconciler;
+pub mod command;
+pub mod context;
 pub mod core;
+pub mod error;
+pub mod events;
+pub mod lock_reconciler;
+pub mod patch;
+pub mod runtime;
+
+pub use error::ControllerError;
+pub use runtime::{run, ControllerConfig};

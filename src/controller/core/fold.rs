@@ -94,15 +94,42 @@ pub enum Observation {
     },
     /// A lease was renewed.
     Renewed,
-    /// A grant ended in `phase` after being held this long.
+    /// A grant ended after being held this long.
     GrantEnded {
-        /// Released or Expired.
-        phase: ClaimPhase,
+        /// How it ended.
+        end: GrantEnd,
         /// From grant to end.
         held_for: Duration,
     },
     /// A claim failed without being granted.
     Failed,
+}
+
+/// How a grant ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantEnd {
+    /// Released: on request, or the claim was deleted.
+    Released,
+    /// The lease ran out without renewal.
+    Expired,
+    /// The backend lost the grant and it could not be taken back.
+    BackendLost,
+    /// The lock was deleted.
+    LockDeleted,
+}
+
+impl GrantEnd {
+    fn of(status: &LockClaimStatus) -> Option<Self> {
+        match status.phase? {
+            ClaimPhase::Released => Some(GrantEnd::Released),
+            ClaimPhase::Expired => Some(match status.reason.as_deref() {
+                Some(reasons::LOCK_LOST) => GrantEnd::BackendLost,
+                Some(reasons::LOCK_DELETED) => GrantEnd::LockDeleted,
+                _ => GrantEnd::Expired,
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// Step two's result: what to write, publish and when to come back.
@@ -422,17 +449,17 @@ fn claim_events(
         })
     };
     match new_phase {
-        ClaimPhase::Pending => {
-            if new.position.is_some() && (old.position.is_none() || old_phase.is_none()) {
-                push(
-                    EventSeverity::Normal,
-                    event_reasons::QUEUED,
-                    format!(
-                        "queued for lock {lock_name} at position {}",
-                        new.position.unwrap_or_default()
-                    ),
-                );
-            }
+        ClaimPhase::Pending
+            if new.position.is_some() && (old.position.is_none() || old_phase.is_none()) =>
+        {
+            push(
+                EventSeverity::Normal,
+                event_reasons::QUEUED,
+                format!(
+                    "queued for lock {lock_name} at position {}",
+                    new.position.unwrap_or_default()
+                ),
+            );
         }
         ClaimPhase::Held if old_phase != Some(ClaimPhase::Held) => push(
             EventSeverity::Normal,
@@ -482,25 +509,26 @@ fn observations_for(
     let new_phase = new.phase.unwrap_or_default();
     let seconds = |s: i64| Duration::from_secs(u64::try_from(s.max(0)).unwrap_or(0));
     match (old_phase, new_phase) {
-        (ClaimPhase::Held, ClaimPhase::Held) => {
-            if new.expires_at != claim.status.expires_at {
-                out.push(Observation::Renewed);
-            }
+        (ClaimPhase::Held, ClaimPhase::Held) if new.expires_at != claim.status.expires_at => {
+            out.push(Observation::Renewed);
         }
+        (ClaimPhase::Held, ClaimPhase::Held) => {}
         (_, ClaimPhase::Held) => out.push(Observation::Granted {
             waited: seconds(now - claim.created),
         }),
-        (ClaimPhase::Held, phase) if phase.is_terminal() => {
-            let acquired = claim
-                .status
-                .acquired_at
-                .as_ref()
-                .map(seconds_of)
-                .unwrap_or(now);
-            out.push(Observation::GrantEnded {
-                phase,
-                held_for: seconds(now - acquired),
-            });
+        (ClaimPhase::Held, _) => {
+            if let Some(end) = GrantEnd::of(new) {
+                let acquired = claim
+                    .status
+                    .acquired_at
+                    .as_ref()
+                    .map(seconds_of)
+                    .unwrap_or(now);
+                out.push(Observation::GrantEnded {
+                    end,
+                    held_for: seconds(now - acquired),
+                });
+            }
         }
         (_, ClaimPhase::Failed) if !old_phase.is_terminal() => out.push(Observation::Failed),
         _ => {}
@@ -569,7 +597,7 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
                             note: format!("claim deleted: lock {} released", input.lock.name),
                         });
                         observations.push(Observation::GrantEnded {
-                            phase: ClaimPhase::Released,
+                            end: GrantEnd::Released,
                             held_for: Duration::from_secs(
                                 u64::try_from(
                                     now - claim

@@ -26,7 +26,7 @@ mod tests;
 
 pub use fold::{
     event_reasons, fold, ClaimChange, Decision, EventSeverity, EventSubject, FinalizerChange,
-    Observation, PlannedEvent, RESYNC_INTERVAL,
+    GrantEnd, Observation, PlannedEvent, RESYNC_INTERVAL,
 };
 pub use model::{
     seconds_of, time_at, BackendView, ClaimView, IncompleteClaim, LockInput, LockView, Seconds,

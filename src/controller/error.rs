@@ -1,0 +1,58 @@
+//! Typed errors of the controller.
+
+/// What can make a reconcile pass (or the controller) fail.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    /// A request to the Kubernetes API failed (409 Conflict on a stale write included: the
+    /// pass is retried with fresh state).
+    #[error("Kubernetes API request failed while {action}: {source}")]
+    Kube {
+        /// What the controller was doing.
+        action: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// A patch could not be built.
+    #[error("cannot serialize {what}: {source}")]
+    Serialize {
+        /// What was serialized.
+        what: &'static str,
+        /// The serializer's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The metrics endpoint could not be served.
+    #[error("cannot serve metrics on {addr}: {source}")]
+    Metrics {
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+        /// The socket error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The controller was configured with something it cannot use.
+    #[error("invalid controller configuration: {0}")]
+    Config(String),
+}
+
+impl ControllerError {
+    /// Wraps a client error with what the controller was doing.
+    pub fn kube(action: impl Into<String>, source: kube::Error) -> Self {
+        ControllerError::Kube {
+            action: action.into(),
+            source,
+        }
+    }
+
+    /// Whether this is an API 409 Conflict (someone wrote the object after we read it).
+    pub fn is_conflict(&self) -> bool {
+        matches!(
+            self,
+            ControllerError::Kube {
+                source: kube::Error::Api(status),
+                ..
+            } if status.code == 409
+        )
+    }
+}

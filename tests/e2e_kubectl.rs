@@ -1,0 +1,167 @@
+//! End to end through `kubectl`, as a user drives it: apply a lock and three claims, read the
+//! printer columns, `kubectl wait` for the next holder while deleting the current one; and
+//! an idle controller writes nothing.
+
+mod e2e_support;
+
+use std::time::Duration;
+
+use e2e_support::{phase_of, position_of, token_of, Env};
+use turnstile::api::ClaimPhase;
+
+const LOCK_AND_CLAIMS: &str = "\
+apiVersion: turnstile.dev/v1alpha1
+kind: DistributedLock
+metadata:
+  name: db-migrations
+spec:
+  backend: memory
+  leaseDurationSeconds: 300
+---
+apiVersion: turnstile.dev/v1alpha1
+kind: LockClaim
+metadata:
+  name: a
+spec:
+  lockName: db-migrations
+---
+apiVersion: turnstile.dev/v1alpha1
+kind: LockClaim
+metadata:
+  name: b
+spec:
+  lockName: db-migrations
+---
+apiVersion: turnstile.dev/v1alpha1
+kind: LockClaim
+metadata:
+  name: c
+spec:
+  lockName: db-migrations
+";
+
+/// The header line of the table whose first column is `NAME` and which mentions `marker`.
+fn header_with<'a>(output: &'a str, marker: &str) -> &'a str {
+    output
+        .lines()
+        .find(|line| line.starts_with("NAME") && line.contains(marker))
+        .unwrap_or_else(|| panic!("no table with {marker} in:\n{output}"))
+}
+
+fn columns(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
+fn row<'a>(output: &'a str, name: &str) -> Vec<&'a str> {
+    output
+        .lines()
+        .map(columns)
+        .find(|cells| cells.first() == Some(&name))
+        .unwrap_or_else(|| panic!("no row {name} in:\n{output}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_get_locks_and_wait_for_the_next_holder() {
+    let mut env = Env::new().await;
+    env.start_default_controller();
+    env.apply(LOCK_AND_CLAIMS);
+
+    let a = env.wait_phase("a", ClaimPhase::Held).await;
+    assert_eq!(token_of(&a), Some(1));
+    let b = env.wait_claim("b", |c| position_of(c) == Some(1)).await;
+    let c = env.wait_claim("c", |c| position_of(c) == Some(2)).await;
+    assert_eq!(phase_of(&b), Some(ClaimPhase::Pending));
+    assert_eq!(phase_of(&c), Some(ClaimPhase::Pending));
+    let claims = env.claims().list(&Default::default()).await.expect("list");
+    let held = claims
+        .items
+        .iter()
+        .filter(|claim| phase_of(claim) == Some(ClaimPhase::Held))
+        .count();
+    assert_eq!(held, 1, "exactly one holder");
+    env.wait_lock("db-migrations", |lock| {
+        lock.status.as_ref().is_some_and(|s| s.waiting == 2)
+    })
+    .await;
+
+    // `kubectl get locks`: both kinds (category `locks`), with their printer columns.
+    let output = env.kubectl(&["get", "locks"]);
+    let lock_header = header_with(&output, "BACKEND");
+    assert_eq!(
+        columns(lock_header),
+        ["NAME", "BACKEND", "HOLDER", "TOKEN", "WAITING", "EXPIRES", "AGE"]
+    );
+    let claim_header = header_with(&output, "PHASE");
+    assert_eq!(
+        columns(claim_header),
+        ["NAME", "LOCK", "PHASE", "HOLDER", "TOKEN", "POSITION", "EXPIRES", "AGE"]
+    );
+    let lock_row = row(&output, "distributedlock.turnstile.dev/db-migrations");
+    assert_eq!(&lock_row[1..5], ["memory", "a", "1", "2"]);
+    assert!(
+        lock_row[5].ends_with('Z') && lock_row[5].contains('T'),
+        "Expires is an RFC 3339 time, not an age: {lock_row:?}"
+    );
+    let a_row = row(&output, "lockclaim.turnstile.dev/a");
+    assert_eq!(&a_row[1..5], ["db-migrations", "Held", "a", "1"]);
+    assert!(a_row[5].ends_with('Z'), "claim Expires column: {a_row:?}");
+    let b_row = row(&output, "lockclaim.turnstile.dev/b");
+    assert_eq!(&b_row[1..5], ["db-migrations", "Pending", "b", "1"]);
+    let c_row = row(&output, "lockclaim.turnstile.dev/c");
+    assert_eq!(&c_row[1..5], ["db-migrations", "Pending", "c", "2"]);
+    // Short names work too.
+    assert!(env.kubectl(&["get", "dlock"]).contains("db-migrations"));
+    assert!(env.kubectl(&["get", "lclaim", "b"]).contains("Pending"));
+
+    // `kubectl wait` returns once b holds the lock, after `kubectl delete lockclaim/a`.
+    let mut wait = env.kubectl_command(&[
+        "wait",
+        "--for=condition=Held",
+        "lockclaim/b",
+        "--timeout=60s",
+    ]);
+    let waiter = tokio::task::spawn_blocking(move || wait.output());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiter.is_finished(), "b is not held yet");
+    env.kubectl(&["delete", "lockclaim/a"]);
+    let output = waiter.await.expect("join").expect("kubectl wait");
+    assert!(
+        output.status.success(),
+        "kubectl wait failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("condition met"));
+    let b = env.claim("b").await;
+    assert_eq!(token_of(&b), Some(2), "the next grant has a larger token");
+    let c = env.wait_claim("c", |c| position_of(c) == Some(1)).await;
+    assert_eq!(phase_of(&c), Some(ClaimPhase::Pending));
+    env.wait_gone("a").await;
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_controller_writes_nothing() {
+    let Some(mut env) = Env::fake_only("an_idle_controller_writes_nothing").await else {
+        return;
+    };
+    env.start_default_controller();
+    env.apply(LOCK_AND_CLAIMS);
+    env.wait_phase("a", ClaimPhase::Held).await;
+    env.wait_claim("c", |c| position_of(c) == Some(2)).await;
+    env.wait_lock("db-migrations", |lock| {
+        lock.status.as_ref().is_some_and(|s| s.waiting == 2)
+    })
+    .await;
+    // Let the passes triggered by the controller's own writes run out.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = env.lock_and_claim_writes();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let after = env.lock_and_claim_writes();
+    assert_eq!(
+        after.len(),
+        before.len(),
+        "writes while idle: {:?}",
+        &after[before.len()..]
+    );
+    env.stop_controller().await;
+}

@@ -1,0 +1,417 @@
+//! End-to-end test support: a fake API server (or the real cluster named by
+//! `TURNSTILE_E2E_KUBECONFIG`) with the generated CRDs posted, a fresh namespace per test,
+//! the controller running in-process (stoppable, restartable), `kubectl`, and waiting helpers.
+
+#![allow(dead_code)]
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use fake_apiserver::FakeApiServer;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::Client;
+use serde_json::json;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use turnstile::api::{ClaimPhase, DistributedLock, LockClaim};
+use turnstile::controller::{run, ControllerConfig};
+
+/// The variable naming a real cluster's kubeconfig.
+pub const REAL_CLUSTER_ENV: &str = "TURNSTILE_E2E_KUBECONFIG";
+
+/// How long a test waits for the controller to reach a state.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+/// A controller running in this process.
+pub struct RunningController {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Result<(), turnstile::controller::ControllerError>>,
+}
+
+/// One test's API server, namespace and controller.
+pub struct Env {
+    /// A client for the test's own reads and writes.
+    pub client: Client,
+    /// The test's namespace.
+    pub namespace: String,
+    /// A kubeconfig for `kubectl`.
+    pub kubeconfig: PathBuf,
+    /// The fake (None on a real cluster).
+    pub fake: Option<FakeApiServer>,
+    controller: Option<RunningController>,
+    _dir: tempfile::TempDir,
+}
+
+fn real_kubeconfig() -> Option<PathBuf> {
+    std::env::var(REAL_CLUSTER_ENV)
+        .ok()
+        .filter(|path| !path.is_empty())
+        .map(PathBuf::from)
+}
+
+fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+impl Env {
+    /// The fake (or the real cluster), the CRDs installed, a fresh namespace; no controller.
+    pub async fn new() -> Env {
+        init_logging();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (client, kubeconfig, fake) = match real_kubeconfig() {
+            Some(path) => {
+                let kubeconfig = kube::config::Kubeconfig::read_from(&path).expect("kubeconfig");
+                let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                    .await
+                    .expect("kubeconfig");
+                (Client::try_from(config).expect("client"), path, None)
+            }
+            None => {
+                let server = FakeApiServer::start().await.expect("start fake API server");
+                let kubeconfig = dir.path().join("kubeconfig");
+                server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+                (server.client(), kubeconfig, Some(server))
+            }
+        };
+        let namespace = format!("e2e-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let env = Env {
+            client,
+            namespace,
+            kubeconfig,
+            fake,
+            controller: None,
+            _dir: dir,
+        };
+        env.install_crds().await;
+        let namespaces: Api<Namespace> = Api::all(env.client.clone());
+        let ns: Namespace =
+            serde_json::from_value(json!({"metadata": {"name": env.namespace}})).expect("ns");
+        namespaces
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("create namespace");
+        env
+    }
+
+    /// For tests that need the fake's hooks: None (after saying so) on a real cluster.
+    pub async fn fake_only(test: &str) -> Option<Env> {
+        if real_kubeconfig().is_some() {
+            println!("skipped {test}: it needs the fake API server's test hooks");
+            return None;
+        }
+        Some(Env::new().await)
+    }
+
+    /// The fake (panics on a real cluster).
+    pub fn server(&self) -> &FakeApiServer {
+        self.fake
+            .as_ref()
+            .expect("this step needs the fake API server")
+    }
+
+    /// Posts the generated CRDs (as `turnstile crds` prints them) and waits until served.
+    async fn install_crds(&self) {
+        let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        for crd in turnstile::api::crds() {
+            match crds.create(&PostParams::default(), &crd).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 409 => {
+                    let name = crd.metadata.name.clone().expect("crd name");
+                    let patch = json!({"spec": serde_json::to_value(&crd.spec).expect("spec")});
+                    crds.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .expect("update CRD");
+                }
+                Err(error) => panic!("create CRD: {error}"),
+            }
+        }
+        let locks = self.locks();
+        let deadline = Instant::now() + WAIT;
+        while locks.list(&Default::default()).await.is_err() {
+            assert!(Instant::now() < deadline, "CRDs never served");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Starts the controller in this process, watching all namespaces.
+    pub fn start_controller(&mut self, config: ControllerConfig) {
+        assert!(self.controller.is_none(), "controller already running");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let client = self.client.clone();
+        let task = tokio::spawn(async move {
+            run(client, config, async {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        self.controller = Some(RunningController { stop, task });
+    }
+
+    /// Starts the controller with the default configuration (memory backend).
+    pub fn start_default_controller(&mut self) {
+        self.start_controller(ControllerConfig::default());
+    }
+
+    /// Stops the controller and waits until it has stopped.
+    pub async fn stop_controller(&mut self) {
+        let running = self.controller.take().expect("controller running");
+        let _ = running.stop.send(());
+        tokio::time::timeout(WAIT, running.task)
+            .await
+            .expect("controller stops in time")
+            .expect("controller task")
+            .expect("controller result");
+    }
+
+    /// Claims in the test namespace.
+    pub fn claims(&self) -> Api<LockClaim> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// Locks in the test namespace.
+    pub fn locks(&self) -> Api<DistributedLock> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// Runs `kubectl ARGS -n NAMESPACE`; returns the output (not checked).
+    pub fn kubectl_output(&self, args: &[&str]) -> Output {
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("-n")
+            .arg(&self.namespace)
+            .args(args)
+            .output()
+            .expect("run kubectl")
+    }
+
+    /// Runs `kubectl ARGS -n NAMESPACE` and returns stdout; panics on failure.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        let output = self.kubectl_output(args);
+        assert!(
+            output.status.success(),
+            "kubectl {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).expect("utf-8")
+    }
+
+    /// A `kubectl` command (with kubeconfig and namespace) to spawn.
+    pub fn kubectl_command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new("kubectl");
+        command
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("-n")
+            .arg(&self.namespace)
+            .args(args);
+        command
+    }
+
+    /// `kubectl apply -f -` with `yaml` on stdin; returns the output.
+    pub fn kubectl_apply_output(&self, yaml: &str) -> Output {
+        let mut child = self
+            .kubectl_command(&["apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn kubectl");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(yaml.as_bytes())
+            .expect("write yaml");
+        child.wait_with_output().expect("kubectl apply")
+    }
+
+    /// `kubectl apply -f -` with `yaml`; panics on failure.
+    pub fn apply(&self, yaml: &str) {
+        let output = self.kubectl_apply_output(yaml);
+        assert!(
+            output.status.success(),
+            "kubectl apply failed: {}\n{yaml}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    /// Applies a lock.
+    pub fn apply_lock(&self, name: &str, spec: &str) {
+        self.apply(&format!(
+            "apiVersion: turnstile.dev/v1alpha1\nkind: DistributedLock\nmetadata:\n  name: {name}\nspec:\n{}",
+            indent(spec)
+        ));
+    }
+
+    /// Applies a claim on `lock` with extra spec lines.
+    pub fn apply_claim(&self, name: &str, lock: &str, extra_spec: &str) {
+        self.apply(&format!(
+            "apiVersion: turnstile.dev/v1alpha1\nkind: LockClaim\nmetadata:\n  name: {name}\nspec:\n  lockName: {lock}\n{}",
+            indent(extra_spec)
+        ));
+    }
+
+    /// Reads a claim.
+    pub async fn claim(&self, name: &str) -> LockClaim {
+        self.claims().get(name).await.expect("get claim")
+    }
+
+    /// Reads a lock.
+    pub async fn lock(&self, name: &str) -> DistributedLock {
+        self.locks().get(name).await.expect("get lock")
+    }
+
+    /// Waits until claim `name` satisfies `done`; panics with its last state after [`WAIT`].
+    pub async fn wait_claim(&self, name: &str, done: impl Fn(&LockClaim) -> bool) -> LockClaim {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let current = self.claims().get_opt(name).await.expect("get claim");
+            if let Some(claim) = &current {
+                if done(claim) {
+                    return claim.clone();
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "claim {name} never reached the expected state; last: {current:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until claim `name` is in `phase`.
+    pub async fn wait_phase(&self, name: &str, phase: ClaimPhase) -> LockClaim {
+        self.wait_claim(name, |claim| phase_of(claim) == Some(phase))
+            .await
+    }
+
+    /// Waits until lock `name` satisfies `done`.
+    pub async fn wait_lock(
+        &self,
+        name: &str,
+        done: impl Fn(&DistributedLock) -> bool,
+    ) -> DistributedLock {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let current = self.locks().get_opt(name).await.expect("get lock");
+            if let Some(lock) = &current {
+                if done(lock) {
+                    return lock.clone();
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "lock {name} never reached the expected state; last: {current:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until claim `name` is gone.
+    pub async fn wait_gone(&self, name: &str) {
+        let deadline = Instant::now() + WAIT;
+        while self.claims().get_opt(name).await.expect("get").is_some() {
+            assert!(Instant::now() < deadline, "claim {name} never went away");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Deletes a claim (returns at once; the finalizer may keep it a moment).
+    pub async fn delete_claim(&self, name: &str) {
+        self.claims()
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete claim");
+    }
+
+    /// Merge-patches a claim's spec (what a holder does to renew or release).
+    pub async fn patch_claim_spec(&self, name: &str, spec: serde_json::Value) {
+        self.claims()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "spec": spec })),
+            )
+            .await
+            .expect("patch claim");
+    }
+
+    /// Writes (create/update/patch/delete) the fake has served so far.
+    pub fn write_count(&self) -> usize {
+        self.server()
+            .request_log()
+            .iter()
+            .filter(|request| {
+                matches!(
+                    request.verb.as_str(),
+                    "create" | "update" | "patch" | "delete"
+                )
+            })
+            .count()
+    }
+
+    /// Writes to LockClaims and DistributedLocks (status included) served so far.
+    pub fn lock_and_claim_writes(&self) -> Vec<String> {
+        self.server()
+            .request_log()
+            .iter()
+            .filter(|request| {
+                matches!(request.verb.as_str(), "update" | "patch")
+                    && matches!(request.resource.as_str(), "lockclaims" | "distributedlocks")
+            })
+            .map(|request| format!("{} {}", request.verb, request.path))
+            .collect()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Some(running) = self.controller.take() {
+            let _ = running.stop.send(());
+            running.task.abort();
+        }
+    }
+}
+
+fn indent(spec: &str) -> String {
+    spec.lines()
+        .filter(|line| !line.trim().is_empty())
+        .map(|line| format!("  {}\n", line.trim()))
+        .collect()
+}
+
+/// A claim's phase.
+pub fn phase_of(claim: &LockClaim) -> Option<ClaimPhase> {
+    claim.status.as_ref().and_then(|status| status.phase)
+}
+
+/// A claim's fencing token.
+pub fn token_of(claim: &LockClaim) -> Option<i64> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|status| status.fencing_token)
+}
+
+/// A claim's queue position.
+pub fn position_of(claim: &LockClaim) -> Option<i32> {
+    claim.status.as_ref().and_then(|status| status.position)
+}
+
+/// A claim's reason.
+pub fn reason_of(claim: &LockClaim) -> Option<String> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|status| status.reason.clone())
+}
