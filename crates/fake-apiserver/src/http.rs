@@ -329,6 +329,7 @@ fn decode_body(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
     match base.as_str() {
         "" | "application/json" | "*/*" => serde_json::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}"))),
+        crate::protobuf::MEDIA_TYPE => crate::protobuf::decode(body),
         "application/yaml" => serde_yaml::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("error decoding YAML request body: {e}"))),
         other => Err(ApiError::unsupported_media_type(other)),

@@ -28,6 +28,7 @@ mod jsonpath;
 mod meta;
 mod openapi;
 mod patch;
+mod protobuf;
 mod registry;
 mod render;
 mod rest;

@@ -307,11 +307,19 @@ fn without_metadata(obj: &Value) -> Value {
     o
 }
 
-/// Folds a Secret's `stringData` into base64 `data`, as kube-apiserver does.
+/// Folds a Secret's `stringData` into base64 `data` and defaults its `type`, as kube-apiserver does.
 fn fold_string_data(obj: &mut Value) {
     let Some(map) = obj.as_object_mut() else {
         return;
     };
+    if map
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .is_empty()
+    {
+        map.insert("type".into(), Value::String("Opaque".into()));
+    }
     let Some(Value::Object(string_data)) = map.remove("stringData") else {
         return;
     };

@@ -250,6 +250,48 @@ async fn kubectl_applies_gets_waits_and_deletes() {
     assert!(out.trim().is_empty(), "{out}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_imperative_create_commands_work() {
+    let env = Env::new().await;
+    let ns = format!("{}-imp", env.namespace);
+    ok(env.kubectl(&["create", "namespace", &ns]));
+    ok(env.kubectl(&["create", "configmap", "cm", "-n", &ns, "--from-literal=k=v"]));
+    ok(env.kubectl(&[
+        "create",
+        "secret",
+        "generic",
+        "s",
+        "-n",
+        &ns,
+        "--from-literal=k=v",
+    ]));
+    assert_eq!(
+        ok(env.kubectl(&[
+            "get",
+            "configmap",
+            "cm",
+            "-n",
+            &ns,
+            "-o",
+            "jsonpath={.data.k}"
+        ])),
+        "v"
+    );
+    assert_eq!(
+        ok(env.kubectl(&[
+            "get",
+            "secret",
+            "s",
+            "-n",
+            &ns,
+            "-o",
+            "jsonpath={.data.k} {.type}"
+        ])),
+        "dg== Opaque"
+    );
+    ok(env.kubectl(&["delete", "namespace", &ns]));
+}
+
 fn repository_crds() -> Vec<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../crds");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
