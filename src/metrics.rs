@@ -57,7 +57,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 use tokio::net::TcpListener;
 
 pub use crate::api::BackendKind;
@@ -220,6 +220,12 @@ struct ReconcileErrorLabels {
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
+/// Registers `metric` (a handle sharing its values) and returns it for recording.
+fn register<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 /// From 5 ms up to about 6 hours: waits range from an instant handoff to a long queue.
 fn wait_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 4.0, 12))
@@ -267,71 +273,67 @@ impl Metrics {
     pub fn new() -> Self {
         let mut root = Registry::default();
         let registry = root.sub_registry_with_prefix("turnstile");
-        let grants = Family::default();
-        registry.register("grants", "Claims granted", Family::clone(&grants));
-        let renewals = Family::default();
-        registry.register("renewals", "Leases renewed", Family::clone(&renewals));
-        let releases = Family::default();
-        registry.register(
+        let grants = register(registry, "grants", "Claims granted", Family::default());
+        let renewals = register(registry, "renewals", "Leases renewed", Family::default());
+        let releases = register(
+            registry,
             "releases",
             "Grants released (on request, on deletion, owner finished)",
-            Family::clone(&releases),
+            Family::default(),
         );
-        let expiries = Family::default();
-        registry.register(
+        let expiries = register(
+            registry,
             "expiries",
             "Grants whose lease ran out without a renewal",
-            Family::clone(&expiries),
+            Family::default(),
         );
-        let lock_lost = Family::default();
-        registry.register(
+        let lock_lost = register(
+            registry,
             "lock_lost",
             "Grants their holder lost (expired, lost by the backend, lock deleted)",
-            Family::clone(&lock_lost),
+            Family::default(),
         );
-        let claim_failures = Family::default();
-        registry.register(
+        let claim_failures = register(
+            registry,
             "claim_failures",
             "Claims failed without being granted",
-            Family::clone(&claim_failures),
+            Family::default(),
         );
-        let wait_seconds: HistogramFamily<BackendLabels> =
-            Family::new_with_constructor(wait_histogram);
-        registry.register(
+        let wait_seconds = register(
+            registry,
             "wait_seconds",
             "Time from a claim's creation to its grant",
-            Family::clone(&wait_seconds),
+            HistogramFamily::new_with_constructor(wait_histogram),
         );
-        let hold_seconds: HistogramFamily<HoldLabels> =
-            Family::new_with_constructor(hold_histogram);
-        registry.register(
+        let hold_seconds = register(
+            registry,
             "hold_seconds",
             "Time from a grant to its end",
-            Family::clone(&hold_seconds),
+            HistogramFamily::new_with_constructor(hold_histogram),
         );
-        let queue_depth = Family::default();
-        registry.register(
+        let queue_depth = register(
+            registry,
             "queue_depth",
             "Claims waiting behind the holders, summed over locks",
-            Family::clone(&queue_depth),
+            Family::default(),
         );
-        let backend_errors = Family::default();
-        registry.register(
+        let backend_errors = register(
+            registry,
             "backend_errors",
             "Failed lock backend calls",
-            Family::clone(&backend_errors),
+            Family::default(),
         );
-        let reconcile_errors = Family::default();
-        registry.register(
+        let reconcile_errors = register(
+            registry,
             "reconcile_errors",
             "Failed reconciliations",
-            Family::clone(&reconcile_errors),
+            Family::default(),
         );
-        let leader = Gauge::default();
-        registry.register(
+        let leader = register(
+            registry,
             "leader",
             "1 while this replica is the leader",
-            leader.clone(),
+            Gauge::default(),
         );
         let metrics = Self {
             inner: Arc::new(Inner {

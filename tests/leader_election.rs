@@ -64,6 +64,14 @@ fn start(server: &FakeApiServer, identity: &str) -> Candidate {
     }
 }
 
+/// A server with a first candidate that already leads.
+async fn server_with_leader(identity: &str) -> (FakeApiServer, Candidate) {
+    let server = FakeApiServer::start().await.expect("fake API server");
+    let leader = start(&server, identity);
+    wait_until("the first candidate leads", || leader.elector.is_leader()).await;
+    (server, leader)
+}
+
 impl Candidate {
     async fn shut_down(self) {
         let _ = self.stop.send(());
@@ -168,9 +176,7 @@ async fn of_two_candidates_exactly_one_leads_and_keeps_leading() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_that_shuts_down_releases_and_the_standby_takes_over() {
-    let server = FakeApiServer::start().await.expect("fake API server");
-    let first = start(&server, "first");
-    wait_until("the first candidate leads", || first.elector.is_leader()).await;
+    let (server, first) = server_with_leader("first").await;
     let second = start(&server, "second");
     tokio::time::sleep(RETRY_PERIOD * 3).await;
     assert!(
@@ -237,9 +243,7 @@ async fn a_crashed_leader_is_replaced_after_its_lease_ran_out_not_before() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_renewals_fail_steps_down_before_its_lease_runs_out() {
-    let server = FakeApiServer::start().await.expect("fake API server");
-    let leader = start(&server, "leader");
-    wait_until("the candidate leads", || leader.elector.is_leader()).await;
+    let (server, leader) = server_with_leader("leader").await;
     let standby = start(&server, "standby");
     tokio::time::sleep(RETRY_PERIOD * 2).await;
 
@@ -289,9 +293,7 @@ async fn a_leader_whose_renewals_fail_steps_down_before_its_lease_runs_out() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_lease_was_taken_reports_not_leader_at_once() {
-    let server = FakeApiServer::start().await.expect("fake API server");
-    let leader = start(&server, "leader");
-    wait_until("the candidate leads", || leader.elector.is_leader()).await;
+    let (server, leader) = server_with_leader("leader").await;
 
     // Another holder overwrites the Lease (as a forced takeover would).
     let api = Api::<Lease>::namespaced(server.client(), NAMESPACE);
