@@ -13,6 +13,7 @@ use axum::response::Response;
 use serde_json::{json, Value};
 use tokio::sync::watch as tokio_watch;
 
+use crate::admission::FieldValidation;
 use crate::discovery;
 use crate::error::ApiError;
 use crate::hooks::{Hooks, RecordedRequest};
@@ -20,7 +21,7 @@ use crate::openapi;
 use crate::patch::PatchKind;
 use crate::registry::Propagation;
 use crate::render::{self, Rendering};
-use crate::rest::{self, DeleteOptions, FieldValidation, ListOptions, Target, WriteOptions};
+use crate::rest::{self, DeleteOptions, ListOptions, Target, WriteOptions};
 use crate::selector::{FieldSelector, LabelSelector, Selectors};
 use crate::store::Store;
 use crate::watch::{self, WatchParams, WatchSettings};

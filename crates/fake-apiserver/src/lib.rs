@@ -17,6 +17,7 @@
 //! # drop(client); Ok(()) }
 //! ```
 
+mod admission;
 mod cel;
 mod discovery;
 mod error;

@@ -5,14 +5,17 @@
 use std::sync::Arc;
 
 use base64::Engine as _;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
+use crate::admission::{
+    admit, check_type_meta, clean_metadata, field_validation, fold_string_data, validate_name,
+    FieldValidation,
+};
 use crate::error::{ApiError, FieldError};
 use crate::events;
 use crate::meta;
 use crate::patch::{self, PatchKind};
 use crate::registry::{self, Propagation, ResourceType, Special};
-use crate::schema;
 use crate::selector::Selectors;
 use crate::store::{EventType, Inner, ObjectKey, Store};
 
@@ -55,28 +58,6 @@ impl Target {
 
     fn is_status(&self) -> bool {
         self.subresource.as_deref() == Some("status")
-    }
-}
-
-/// `fieldValidation`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FieldValidation {
-    Ignore,
-    Warn,
-    Strict,
-}
-
-impl FieldValidation {
-    /// Parses the query parameter (default `Warn`, as kube-apiserver).
-    pub(crate) fn parse(value: Option<&str>) -> Result<Self, ApiError> {
-        match value {
-            None | Some("") | Some("Warn") => Ok(Self::Warn),
-            Some("Strict") => Ok(Self::Strict),
-            Some("Ignore") => Ok(Self::Ignore),
-            Some(other) => Err(ApiError::bad_request(format!(
-                "fieldValidation: Unsupported value: {other:?}: supported values: \"Ignore\", \"Strict\", \"Warn\""
-            ))),
-        }
     }
 }
 
@@ -137,61 +118,6 @@ fn to_stored(rtype: &ResourceType, obj: Value) -> Value {
     obj
 }
 
-/// Rejects a body whose `apiVersion`/`kind` name another type.
-fn check_type_meta(rtype: &ResourceType, version: &str, body: &Value) -> Result<(), ApiError> {
-    if !body.is_object() {
-        return Err(ApiError::bad_request(
-            "the body of the request must be a JSON object",
-        ));
-    }
-    let kind = body.get("kind").and_then(Value::as_str).unwrap_or_default();
-    let api_version = body
-        .get("apiVersion")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    let served = rtype.api_version(version);
-    if !kind.is_empty() && kind != rtype.kind {
-        return Err(ApiError::bad_request(format!(
-            "the kind in the data ({kind}) does not match the expected kind ({})",
-            rtype.kind
-        )));
-    }
-    if !api_version.is_empty() && api_version != served {
-        return Err(ApiError::bad_request(format!(
-            "the API version in the data ({api_version}) does not match the expected API version ({served})"
-        )));
-    }
-    Ok(())
-}
-
-const DNS1123_SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
-const DNS1123_LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
-
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-/// kube-apiserver's name validation: a DNS label for namespaces, a DNS subdomain otherwise.
-fn validate_name(rtype: &ResourceType, name: &str) -> Option<FieldError> {
-    let value = Value::String(name.to_string());
-    if rtype.special == Special::Namespace {
-        return (!is_dns_label(name))
-            .then(|| FieldError::invalid("metadata.name", &value, DNS1123_LABEL_MSG));
-    }
-    if rtype.special == Special::EventsV1 || rtype.plural == "events" {
-        // Event names carry timestamps and dots; kube-apiserver only checks they are path-safe.
-        return (name.contains('/') || name.contains('%'))
-            .then(|| FieldError::invalid("metadata.name", &value, "may not contain '/' or '%'"));
-    }
-    let ok = name.len() <= 253 && name.split('.').all(is_dns_label);
-    (!ok).then(|| FieldError::invalid("metadata.name", &value, DNS1123_SUBDOMAIN_MSG))
-}
-
 /// The five random characters kube-apiserver appends to `generateName`.
 fn random_suffix() -> String {
     use rand::Rng;
@@ -200,141 +126,6 @@ fn random_suffix() -> String {
     (0..5)
         .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
         .collect()
-}
-
-/// Unknown fields of a request body (for `fieldValidation`), as `unknown field "path"` texts.
-fn unknown_fields(rtype: &ResourceType, version: &str, body: &Value) -> Vec<String> {
-    let mut probe = body.clone();
-    let mut unknown = Vec::new();
-    if let Some(Value::Object(m)) = probe.get_mut("metadata") {
-        for k in m.keys() {
-            if !meta::OBJECT_META_FIELDS.contains(&k.as_str()) {
-                unknown.push(format!("metadata.{k}"));
-            }
-        }
-    }
-    if let Some(schema_root) = rtype.version(version).and_then(|v| v.schema.as_ref()) {
-        schema::drop_nulls(schema_root, &mut probe);
-        unknown.extend(
-            schema::prune(schema_root, &mut probe, true)
-                .into_iter()
-                .filter(|p| !p.starts_with("metadata.")),
-        );
-    }
-    unknown
-}
-
-/// Applies `fieldValidation` to the unknown fields of a body: an error when Strict,
-/// warnings when Warn.
-fn field_validation(
-    rtype: &ResourceType,
-    version: &str,
-    body: &Value,
-    mode: FieldValidation,
-) -> Result<Vec<String>, ApiError> {
-    if mode == FieldValidation::Ignore {
-        return Ok(Vec::new());
-    }
-    let unknown: Vec<String> = unknown_fields(rtype, version, body)
-        .iter()
-        .map(|p| format!("unknown field {p:?}"))
-        .collect();
-    if unknown.is_empty() {
-        return Ok(Vec::new());
-    }
-    if mode == FieldValidation::Strict {
-        return Err(ApiError::bad_request(format!(
-            "{kind} in version {version:?} cannot be handled as a {kind}: strict decoding error: {}",
-            unknown.join(", "),
-            kind = rtype.kind
-        )));
-    }
-    Ok(unknown)
-}
-
-/// Drops metadata fields ObjectMeta does not have, and the ones clients may not set.
-fn clean_metadata(obj: &mut Value) {
-    let m = meta::metadata_mut(obj);
-    m.retain(|k, _| meta::OBJECT_META_FIELDS.contains(&k.as_str()));
-    m.remove("managedFields");
-    m.remove("selfLink");
-}
-
-/// Schema processing of a custom resource: nulls, defaults, pruning, validation, CEL.
-fn admit(rtype: &ResourceType, obj: &mut Value, old: Option<&Value>) -> Result<(), ApiError> {
-    let storage_version = rtype.storage_version().to_string();
-    let Some(schema_root) = rtype
-        .versions
-        .iter()
-        .find(|v| v.name == storage_version)
-        .and_then(|v| v.schema.clone())
-    else {
-        return Ok(());
-    };
-    schema::drop_nulls(&schema_root, obj);
-    schema::apply_defaults(&schema_root, obj);
-    schema::prune(&schema_root, obj, true);
-    let mut errors = schema::validate(&schema_root, &without_metadata(obj), "");
-    if errors.is_empty() {
-        let old_clean = old.map(without_metadata);
-        errors.extend(crate::cel::evaluate(
-            &schema_root,
-            &without_metadata(obj),
-            old_clean.as_ref(),
-            &rtype.api_version(&storage_version),
-            &rtype.group,
-            &rtype.kind,
-        ));
-    }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(ApiError::invalid(
-            &rtype.group,
-            &rtype.kind,
-            meta::name(obj),
-            &errors,
-        ))
-    }
-}
-
-/// The object without `metadata` (the schema does not describe ObjectMeta).
-fn without_metadata(obj: &Value) -> Value {
-    let mut o = obj.clone();
-    if let Some(m) = o.as_object_mut() {
-        m.remove("metadata");
-    }
-    o
-}
-
-/// Folds a Secret's `stringData` into base64 `data` and defaults its `type`, as kube-apiserver does.
-fn fold_string_data(obj: &mut Value) {
-    let Some(map) = obj.as_object_mut() else {
-        return;
-    };
-    if map
-        .get("type")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .is_empty()
-    {
-        map.insert("type".into(), Value::String("Opaque".into()));
-    }
-    let Some(Value::Object(string_data)) = map.remove("stringData") else {
-        return;
-    };
-    let data = map
-        .entry("data")
-        .or_insert_with(|| Value::Object(Map::new()));
-    if let Some(data) = data.as_object_mut() {
-        for (k, v) in string_data {
-            let text = v.as_str().unwrap_or_default().to_string();
-            data.insert(
-                k,
-                Value::String(base64::engine::general_purpose::STANDARD.encode(text)),
-            );
-        }
-    }
 }
 
 /// Sets `status` of `to` to that of `from` (removing it when `from` has none).

@@ -10,10 +10,11 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::admission::FieldValidation;
 use crate::error::Error;
 use crate::hooks::{Hooks, RecordedRequest};
 use crate::http::{self, AppState};
-use crate::rest::{self, FieldValidation, Target, WriteOptions};
+use crate::rest::{self, Target, WriteOptions};
 use crate::store::Store;
 
 /// Namespaces that exist from the start, as on a new cluster.

@@ -115,6 +115,13 @@ async fn controller_and_watcher_recover_from_a_forced_410() {
     }
     wait_until(|| async { all_seen(&api, &["a", "b"]).await }).await;
 
+    let watcher_seen = seen_by_watcher.clone();
+    wait_until(move || {
+        let s = watcher_seen.clone();
+        async move { ["a", "b"].iter().all(|n| s.lock().unwrap().contains(*n)) }
+    })
+    .await;
+
     // Move the resourceVersion on without the watches seeing it, compact, then cut the watches:
     // each resumes from an old resourceVersion and gets 410 Expired.
     let others: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
