@@ -497,23 +497,19 @@ fn the_controller_cluster_role_grants_exactly_what_the_controller_uses() {
     assert!(granted.iter().all(|(.., names)| names.is_empty()));
     const READ: &[&str] = &["get", "list", "watch"];
     let expected = triples(&[
-        // Watched and cached; finalizers are edited on the objects themselves.
+        // Watched and cached; finalizers and status are merge-patched.
         (
             "turnstile.dev",
             "distributedlocks",
-            &["get", "list", "watch", "patch", "update"],
+            &["get", "list", "watch", "patch"],
         ),
         (
             "turnstile.dev",
             "lockclaims",
-            &["get", "list", "watch", "patch", "update"],
+            &["get", "list", "watch", "patch"],
         ),
-        (
-            "turnstile.dev",
-            "distributedlocks/status",
-            &["patch", "update"],
-        ),
-        ("turnstile.dev", "lockclaims/status", &["patch", "update"]),
+        ("turnstile.dev", "distributedlocks/status", &["patch"]),
+        ("turnstile.dev", "lockclaims/status", &["patch"]),
         // Owners of claims: alive or finished?
         ("", "pods", READ),
         // Job gating un-suspends Jobs.
