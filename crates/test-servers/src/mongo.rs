@@ -12,7 +12,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -45,7 +45,59 @@ pub struct MongoServer {
     // Field order matters: the process stops before its directory is removed.
     process: Option<ServerProcess>,
     uri: String,
-    _dir: Option<TempDir>,
+    launch: Option<Launch>,
+}
+
+/// How a spawned server was started, to start it again the same way.
+#[derive(Debug)]
+struct Launch {
+    binary: PathBuf,
+    python: bool,
+    flavor: MongoFlavor,
+    port: u16,
+    dir: TempDir,
+}
+
+impl Launch {
+    fn command(&self) -> Command {
+        let mut command = Command::new(&self.binary);
+        command
+            .args(["--host", "127.0.0.1"])
+            .arg("--port")
+            .arg(self.port.to_string());
+        if self.python {
+            command.args(["--storage-path", ":memory:"]);
+        } else {
+            command
+                .arg("--storage-path")
+                .arg(self.dir.path().join("data"))
+                .args(["--cache-size", "256M", "--log-file-max", "16MB"])
+                .args(["--log-level", "WARNING"]);
+            if self.flavor == MongoFlavor::Standalone {
+                command.arg("--standalone");
+            }
+        }
+        // Its own working directory: no stray config file is picked up, nothing left behind.
+        command.current_dir(self.dir.path());
+        command
+    }
+
+    /// Spawns the server and waits until it answers `ping`.
+    fn spawn(&self) -> io::Result<ServerProcess> {
+        let mut process = ServerProcess::spawn(self.command())?;
+        let port = self.port;
+        let ready = wait_until(READY_TIMEOUT, || {
+            // A server that lost the port race exits: stop waiting.
+            process.has_exited() || ping(port).is_ok()
+        });
+        if !ready || process.has_exited() {
+            return Err(io::Error::other(format!(
+                "{} on port {port} did not become ready",
+                self.binary.display()
+            )));
+        }
+        Ok(process)
+    }
 }
 
 /// Why no server is available for a test.
@@ -70,7 +122,7 @@ impl MongoServer {
             return Ok(Arc::new(MongoServer {
                 process: None,
                 uri,
-                _dir: None,
+                launch: None,
             }));
         }
         static SHARED: Mutex<Weak<MongoServer>> = Mutex::new(Weak::new());
@@ -117,46 +169,68 @@ impl MongoServer {
         Err(last_error.unwrap_or_else(|| io::Error::other("MongoDB test server did not start")))
     }
 
-    fn try_start(binary: &PathBuf, python: bool, flavor: MongoFlavor) -> io::Result<Self> {
+    fn try_start(binary: &Path, python: bool, flavor: MongoFlavor) -> io::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("turnstile-mongo-")
             .tempdir()?;
-        let port = free_port()?;
-        let mut command = Command::new(binary);
-        command
-            .args(["--host", "127.0.0.1"])
-            .arg("--port")
-            .arg(port.to_string());
-        if python {
-            command.args(["--storage-path", ":memory:"]);
-        } else {
-            command
-                .arg("--storage-path")
-                .arg(dir.path().join("data"))
-                .args(["--cache-size", "256M", "--log-file-max", "16MB"])
-                .args(["--log-level", "WARNING"]);
-            if flavor == MongoFlavor::Standalone {
-                command.arg("--standalone");
-            }
-        }
-        // Its own working directory: no stray config file is picked up, nothing is left behind.
-        command.current_dir(dir.path());
-        let mut process = ServerProcess::spawn(command)?;
-        let ready = wait_until(READY_TIMEOUT, || {
-            // A server that lost the port race exits: stop waiting, try another port.
-            process.has_exited() || ping(port).is_ok()
-        });
-        if !ready || process.has_exited() {
-            return Err(io::Error::other(format!(
-                "{} on port {port} did not become ready",
-                binary.display()
-            )));
-        }
+        let launch = Launch {
+            binary: binary.to_path_buf(),
+            python,
+            flavor,
+            port: free_port()?,
+            dir,
+        };
+        let process = launch.spawn()?;
         Ok(MongoServer {
             process: Some(process),
-            uri: format!("mongodb://127.0.0.1:{port}/"),
-            _dir: Some(dir),
+            uri: format!("mongodb://127.0.0.1:{}/", launch.port),
+            launch: Some(launch),
         })
+    }
+
+    /// Stops a spawned server cleanly (SIGTERM to its PID, SIGKILL after 10 s) and starts it
+    /// again on the same port with the same storage: a maintenance restart as clients see it.
+    /// Not possible for an external server or the in-memory Python server.
+    pub fn restart(&mut self) -> io::Result<()> {
+        self.relaunch(true)
+    }
+
+    /// Kills a spawned server (SIGKILL) and starts it again on the same port and storage: a
+    /// crash. SecantusDB may lose its most recent acknowledged writes this way (it does not
+    /// sync every commit), which is how tests provoke backend data loss.
+    pub fn crash_and_restart(&mut self) -> io::Result<()> {
+        self.relaunch(false)
+    }
+
+    fn relaunch(&mut self, graceful: bool) -> io::Result<()> {
+        let Some(launch) = self.launch.as_ref().filter(|launch| !launch.python) else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "only a spawned secantusd-rs can be restarted with its data",
+            ));
+        };
+        if let Some(mut process) = self.process.take() {
+            if graceful {
+                let _ = Command::new("kill")
+                    .args(["-TERM", &process.pid().to_string()])
+                    .status();
+                wait_until(Duration::from_secs(10), || process.has_exited());
+            }
+            process.stop();
+        }
+        let mut last_error = None;
+        for _ in 0..START_ATTEMPTS {
+            match launch.spawn() {
+                Ok(process) => {
+                    self.process = Some(process);
+                    return Ok(());
+                }
+                // The old socket may linger a moment.
+                Err(error) => last_error = Some(error),
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Err(last_error.unwrap_or_else(|| io::Error::other("restart failed")))
     }
 
     /// The connection string, e.g. `mongodb://127.0.0.1:PORT/`.
@@ -269,6 +343,10 @@ mod tests {
                 println!("skipped: no MongoDB test server installed ({error})");
                 None
             }
+            Err(error) if error.kind() == io::ErrorKind::Unsupported => {
+                println!("skipped: {error}");
+                None
+            }
             Err(error) => panic!("MongoDB test server failed to start: {error}"),
         }
     }
@@ -293,6 +371,17 @@ mod tests {
         ping(port).expect("ping");
         server.stop();
         assert!(ping(port).is_err(), "server still answers after stop");
+    }
+
+    #[test]
+    fn restart_serves_the_same_port_again() {
+        let Some(mut server) = start_or_skip(MongoFlavor::Standalone) else {
+            return;
+        };
+        let (port, pid) = (port_of(&server), server.pid());
+        server.restart().expect("restart");
+        ping(port).expect("ping after restart");
+        assert_ne!(server.pid(), pid, "a new process serves the port");
     }
 
     #[test]
