@@ -141,12 +141,36 @@ pub(crate) fn field_validation(
     Ok(unknown)
 }
 
-/// Drops metadata fields ObjectMeta does not have, and the ones clients may not set.
+/// Drops metadata fields ObjectMeta does not have, empty ones, and the ones clients may not set.
 pub(crate) fn clean_metadata(obj: &mut Value) {
     let m = meta::metadata_mut(obj);
-    m.retain(|k, _| meta::OBJECT_META_FIELDS.contains(&k.as_str()));
+    m.retain(|k, v| {
+        // ObjectMeta's Go fields are `omitempty`: empty maps and lists, and nulls, vanish.
+        let empty = match v {
+            Value::Null => true,
+            Value::Object(o) => o.is_empty(),
+            Value::Array(a) => a.is_empty(),
+            Value::String(s) => s.is_empty(),
+            _ => false,
+        };
+        meta::OBJECT_META_FIELDS.contains(&k.as_str()) && !empty
+    });
     m.remove("managedFields");
     m.remove("selfLink");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn object_meta_drops_unknown_and_empty_fields() {
+        let mut obj = json!({"metadata": {"name": "a", "annotations": {}, "finalizers": [], "labels": null,
+            "bogus": 1, "managedFields": [{}], "generateName": ""}});
+        clean_metadata(&mut obj);
+        assert_eq!(obj["metadata"], json!({"name": "a"}));
+    }
 }
 
 /// Schema processing of a custom resource: nulls, defaults, pruning, validation, CEL.
