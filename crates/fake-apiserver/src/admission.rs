@@ -159,20 +159,6 @@ pub(crate) fn clean_metadata(obj: &mut Value) {
     m.remove("selfLink");
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn object_meta_drops_unknown_and_empty_fields() {
-        let mut obj = json!({"metadata": {"name": "a", "annotations": {}, "finalizers": [], "labels": null,
-            "bogus": 1, "managedFields": [{}], "generateName": ""}});
-        clean_metadata(&mut obj);
-        assert_eq!(obj["metadata"], json!({"name": "a"}));
-    }
-}
-
 /// Schema processing of a custom resource: nulls, defaults, pruning, validation, CEL.
 pub(crate) fn admit(
     rtype: &ResourceType,
@@ -251,5 +237,19 @@ pub(crate) fn fold_string_data(obj: &mut Value) {
                 Value::String(base64::engine::general_purpose::STANDARD.encode(text)),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn object_meta_drops_unknown_and_empty_fields() {
+        let mut obj = json!({"metadata": {"name": "a", "annotations": {}, "finalizers": [], "labels": null,
+            "bogus": 1, "managedFields": [{}], "generateName": ""}});
+        clean_metadata(&mut obj);
+        assert_eq!(obj["metadata"], json!({"name": "a"}));
     }
 }
