@@ -19,7 +19,7 @@ use crate::error::ApiError;
 use crate::hooks::{Hooks, RecordedRequest};
 use crate::openapi;
 use crate::patch::PatchKind;
-use crate::registry::Propagation;
+use crate::registry::{Propagation, ResourceType};
 use crate::render::{self, Rendering};
 use crate::rest::{self, DeleteOptions, ListOptions, Target, WriteOptions};
 use crate::selector::{FieldSelector, LabelSelector, Selectors};
@@ -301,7 +301,15 @@ fn dispatch(
     }
 }
 
-fn selectors(query: &HashMap<String, String>, resource: &str) -> Result<Selectors, ApiError> {
+fn selectors(
+    query: &HashMap<String, String>,
+    rtype: &ResourceType,
+    version: &str,
+) -> Result<Selectors, ApiError> {
+    let selectable = rtype
+        .version(version)
+        .map(|v| v.selectable_fields.as_slice())
+        .unwrap_or_default();
     Ok(Selectors {
         labels: LabelSelector::parse(
             query
@@ -314,7 +322,8 @@ fn selectors(query: &HashMap<String, String>, resource: &str) -> Result<Selector
                 .get("fieldSelector")
                 .map(String::as_str)
                 .unwrap_or_default(),
-            resource,
+            &rtype.plural,
+            selectable,
         )?,
     })
 }
@@ -471,7 +480,7 @@ fn resource(
                 send_initial_events: truthy(query, "sendInitialEvents"),
                 bookmarks: truthy(query, "allowWatchBookmarks"),
                 timeout,
-                selectors: selectors(query, &r.resource)?,
+                selectors: selectors(query, &rtype, &r.version)?,
                 rendering,
             };
             let settings = WatchSettings {
@@ -492,7 +501,7 @@ fn resource(
         }
         ("GET", false) => {
             let opts = ListOptions {
-                selectors: selectors(query, &r.resource)?,
+                selectors: selectors(query, &rtype, &r.version)?,
                 limit: query.get("limit").and_then(|l| l.parse().ok()),
                 continue_token: query.get("continue").filter(|c| !c.is_empty()).cloned(),
             };
@@ -551,7 +560,7 @@ fn resource(
             let deleted = rest::delete_collection(
                 &app.store,
                 &target,
-                &selectors(query, &r.resource)?,
+                &selectors(query, &rtype, &r.version)?,
                 &delete_options(query, &body)?,
             )?;
             let list_meta = json!({"resourceVersion": app.store.lock().current_rv().to_string()});

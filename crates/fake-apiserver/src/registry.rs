@@ -69,6 +69,8 @@ pub(crate) struct VersionSpec {
     pub schema: Option<Value>,
     pub printer_columns: Vec<PrinterColumn>,
     pub status_subresource: bool,
+    /// `selectableFields`, as field-selector labels (`spec.lockName`).
+    pub selectable_fields: Vec<String>,
 }
 
 /// A resource type as served under `/api` or `/apis`.
@@ -170,6 +172,7 @@ impl Builtin {
                 schema: None,
                 printer_columns: Vec::new(),
                 status_subresource: self.status,
+                selectable_fields: Vec::new(),
             }],
             storage_group: if self.special == Special::EventsV1 {
                 String::new()
@@ -432,6 +435,17 @@ pub(crate) fn type_from_crd(crd: &Value) -> Result<ResourceType, Vec<FieldError>
             schema,
             printer_columns,
             status_subresource: v.pointer("/subresources/status").is_some(),
+            selectable_fields: v
+                .get("selectableFields")
+                .and_then(Value::as_array)
+                .map(|fields| {
+                    fields
+                        .iter()
+                        .filter_map(|f| f.get("jsonPath").and_then(Value::as_str))
+                        .map(|p| p.trim_start_matches('.').to_string())
+                        .collect()
+                })
+                .unwrap_or_default(),
         });
     }
     if !raw_versions.is_empty() && versions.iter().filter(|v| v.storage).count() != 1 {

@@ -152,8 +152,13 @@ fn kind_fields(resource: &str) -> &'static [&'static str] {
 }
 
 impl FieldSelector {
-    /// Parses a selector for `resource`; unsupported fields are a 400, like kube-apiserver.
-    pub(crate) fn parse(selector: &str, resource: &str) -> Result<Self, ApiError> {
+    /// Parses a selector for `resource` (whose CRD may declare `selectable` fields);
+    /// unsupported fields are a 400, like kube-apiserver.
+    pub(crate) fn parse(
+        selector: &str,
+        resource: &str,
+        selectable: &[String],
+    ) -> Result<Self, ApiError> {
         let mut reqs = Vec::new();
         for part in split_top_level(selector) {
             let (field, value, negated) = if let Some((f, v)) = part.split_once("!=") {
@@ -168,7 +173,10 @@ impl FieldSelector {
                 )));
             };
             let field = field.trim();
-            if !COMMON_FIELDS.contains(&field) && !kind_fields(resource).contains(&field) {
+            if !COMMON_FIELDS.contains(&field)
+                && !kind_fields(resource).contains(&field)
+                && !selectable.iter().any(|s| s == field)
+            {
                 return Err(ApiError::bad_request(format!(
                     "field label not supported: {field}"
                 )));
@@ -245,19 +253,23 @@ mod tests {
     #[test]
     fn field_selector_name_namespace_and_unsupported() {
         let o = obj(json!({}));
-        assert!(FieldSelector::parse("metadata.name=a", "widgets")
+        assert!(FieldSelector::parse("metadata.name=a", "widgets", &[])
             .unwrap()
             .matches(&o));
-        assert!(!FieldSelector::parse("metadata.name!=a", "widgets")
+        assert!(!FieldSelector::parse("metadata.name!=a", "widgets", &[])
             .unwrap()
             .matches(&o));
         assert!(
-            FieldSelector::parse("metadata.namespace=ns,metadata.name=a", "widgets")
+            FieldSelector::parse("metadata.namespace=ns,metadata.name=a", "widgets", &[])
                 .unwrap()
                 .matches(&o)
         );
+        let selectable = ["spec.foo".to_string()];
+        assert!(FieldSelector::parse("spec.foo=1", "widgets", &selectable)
+            .unwrap()
+            .matches(&json!({"spec": {"foo": 1}})));
         assert_eq!(
-            FieldSelector::parse("spec.foo=1", "widgets")
+            FieldSelector::parse("spec.foo=1", "widgets", &[])
                 .unwrap_err()
                 .code,
             400

@@ -629,11 +629,13 @@ async fn delete_with_finalizers_waits_for_the_last_one() {
 
 #[tokio::test]
 async fn list_filters_by_label_and_field_selectors_and_pages() {
+    // (spec.color is a CRD selectableField.)
     let env = Env::new().await;
     env.install_widget_crd().await;
     let api = env.widgets();
     for (name, tier) in [("a", "front"), ("b", "back"), ("c", "front")] {
-        let mut w = widget(name, json!({"size": 1}));
+        let color = if name == "b" { "red" } else { "blue" };
+        let mut w = widget(name, json!({"size": 1, "color": color}));
         w.metadata.labels = Some([("tier".to_string(), tier.to_string())].into());
         api.create(&PostParams::default(), &w).await.unwrap();
     }
@@ -642,6 +644,7 @@ async fn list_filters_by_label_and_field_selectors_and_pages() {
         (ListParams::default().labels("tier in (back)"), vec!["b"]),
         (ListParams::default().labels("tier!=front"), vec!["b"]),
         (ListParams::default().fields("metadata.name=c"), vec!["c"]),
+        (ListParams::default().fields("spec.color=red"), vec!["b"]),
     ] {
         assert_eq!(names(api.list(&params).await.unwrap()), want, "{params:?}");
     }

@@ -335,7 +335,7 @@ pub fn widget(name: &str, spec: Value) -> DynamicObject {
 }
 
 /// The Widget CRD: status subresource, printer columns (incl. a `date` and a `string`
-/// time column), a category and short name, defaults, bounds, an enum, a CEL
+/// time column), a category and short name, a selectable field, defaults, bounds, an enum, a CEL
 /// immutability rule and a preserve-unknown-fields field.
 pub fn widget_crd() -> Value {
     json!({
@@ -350,6 +350,7 @@ pub fn widget_crd() -> Value {
             "versions": [{
                 "name": "v1", "served": true, "storage": true,
                 "subresources": {"status": {}},
+                "selectableFields": [{"jsonPath": ".spec.color"}],
                 "additionalPrinterColumns": [
                     {"name": "Size", "type": "integer", "jsonPath": ".spec.size"},
                     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
