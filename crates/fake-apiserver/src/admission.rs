@@ -91,6 +91,130 @@ pub(crate) fn validate_name(rtype: &ResourceType, name: &str) -> Option<FieldErr
     (!ok).then(|| FieldError::invalid("metadata.name", &value, DNS1123_SUBDOMAIN_MSG))
 }
 
+const QUALIFIED_NAME_MSG: &str = "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
+const LABEL_VALUE_MSG: &str = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')";
+
+/// `[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?`, at most 63 characters.
+fn is_name_part(s: &str) -> bool {
+    let alnum = |c: u8| c.is_ascii_alphanumeric();
+    let bytes = s.as_bytes();
+    !s.is_empty()
+        && s.len() <= 63
+        && bytes.first().copied().is_some_and(alnum)
+        && bytes.last().copied().is_some_and(alnum)
+        && bytes
+            .iter()
+            .all(|&c| alnum(c) || matches!(c, b'-' | b'_' | b'.'))
+}
+
+/// Why `key` is not a qualified name (`[prefix/]name`), if it is not.
+fn qualified_name_problem(key: &str) -> Option<String> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    if let Some(p) = prefix {
+        if p.is_empty() || p.len() > 253 || !p.split('.').all(is_dns_label) {
+            return Some(format!("prefix part {DNS1123_SUBDOMAIN_MSG}"));
+        }
+    }
+    if name.len() > 63 {
+        return Some("name part must be no more than 63 characters".into());
+    }
+    (!is_name_part(name)).then(|| QUALIFIED_NAME_MSG.to_string())
+}
+
+/// kube-apiserver's ObjectMeta validation of labels, annotation keys, finalizers and owner
+/// references (common to every kind).
+pub(crate) fn validate_metadata(obj: &Value) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let text = |s: &str| Value::String(s.to_string());
+    for (key, value) in meta::labels(obj) {
+        if let Some(problem) = qualified_name_problem(&key) {
+            errors.push(FieldError::invalid(
+                "metadata.labels",
+                &text(&key),
+                &problem,
+            ));
+        }
+        let v = value.as_str().unwrap_or_default();
+        if v.len() > 63 {
+            errors.push(FieldError::invalid(
+                "metadata.labels",
+                &text(v),
+                "must be no more than 63 characters",
+            ));
+        } else if !v.is_empty() && !is_name_part(v) {
+            errors.push(FieldError::invalid(
+                "metadata.labels",
+                &text(v),
+                LABEL_VALUE_MSG,
+            ));
+        }
+    }
+    if let Some(annotations) = obj
+        .pointer("/metadata/annotations")
+        .and_then(Value::as_object)
+    {
+        for key in annotations.keys() {
+            if let Some(problem) = qualified_name_problem(&key.to_lowercase()) {
+                errors.push(FieldError::invalid(
+                    "metadata.annotations",
+                    &text(key),
+                    &problem,
+                ));
+            }
+        }
+    }
+    for (i, finalizer) in meta::finalizers(obj).iter().enumerate() {
+        if let Some(problem) = qualified_name_problem(finalizer) {
+            errors.push(FieldError::invalid(
+                &format!("metadata.finalizers[{i}]"),
+                &text(finalizer),
+                &problem,
+            ));
+        }
+    }
+    let refs = obj
+        .pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for owner in &refs {
+        for (field, what) in [
+            ("apiVersion", "version"),
+            ("kind", "kind"),
+            ("name", "name"),
+            ("uid", "uid"),
+        ] {
+            if owner
+                .get(field)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .is_empty()
+            {
+                errors.push(FieldError::invalid(
+                    &format!("metadata.ownerReferences.{field}"),
+                    &text(""),
+                    &format!("{what} must not be empty"),
+                ));
+            }
+        }
+    }
+    let controllers = refs
+        .iter()
+        .filter(|r| r.get("controller").and_then(Value::as_bool) == Some(true))
+        .count();
+    if controllers > 1 {
+        errors.push(FieldError::invalid(
+            "metadata.ownerReferences",
+            &Value::Array(refs.clone()),
+            "Only one reference can have Controller set to true",
+        ));
+    }
+    errors
+}
+
 /// Unknown fields of a request body (for `fieldValidation`), as `unknown field "path"` texts.
 fn unknown_fields(rtype: &ResourceType, version: &str, body: &Value) -> Vec<String> {
     let mut probe = body.clone();
@@ -251,5 +375,28 @@ mod tests {
             "bogus": 1, "managedFields": [{}], "generateName": ""}});
         clean_metadata(&mut obj);
         assert_eq!(obj["metadata"], json!({"name": "a"}));
+    }
+
+    #[test]
+    fn metadata_rules_match_kube_apiserver() {
+        let ok = json!({"metadata": {"labels": {"turnstile.dev/lock": "db-1", "empty": ""},
+            "annotations": {"a.b/C": "x"}, "finalizers": ["turnstile.dev/release"],
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "u", "controller": true}]}});
+        assert!(validate_metadata(&ok).is_empty());
+        let bad = json!({"metadata": {"labels": {"bad key": "ok", "k": "no spaces"}, "finalizers": ["-x"],
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "p"}]}});
+        let fields: Vec<String> = validate_metadata(&bad)
+            .into_iter()
+            .map(|e| e.field)
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                "metadata.labels",
+                "metadata.labels",
+                "metadata.finalizers[0]",
+                "metadata.ownerReferences.uid"
+            ]
+        );
     }
 }

@@ -8,8 +8,8 @@ use base64::Engine as _;
 use serde_json::{json, Value};
 
 use crate::admission::{
-    admit, check_type_meta, clean_metadata, field_validation, fold_string_data, validate_name,
-    FieldValidation,
+    admit, check_type_meta, clean_metadata, field_validation, fold_string_data, validate_metadata,
+    validate_name, FieldValidation,
 };
 use crate::error::{ApiError, FieldError};
 use crate::events;
@@ -347,8 +347,15 @@ fn create_locked(
             )],
         ));
     }
-    if let Some(err) = validate_name(&rtype, &name) {
-        return Err(ApiError::invalid(&rtype.group, &rtype.kind, &name, &[err]));
+    let mut meta_errors: Vec<FieldError> = validate_name(&rtype, &name).into_iter().collect();
+    meta_errors.extend(validate_metadata(&obj));
+    if !meta_errors.is_empty() {
+        return Err(ApiError::invalid(
+            &rtype.group,
+            &rtype.kind,
+            &name,
+            &meta_errors,
+        ));
     }
     let key = t.key_in(&namespace, &name);
     if inner.get(&key).is_some() {
@@ -557,6 +564,15 @@ fn commit_update(
                 &[FieldError::forbidden("metadata.finalizers", &detail)],
             ));
         }
+    }
+    let meta_errors = validate_metadata(&new);
+    if !meta_errors.is_empty() {
+        return Err(ApiError::invalid(
+            &rtype.group,
+            &rtype.kind,
+            &name,
+            &meta_errors,
+        ));
     }
     if rtype.from_crd {
         admit(&rtype, &mut new, Some(old))?;

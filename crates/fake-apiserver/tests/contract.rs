@@ -1020,6 +1020,15 @@ async fn schema_violations_are_422_with_the_field_path() {
         message.contains("metadata.name: Invalid value: \"Bad_Name\""),
         "{message}"
     );
+    // ObjectMeta rules hold for every kind: label values, finalizer names.
+    let mut labelled = widget("labelled", json!({"size": 1}));
+    labelled.metadata.labels = Some([("tier".to_string(), "not valid!".to_string())].into());
+    let (code, _, message) = api_code(api.create(&PostParams::default(), &labelled).await);
+    assert_eq!(code, 422);
+    assert!(
+        message.contains("metadata.labels: Invalid value: \"not valid!\""),
+        "{message}"
+    );
     // Updates are validated too.
     api.create(&PostParams::default(), &widget("ok", json!({"size": 1})))
         .await
