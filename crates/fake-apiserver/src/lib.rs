@@ -17,6 +17,8 @@
 //! # drop(client); Ok(()) }
 //! ```
 
+#![warn(missing_docs)]
+
 mod admission;
 mod cel;
 mod discovery;
