@@ -265,7 +265,8 @@ pub struct WatchLines {
 }
 
 impl WatchLines {
-    /// The next event line, parsed; None when the stream ends or `timeout` passes.
+    /// The next event line, parsed; None when the stream has ended. Panics when neither an
+    /// event nor the end comes within `timeout`.
     pub async fn next(&mut self, timeout: Duration) -> Option<Value> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
@@ -282,7 +283,9 @@ impl WatchLines {
             }
             let frame = tokio::time::timeout_at(deadline, self.body.frame())
                 .await
-                .ok()??;
+                .unwrap_or_else(|_| {
+                    panic!("no watch event and no end of the stream within {timeout:?}")
+                })?;
             if let Ok(data) = frame.expect("watch frame").into_data() {
                 self.buffer.extend_from_slice(&data);
             }
