@@ -136,6 +136,10 @@ async fn apply_get_locks_and_wait_for_the_next_holder() {
     let c = env.wait_claim("c", |c| position_of(c) == Some(1)).await;
     assert_eq!(phase_of(&c), Some(ClaimPhase::Pending));
     env.wait_gone("a").await;
+    env.wait_event("a", "Acquired").await;
+    env.wait_event("a", "Released").await;
+    env.wait_event("b", "Queued").await;
+    env.wait_event("b", "Acquired").await;
     env.stop_controller().await;
 }
 

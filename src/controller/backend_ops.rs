@@ -22,7 +22,7 @@ pub async fn execute(
         let outcome = perform(backend, key, max_holders, &planned.op)
             .await
             .unwrap_or_else(|error| OpOutcome::Failed {
-                message: error.to_string(),
+                message: describe(&error),
             });
         tracing::debug!(
             key,
@@ -35,6 +35,21 @@ pub async fn execute(
         outcomes.push(outcome);
     }
     outcomes
+}
+
+/// An error with its chain of causes, for status messages (`a: b: c`).
+pub fn describe(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 async fn perform(

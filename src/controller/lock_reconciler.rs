@@ -11,7 +11,7 @@ use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use tracing::Instrument;
 
-use super::backend_ops::execute;
+use super::backend_ops::{describe, execute};
 use super::backends::BackendLookupError;
 use super::context::Context;
 use super::core::{
@@ -82,7 +82,7 @@ async fn reconcile_inner(
                 Err(error) => (
                     BackendView::Unavailable {
                         backend: kind,
-                        message: error.to_string(),
+                        message: describe(&error),
                     },
                     None,
                 ),
@@ -93,7 +93,7 @@ async fn reconcile_inner(
             Err(BackendLookupError::Unavailable(error)) => (
                 BackendView::Unavailable {
                     backend: kind,
-                    message: error.to_string(),
+                    message: describe(&error),
                 },
                 None,
             ),

@@ -346,6 +346,38 @@ impl Env {
             .expect("patch claim");
     }
 
+    /// Reasons of the Events about object `name` in the test namespace, oldest first.
+    pub async fn event_reasons(&self, name: &str) -> Vec<String> {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        let mut found: Vec<_> = events
+            .list(&Default::default())
+            .await
+            .expect("list events")
+            .items
+            .into_iter()
+            .filter(|event| event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .collect();
+        found.sort_by_key(|event| event.event_time.as_ref().map(|t| t.0));
+        found.into_iter().filter_map(|event| event.reason).collect()
+    }
+
+    /// Waits until an Event with `reason` about `name` exists.
+    pub async fn wait_event(&self, name: &str, reason: &str) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let reasons = self.event_reasons(name).await;
+            if reasons.iter().any(|r| r == reason) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {reason} Event about {name}; got {reasons:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Writes (create/update/patch/delete) the fake has served so far.
     pub fn write_count(&self) -> usize {
         self.server()
@@ -414,4 +446,91 @@ pub fn reason_of(claim: &LockClaim) -> Option<String> {
         .status
         .as_ref()
         .and_then(|status| status.reason.clone())
+}
+
+/// Samples a lock's claims in the background and counts violations of the safety
+/// invariants: more than `max_holders` claims `Held` at once, and a newly seen holder whose
+/// fencing token is not above every token seen before.
+pub struct HolderMonitor {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<MonitorReport>,
+}
+
+/// What a [`HolderMonitor`] saw.
+#[derive(Debug, Default, Clone)]
+pub struct MonitorReport {
+    /// Samples taken.
+    pub samples: usize,
+    /// Samples with more than `max_holders` holders.
+    pub over_capacity: usize,
+    /// New holders whose token was not above the highest token seen before.
+    pub token_regressions: usize,
+    /// Holders in the order first seen: (claim, token).
+    pub grants: Vec<(String, i64)>,
+}
+
+impl HolderMonitor {
+    /// Starts sampling the claims of `lock` in `env`'s namespace every 20 ms.
+    pub fn start(env: &Env, lock: &str, max_holders: usize) -> Self {
+        let claims = env.claims();
+        let lock = lock.to_owned();
+        let (stop, mut stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let mut report = MonitorReport::default();
+            let mut seen = std::collections::HashSet::new();
+            let mut highest = 0i64;
+            loop {
+                if let Ok(list) = claims.list(&Default::default()).await {
+                    report.samples += 1;
+                    let mut holders: Vec<(String, i64)> = list
+                        .items
+                        .iter()
+                        .filter(|claim| claim.spec.lock_name == lock)
+                        .filter(|claim| phase_of(claim) == Some(ClaimPhase::Held))
+                        .map(|claim| {
+                            (
+                                claim.metadata.uid.clone().unwrap_or_default(),
+                                token_of(claim).unwrap_or_default(),
+                            )
+                        })
+                        .collect();
+                    if holders.len() > max_holders {
+                        report.over_capacity += 1;
+                    }
+                    holders.sort_by_key(|(_, token)| *token);
+                    for (uid, token) in holders {
+                        if seen.insert(uid.clone()) {
+                            if token <= highest {
+                                report.token_regressions += 1;
+                            }
+                            highest = highest.max(token);
+                            report.grants.push((uid, token));
+                        }
+                    }
+                }
+                tokio::select! {
+                    _ = &mut stopped => break,
+                    () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                }
+            }
+            report
+        });
+        Self { stop, task }
+    }
+
+    /// Stops sampling and returns the report, asserting no violation was seen.
+    pub async fn finish(self) -> MonitorReport {
+        let _ = self.stop.send(());
+        let report = self.task.await.expect("monitor");
+        assert!(report.samples > 0, "the monitor took no samples");
+        assert_eq!(
+            report.over_capacity, 0,
+            "more holders than allowed: {report:?}"
+        );
+        assert_eq!(
+            report.token_regressions, 0,
+            "tokens went backwards: {report:?}"
+        );
+        report
+    }
 }

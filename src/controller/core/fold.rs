@@ -681,11 +681,7 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
         let backend = input.backend.backend();
         let (ready, reason, message) = match (&plan.mode, &failure) {
             (LockMode::Blocked { reason, message }, _) => (false, *reason, message.clone()),
-            (_, Some(message)) => (
-                false,
-                reasons::BACKEND_UNAVAILABLE,
-                format!("{backend} backend unavailable: {message}"),
-            ),
+            (_, Some(message)) => (false, reasons::BACKEND_UNAVAILABLE, message.clone()),
             _ => (
                 true,
                 reasons::BACKEND_READY,

@@ -289,7 +289,7 @@ pub enum BackendView {
     Unavailable {
         /// The backend asked for.
         backend: BackendKind,
-        /// The error, for people.
+        /// The error, for people (it names the backend).
         message: String,
     },
     /// The backend answered.

@@ -294,9 +294,9 @@ fn mode_of(input: &LockInput) -> LockMode {
             reason: reasons::BACKEND_NOT_CONFIGURED,
             message: format!("the controller has no {backend} backend configured"),
         },
-        BackendView::Unavailable { backend, message } => LockMode::Blocked {
+        BackendView::Unavailable { message, .. } => LockMode::Blocked {
             reason: reasons::BACKEND_UNAVAILABLE,
-            message: format!("{backend} backend unavailable: {message}"),
+            message: message.clone(),
         },
         BackendView::Ready { .. } => LockMode::Serving,
     }

@@ -1,0 +1,216 @@
+//! End to end with the Redis backend (a real `redis-server` on a free 127.0.0.1 port): the
+//! same flows as with the memory backend, a controller restart mid-queue, `FLUSHALL` between
+//! grants (the next token is still greater), and Redis down at first (Ready=False, retried
+//! with backoff, then served).
+
+mod e2e_support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use e2e_support::{phase_of, position_of, reason_of, token_of, Env, HolderMonitor};
+use test_servers::{free_port, wait_until, RedisServer, ServerProcess};
+use turnstile::api::{BackendKind, ClaimPhase};
+use turnstile::controller::ControllerConfig;
+
+fn redis_config(url: &str) -> ControllerConfig {
+    ControllerConfig {
+        redis_url: Some(url.to_owned()),
+        ..ControllerConfig::default()
+    }
+}
+
+fn redis() -> RedisServer {
+    RedisServer::start().expect("start redis-server")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_handover_expiry_and_semaphore_on_redis() {
+    let server = redis();
+    let mut env = Env::new().await;
+    env.start_controller(redis_config(server.url()));
+    env.apply_lock("db", "backend: redis\nleaseDurationSeconds: 2");
+    env.apply_lock(
+        "pool",
+        "backend: redis\nmaxHolders: 2\nleaseDurationSeconds: 300",
+    );
+    let monitor = HolderMonitor::start(&env, "db", 1);
+    for name in ["a", "b", "c"] {
+        env.apply_claim(name, "db", "");
+    }
+    for name in ["p1", "p2", "p3"] {
+        env.apply_claim(name, "pool", "");
+    }
+    let a = env.wait_phase("a", ClaimPhase::Held).await;
+    assert_eq!(token_of(&a), Some(1));
+    // a does not renew: expiry hands the lock to b, then c.
+    let a = env.wait_phase("a", ClaimPhase::Expired).await;
+    assert_eq!(reason_of(&a).as_deref(), Some("LeaseExpired"));
+    let b = env.wait_phase("b", ClaimPhase::Held).await;
+    assert_eq!(token_of(&b), Some(2));
+    env.delete_claim("b").await;
+    let c = env.wait_phase("c", ClaimPhase::Held).await;
+    assert_eq!(token_of(&c), Some(3));
+
+    env.wait_phase("p1", ClaimPhase::Held).await;
+    env.wait_phase("p2", ClaimPhase::Held).await;
+    env.wait_claim("p3", |c| position_of(c) == Some(1)).await;
+
+    // The grants live in Redis, under the namespaced key.
+    let keys = server.command(&["KEYS", "*"]).expect("KEYS");
+    assert!(
+        keys.contains(&format!("{}/db", env.namespace)),
+        "keys: {keys}"
+    );
+    let lock = env
+        .wait_lock("db", |l| {
+            l.status
+                .as_ref()
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+                .is_some_and(|c| c.status == "True")
+        })
+        .await;
+    assert_eq!(lock.spec.backend, Some(BackendKind::Redis));
+    monitor.finish().await;
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_mid_queue_on_redis() {
+    let server = redis();
+    let mut env = Env::new().await;
+    env.start_controller(redis_config(server.url()));
+    env.apply_lock("db", "backend: redis\nleaseDurationSeconds: 300");
+    for name in ["a", "b", "c"] {
+        env.apply_claim(name, "db", "");
+    }
+    env.wait_phase("a", ClaimPhase::Held).await;
+    env.wait_claim("c", |c| position_of(c) == Some(2)).await;
+    let monitor = HolderMonitor::start(&env, "db", 1);
+
+    env.stop_controller().await;
+    env.start_controller(redis_config(server.url()));
+    env.apply_claim("d", "db", "");
+    env.wait_claim("d", |c| position_of(c) == Some(3)).await;
+    let a = env.claim("a").await;
+    assert_eq!(
+        (phase_of(&a), token_of(&a)),
+        (Some(ClaimPhase::Held), Some(1))
+    );
+    assert_eq!(position_of(&env.claim("b").await), Some(1));
+    env.delete_claim("a").await;
+    let b = env.wait_phase("b", ClaimPhase::Held).await;
+    assert_eq!(token_of(&b), Some(2));
+    env.wait_claim("d", |c| position_of(c) == Some(2)).await;
+    let report = monitor.finish().await;
+    let tokens: Vec<i64> = report.grants.iter().map(|(_, token)| *token).collect();
+    assert_eq!(tokens, [1, 2]);
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushall_between_grants_keeps_tokens_increasing() {
+    let server = redis();
+    let mut env = Env::new().await;
+    env.start_controller(redis_config(server.url()));
+    env.apply_lock("db", "backend: redis\nleaseDurationSeconds: 300");
+    for name in ["a", "b", "c"] {
+        env.apply_claim(name, "db", "");
+    }
+    env.wait_phase("a", ClaimPhase::Held).await;
+    env.wait_claim("c", |c| position_of(c) == Some(2)).await;
+    let monitor = HolderMonitor::start(&env, "db", 1);
+
+    // Redis forgets everything while a holds the lock.
+    server.command(&["FLUSHALL"]).expect("FLUSHALL");
+    env.delete_claim("a").await;
+    let b = env.wait_phase("b", ClaimPhase::Held).await;
+    assert_eq!(
+        token_of(&b),
+        Some(2),
+        "the floor was raised to the high-water mark"
+    );
+
+    // Again, with a holder that has to be re-attached first: b keeps its token.
+    server.command(&["FLUSHALL"]).expect("FLUSHALL");
+    env.stop_controller().await;
+    env.start_controller(redis_config(server.url()));
+    env.apply_claim("d", "db", "");
+    env.wait_claim("d", |c| position_of(c) == Some(2)).await;
+    let snapshot = server.command(&["KEYS", "*"]).expect("KEYS");
+    assert!(
+        !snapshot.is_empty(),
+        "b was re-attached in Redis: {snapshot}"
+    );
+    let b = env.claim("b").await;
+    assert_eq!(
+        (phase_of(&b), token_of(&b)),
+        (Some(ClaimPhase::Held), Some(2))
+    );
+    env.patch_claim_spec("b", serde_json::json!({"release": true}))
+        .await;
+    let c = env.wait_phase("c", ClaimPhase::Held).await;
+    assert_eq!(token_of(&c), Some(3));
+
+    let report = monitor.finish().await;
+    let tokens: Vec<i64> = report.grants.iter().map(|(_, token)| *token).collect();
+    assert_eq!(tokens, [1, 2, 3]);
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_reports_unavailable_then_recovers() {
+    let port = free_port().expect("free port");
+    let url = format!("redis://127.0.0.1:{port}/");
+    let mut env = Env::new().await;
+    env.start_controller(redis_config(&url));
+    env.apply_lock("db", "backend: redis\nleaseDurationSeconds: 300");
+    env.apply_claim("a", "db", "");
+    let lock = env
+        .wait_lock("db", |l| {
+            l.status
+                .as_ref()
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+                .is_some_and(|c| c.status == "False")
+        })
+        .await;
+    let ready = lock
+        .status
+        .expect("status")
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready");
+    assert_eq!(ready.reason, "BackendUnavailable");
+    let a = env
+        .wait_claim("a", |c| {
+            reason_of(c).as_deref() == Some("BackendUnavailable")
+        })
+        .await;
+    assert_eq!(phase_of(&a), Some(ClaimPhase::Pending));
+    assert!(ready.message.contains("redis"), "{}", ready.message);
+    env.wait_event("db", "BackendUnavailable").await;
+
+    // Redis comes up on that port: the retry (with backoff) grants the claim.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut command = Command::new("redis-server");
+    command
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
+        .arg("--dir")
+        .arg(dir.path());
+    let mut process = ServerProcess::spawn(command).expect("spawn redis-server");
+    assert!(
+        wait_until(Duration::from_secs(10), || std::net::TcpStream::connect((
+            "127.0.0.1",
+            port
+        ))
+        .is_ok()),
+        "redis-server did not come up"
+    );
+    let a = env.wait_phase("a", ClaimPhase::Held).await;
+    assert_eq!(token_of(&a), Some(1));
+    env.wait_event("db", "BackendReady").await;
+    env.stop_controller().await;
+    process.stop();
+}

@@ -1,0 +1,146 @@
+//! End to end: the controller survives its own restarts (memory backend: grants rebuilt from
+//! the claims' statuses), a forced watch 410 and injected 409/500 write errors — same holder,
+//! same order, tokens still increasing, never a double grant.
+
+mod e2e_support;
+
+use std::time::Duration;
+
+use e2e_support::{phase_of, position_of, token_of, Env, HolderMonitor};
+use turnstile::api::ClaimPhase;
+
+async fn settle_queue(env: &Env) {
+    env.wait_phase("a", ClaimPhase::Held).await;
+    env.wait_claim("b", |c| position_of(c) == Some(1)).await;
+    env.wait_claim("c", |c| position_of(c) == Some(2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_mid_queue_keeps_holder_order_and_tokens() {
+    let mut env = Env::new().await;
+    env.start_default_controller();
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    for name in ["a", "b", "c"] {
+        env.apply_claim(name, "db", "");
+    }
+    settle_queue(&env).await;
+    let monitor = HolderMonitor::start(&env, "db", 1);
+
+    // Restart with the holder in place: the new controller's memory backend is empty.
+    env.stop_controller().await;
+    env.start_default_controller();
+    env.apply_claim("d", "db", "");
+    env.wait_claim("d", |c| position_of(c) == Some(3)).await;
+    let a = env.claim("a").await;
+    assert_eq!(phase_of(&a), Some(ClaimPhase::Held), "same holder");
+    assert_eq!(token_of(&a), Some(1), "same token");
+    assert_eq!(position_of(&env.claim("b").await), Some(1), "same order");
+    assert_eq!(position_of(&env.claim("c").await), Some(2), "same order");
+
+    // The rebuilt grant is real: a's release hands the lock to b with a larger token.
+    env.patch_claim_spec("a", serde_json::json!({"release": true}))
+        .await;
+    let b = env.wait_phase("b", ClaimPhase::Held).await;
+    assert_eq!(token_of(&b), Some(2));
+
+    // Restart again; the next grant is still above the high-water mark.
+    env.stop_controller().await;
+    env.start_default_controller();
+    env.wait_claim("c", |c| position_of(c) == Some(1)).await;
+    env.delete_claim("b").await;
+    let c = env.wait_phase("c", ClaimPhase::Held).await;
+    assert_eq!(token_of(&c), Some(3));
+    env.wait_claim("d", |c| position_of(c) == Some(1)).await;
+
+    let report = monitor.finish().await;
+    let tokens: Vec<i64> = report.grants.iter().map(|(_, token)| *token).collect();
+    assert_eq!(tokens, [1, 2, 3]);
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_watch_410_does_not_break_anything() {
+    let Some(mut env) = Env::fake_only("forced_watch_410_does_not_break_anything").await else {
+        return;
+    };
+    env.start_default_controller();
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    for name in ["a", "b", "c"] {
+        env.apply_claim(name, "db", "");
+    }
+    settle_queue(&env).await;
+    let monitor = HolderMonitor::start(&env, "db", 1);
+
+    // Every watch must start over from a fresh list (410 Gone on resume).
+    env.server().compact();
+    env.server().close_watches();
+    env.apply_claim("d", "db", "");
+    env.wait_claim("d", |c| position_of(c) == Some(3)).await;
+    env.delete_claim("a").await;
+    let b = env.wait_phase("b", ClaimPhase::Held).await;
+    assert_eq!(token_of(&b), Some(2));
+    env.wait_claim("d", |c| position_of(c) == Some(2)).await;
+
+    monitor.finish().await;
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_write_errors_are_retried_without_double_grants() {
+    let Some(mut env) =
+        Env::fake_only("injected_write_errors_are_retried_without_double_grants").await
+    else {
+        return;
+    };
+    env.start_default_controller();
+    env.apply_lock("db", "leaseDurationSeconds: 300\nmaxHolders: 1");
+    for name in ["a", "b", "c", "d"] {
+        env.apply_claim(name, "db", "");
+    }
+    env.wait_phase("a", ClaimPhase::Held).await;
+    env.wait_claim("d", |c| position_of(c) == Some(3)).await;
+    let monitor = HolderMonitor::start(&env, "db", 1);
+    let base = format!("/apis/turnstile.dev/v1alpha1/namespaces/{}", env.namespace);
+
+    // Conflicts on the controller's writes while the lock changes hands (the user's own
+    // write to a's spec is not affected: it goes to lockclaims/a, not lockclaims/a/status).
+    env.server()
+        .inject_faults(&format!("{base}/lockclaims/a/status"), 1, 409);
+    env.server()
+        .inject_faults(&format!("{base}/lockclaims/b"), 3, 409);
+    env.patch_claim_spec("a", serde_json::json!({"release": true}))
+        .await;
+    let b = env.wait_phase("b", ClaimPhase::Held).await;
+    assert_eq!(token_of(&b), Some(2));
+    env.wait_phase("a", ClaimPhase::Released).await;
+
+    // Server errors on a claim and on the lock's status.
+    env.server()
+        .inject_faults(&format!("{base}/lockclaims/c"), 3, 500);
+    env.server()
+        .inject_faults(&format!("{base}/distributedlocks/db/status"), 2, 500);
+    env.patch_claim_spec("b", serde_json::json!({"release": true}))
+        .await;
+    let c = env.wait_phase("c", ClaimPhase::Held).await;
+    assert_eq!(token_of(&c), Some(3));
+    env.wait_claim("d", |c| position_of(c) == Some(1)).await;
+    env.wait_lock("db", |lock| {
+        lock.status
+            .as_ref()
+            .is_some_and(|s| s.fencing_token == Some(3) && s.waiting == 1)
+    })
+    .await;
+    let faults = env
+        .server()
+        .request_log()
+        .iter()
+        .filter(|request| request.injected_fault)
+        .count();
+    assert_eq!(faults, 9, "every injected fault was hit");
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let report = monitor.finish().await;
+    let tokens: Vec<i64> = report.grants.iter().map(|(_, token)| *token).collect();
+    assert_eq!(tokens, [1, 2, 3]);
+    env.stop_controller().await;
+}
