@@ -39,6 +39,7 @@ mod schema;
 mod selector;
 mod server;
 mod store;
+mod structural;
 mod table;
 mod watch;
 

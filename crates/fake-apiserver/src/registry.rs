@@ -390,7 +390,10 @@ pub(crate) fn type_from_crd(crd: &Value) -> Result<ResourceType, Vec<FieldError>
                     "Required value: must be object at the root".into(),
                 ))
             }
-            Some(_) => {}
+            Some(s) => errors.extend(crate::structural::check(
+                s,
+                &format!("spec.versions[{i}].schema.openAPIV3Schema"),
+            )),
         }
         let printer_columns = v
             .get("additionalPrinterColumns")

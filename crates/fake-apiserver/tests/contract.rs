@@ -236,6 +236,24 @@ async fn resource_types_are_registered_only_by_posting_a_crd() {
         .await,
     );
     assert_eq!((code, reason.as_str()), (422, "Invalid"));
+    // So is a non-structural schema (a property without a type).
+    let mut loose = support::widget_crd();
+    loose["metadata"]["name"] = json!("loosewidgets.contract.turnstile.dev");
+    loose["spec"]["names"] = json!({"plural": "loosewidgets", "kind": "LooseWidget"});
+    loose["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["untyped"] = json!({"description": "no type"});
+    let (code, _, message) = api_code(
+        crds.create(
+            &PostParams::default(),
+            &serde_json::from_value(loose).unwrap(),
+        )
+        .await,
+    );
+    assert_eq!(code, 422);
+    assert!(
+        message.contains("properties[spec].properties[untyped].type: Required value"),
+        "{message}"
+    );
 }
 
 #[tokio::test]
