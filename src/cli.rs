@@ -18,6 +18,10 @@ pub enum Command {
     Crds,
     /// Run the controller: grant LockClaims their DistributedLocks, in order.
     Run(crate::controller::command::RunArgs),
+    /// Wait until a LockClaim is Held and print its fencing token (for init containers).
+    Wait(crate::wait::WaitArgs),
+    /// Run a command while holding a lock on a Redis or MongoDB backend (like flock).
+    Lock(crate::run_locked::LockArgs),
 }
 
 /// Runs the parsed command line.
@@ -28,5 +32,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => crate::controller::command::run_command(args).await,
+        // These end the process with their own exit codes (documented per command).
+        Command::Wait(args) => crate::wait::wait_command(args).await.exit(),
+        Command::Lock(args) => crate::run_locked::lock_command(args).await.exit(),
     }
 }

@@ -9,7 +9,9 @@
 //! - [`cli`]: the `turnstile` command line (`run`, `crds`, `wait`, `lock`).
 //!
 //! Beside the layers: [`leader`] (leader election on a Lease) and [`metrics`] (Prometheus
-//! metrics, `/healthz`, `/readyz`), wired into `turnstile run`.
+//! metrics, `/healthz`, `/readyz`), wired into `turnstile run`. The helper commands live in
+//! [`wait`] (`turnstile wait`: block until a LockClaim is held) and [`run_locked`]
+//! (`turnstile lock`: run a command under a backend lock), with [`oneshot`] for their exits.
 
 pub mod api;
 pub mod cli;
@@ -17,3 +19,6 @@ pub mod controller;
 pub mod leader;
 pub mod lock;
 pub mod metrics;
+pub mod oneshot;
+pub mod run_locked;
+pub mod wait;

@@ -1,0 +1,101 @@
+//! Plumbing shared by the one-shot commands `turnstile wait` and `turnstile lock` (as opposed
+//! to the long-running `turnstile run`): their logging and how they report their outcome —
+//! an exit code scripts can branch on, plus one line on stderr saying why.
+
+use std::io::{IsTerminal, Write};
+
+/// Exit code of a usage error (clap's, and the commands' own argument checks).
+pub const EXIT_USAGE: u8 = 2;
+
+/// How a one-shot command ended: the process exit code and, unless it succeeded quietly, one
+/// line for people on stderr.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// The process exit code.
+    pub code: u8,
+    /// Why, for people (printed as `turnstile: <reason>` on stderr); `None` prints nothing.
+    pub reason: Option<String>,
+}
+
+impl Outcome {
+    /// Ends with `code` and prints nothing.
+    pub fn quiet(code: u8) -> Self {
+        Outcome { code, reason: None }
+    }
+
+    /// Ends with `code` and prints `turnstile: <reason>` on stderr.
+    pub fn with_reason(code: u8, reason: impl Into<String>) -> Self {
+        Outcome {
+            code,
+            reason: Some(reason.into()),
+        }
+    }
+
+    /// Prints the reason, flushes stdout (it may carry the command's result) and exits the
+    /// process with the code. Called by the CLI after every resource (locks, child processes)
+    /// has been cleaned up: the exit skips destructors.
+    pub fn exit(self) -> ! {
+        if let Some(reason) = &self.reason {
+            eprintln!("turnstile: {reason}");
+        }
+        let _ = std::io::stdout().flush();
+        std::process::exit(i32::from(self.code))
+    }
+}
+
+/// Renders an error with its whole `source()` chain on one line (`a: b: c`), since the
+/// top-level messages of client libraries are often just the operation's name.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        // Wrappers often repeat their source's message; don't print it twice.
+        if !line.ends_with(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = cause.source();
+    }
+    line
+}
+
+/// Logs to stderr (stdout is reserved for the commands' results), warnings and errors only
+/// unless `RUST_LOG` says otherwise.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // A subscriber installed earlier (tests, embedding) wins.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        // No colour codes in container logs.
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("connect")]
+    struct Outer(#[source] Inner);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("connection refused")]
+    struct Inner;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("backend unavailable: connection refused")]
+    struct Repeating(#[source] Inner);
+
+    #[test]
+    fn error_chain_joins_sources_without_repeating_them() {
+        assert_eq!(error_chain(&Outer(Inner)), "connect: connection refused");
+        assert_eq!(
+            error_chain(&Repeating(Inner)),
+            "backend unavailable: connection refused"
+        );
+    }
+}

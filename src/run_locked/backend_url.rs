@@ -1,0 +1,119 @@
+//! `--backend URL`: which lock backend `turnstile lock` talks to, chosen by the URL's scheme.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::lock::backend::{MongoBackend, MongoBackendConfig};
+use crate::lock::{Backend, LockResult, RedisBackend, RedisBackendConfig};
+
+/// A backend URL accepted by `turnstile lock`. Its `Debug` output hides the URL, which may
+/// carry a password.
+#[derive(Clone, PartialEq, Eq)]
+pub enum BackendUrl {
+    /// `redis://`, `rediss://`, `redis+unix://` or `unix://`: a [`RedisBackend`].
+    Redis(String),
+    /// `mongodb://` or `mongodb+srv://`: a [`MongoBackend`].
+    Mongo(String),
+}
+
+impl fmt::Debug for BackendUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BackendUrl::{}(<redacted>)", self.kind())
+    }
+}
+
+/// Why a `--backend` value was refused (clap prints it as the usage error).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendUrlError {
+    /// `memory`: an in-process backend cannot be shared with any other process.
+    #[error(
+        "the memory backend lives inside one process, so no other process could ever see the \
+         lock; use a shared backend: redis://HOST:PORT or mongodb://HOST:PORT"
+    )]
+    Memory,
+    /// Any other scheme, or no scheme at all.
+    #[error(
+        "unsupported backend URL {0:?}: expected redis://, rediss://, mongodb:// or mongodb+srv://"
+    )]
+    Unsupported(String),
+}
+
+impl BackendUrl {
+    /// Parses a `--backend` value by its scheme (case-insensitive).
+    pub fn parse(url: &str) -> Result<Self, BackendUrlError> {
+        let scheme = url
+            .split_once("://")
+            .map_or(url, |(scheme, _)| scheme)
+            .to_ascii_lowercase();
+        match scheme.as_str() {
+            "redis" | "rediss" | "redis+unix" | "unix" => Ok(BackendUrl::Redis(url.to_owned())),
+            "mongodb" | "mongodb+srv" => Ok(BackendUrl::Mongo(url.to_owned())),
+            "memory" => Err(BackendUrlError::Memory),
+            // Only the scheme: the rest may hold credentials.
+            _ => Err(BackendUrlError::Unsupported(format!("{scheme}://…"))),
+        }
+    }
+
+    /// `redis` or `mongo`, as the lock engine names its backends.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            BackendUrl::Redis(_) => "redis",
+            BackendUrl::Mongo(_) => "mongo",
+        }
+    }
+
+    /// Connects to the backend.
+    pub async fn connect(&self) -> LockResult<Arc<dyn Backend>> {
+        Ok(match self {
+            BackendUrl::Redis(url) => {
+                Arc::new(RedisBackend::connect(RedisBackendConfig::new(url.as_str())).await?)
+            }
+            BackendUrl::Mongo(url) => {
+                Arc::new(MongoBackend::connect(url, MongoBackendConfig::new()).await?)
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemes_choose_the_backend() {
+        for url in [
+            "redis://127.0.0.1:6379/0",
+            "REDIS://h",
+            "rediss://h:6380",
+            "unix:///tmp/r.sock",
+        ] {
+            assert_eq!(
+                BackendUrl::parse(url).map(|b| b.kind()),
+                Ok("redis"),
+                "{url}"
+            );
+        }
+        for url in ["mongodb://h:27017/db", "mongodb+srv://cluster.example"] {
+            assert_eq!(
+                BackendUrl::parse(url).map(|b| b.kind()),
+                Ok("mongo"),
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
+    fn memory_and_unknown_schemes_are_refused_without_echoing_credentials() {
+        assert_eq!(BackendUrl::parse("memory"), Err(BackendUrlError::Memory));
+        assert_eq!(BackendUrl::parse("memory://"), Err(BackendUrlError::Memory));
+        let error = BackendUrl::parse("http://user:secret@h").unwrap_err();
+        assert!(!error.to_string().contains("secret"), "{error}");
+        assert!(BackendUrl::parse("localhost:6379").is_err());
+    }
+
+    #[test]
+    fn debug_output_hides_the_url() {
+        let url = BackendUrl::parse("redis://:hunter2@h:6379").unwrap();
+        assert!(!format!("{url:?}").contains("hunter2"));
+    }
+}

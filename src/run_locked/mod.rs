@@ -1,0 +1,343 @@
+//! `turnstile lock`: run a command while holding a lock directly on a backend, like `flock`
+//! across machines.
+//!
+//! ```text
+//! turnstile lock --backend redis://redis:6379 nightly-report --ttl 30s -- ./report.sh
+//! ```
+//!
+//! The lock is acquired (waiting per `--wait`, default forever), the command runs with
+//! `TURNSTILE_FENCING_TOKEN` and `TURNSTILE_LOCK_KEY` in its environment, the lease is renewed
+//! every ttl/3, and the lock is released when the command exits. If the lease is lost (the
+//! backend no longer has it, or renewals failed until it ran out), the command is stopped —
+//! SIGTERM, then SIGKILL after `--grace` — because its critical section is no longer
+//! protected. SIGTERM and SIGINT sent to turnstile are passed on to the command.
+//!
+//! Exit codes: see [`exit_code`].
+
+mod backend_url;
+mod child;
+mod renewal;
+mod signals;
+
+use std::ffi::OsString;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::lock::{Backend, Lock, LockError, Locker, RetryPolicy};
+use crate::oneshot::{error_chain, init_logging, Outcome, EXIT_USAGE};
+
+pub use self::backend_url::{BackendUrl, BackendUrlError};
+pub use self::child::{shell_exit_code, Stopped, Supervised};
+pub use self::renewal::{keep_renewed, renewal_interval, Loss};
+pub use self::signals::TerminationSignals;
+
+/// The exit codes of `turnstile lock` besides the command's own. A command exiting with one of
+/// these numbers itself is indistinguishable from them (as with `flock`).
+pub mod exit_code {
+    /// The backend could not be reached (connect, or an error while acquiring).
+    pub const BACKEND_UNAVAILABLE: u8 = 69;
+    /// Something unexpected went wrong in turnstile itself.
+    pub const INTERNAL: u8 = 70;
+    /// The lock was not acquired within `--wait` (EX_TEMPFAIL, as commonly used with `flock -E`).
+    pub const NOT_ACQUIRED: u8 = 75;
+    /// The lock was lost while the command ran; the command was stopped.
+    pub const LOCK_LOST: u8 = 76;
+    /// The command exists but could not be executed (as in shells).
+    pub const CANNOT_EXECUTE: u8 = 126;
+    /// The command was not found (as in shells).
+    pub const COMMAND_NOT_FOUND: u8 = 127;
+}
+
+/// The exit codes, for `turnstile lock --help`.
+const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  the command's own     its exit code, or 128+N if signal N killed it
+  2                     usage error
+  69                    backend unreachable
+  70                    internal error
+  75                    lock not acquired within --wait
+  76                    lock lost while the command ran (the command was stopped)
+  126 / 127             command not executable / not found
+  128+N                 signal N (SIGTERM, SIGINT) received while waiting for the lock";
+
+/// Flags of `turnstile lock`.
+#[derive(Debug, Clone, clap::Args)]
+#[command(after_help = EXIT_CODES_HELP)]
+pub struct LockArgs {
+    /// Backend holding the lock: redis://HOST:PORT[/DB], rediss://…, mongodb://… or
+    /// mongodb+srv://… (memory is refused: no other process could see the lock).
+    #[arg(
+        long,
+        env = "TURNSTILE_BACKEND_URL",
+        hide_env_values = true,
+        value_parser = BackendUrl::parse
+    )]
+    pub backend: BackendUrl,
+    /// The lock's key in the backend; `<namespace>/<name or spec.key>` is the key of a
+    /// DistributedLock on the same backend, shared with its claims.
+    pub key: String,
+    /// Lease length; renewed every ttl/3 while the command runs (e.g. 30s, 2m).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub ttl: Duration,
+    /// How long to wait for the lock (e.g. 0s, 10s, 5m); default: forever.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub wait: Option<Duration>,
+    /// Holders admitted at once (a counting semaphore); every user of the key must agree.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_holders: u32,
+    /// After a lost lock, how long the command has between SIGTERM and SIGKILL.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub grace: Duration,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+/// The retry policy for `--wait`: forever when absent, a single attempt for zero.
+fn retry_policy(wait: Option<Duration>) -> RetryPolicy {
+    match wait {
+        None => RetryPolicy::forever(),
+        Some(wait) if wait.is_zero() => RetryPolicy::no_retry(),
+        Some(wait) => RetryPolicy::new().total_time(wait),
+    }
+}
+
+/// Runs `turnstile lock` and says how it ended. Everything (child process, lock, queue place)
+/// is cleaned up before it returns.
+pub async fn lock_command(args: LockArgs) -> Outcome {
+    init_logging();
+    // Caught before acquiring, so a SIGTERM while waiting still leaves the queue cleanly.
+    let mut signals = match TerminationSignals::catch() {
+        Ok(signals) => signals,
+        Err(error) => {
+            return Outcome::with_reason(
+                exit_code::INTERNAL,
+                format!("cannot catch SIGTERM/SIGINT: {error}"),
+            )
+        }
+    };
+    let backend = match args.backend.connect().await {
+        Ok(backend) => backend,
+        Err(error) => {
+            return Outcome::with_reason(
+                exit_code::BACKEND_UNAVAILABLE,
+                format!(
+                    "cannot connect to the {} backend: {}",
+                    args.backend.kind(),
+                    error_chain(&error)
+                ),
+            )
+        }
+    };
+    let lock = match acquire(&args, backend, &mut signals).await {
+        Ok(lock) => lock,
+        Err(outcome) => return outcome,
+    };
+    tracing::info!(key = %args.key, fencing_token = lock.fencing_token(), "lock acquired");
+    let outcome = hold(&args, &lock, &mut signals).await;
+    if let Err(error) = lock.release().await {
+        tracing::warn!(key = %args.key, fencing_token = lock.fencing_token(), error = %error_chain(&error), "release failed; the lease will run out");
+    }
+    outcome
+}
+
+/// Acquires the lock per `--wait`, or gives up on a termination signal (leaving the queue).
+async fn acquire(
+    args: &LockArgs,
+    backend: Arc<dyn Backend>,
+    signals: &mut TerminationSignals,
+) -> Result<Lock, Outcome> {
+    // An explicit owner token, so that the queue place can be cleaned up here if we give up.
+    let owner = uuid::Uuid::new_v4().simple().to_string();
+    let request = Locker::from_arc(Arc::clone(&backend))
+        .lock(args.key.as_str(), args.ttl)
+        .max_holders(args.max_holders)
+        .owner(owner.as_str())
+        .retry(retry_policy(args.wait));
+    let result = tokio::select! {
+        result = request.acquire() => result,
+        signal = signals.recv() => {
+            // Dropping the acquire only schedules its cleanup; the process is about to exit.
+            if let Err(error) = backend.release(&args.key, &owner, args.max_holders).await {
+                tracing::warn!(key = %args.key, error = %error_chain(&error), "could not leave the lock's queue; the place will age out");
+            }
+            return Err(Outcome::with_reason(
+                child::signal_exit_code(signal as i32),
+                format!("{signal} received while waiting for lock {:?}; gave up", args.key),
+            ));
+        }
+    };
+    result.map_err(|error| match error {
+        LockError::Timeout { elapsed, .. } => Outcome::with_reason(
+            exit_code::NOT_ACQUIRED,
+            format!(
+                "could not get lock {:?} within {} (waited {})",
+                args.key,
+                humantime::format_duration(args.wait.unwrap_or_default()),
+                humantime::format_duration(Duration::from_millis(elapsed.as_millis() as u64)),
+            ),
+        ),
+        LockError::InvalidArgument(message) => Outcome::with_reason(EXIT_USAGE, message),
+        LockError::BackendUnavailable { .. } => Outcome::with_reason(
+            exit_code::BACKEND_UNAVAILABLE,
+            format!(
+                "cannot acquire lock {:?}: {}",
+                args.key,
+                error_chain(&error)
+            ),
+        ),
+        LockError::LockLost { .. } => Outcome::with_reason(
+            exit_code::INTERNAL,
+            format!(
+                "cannot acquire lock {:?}: {}",
+                args.key,
+                error_chain(&error)
+            ),
+        ),
+    })
+}
+
+/// Runs the command while keeping the lease alive; stops it if the lease is lost.
+async fn hold(args: &LockArgs, lock: &Lock, signals: &mut TerminationSignals) -> Outcome {
+    let env = [
+        ("TURNSTILE_FENCING_TOKEN", lock.fencing_token().to_string()),
+        ("TURNSTILE_LOCK_KEY", args.key.clone()),
+    ];
+    let mut command = match Supervised::spawn(&args.command, &env) {
+        Ok(command) => command,
+        Err(error) => return spawn_failure(&args.command, &error),
+    };
+    tracing::debug!(pid = command.pid(), key = %args.key, "command started");
+    let renewing = keep_renewed(lock, renewal_interval(args.ttl));
+    tokio::pin!(renewing);
+    loop {
+        tokio::select! {
+            status = command.wait() => {
+                return match status {
+                    Ok(status) => Outcome::quiet(shell_exit_code(status)),
+                    Err(error) => Outcome::with_reason(
+                        exit_code::INTERNAL,
+                        format!("lost track of the command: {error}"),
+                    ),
+                };
+            }
+            signal = signals.recv() => {
+                tracing::info!(%signal, pid = command.pid(), "passing the signal on to the command");
+                command.signal(signal);
+            }
+            loss = &mut renewing => return stop_after_loss(args, lock, &mut command, &loss).await,
+        }
+    }
+}
+
+/// Stops the command after the lease was lost and says so.
+async fn stop_after_loss(
+    args: &LockArgs,
+    lock: &Lock,
+    command: &mut Supervised,
+    loss: &Loss,
+) -> Outcome {
+    // Info, not warn: the outcome line on stderr reports it once the command has stopped.
+    tracing::info!(key = %args.key, fencing_token = lock.fencing_token(), %loss, "lock lost; stopping the command");
+    let how = match command.stop(args.grace).await {
+        Ok(Stopped { killed: false, .. }) => "stopped the command (SIGTERM)".to_owned(),
+        Ok(Stopped { killed: true, .. }) => format!(
+            "killed the command (SIGKILL after {} grace)",
+            humantime::format_duration(args.grace)
+        ),
+        Err(error) => format!("could not confirm the command stopped: {error}"),
+    };
+    Outcome::with_reason(
+        exit_code::LOCK_LOST,
+        format!(
+            "lost lock {:?} (fencing token {}): {loss}; {how}",
+            args.key,
+            lock.fencing_token()
+        ),
+    )
+}
+
+/// Shell-like outcome of a command that could not be started.
+fn spawn_failure(command: &[OsString], error: &std::io::Error) -> Outcome {
+    let program = command
+        .first()
+        .map(|program| program.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let code = match error.kind() {
+        std::io::ErrorKind::NotFound => exit_code::COMMAND_NOT_FOUND,
+        _ => exit_code::CANNOT_EXECUTE,
+    };
+    Outcome::with_reason(code, format!("cannot run {program:?}: {error}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Harness {
+        #[command(flatten)]
+        lock: LockArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<LockArgs, clap::Error> {
+        Harness::try_parse_from(std::iter::once("lock").chain(args.iter().copied()))
+            .map(|harness| harness.lock)
+    }
+
+    #[test]
+    fn parses_durations_and_the_command_after_the_separator() {
+        let args = parse(&[
+            "--backend",
+            "redis://h:6379",
+            "jobs",
+            "--ttl",
+            "2m",
+            "--wait",
+            "1h30m",
+            "--max-holders",
+            "3",
+            "--",
+            "sh",
+            "-c",
+            "echo --ttl",
+        ])
+        .unwrap();
+        assert_eq!(args.key, "jobs");
+        assert_eq!(args.ttl, Duration::from_secs(120));
+        assert_eq!(args.wait, Some(Duration::from_secs(5400)));
+        assert_eq!(args.max_holders, 3);
+        assert_eq!(args.grace, Duration::from_secs(10));
+        assert_eq!(args.command, ["sh", "-c", "echo --ttl"]);
+    }
+
+    #[test]
+    fn refuses_memory_zero_holders_bad_durations_and_a_missing_command() {
+        let memory = parse(&["--backend", "memory", "k", "--", "true"]).unwrap_err();
+        assert!(memory.to_string().contains("memory backend"), "{memory}");
+        assert!(parse(&[
+            "--backend",
+            "redis://h",
+            "k",
+            "--max-holders",
+            "0",
+            "--",
+            "true"
+        ])
+        .is_err());
+        assert!(parse(&["--backend", "redis://h", "k", "--ttl", "soon", "--", "true"]).is_err());
+        assert!(parse(&["--backend", "redis://h", "k"]).is_err());
+    }
+
+    #[test]
+    fn wait_flag_maps_to_the_retry_policy() {
+        assert_eq!(retry_policy(None).fail_after_limit(), None);
+        let zero = format!("{:?}", retry_policy(Some(Duration::ZERO)));
+        assert!(zero.contains("retry_times: Some(0)"), "{zero}");
+        let bounded = format!("{:?}", retry_policy(Some(Duration::from_secs(5))));
+        assert!(bounded.contains("total_time: Some(5s)"), "{bounded}");
+        let forever = format!("{:?}", retry_policy(None));
+        assert!(forever.contains("total_time: None"), "{forever}");
+    }
+}

@@ -1,0 +1,438 @@
+//! `turnstile wait`: block until a LockClaim is `Held`, for init containers and scripts.
+//!
+//! ```text
+//! turnstile wait "$(POD_NAME)-db" --create --lock db-migrations --timeout 10m
+//! ```
+//!
+//! With `--create` the claim is created owned by the current Pod (name, uid and namespace
+//! from the downward API: `POD_NAME`, `POD_UID`, `POD_NAMESPACE`), so the controller renews
+//! the grant while the Pod runs and releases it when the Pod finishes. The wait runs on a
+//! watch of the one claim; when it is `Held` the fencing token is printed on stdout (and
+//! written to `--token-file`). Any other ending exits non-zero with one line on stderr; see
+//! [`exit_code`].
+//!
+//! A client-side `--timeout` leaves the claim queued: an init container restarted by the
+//! kubelet finds its claim again and keeps its place in the queue.
+
+mod create;
+mod verdict;
+
+use std::path::PathBuf;
+use std::pin::pin;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::Api;
+use kube::runtime::watcher;
+use kube::Client;
+use tokio::time::Instant;
+
+use crate::api::{ClaimPhase, DistributedLock, LockClaim};
+use crate::oneshot::{error_chain, init_logging, Outcome, EXIT_USAGE};
+
+pub use self::create::{
+    check_adoptable, claim_for_pod, create_or_adopt, AdoptError, Created, PodIdentity,
+};
+pub use self::verdict::{assess, describe, Verdict};
+
+/// The exit codes of `turnstile wait`.
+pub mod exit_code {
+    /// Held: the fencing token was printed.
+    pub const HELD: u8 = 0;
+    /// The API server could not be reached or refused a request (configuration, RBAC, ...).
+    pub const ERROR: u8 = 1;
+    /// The claim is `Failed` (acquire timeout, invalid spec, ...).
+    pub const FAILED: u8 = 3;
+    /// The claim is `Expired`: its lease ran out or its lock was deleted.
+    pub const EXPIRED: u8 = 4;
+    /// The claim is `Released` (or was withdrawn) before we saw it held.
+    pub const RELEASED: u8 = 5;
+    /// The claim's DistributedLock does not exist.
+    pub const LOCK_NOT_FOUND: u8 = 6;
+    /// The claim does not exist (without `--create`), was deleted, or is being deleted.
+    pub const CLAIM_NOT_FOUND: u8 = 7;
+    /// With `--create`: a claim of that name exists for another lock or another Pod.
+    pub const CLAIM_CONFLICT: u8 = 8;
+    /// `--timeout` passed before the claim was held (EX_TEMPFAIL, as for `turnstile lock`).
+    pub const TIMEOUT: u8 = 75;
+}
+
+/// The exit codes, for `turnstile wait --help`.
+const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0    Held; the fencing token is on stdout
+  1    API server unreachable or request refused (kubeconfig, RBAC)
+  2    usage error (e.g. --create without POD_NAME/POD_UID)
+  3    claim Failed
+  4    claim Expired
+  5    claim Released
+  6    the claim's DistributedLock does not exist
+  7    claim not found, or deleted while waiting
+  8    --create: a claim of that name belongs to another Pod or lock
+  75   --timeout passed";
+
+/// How often the existence of a DistributedLock is asked for before an error is accepted.
+const LOCK_CHECK_ATTEMPTS: u32 = 3;
+/// Pause between those attempts.
+const LOCK_CHECK_PAUSE: Duration = Duration::from_secs(1);
+/// Longest pause between watch retries after errors.
+const MAX_WATCH_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Flags of `turnstile wait`.
+#[derive(Debug, Clone, clap::Args)]
+#[command(after_help = EXIT_CODES_HELP)]
+pub struct WaitArgs {
+    /// The LockClaim to wait for.
+    pub claim: String,
+    /// Create the claim, owned by this Pod, if it does not exist yet (needs --lock, POD_NAME,
+    /// POD_UID).
+    #[arg(long, requires = "lock")]
+    pub create: bool,
+    /// With --create: the DistributedLock the claim asks for.
+    #[arg(long, requires = "create", value_name = "NAME")]
+    pub lock: Option<String>,
+    /// Give up after this long (e.g. 30s, 10m); default: wait as long as it takes.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub timeout: Option<Duration>,
+    /// Namespace of the claim; default: the Pod's (POD_NAMESPACE), else the kubeconfig's.
+    #[arg(long, short = 'n', env = "POD_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// With --create: the owning Pod's name (downward API `metadata.name`).
+    #[arg(long, env = "POD_NAME", value_name = "NAME")]
+    pub pod_name: Option<String>,
+    /// With --create: the owning Pod's uid (downward API `metadata.uid`).
+    #[arg(long, env = "POD_UID", value_name = "UID")]
+    pub pod_uid: Option<String>,
+    /// Also write the fencing token to this file (e.g. on a volume shared with the app).
+    #[arg(long, value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+}
+
+/// Runs `turnstile wait` and says how it ended.
+pub async fn wait_command(args: WaitArgs) -> Outcome {
+    init_logging();
+    let owner = match owner_pod(&args) {
+        Ok(owner) => owner,
+        Err(outcome) => return outcome,
+    };
+    let mut last_seen = None;
+    let waiting = wait_for_claim(&args, owner.as_ref(), &mut last_seen);
+    let Some(timeout) = args.timeout else {
+        return waiting.await;
+    };
+    match tokio::time::timeout_at(Instant::now() + timeout, waiting).await {
+        Ok(outcome) => outcome,
+        Err(_elapsed) => Outcome::with_reason(
+            exit_code::TIMEOUT,
+            format!(
+                "timed out after {} waiting for LockClaim {} to be Held; it is {}",
+                humantime::format_duration(timeout),
+                args.claim,
+                last_seen
+                    .as_ref()
+                    .map_or_else(|| "not read yet".to_owned(), describe)
+            ),
+        ),
+    }
+}
+
+/// The Pod to own a `--create`d claim, from the flags or the downward API.
+fn owner_pod(args: &WaitArgs) -> Result<Option<PodIdentity>, Outcome> {
+    if !args.create {
+        return Ok(None);
+    }
+    let given = |value: &Option<String>| value.clone().filter(|value| !value.is_empty());
+    let (Some(name), Some(uid)) = (given(&args.pod_name), given(&args.pod_uid)) else {
+        return Err(Outcome::with_reason(
+            EXIT_USAGE,
+            "--create needs the Pod's name and uid: set POD_NAME and POD_UID from the downward \
+             API (fieldRef metadata.name / metadata.uid), or pass --pod-name and --pod-uid",
+        ));
+    };
+    // An ownerReference must point into the claim's own namespace, or the garbage collector
+    // treats the owner as gone and deletes the claim.
+    if let (Ok(pod_namespace), Some(namespace)) =
+        (std::env::var("POD_NAMESPACE"), args.namespace.as_ref())
+    {
+        if !pod_namespace.is_empty() && pod_namespace != *namespace {
+            return Err(Outcome::with_reason(
+                EXIT_USAGE,
+                format!(
+                    "--create makes a claim owned by this Pod, so it must live in the Pod's \
+                     namespace {pod_namespace:?}, not {namespace:?}"
+                ),
+            ));
+        }
+    }
+    Ok(Some(PodIdentity { name, uid }))
+}
+
+/// Everything but the timeout. `last_seen` keeps the latest claim, for the timeout message.
+async fn wait_for_claim(
+    args: &WaitArgs,
+    owner: Option<&PodIdentity>,
+    last_seen: &mut Option<LockClaim>,
+) -> Outcome {
+    let client = match Client::try_default().await {
+        Ok(client) => client,
+        Err(error) => {
+            return Outcome::with_reason(
+                exit_code::ERROR,
+                format!(
+                    "cannot configure a Kubernetes client (in-cluster or KUBECONFIG): {}",
+                    error_chain(&error)
+                ),
+            )
+        }
+    };
+    let namespace = args
+        .namespace
+        .clone()
+        .filter(|namespace| !namespace.is_empty())
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let claims: Api<LockClaim> = Api::namespaced(client.clone(), &namespace);
+    let locks: Api<DistributedLock> = Api::namespaced(client, &namespace);
+    let target = Target {
+        claim: &args.claim,
+        namespace: &namespace,
+        locks: &locks,
+    };
+
+    let claim = match (owner, args.lock.as_deref()) {
+        (Some(pod), Some(lock)) => {
+            // Checked first, so that a typo does not leave a claim behind.
+            if let Some(outcome) = target.confirm_lock_missing(lock, false).await {
+                return outcome;
+            }
+            let wanted = claim_for_pod(&args.claim, &namespace, lock, pod);
+            match create_or_adopt(&claims, &wanted, pod).await {
+                Ok(Created::New(claim)) => {
+                    tracing::info!(claim = %args.claim, %namespace, lock, pod = %pod.name, "claim created");
+                    claim
+                }
+                Ok(Created::Existing(claim)) => claim,
+                Ok(Created::Conflict(conflict)) => {
+                    return Outcome::with_reason(exit_code::CLAIM_CONFLICT, conflict.to_string())
+                }
+                Err(error) => return target.api_failure("create", &error),
+            }
+        }
+        _ => match claims.get_opt(&args.claim).await {
+            Ok(Some(claim)) => claim,
+            Ok(None) => return target.claim_gone("does not exist"),
+            Err(error) => return target.api_failure("read", &error),
+        },
+    };
+    if owner.is_none() {
+        if let Some(outcome) = target
+            .confirm_lock_missing(&claim.spec.lock_name, false)
+            .await
+        {
+            return outcome;
+        }
+    }
+    if let Some(outcome) = target.judge(&claim, args).await {
+        return outcome;
+    }
+    *last_seen = Some(claim);
+
+    // From here on only the watch: no polling.
+    let mut updates = pin!(watcher::watch_object(claims, &args.claim));
+    let mut backoff = Duration::from_millis(100);
+    while let Some(update) = updates.next().await {
+        match update {
+            Ok(Some(claim)) => {
+                backoff = Duration::from_millis(100);
+                if let Some(outcome) = target.judge(&claim, args).await {
+                    return outcome;
+                }
+                tracing::debug!(claim = %args.claim, state = %describe(&claim), "still waiting");
+                *last_seen = Some(claim);
+            }
+            Ok(None) => return target.claim_gone("was deleted while waiting"),
+            Err(error) if watch_forbidden(&error) => {
+                return Outcome::with_reason(
+                    exit_code::ERROR,
+                    format!(
+                        "cannot watch LockClaim {} in namespace {namespace}: {}",
+                        args.claim,
+                        error_chain(&error)
+                    ),
+                )
+            }
+            Err(error) => {
+                tracing::warn!(claim = %args.claim, error = %error_chain(&error), retry_in_ms = backoff.as_millis() as u64, "watch failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_WATCH_BACKOFF);
+            }
+        }
+    }
+    Outcome::with_reason(
+        exit_code::ERROR,
+        format!("the watch of LockClaim {} ended unexpectedly", args.claim),
+    )
+}
+
+/// The claim being waited for, and how to talk about it.
+struct Target<'a> {
+    claim: &'a str,
+    namespace: &'a str,
+    locks: &'a Api<DistributedLock>,
+}
+
+impl Target<'_> {
+    /// The outcome for the claim as it is now, or `None` to keep waiting.
+    async fn judge(&self, claim: &LockClaim, args: &WaitArgs) -> Option<Outcome> {
+        match assess(claim) {
+            Verdict::Held { fencing_token } => Some(held(fencing_token, args)),
+            Verdict::Waiting => None,
+            Verdict::LockMissing => self.confirm_lock_missing(&claim.spec.lock_name, true).await,
+            Verdict::Ended { phase } => {
+                let code = match phase {
+                    ClaimPhase::Failed => exit_code::FAILED,
+                    ClaimPhase::Expired => exit_code::EXPIRED,
+                    _ => exit_code::RELEASED,
+                };
+                Some(Outcome::with_reason(
+                    code,
+                    format!(
+                        "LockClaim {} in namespace {} will not be held: it is {}",
+                        self.claim,
+                        self.namespace,
+                        describe(claim)
+                    ),
+                ))
+            }
+            Verdict::Deleting => Some(self.claim_gone("is being deleted")),
+        }
+    }
+
+    /// `Some(outcome)` if DistributedLock `lock` does not exist. A lock that exists means wait
+    /// on (the controller's `LockNotFound` may predate it). If the lock cannot be read, the
+    /// claim's status decides: `status_says_missing` is whether it reports `LockNotFound`.
+    async fn confirm_lock_missing(&self, lock: &str, status_says_missing: bool) -> Option<Outcome> {
+        let missing = Outcome::with_reason(
+            exit_code::LOCK_NOT_FOUND,
+            format!(
+                "DistributedLock {lock} does not exist in namespace {} (claimed by LockClaim {})",
+                self.namespace, self.claim
+            ),
+        );
+        let mut attempts_left = LOCK_CHECK_ATTEMPTS;
+        loop {
+            attempts_left -= 1;
+            match self.locks.get_opt(lock).await {
+                Ok(Some(_)) => return None,
+                Ok(None) => return Some(missing),
+                Err(error) => {
+                    let forbidden =
+                        matches!(&error, kube::Error::Api(status) if status.is_forbidden());
+                    if forbidden || attempts_left == 0 {
+                        tracing::warn!(lock, error = %error_chain(&error), "cannot check that the DistributedLock exists; relying on the claim's status");
+                        return status_says_missing.then_some(missing);
+                    }
+                    tokio::time::sleep(LOCK_CHECK_PAUSE).await;
+                }
+            }
+        }
+    }
+
+    fn claim_gone(&self, what: &str) -> Outcome {
+        Outcome::with_reason(
+            exit_code::CLAIM_NOT_FOUND,
+            format!(
+                "LockClaim {} in namespace {} {what}",
+                self.claim, self.namespace
+            ),
+        )
+    }
+
+    fn api_failure(&self, verb: &str, error: &kube::Error) -> Outcome {
+        Outcome::with_reason(
+            exit_code::ERROR,
+            format!(
+                "cannot {verb} LockClaim {} in namespace {}: {}",
+                self.claim,
+                self.namespace,
+                error_chain(error)
+            ),
+        )
+    }
+}
+
+/// Reports a grant: the token on stdout and in `--token-file`.
+fn held(fencing_token: u64, args: &WaitArgs) -> Outcome {
+    if let Some(path) = &args.token_file {
+        if let Err(error) = std::fs::write(path, format!("{fencing_token}\n")) {
+            return Outcome::with_reason(
+                exit_code::ERROR,
+                format!(
+                    "LockClaim {} is Held (fencing token {fencing_token}) but the token file {} \
+                     cannot be written: {error}",
+                    args.claim,
+                    path.display()
+                ),
+            );
+        }
+    }
+    println!("{fencing_token}");
+    Outcome::quiet(exit_code::HELD)
+}
+
+/// Whether a watch error is a 403: retrying will not help until RBAC changes.
+fn watch_forbidden(error: &watcher::Error) -> bool {
+    let status = match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status,
+        watcher::Error::WatchError(status) => status,
+        _ => return false,
+    };
+    status.is_forbidden()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Harness {
+        #[command(flatten)]
+        wait: WaitArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<WaitArgs, clap::Error> {
+        Harness::try_parse_from(std::iter::once("wait").chain(args.iter().copied()))
+            .map(|harness| harness.wait)
+    }
+
+    #[test]
+    fn create_and_lock_go_together() {
+        let args = parse(&["c", "--create", "--lock", "db", "--timeout", "10m"]).unwrap();
+        assert!(args.create);
+        assert_eq!(args.lock.as_deref(), Some("db"));
+        assert_eq!(args.timeout, Some(Duration::from_secs(600)));
+        assert!(parse(&["c", "--create"]).is_err());
+        assert!(parse(&["c", "--lock", "db"]).is_err());
+        assert!(parse(&["c", "--timeout", "later"]).is_err());
+    }
+
+    #[test]
+    fn create_needs_the_pod_identity() {
+        let mut args = parse(&["c", "--create", "--lock", "db"]).unwrap();
+        args.pod_name = None;
+        args.pod_uid = Some("u".into());
+        assert_eq!(owner_pod(&args).unwrap_err().code, EXIT_USAGE);
+        args.pod_name = Some("p".into());
+        assert_eq!(
+            owner_pod(&args).unwrap(),
+            Some(PodIdentity {
+                name: "p".into(),
+                uid: "u".into()
+            })
+        );
+        args.create = false;
+        assert_eq!(owner_pod(&args).unwrap(), None);
+    }
+}

@@ -1,0 +1,500 @@
+//! `turnstile lock` end to end: the built binary against a real `redis-server`.
+//!
+//! - the command runs with its fencing token and key in the environment, its exit status is
+//!   passed through like a shell's, and the lock is released afterwards;
+//! - a second `turnstile lock` on the key waits for the first and gets a larger token;
+//!   `--max-holders 2` admits two at once; `--wait 1s` on a held key exits 75;
+//! - SIGTERM is passed on to the command; SIGTERM while waiting leaves the queue;
+//! - a lost lock (holder keys deleted, or Redis gone until the lease runs out) stops the
+//!   command and everything it started (SIGKILL after `--grace` if SIGTERM is ignored) and
+//!   exits 76;
+//! - concurrent processes never overlap in the critical section (violations counted);
+//! - memory backends are refused (2) and unreachable ones reported (69).
+
+use std::path::PathBuf;
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tempfile::TempDir;
+use test_servers::RedisServer;
+use tokio::process::{Child, Command};
+
+/// Upper bound on anything that should finish in a few seconds, even on a loaded box.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+const NOT_ACQUIRED: i32 = 75;
+const LOCK_LOST: i32 = 76;
+
+/// A `redis-server` and a scratch directory the commands run in.
+struct Fixture {
+    server: Option<RedisServer>,
+    url: String,
+    dir: TempDir,
+    connection: redis::aio::MultiplexedConnection,
+}
+
+impl Fixture {
+    async fn start() -> Self {
+        let server = tokio::task::spawn_blocking(RedisServer::start)
+            .await
+            .expect("launcher thread")
+            .expect("redis-server starts");
+        let connection = redis::Client::open(server.url())
+            .expect("client")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis connection");
+        Fixture {
+            url: server.url().to_owned(),
+            server: Some(server),
+            dir: tempfile::tempdir().unwrap(),
+            connection,
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `turnstile lock --backend URL KEY ARGS… -- sh -c SCRIPT`, run in the directory.
+    fn lock(&self, key: &str, args: &[&str], script: &str) -> Child {
+        spawn_lock(&self.url, key, args, script, &self.dir)
+    }
+
+    /// Runs `turnstile lock` to the end.
+    async fn run(&self, key: &str, args: &[&str], script: &str) -> Output {
+        finish(self.lock(key, args, script)).await
+    }
+
+    /// Starts a holder whose command touches `marker`, then waits for file `go`; returns once
+    /// the command runs.
+    async fn holder(&self, key: &str, args: &[&str], marker: &str) -> Child {
+        let child = self.lock(key, args, &format!("touch {marker}; {AWAIT_GO}"));
+        self.until_exists(marker).await;
+        child
+    }
+
+    /// Lets every holder started with [`Fixture::holder`] finish.
+    fn go(&self) {
+        std::fs::write(self.path("go"), "").unwrap();
+    }
+
+    async fn until_exists(&self, name: &str) {
+        let path = self.path(name);
+        eventually(&format!("{name} exists"), || path.exists()).await;
+    }
+
+    /// Members of one of the engine's sorted sets for `key` (`holders` or `queue`).
+    async fn zcard(&mut self, key: &str, set: &str) -> u64 {
+        redis::cmd("ZCARD")
+            .arg(format!("turnstile:{{{key}}}:{set}"))
+            .query_async(&mut self.connection)
+            .await
+            .expect("ZCARD")
+    }
+
+    /// Waits until someone is queued for `key`.
+    async fn until_queued(&mut self, key: &str) {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while self.zcard(key, "queue").await == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "nobody queued for {key}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Deletes `key`'s holder lease(s) behind the holders' backs.
+    async fn delete_holders(&mut self, key: &str) {
+        let _: () = redis::cmd("DEL")
+            .arg(format!("turnstile:{{{key}}}:holders"))
+            .arg(format!("turnstile:{{{key}}}:tokens"))
+            .query_async(&mut self.connection)
+            .await
+            .unwrap();
+    }
+
+    /// Stops the server (by PID).
+    fn stop_server(&mut self) {
+        self.server = None;
+    }
+}
+
+/// `turnstile lock --backend URL KEY ARGS… -- sh -c SCRIPT`, run in `dir`.
+fn spawn_lock(url: &str, key: &str, args: &[&str], script: &str, dir: &TempDir) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .arg("lock")
+        .args(["--backend", url, key])
+        .args(args)
+        .args(["--", "sh", "-c", script])
+        .current_dir(dir.path())
+        .env_remove("TURNSTILE_BACKEND_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn turnstile")
+}
+
+/// Waits (bounded) for the process to end.
+async fn finish(child: Child) -> Output {
+    tokio::time::timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("turnstile lock finished in time")
+        .expect("turnstile output")
+}
+
+fn code(output: &Output) -> i32 {
+    output
+        .status
+        .code()
+        .unwrap_or_else(|| panic!("turnstile itself was killed: {output:?}"))
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Polls (bounded) until `condition` holds.
+async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !condition() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn read_token(path: PathBuf) -> u64 {
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|error| panic!("{}: {error}", path.display()))
+        .trim()
+        .parse()
+        .expect("a numeric token")
+}
+
+fn pid_of(child: &Child) -> Pid {
+    Pid::from_raw(i32::try_from(child.id().expect("running")).unwrap())
+}
+
+/// Whether `pid` is gone (or a zombie nobody reaped yet: it runs no code either).
+fn process_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // Field 3, after the parenthesised command name, is the state.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+    }
+}
+
+/// A shell loop that waits (at most 60 s) for file `go` to appear.
+const AWAIT_GO: &str = "i=0; while [ ! -e go ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done";
+
+#[tokio::test]
+async fn runs_the_command_with_its_token_and_key_then_releases() {
+    let mut fx = Fixture::start().await;
+    let script = r#"echo "$TURNSTILE_FENCING_TOKEN $TURNSTILE_LOCK_KEY""#;
+    let first = fx.run("team/report", &[], script).await;
+    assert_eq!(code(&first), 0, "{}", stderr(&first));
+    assert_eq!(stdout(&first), "1 team/report\n");
+    assert_eq!(fx.zcard("team/report", "holders").await, 0, "released");
+
+    let second = fx.run("team/report", &[], script).await;
+    assert_eq!(stdout(&second), "2 team/report\n", "{}", stderr(&second));
+}
+
+#[tokio::test]
+async fn exit_status_is_the_commands_as_a_shell_reports_it() {
+    let mut fx = Fixture::start().await;
+    let exit_7 = fx.run("k", &[], "exit 7").await;
+    assert_eq!(code(&exit_7), 7);
+    assert_eq!(
+        stderr(&exit_7),
+        "",
+        "a command's own failure is not turnstile's to report"
+    );
+    let killed = fx.run("k", &[], "kill -TERM $$").await;
+    assert_eq!(code(&killed), 128 + 15);
+
+    let missing = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["lock", "--backend", &fx.url, "k", "--"])
+        .arg("/nonexistent/turnstile-test-command")
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(code(&missing), 127);
+    assert!(
+        stderr(&missing).contains("cannot run"),
+        "{}",
+        stderr(&missing)
+    );
+    assert_eq!(
+        fx.zcard("k", "holders").await,
+        0,
+        "released after every run"
+    );
+}
+
+#[tokio::test]
+async fn a_second_holder_waits_for_the_first_and_gets_a_larger_token() {
+    let mut fx = Fixture::start().await;
+    let first = fx.lock(
+        "deploy",
+        &[],
+        &format!("echo $TURNSTILE_FENCING_TOKEN > first.token; {AWAIT_GO}; touch first.done"),
+    );
+    fx.until_exists("first.token").await;
+    // The second may only run once the first's command has finished.
+    let second = fx.lock(
+        "deploy",
+        &[],
+        "test -e first.done || exit 99; echo $TURNSTILE_FENCING_TOKEN > second.token",
+    );
+    fx.until_queued("deploy").await;
+    assert!(!fx.path("second.token").exists());
+    fx.go();
+
+    let (first, second) = (finish(first).await, finish(second).await);
+    assert_eq!(code(&first), 0, "{}", stderr(&first));
+    assert_eq!(
+        code(&second),
+        0,
+        "second ran before the first finished: {}",
+        stderr(&second)
+    );
+    let (a, b) = (
+        read_token(fx.path("first.token")),
+        read_token(fx.path("second.token")),
+    );
+    assert!(b > a, "tokens must increase: first {a}, second {b}");
+}
+
+#[tokio::test]
+async fn max_holders_admits_that_many_at_once() {
+    let fx = Fixture::start().await;
+    let script = |name: &str| {
+        format!("touch {name}.in; {AWAIT_GO}; echo $TURNSTILE_FENCING_TOKEN > {name}.token")
+    };
+    let a = fx.lock("pool", &["--max-holders", "2"], &script("a"));
+    let b = fx.lock("pool", &["--max-holders", "2"], &script("b"));
+    // Both inside at once: neither can leave before `go`.
+    fx.until_exists("a.in").await;
+    fx.until_exists("b.in").await;
+    fx.go();
+    let (a, b) = (finish(a).await, finish(b).await);
+    assert_eq!(
+        (code(&a), code(&b)),
+        (0, 0),
+        "{} {}",
+        stderr(&a),
+        stderr(&b)
+    );
+    assert_ne!(
+        read_token(fx.path("a.token")),
+        read_token(fx.path("b.token"))
+    );
+}
+
+#[tokio::test]
+async fn wait_gives_up_on_a_held_key_and_sigterm_reaches_the_holders_command() {
+    let mut fx = Fixture::start().await;
+    let holder = fx.holder("busy", &[], "held").await;
+
+    let impatient = fx.run("busy", &["--wait", "1s"], "touch ran").await;
+    assert_eq!(code(&impatient), NOT_ACQUIRED, "{}", stderr(&impatient));
+    let message = stderr(&impatient);
+    assert!(
+        message.contains("could not get lock \"busy\" within 1s"),
+        "{message}"
+    );
+    assert!(
+        !fx.path("ran").exists(),
+        "the command must not run without the lock"
+    );
+    assert_eq!(
+        fx.zcard("busy", "queue").await,
+        0,
+        "gave up its queue place"
+    );
+
+    // SIGTERM to turnstile goes on to the command (the shell and its sleep); turnstile then
+    // releases and reports the command's death like a shell.
+    kill(pid_of(&holder), Signal::SIGTERM).unwrap();
+    let holder = finish(holder).await;
+    assert_eq!(code(&holder), 128 + 15, "{}", stderr(&holder));
+    assert_eq!(fx.zcard("busy", "holders").await, 0, "released");
+}
+
+#[tokio::test]
+async fn sigterm_while_waiting_leaves_the_queue() {
+    let mut fx = Fixture::start().await;
+    let holder = fx.holder("q", &[], "held").await;
+    let waiter = fx.lock("q", &[], "touch ran");
+    fx.until_queued("q").await;
+    kill(pid_of(&waiter), Signal::SIGTERM).unwrap();
+    let waiter = finish(waiter).await;
+    assert_eq!(code(&waiter), 128 + 15, "{}", stderr(&waiter));
+    assert!(
+        stderr(&waiter).contains("while waiting for lock"),
+        "{}",
+        stderr(&waiter)
+    );
+    assert_eq!(fx.zcard("q", "queue").await, 0, "left the queue");
+    assert!(!fx.path("ran").exists());
+
+    fx.go();
+    assert_eq!(code(&finish(holder).await), 0);
+}
+
+#[tokio::test]
+async fn a_lost_lock_stops_the_command_and_what_it_started() {
+    let mut fx = Fixture::start().await;
+    // The shell starts a background sleep and waits for it: both must be stopped.
+    let holder = fx.lock(
+        "fragile",
+        &["--ttl", "2s"],
+        "sleep 60 & echo $! > sleeper.pid; wait; touch survived",
+    );
+    let pid_file = fx.path("sleeper.pid");
+    eventually("the command runs", || {
+        std::fs::read_to_string(&pid_file).is_ok_and(|pid| pid.ends_with('\n'))
+    })
+    .await;
+    let sleeper: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+
+    fx.delete_holders("fragile").await;
+    let holder = finish(holder).await;
+    assert_eq!(code(&holder), LOCK_LOST, "{}", stderr(&holder));
+    let message = stderr(&holder);
+    assert!(
+        message.contains("lost lock \"fragile\" (fencing token 1)"),
+        "{message}"
+    );
+    assert!(message.contains("no longer holds our lease"), "{message}");
+    assert!(
+        message.contains("stopped the command (SIGTERM)"),
+        "{message}"
+    );
+    eventually("the background sleep is stopped too", || {
+        process_gone(sleeper)
+    })
+    .await;
+    assert!(!fx.path("survived").exists());
+}
+
+#[tokio::test]
+async fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {
+    let mut fx = Fixture::start().await;
+    let holder = fx.lock(
+        "stubborn",
+        &["--ttl", "2s", "--grace", "1s"],
+        "trap '' TERM; touch ready; i=0; \
+         while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; touch survived",
+    );
+    fx.until_exists("ready").await;
+    fx.delete_holders("stubborn").await;
+    let holder = finish(holder).await;
+    assert_eq!(code(&holder), LOCK_LOST, "{}", stderr(&holder));
+    assert!(
+        stderr(&holder).contains("SIGKILL after 1s grace"),
+        "{}",
+        stderr(&holder)
+    );
+    assert!(!fx.path("survived").exists());
+}
+
+#[tokio::test]
+async fn a_backend_outage_stops_the_command_once_the_lease_runs_out() {
+    let mut fx = Fixture::start().await;
+    let holder = fx.lock(
+        "outage",
+        &["--ttl", "2s", "--grace", "1s"],
+        "touch ready; sleep 60; touch survived",
+    );
+    fx.until_exists("ready").await;
+    fx.stop_server(); // renewals now fail
+    let holder = finish(holder).await;
+    assert_eq!(code(&holder), LOCK_LOST, "{}", stderr(&holder));
+    assert!(
+        stderr(&holder).contains("lease ran out"),
+        "{}",
+        stderr(&holder)
+    );
+    assert!(!fx.path("survived").exists());
+}
+
+/// Four processes, three rounds each, on one mutex: the critical section (an atomic `mkdir`
+/// marker) is never entered by two at once, and the tokens are all distinct.
+#[tokio::test]
+async fn concurrent_processes_never_overlap() {
+    const WORKERS: usize = 4;
+    const ROUNDS: usize = 3;
+    let fx = std::sync::Arc::new(Fixture::start().await);
+    let section = "if mkdir inside 2>/dev/null; then sleep 0.05; rmdir inside; \
+                   else echo overlap >> violations; fi; echo $TURNSTILE_FENCING_TOKEN >> tokens";
+    let mut workers = Vec::new();
+    for _ in 0..WORKERS {
+        let fx = fx.clone();
+        workers.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let output = fx.run("mutex", &[], section).await;
+                assert_eq!(code(&output), 0, "{}", stderr(&output));
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    let violations = std::fs::read_to_string(fx.path("violations"))
+        .map(|text| text.lines().count())
+        .unwrap_or(0);
+    assert_eq!(violations, 0, "critical sections overlapped");
+    let mut tokens: Vec<u64> = std::fs::read_to_string(fx.path("tokens"))
+        .unwrap()
+        .lines()
+        .map(|line| line.parse().unwrap())
+        .collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(
+        tokens.len(),
+        WORKERS * ROUNDS,
+        "every grant has its own token"
+    );
+}
+
+#[tokio::test]
+async fn memory_is_refused_and_an_unreachable_backend_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = finish(spawn_lock("memory://", "k", &[], "touch ran", &dir)).await;
+    assert_eq!(code(&memory), 2);
+    assert!(
+        stderr(&memory).contains("memory backend"),
+        "{}",
+        stderr(&memory)
+    );
+
+    let port = test_servers::free_port().unwrap();
+    let url = format!("redis://127.0.0.1:{port}/");
+    let unreachable = finish(spawn_lock(&url, "k", &[], "touch ran", &dir)).await;
+    assert_eq!(code(&unreachable), 69, "{}", stderr(&unreachable));
+    let message = stderr(&unreachable);
+    assert!(
+        message.contains("cannot connect to the redis backend"),
+        "{message}"
+    );
+    assert!(!dir.path().join("ran").exists());
+}

@@ -1,0 +1,458 @@
+//! `turnstile wait` end to end: the built binary against the fake API server (`KUBECONFIG`
+//! pointing at it). The test plays the controller, writing the claim's status through
+//! `/status`, so these tests do not depend on the controller.
+//!
+//! - a claim that becomes Held (after Pending) prints its token and exits 0, on the watch;
+//! - Failed / Expired / Released exit 3 / 4 / 5 with one line naming phase and reason;
+//! - `--timeout` exits 75 naming where the claim stands;
+//! - a missing DistributedLock exits 6 (before creating anything, and when the status says
+//!   LockNotFound); a LockNotFound status for a lock that exists by now keeps waiting;
+//! - a missing or deleted claim exits 7;
+//! - `--create` makes the claim owned by the Pod from the downward API variables, adopts it
+//!   again after a restart, refuses another Pod's claim (8), and `--token-file` gets the token.
+
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use fake_apiserver::FakeApiServer;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::{json, Value};
+use tokio::process::{Child, Command};
+use turnstile::api::{DistributedLock, LockClaim};
+
+/// Upper bound on anything that should finish in a few seconds, even on a loaded box.
+const PATIENCE: Duration = Duration::from_secs(60);
+const NAMESPACE: &str = "default";
+
+/// A fake API server with the CRDs registered and a kubeconfig file for the binary.
+struct Cluster {
+    server: FakeApiServer,
+    client: kube::Client,
+    kubeconfig: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start() -> Self {
+        let server = FakeApiServer::start().await.expect("fake apiserver");
+        let client = server.client();
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        for crd in turnstile::api::crds() {
+            crds.create(&PostParams::default(), &crd)
+                .await
+                .expect("register CRD");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig).unwrap();
+        Cluster {
+            server,
+            client,
+            kubeconfig,
+            _dir: dir,
+        }
+    }
+
+    fn claims(&self) -> Api<LockClaim> {
+        Api::namespaced(self.client.clone(), NAMESPACE)
+    }
+
+    fn locks(&self) -> Api<DistributedLock> {
+        Api::namespaced(self.client.clone(), NAMESPACE)
+    }
+
+    async fn create_lock(&self, name: &str) {
+        let lock: DistributedLock = serde_json::from_value(json!({
+            "apiVersion": "turnstile.dev/v1alpha1", "kind": "DistributedLock",
+            "metadata": {"name": name}, "spec": {}
+        }))
+        .unwrap();
+        self.locks()
+            .create(&PostParams::default(), &lock)
+            .await
+            .unwrap();
+    }
+
+    async fn create_claim(&self, name: &str, lock: &str) {
+        let claim: LockClaim = serde_json::from_value(json!({
+            "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
+            "metadata": {"name": name}, "spec": {"lockName": lock}
+        }))
+        .unwrap();
+        self.claims()
+            .create(&PostParams::default(), &claim)
+            .await
+            .unwrap();
+    }
+
+    /// Plays the controller: writes the claim's status.
+    async fn set_status(&self, claim: &str, status: Value) {
+        self.claims()
+            .patch_status(
+                claim,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": status })),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// `turnstile wait ARGS…` with only `KUBECONFIG` (and `extra_env`) set for it.
+    fn spawn_wait(&self, args: &[&str], extra_env: &[(&str, &str)]) -> Child {
+        Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .arg("wait")
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env_remove("POD_NAME")
+            .env_remove("POD_NAMESPACE")
+            .env_remove("POD_UID")
+            .envs(extra_env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn turnstile wait")
+    }
+
+    /// Spawns `turnstile wait` on the claim `args[0]` and returns once it is watching it.
+    async fn waiting(&self, args: &[&str], extra_env: &[(&str, &str)]) -> Child {
+        let child = self.spawn_wait(args, extra_env);
+        self.watched(args[0]).await;
+        child
+    }
+
+    /// Waits until some process is watching claim `name` (the initial list is done).
+    async fn watched(&self, name: &str) {
+        let selector = format!("metadata.name%3D{name}");
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let watching = self.server.request_log().iter().any(|request| {
+                request.verb == "watch"
+                    && request.resource == "lockclaims"
+                    && (request.query.contains(&selector)
+                        || request.query.contains(&format!("metadata.name={name}")))
+            });
+            if watching {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "nobody watches claim {name}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+async fn finish(child: Child) -> Output {
+    tokio::time::timeout(PATIENCE, child.wait_with_output())
+        .await
+        .expect("turnstile wait finished in time")
+        .expect("turnstile output")
+}
+
+fn code(output: &Output) -> i32 {
+    output.status.code().expect("exited normally")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn pending(position: i32) -> Value {
+    json!({"phase": "Pending", "position": position, "reason": "Queued",
+           "message": format!("position {position} in the queue")})
+}
+
+fn held(token: i64) -> Value {
+    json!({"phase": "Held", "fencingToken": token, "reason": "Acquired", "holderIdentity": "c"})
+}
+
+#[tokio::test]
+async fn prints_the_token_once_the_claim_is_held() {
+    let cluster = Cluster::start().await;
+    cluster.create_lock("db").await;
+    cluster.create_claim("job-a", "db").await;
+    let waiting = cluster
+        .waiting(&["job-a"], &[("POD_NAMESPACE", NAMESPACE)])
+        .await;
+    cluster.set_status("job-a", pending(2)).await;
+    cluster.set_status("job-a", pending(1)).await;
+    cluster.set_status("job-a", held(42)).await;
+    let output = finish(waiting).await;
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    assert_eq!(stdout(&output), "42\n");
+    assert_eq!(stderr(&output), "");
+}
+
+#[tokio::test]
+async fn terminal_phases_exit_with_their_codes_and_reasons() {
+    let cluster = Cluster::start().await;
+    cluster.create_lock("db").await;
+    let cases = [
+        (
+            "failed",
+            json!({"phase": "Failed", "reason": "AcquireTimeout",
+                          "message": "not granted within acquireTimeoutSeconds (60s)"}),
+            3,
+        ),
+        (
+            "expired",
+            json!({"phase": "Expired", "reason": "LeaseExpired",
+                           "message": "lease ran out", "fencingToken": 9}),
+            4,
+        ),
+        (
+            "released",
+            json!({"phase": "Released", "reason": "Withdrawn",
+                            "message": "withdrawn (spec.release) before it was granted"}),
+            5,
+        ),
+    ];
+    for (name, status, expected) in cases {
+        cluster.create_claim(name, "db").await;
+        let waiting = cluster
+            .waiting(&[name, "--namespace", NAMESPACE], &[])
+            .await;
+        cluster.set_status(name, pending(1)).await;
+        let reason = status["reason"].as_str().unwrap().to_owned();
+        let phase = status["phase"].as_str().unwrap().to_owned();
+        cluster.set_status(name, status).await;
+        let output = finish(waiting).await;
+        assert_eq!(code(&output), expected, "{name}: {}", stderr(&output));
+        assert_eq!(
+            stdout(&output),
+            "",
+            "{name}: no token for a claim that is not held"
+        );
+        let line = stderr(&output);
+        assert_eq!(line.lines().count(), 1, "one line: {line}");
+        assert!(line.contains(&format!("LockClaim {name}")), "{line}");
+        assert!(
+            line.contains(&format!("it is {phase} ({reason}:")),
+            "{line}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn timeout_exits_75_and_says_where_the_claim_stands() {
+    let cluster = Cluster::start().await;
+    cluster.create_lock("db").await;
+    cluster.create_claim("slow", "db").await;
+    cluster.set_status("slow", pending(3)).await;
+    let output = finish(cluster.spawn_wait(&["slow", "--timeout", "1s"], &[])).await;
+    assert_eq!(code(&output), 75, "{}", stderr(&output));
+    let line = stderr(&output);
+    assert!(line.contains("timed out after 1s"), "{line}");
+    assert!(
+        line.contains("Pending, position 3 (Queued: position 3 in the queue)"),
+        "{line}"
+    );
+}
+
+#[tokio::test]
+async fn a_missing_lock_exits_6() {
+    let cluster = Cluster::start().await;
+    let pod_env = [
+        ("POD_NAME", "web-0"),
+        ("POD_UID", "0b0d3a9e-0000-4000-8000-000000000001"),
+    ];
+
+    // --create checks the lock first and leaves nothing behind.
+    let output =
+        finish(cluster.spawn_wait(&["web-0-db", "--create", "--lock", "nope"], &pod_env)).await;
+    assert_eq!(code(&output), 6, "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("DistributedLock nope does not exist"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(cluster
+        .claims()
+        .get_opt("web-0-db")
+        .await
+        .unwrap()
+        .is_none());
+
+    // An existing claim for a lock that does not exist.
+    cluster.create_claim("orphan", "gone").await;
+    let output = finish(cluster.spawn_wait(&["orphan"], &[])).await;
+    assert_eq!(code(&output), 6, "{}", stderr(&output));
+
+    // The lock is deleted while we wait, and the controller says so.
+    cluster.create_lock("db").await;
+    cluster.create_claim("c", "db").await;
+    let waiting = cluster.waiting(&["c"], &[]).await;
+    cluster
+        .locks()
+        .delete("db", &DeleteParams::default())
+        .await
+        .unwrap();
+    cluster
+        .set_status(
+            "c",
+            json!({"phase": "Pending", "reason": "LockNotFound",
+                                "message": "DistributedLock db does not exist"}),
+        )
+        .await;
+    let output = finish(waiting).await;
+    assert_eq!(code(&output), 6, "{}", stderr(&output));
+}
+
+#[tokio::test]
+async fn a_stale_lock_not_found_status_keeps_waiting_while_the_lock_exists() {
+    let cluster = Cluster::start().await;
+    cluster.create_lock("db").await;
+    cluster.create_claim("early", "db").await;
+    let waiting = cluster.waiting(&["early"], &[]).await;
+    // Written before the lock existed, say; the lock exists now.
+    cluster
+        .set_status(
+            "early",
+            json!({"phase": "Pending", "reason": "LockNotFound",
+                                    "message": "DistributedLock db does not exist"}),
+        )
+        .await;
+    cluster.set_status("early", held(5)).await;
+    let output = finish(waiting).await;
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    assert_eq!(stdout(&output), "5\n");
+}
+
+#[tokio::test]
+async fn a_missing_or_deleted_claim_exits_7() {
+    let cluster = Cluster::start().await;
+    cluster.create_lock("db").await;
+    let output = finish(cluster.spawn_wait(&["never-made"], &[])).await;
+    assert_eq!(code(&output), 7, "{}", stderr(&output));
+    assert!(stderr(&output).contains("LockClaim never-made in namespace default does not exist"));
+
+    cluster.create_claim("doomed", "db").await;
+    let waiting = cluster.waiting(&["doomed"], &[]).await;
+    cluster
+        .claims()
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
+    let output = finish(waiting).await;
+    assert_eq!(code(&output), 7, "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("was deleted"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+async fn create_pod(cluster: &Cluster, name: &str) -> String {
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"containers": [{"name": "app", "image": "busybox"}]}
+    }))
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), NAMESPACE);
+    let pod = pods.create(&PostParams::default(), &pod).await.unwrap();
+    pod.metadata.uid.expect("uid")
+}
+
+fn read_token(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap()
+}
+
+#[tokio::test]
+async fn create_makes_the_claim_owned_by_the_pod_and_adopts_it_on_restart() {
+    let cluster = Cluster::start().await;
+    cluster.create_lock("db").await;
+    let uid = create_pod(&cluster, "web-0").await;
+    let env = [
+        ("POD_NAME", "web-0"),
+        ("POD_NAMESPACE", NAMESPACE),
+        ("POD_UID", uid.as_str()),
+    ];
+    let token_dir = tempfile::tempdir().unwrap();
+    let token_file = token_dir.path().join("token");
+    let token_arg = token_file.to_str().unwrap();
+    let args = [
+        "web-0-db",
+        "--create",
+        "--lock",
+        "db",
+        "--token-file",
+        token_arg,
+    ];
+
+    let waiting = cluster.waiting(&args, &env).await;
+    let claim = cluster.claims().get("web-0-db").await.unwrap();
+    assert_eq!(claim.spec.lock_name, "db");
+    let owners = claim.metadata.owner_references.clone().unwrap_or_default();
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    let owner = &owners[0];
+    assert_eq!(
+        (
+            owner.api_version.as_str(),
+            owner.kind.as_str(),
+            owner.name.as_str(),
+            owner.uid.as_str()
+        ),
+        ("v1", "Pod", "web-0", uid.as_str())
+    );
+    assert_eq!(owner.controller, Some(true));
+
+    cluster.set_status("web-0-db", held(7)).await;
+    let output = finish(waiting).await;
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    assert_eq!(stdout(&output), "7\n");
+    assert_eq!(read_token(&token_file), "7\n");
+
+    // An init container restart finds its own claim: no error, same grant.
+    let again = finish(cluster.spawn_wait(&args, &env)).await;
+    assert_eq!(code(&again), 0, "{}", stderr(&again));
+    assert_eq!(stdout(&again), "7\n");
+    let creates = cluster
+        .server
+        .request_log()
+        .iter()
+        .filter(|r| r.verb == "create" && r.resource == "lockclaims")
+        .map(|r| r.status)
+        .collect::<Vec<_>>();
+    assert_eq!(creates, [201, 409], "created once, then found existing");
+
+    // Another Pod reusing the name must not take this Pod's grant for its own.
+    let other_uid = create_pod(&cluster, "web-1").await;
+    let other_env = [
+        ("POD_NAME", "web-1"),
+        ("POD_NAMESPACE", NAMESPACE),
+        ("POD_UID", other_uid.as_str()),
+    ];
+    let stolen =
+        finish(cluster.spawn_wait(&["web-0-db", "--create", "--lock", "db"], &other_env)).await;
+    assert_eq!(code(&stolen), 8, "{}", stderr(&stolen));
+    assert!(
+        stderr(&stolen).contains("belongs to Pod web-0"),
+        "{}",
+        stderr(&stolen)
+    );
+    assert_eq!(stdout(&stolen), "");
+}
+
+#[tokio::test]
+async fn create_without_the_downward_api_variables_is_a_usage_error() {
+    let cluster = Cluster::start().await;
+    cluster.create_lock("db").await;
+    let output = finish(cluster.spawn_wait(&["c", "--create", "--lock", "db"], &[])).await;
+    assert_eq!(code(&output), 2, "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("POD_NAME and POD_UID"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(cluster.claims().get_opt("c").await.unwrap().is_none());
+}
