@@ -46,6 +46,20 @@ impl Target {
         }
     }
 
+    /// The stored objects in this target's scope (one namespace, or all) that match `selectors`.
+    pub(crate) fn matching(&self, inner: &Inner, selectors: &Selectors) -> Vec<Arc<Value>> {
+        let namespace = if self.rtype.namespaced {
+            self.namespace.as_deref()
+        } else {
+            None
+        };
+        inner
+            .list(&self.rtype.storage_group, &self.rtype.plural, namespace)
+            .into_iter()
+            .filter(|o| selectors.matches(o))
+            .collect()
+    }
+
     fn not_found(&self, name: &str) -> ApiError {
         ApiError::not_found(&self.rtype.group, &self.rtype.plural, name)
     }
@@ -233,15 +247,9 @@ pub(crate) fn list(store: &Store, t: &Target, opts: &ListOptions) -> Result<List
         .transpose()?;
     store.with(|inner| {
         let rv = inner.current_rv();
-        let ns = if t.rtype.namespaced {
-            t.namespace.as_deref()
-        } else {
-            None
-        };
-        let matching: Vec<Arc<Value>> = inner
-            .list(&t.rtype.storage_group, &t.rtype.plural, ns)
+        let matching: Vec<Arc<Value>> = t
+            .matching(inner, &opts.selectors)
             .into_iter()
-            .filter(|o| opts.selectors.matches(o))
             .filter(|o| match &after {
                 Some((ans, aname)) => {
                     (meta::namespace(o), meta::name(o)) > (ans.as_str(), aname.as_str())
@@ -723,16 +731,7 @@ pub(crate) fn delete_collection(
     opts: &DeleteOptions,
 ) -> Result<Vec<Value>, ApiError> {
     store.with(|inner| {
-        let ns = if t.rtype.namespaced {
-            t.namespace.as_deref()
-        } else {
-            None
-        };
-        let victims: Vec<Arc<Value>> = inner
-            .list(&t.rtype.storage_group, &t.rtype.plural, ns)
-            .into_iter()
-            .filter(|o| selectors.matches(o))
-            .collect();
+        let victims = t.matching(inner, selectors);
         let mut deleted = Vec::new();
         for v in victims {
             let key = t.key_in(meta::namespace(&v), meta::name(&v));

@@ -150,20 +150,9 @@ pub(crate) fn start(
             let from_state = watcher.params.send_initial_events
                 || matches!(watcher.params.resource_version, None | Some(0));
             if from_state {
-                let ns = if watcher.target.rtype.namespaced {
-                    watcher.target.namespace.clone()
-                } else {
-                    None
-                };
-                for obj in inner.list(
-                    &watcher.target.rtype.storage_group,
-                    &watcher.target.rtype.plural,
-                    ns.as_deref(),
-                ) {
-                    if watcher.params.selectors.matches(&obj) {
-                        let rendered = watcher.render(&obj);
-                        initial.push(line("ADDED", rendered));
-                    }
+                for obj in watcher.target.matching(inner, &watcher.params.selectors) {
+                    let rendered = watcher.render(&obj);
+                    initial.push(line("ADDED", rendered));
                 }
                 Ok((rx, current))
             } else {
