@@ -32,6 +32,18 @@ pub struct RunningController {
     task: JoinHandle<Result<(), turnstile::controller::ControllerError>>,
 }
 
+impl RunningController {
+    /// Stops the controller and waits until it has stopped.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(WAIT, self.task)
+            .await
+            .expect("controller stops in time")
+            .expect("controller task")
+            .expect("controller result");
+    }
+}
+
 /// One test's API server, namespace and controller.
 pub struct Env {
     /// A client for the test's own reads and writes.
@@ -154,6 +166,20 @@ impl Env {
             .await
         });
         self.controller = Some(RunningController { stop, task });
+    }
+
+    /// Starts one more controller in this process (for leader election tests); the caller
+    /// stops it.
+    pub fn spawn_controller(&self, config: ControllerConfig) -> RunningController {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let client = self.client.clone();
+        let task = tokio::spawn(async move {
+            run(client, config, async {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        RunningController { stop, task }
     }
 
     /// Starts the controller with the default configuration (memory backend).
