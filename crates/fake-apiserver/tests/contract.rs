@@ -20,6 +20,33 @@ fn rv(o: &DynamicObject) -> String {
     o.metadata.resource_version.clone().unwrap_or_default()
 }
 
+/// Creates a Widget (panics on failure).
+async fn create(api: &Api<DynamicObject>, name: &str, spec: Value) -> DynamicObject {
+    api.create(&PostParams::default(), &widget(name, spec))
+        .await
+        .unwrap()
+}
+
+/// A JSON merge patch of the main resource.
+async fn merge(
+    api: &Api<DynamicObject>,
+    name: &str,
+    patch: Value,
+) -> Result<DynamicObject, kube::Error> {
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+}
+
+/// A JSON merge patch of `/status`.
+async fn merge_status(
+    api: &Api<DynamicObject>,
+    name: &str,
+    patch: Value,
+) -> Result<DynamicObject, kube::Error> {
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+}
+
 fn names(list: kube::api::ObjectList<DynamicObject>) -> Vec<String> {
     list.items
         .into_iter()
@@ -165,8 +192,7 @@ async fn discovery_serves_groups_versions_and_resources() {
 
 #[tokio::test]
 async fn openapi_v3_lets_kubectl_validate_server_side() {
-    let env = Env::new().await;
-    env.install_widget_crd().await;
+    let env = Env::with_widgets().await;
     let (code, _, body) = env.raw("GET", "/openapi/v3", &[], None).await;
     assert_eq!(code, 200);
     let root: Value = serde_json::from_str(&body).unwrap();
@@ -258,8 +284,7 @@ async fn resource_types_are_registered_only_by_posting_a_crd() {
 
 #[tokio::test]
 async fn create_sets_server_fields_and_rejects_duplicates() {
-    let env = Env::new().await;
-    env.install_widget_crd().await;
+    let env = Env::with_widgets().await;
     let api = env.widgets();
     let mut w = widget("w1", json!({"size": 2}));
     w.data["status"] = json!({"phase": "Forged"});
@@ -322,13 +347,9 @@ async fn create_sets_server_fields_and_rejects_duplicates() {
 
 #[tokio::test]
 async fn update_with_a_stale_resource_version_conflicts() {
-    let env = Env::new().await;
-    env.install_widget_crd().await;
+    let env = Env::with_widgets().await;
     let api = env.widgets();
-    let first = api
-        .create(&PostParams::default(), &widget("w", json!({"size": 1})))
-        .await
-        .unwrap();
+    let first = create(&api, "w", json!({"size": 1})).await;
     let mut a = first.clone();
     a.data["spec"]["size"] = json!(2);
     let updated = api.replace("w", &PostParams::default(), &a).await.unwrap();
@@ -340,42 +361,34 @@ async fn update_with_a_stale_resource_version_conflicts() {
     assert!(message.contains("the object has been modified; please apply your changes to the latest version and try again"), "{message}");
     // A patch carrying a stale resourceVersion conflicts too.
     let patch = json!({"metadata": {"resourceVersion": rv(&first)}, "spec": {"size": 4}});
-    let (code, _, _) = api_code(
-        api.patch("w", &PatchParams::default(), &Patch::Merge(&patch))
-            .await,
-    );
+    let (code, _, _) = api_code(merge(&api, "w", patch).await);
     assert_eq!(code, 409);
 }
 
 #[tokio::test]
 async fn status_subresource_is_isolated_from_the_main_resource() {
-    let env = Env::new().await;
-    env.install_widget_crd().await;
+    let env = Env::with_widgets().await;
     let api = env.widgets();
-    api.create(&PostParams::default(), &widget("w", json!({"size": 1})))
-        .await
-        .unwrap();
-    let patched = api
-        .patch_status(
-            "w",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Ready"}, "spec": {"size": 9}})),
-        )
-        .await
-        .unwrap();
+    create(&api, "w", json!({"size": 1})).await;
+    let patched = merge_status(
+        &api,
+        "w",
+        json!({"status": {"phase": "Ready"}, "spec": {"size": 9}}),
+    )
+    .await
+    .unwrap();
     assert_eq!(patched.data["status"]["phase"], "Ready");
     assert_eq!(
         patched.data["spec"]["size"], 1,
         "/status changes only .status"
     );
-    let main = api
-        .patch(
-            "w",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Hacked"}, "spec": {"size": 2}})),
-        )
-        .await
-        .unwrap();
+    let main = merge(
+        &api,
+        "w",
+        json!({"status": {"phase": "Hacked"}, "spec": {"size": 2}}),
+    )
+    .await
+    .unwrap();
     assert_eq!(main.data["spec"]["size"], 2);
     assert_eq!(
         main.data["status"]["phase"], "Ready",
@@ -394,13 +407,9 @@ async fn status_subresource_is_isolated_from_the_main_resource() {
 
 #[tokio::test]
 async fn generation_bumps_only_on_spec_changes_and_metadata_is_immutable() {
-    let env = Env::new().await;
-    env.install_widget_crd().await;
+    let env = Env::with_widgets().await;
     let api = env.widgets();
-    let created = api
-        .create(&PostParams::default(), &widget("w", json!({"size": 1})))
-        .await
-        .unwrap();
+    let created = create(&api, "w", json!({"size": 1})).await;
     let pp = PatchParams::default();
     let labelled = api
         .patch(
@@ -443,13 +452,9 @@ async fn generation_bumps_only_on_spec_changes_and_metadata_is_immutable() {
 
 #[tokio::test]
 async fn a_write_that_changes_nothing_keeps_the_resource_version_and_emits_no_event() {
-    let env = Env::new().await;
-    env.install_widget_crd().await;
+    let env = Env::with_widgets().await;
     let api = env.widgets();
-    let created = api
-        .create(&PostParams::default(), &widget("w", json!({"size": 1})))
-        .await
-        .unwrap();
+    let created = create(&api, "w", json!({"size": 1})).await;
     let mut watch = env
         .open_watch(&format!(
             "{}?watch=true&resourceVersion={}",
@@ -457,12 +462,7 @@ async fn a_write_that_changes_nothing_keeps_the_resource_version_and_emits_no_ev
             rv(&created)
         ))
         .await;
-    let same = api
-        .patch(
-            "w",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"size": 1}})),
-        )
+    let same = merge(&api, "w", json!({"spec": {"size": 1}}))
         .await
         .unwrap();
     assert_eq!(rv(&same), rv(&created));
@@ -471,21 +471,11 @@ async fn a_write_that_changes_nothing_keeps_the_resource_version_and_emits_no_ev
         .await
         .unwrap();
     assert_eq!(rv(&replaced), rv(&created));
-    let status_same = api
-        .patch_status(
-            "w",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": null})),
-        )
+    let status_same = merge_status(&api, "w", json!({"status": null}))
         .await
         .unwrap();
     assert_eq!(rv(&status_same), rv(&created));
-    let changed = api
-        .patch(
-            "w",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"size": 2}})),
-        )
+    let changed = merge(&api, "w", json!({"spec": {"size": 2}}))
         .await
         .unwrap();
     let first = watch.next_change(T).await.expect("an event");
@@ -499,8 +489,7 @@ async fn a_write_that_changes_nothing_keeps_the_resource_version_and_emits_no_ev
 
 #[tokio::test]
 async fn patch_types_merge_json_and_apply() {
-    let env = Env::new().await;
-    env.install_widget_crd().await;
+    let env = Env::with_widgets().await;
     let api = env.widgets();
     // Apply to a missing object creates it.
     let applied = api
@@ -516,30 +505,20 @@ async fn patch_types_merge_json_and_apply() {
         .unwrap();
     assert_eq!(applied.data["spec"]["note"], "n");
     // Merge patch: explicit null clears a field.
-    let merged = api
-        .patch(
-            "w",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"note": null, "size": 2}})),
-        )
+    let merged = merge(&api, "w", json!({"spec": {"note": null, "size": 2}}))
         .await
         .unwrap();
     assert!(merged.data["spec"].get("note").is_none());
     assert_eq!(merged.data["spec"]["size"], 2);
     // Status written with a merge patch and cleared with nulls.
-    api.patch_status(
+    merge_status(
+        &api,
         "w",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"phase": "A", "observedGeneration": 2}})),
+        json!({"status": {"phase": "A", "observedGeneration": 2}}),
     )
     .await
     .unwrap();
-    let cleared = api
-        .patch_status(
-            "w",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": null}})),
-        )
+    let cleared = merge_status(&api, "w", json!({"status": {"phase": null}}))
         .await
         .unwrap();
     assert_eq!(cleared.data["status"], json!({"observedGeneration": 2}));
@@ -593,8 +572,7 @@ async fn patch_types_merge_json_and_apply() {
 
 #[tokio::test]
 async fn delete_with_finalizers_waits_for_the_last_one() {
-    let env = Env::new().await;
-    env.install_widget_crd().await;
+    let env = Env::with_widgets().await;
     let api = env.widgets();
     let mut w = widget("w", json!({"size": 1}));
     w.metadata.finalizers = Some(vec![
@@ -615,32 +593,25 @@ async fn delete_with_finalizers_waits_for_the_last_one() {
     let ev = watch.next_change(T).await.unwrap();
     assert_eq!(ev["type"], "MODIFIED");
     // No new finalizers once deleting.
-    let (code, _, _) = api_code(api.patch("w", &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"finalizers": ["contract.turnstile.dev/a", "contract.turnstile.dev/b", "contract.turnstile.dev/c"]}}))).await);
+    let (code, _, _) = api_code(merge(&api, "w", json!({"metadata": {"finalizers": ["contract.turnstile.dev/a", "contract.turnstile.dev/b", "contract.turnstile.dev/c"]}})).await);
     assert_eq!(code, 422);
-    api.patch(
+    merge(
+        &api,
         "w",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"finalizers": ["contract.turnstile.dev/b"]}})),
+        json!({"metadata": {"finalizers": ["contract.turnstile.dev/b"]}}),
     )
     .await
     .unwrap();
     assert!(api.get_opt("w").await.unwrap().is_some());
     assert_eq!(watch.next_change(T).await.unwrap()["type"], "MODIFIED");
-    api.patch(
-        "w",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-    )
-    .await
-    .unwrap();
+    merge(&api, "w", json!({"metadata": {"finalizers": null}}))
+        .await
+        .unwrap();
     let gone = watch.next_change(T).await.unwrap();
     assert_eq!(gone["type"], "DELETED");
     assert!(api.get_opt("w").await.unwrap().is_none());
     // Without finalizers the object goes at once.
-    api.create(&PostParams::default(), &widget("plain", json!({"size": 1})))
-        .await
-        .unwrap();
+    create(&api, "plain", json!({"size": 1})).await;
     api.delete("plain", &DeleteParams::default()).await.unwrap();
     assert!(api.get_opt("plain").await.unwrap().is_none());
 }
@@ -648,8 +619,7 @@ async fn delete_with_finalizers_waits_for_the_last_one() {
 #[tokio::test]
 async fn list_filters_by_label_and_field_selectors_and_pages() {
     // (spec.color is a CRD selectableField.)
-    let env = Env::new().await;
-    env.install_widget_crd().await;
+    let env = Env::with_widgets().await;
     let api = env.widgets();
     for (name, tier) in [("a", "front"), ("b", "back"), ("c", "front")] {
         let color = if name == "b" { "red" } else { "blue" };
@@ -693,18 +663,15 @@ async fn list_filters_by_label_and_field_selectors_and_pages() {
 
 #[tokio::test]
 async fn table_output_has_the_printer_columns() {
-    let env = Env::new().await;
-    env.install_widget_crd().await;
+    let env = Env::with_widgets().await;
     let api = env.widgets();
-    api.create(&PostParams::default(), &widget("w", json!({"size": 7})))
-        .await
-        .unwrap();
+    create(&api, "w", json!({"size": 7})).await;
     let future = (chrono::Utc::now() + chrono::Duration::hours(1))
         .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    api.patch_status(
+    merge_status(
+        &api,
         "w",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"phase": "Ready", "expiresAt": future}})),
+        json!({"status": {"phase": "Ready", "expiresAt": future}}),
     )
     .await
     .unwrap();
@@ -755,17 +722,10 @@ async fn table_output_has_the_printer_columns() {
 
 #[tokio::test]
 async fn watch_streams_json_lines_and_resumes_from_a_resource_version() {
-    let env = Env::new().await;
-    env.install_widget_crd().await;
+    let env = Env::with_widgets().await;
     let api = env.widgets();
-    let a = api
-        .create(&PostParams::default(), &widget("a", json!({"size": 1})))
-        .await
-        .unwrap();
-    let b = api
-        .create(&PostParams::default(), &widget("b", json!({"size": 1})))
-        .await
-        .unwrap();
+    let a = create(&api, "a", json!({"size": 1})).await;
+    let b = create(&api, "b", json!({"size": 1})).await;
     let mut watch = env
         .open_watch(&format!(
             "{}?watch=true&resourceVersion={}",
@@ -852,8 +812,7 @@ async fn watch_sends_bookmarks_and_ends_at_its_timeout() {
 
 #[tokio::test]
 async fn watch_sends_initial_events_then_an_end_bookmark() {
-    let env = Env::new().await;
-    env.install_widget_crd().await;
+    let env = Env::with_widgets().await;
     env.widgets()
         .create(&PostParams::default(), &widget("w", json!({"size": 1})))
         .await
@@ -884,13 +843,8 @@ async fn watch_from_a_compacted_resource_version_gets_410_expired() {
     };
     env.install_widget_crd().await;
     let api = env.widgets();
-    let old = api
-        .create(&PostParams::default(), &widget("a", json!({"size": 1})))
-        .await
-        .unwrap();
-    api.create(&PostParams::default(), &widget("b", json!({"size": 1})))
-        .await
-        .unwrap();
+    let old = create(&api, "a", json!({"size": 1})).await;
+    create(&api, "b", json!({"size": 1})).await;
     env.server().compact();
     let mut watch = env
         .open_watch(&format!(
@@ -915,24 +869,18 @@ async fn watch_from_a_compacted_resource_version_gets_410_expired() {
             widgets_path(&env)
         ))
         .await;
-    api.create(&PostParams::default(), &widget("c", json!({"size": 1})))
-        .await
-        .unwrap();
+    create(&api, "c", json!({"size": 1})).await;
     assert_eq!(ok.next_change(T).await.unwrap()["type"], "ADDED");
 }
 
 #[tokio::test]
 async fn watch_filters_by_namespace_and_selectors() {
-    let env = Env::new().await;
-    env.install_widget_crd().await;
+    let env = Env::with_widgets().await;
     let other = Env::new_namespace(&env).await;
     let api = env.widgets();
     let other_api: Api<DynamicObject> =
         Api::namespaced_with(env.client.clone(), &other, &support::widget_resource());
-    let start = api
-        .create(&PostParams::default(), &widget("seed", json!({"size": 1})))
-        .await
-        .unwrap();
+    let start = create(&api, "seed", json!({"size": 1})).await;
     let mut watch = env
         .open_watch(&format!(
             "{}?watch=true&labelSelector=pick%3Dyes&resourceVersion={}",
@@ -946,12 +894,7 @@ async fn watch_filters_by_namespace_and_selectors() {
         .create(&PostParams::default(), &chosen)
         .await
         .unwrap();
-    api.create(
-        &PostParams::default(),
-        &widget("unlabelled", json!({"size": 1})),
-    )
-    .await
-    .unwrap();
+    create(&api, "unlabelled", json!({"size": 1})).await;
     api.create(&PostParams::default(), &chosen).await.unwrap();
     let ev = watch.next_change(T).await.unwrap();
     assert_eq!(
@@ -962,10 +905,10 @@ async fn watch_filters_by_namespace_and_selectors() {
         ("ADDED", env.namespace.as_str())
     );
     assert_eq!(ev["object"]["metadata"]["name"], "chosen");
-    api.patch(
+    merge(
+        &api,
         "chosen",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"labels": {"pick": "no"}}})),
+        json!({"metadata": {"labels": {"pick": "no"}}}),
     )
     .await
     .unwrap();
@@ -974,10 +917,10 @@ async fn watch_filters_by_namespace_and_selectors() {
         left["type"], "DELETED",
         "an object leaving the selector is seen as deleted"
     );
-    api.patch(
+    merge(
+        &api,
         "unlabelled",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"labels": {"pick": "yes"}}})),
+        json!({"metadata": {"labels": {"pick": "yes"}}}),
     )
     .await
     .unwrap();
@@ -993,8 +936,7 @@ async fn watch_filters_by_namespace_and_selectors() {
 
 #[tokio::test]
 async fn schema_violations_are_422_with_the_field_path() {
-    let env = Env::new().await;
-    env.install_widget_crd().await;
+    let env = Env::with_widgets().await;
     let api = env.widgets();
     let (code, reason, message) = api_code(
         api.create(&PostParams::default(), &widget("w", json!({"size": 0})))
@@ -1046,24 +988,14 @@ async fn schema_violations_are_422_with_the_field_path() {
         "{message}"
     );
     // Updates are validated too.
-    api.create(&PostParams::default(), &widget("ok", json!({"size": 1})))
-        .await
-        .unwrap();
-    let (code, _, _) = api_code(
-        api.patch(
-            "ok",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"size": 11}})),
-        )
-        .await,
-    );
+    create(&api, "ok", json!({"size": 1})).await;
+    let (code, _, _) = api_code(merge(&api, "ok", json!({"spec": {"size": 11}})).await);
     assert_eq!(code, 422);
 }
 
 #[tokio::test]
 async fn schema_defaults_are_applied_and_unknown_fields_pruned() {
-    let env = Env::new().await;
-    env.install_widget_crd().await;
+    let env = Env::with_widgets().await;
     let api = env.widgets();
     let created = api
         .create(
@@ -1083,12 +1015,7 @@ async fn schema_defaults_are_applied_and_unknown_fields_pruned() {
         "x-kubernetes-preserve-unknown-fields keeps it"
     );
     // Defaults apply on update as well (a removed defaulted field comes back).
-    let updated = api
-        .patch(
-            "w",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"color": null}})),
-        )
+    let updated = merge(&api, "w", json!({"spec": {"color": null}}))
         .await
         .unwrap();
     assert_eq!(updated.data["spec"]["color"], "blue");
@@ -1129,30 +1056,14 @@ async fn schema_defaults_are_applied_and_unknown_fields_pruned() {
 
 #[tokio::test]
 async fn cel_rules_are_evaluated_including_transition_rules() {
-    let env = Env::new().await;
-    env.install_widget_crd().await;
+    let env = Env::with_widgets().await;
     let api = env.widgets();
-    api.create(
-        &PostParams::default(),
-        &widget("w", json!({"size": 1, "lockName": "db"})),
-    )
-    .await
-    .unwrap();
-    api.patch(
-        "w",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"size": 2}})),
-    )
-    .await
-    .unwrap();
-    let (code, _, message) = api_code(
-        api.patch(
-            "w",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"lockName": "other"}})),
-        )
-        .await,
-    );
+    create(&api, "w", json!({"size": 1, "lockName": "db"})).await;
+    merge(&api, "w", json!({"spec": {"size": 2}}))
+        .await
+        .unwrap();
+    let (code, _, message) =
+        api_code(merge(&api, "w", json!({"spec": {"lockName": "other"}})).await);
     assert_eq!(code, 422);
     assert!(
         message.contains("spec.lockName: Invalid value: \"string\": lockName is immutable"),
@@ -1162,8 +1073,7 @@ async fn cel_rules_are_evaluated_including_transition_rules() {
 
 #[tokio::test]
 async fn garbage_collection_deletes_dependents_of_a_deleted_owner() {
-    let env = Env::new().await;
-    env.install_widget_crd().await;
+    let env = Env::with_widgets().await;
     let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
     let owner = cms
         .create(
@@ -1369,28 +1279,15 @@ async fn injected_faults_answer_the_next_writes() {
         api.get_opt("w").await.unwrap().is_none(),
         "a fault has no effect"
     );
-    api.create(&PostParams::default(), &widget("w", json!({"size": 1})))
-        .await
-        .unwrap();
+    create(&api, "w", json!({"size": 1})).await;
     env.server().inject_faults(&widget_path(&env, "w"), 1, 500);
-    let (code, _, _) = api_code(
-        api.patch(
-            "w",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"size": 2}})),
-        )
-        .await,
-    );
+    let (code, _, _) = api_code(merge(&api, "w", json!({"spec": {"size": 2}})).await);
     assert_eq!(code, 500);
     assert_eq!(
-        api.patch(
-            "w",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"size": 2}}))
-        )
-        .await
-        .unwrap()
-        .data["spec"]["size"],
+        merge(&api, "w", json!({"spec": {"size": 2}}))
+            .await
+            .unwrap()
+            .data["spec"]["size"],
         2
     );
     let log = env.server().request_log();
@@ -1405,18 +1302,12 @@ async fn request_log_records_what_rbac_must_allow() {
     env.install_widget_crd().await;
     env.server().clear_request_log();
     let api = env.widgets();
-    api.create(&PostParams::default(), &widget("w", json!({"size": 1})))
-        .await
-        .unwrap();
+    create(&api, "w", json!({"size": 1})).await;
     api.get("w").await.unwrap();
     api.list(&ListParams::default()).await.unwrap();
-    api.patch_status(
-        "w",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"phase": "A"}})),
-    )
-    .await
-    .unwrap();
+    merge_status(&api, "w", json!({"status": {"phase": "A"}}))
+        .await
+        .unwrap();
     api.delete("w", &DeleteParams::default()).await.unwrap();
     let log = env.server().request_log();
     let create = log.iter().find(|r| r.verb == "create").unwrap();

@@ -46,6 +46,13 @@ impl Env {
         Self::with_builder(FakeApiServer::builder()).await
     }
 
+    /// [`Env::new`] with the Widget CRD installed.
+    pub async fn with_widgets() -> Env {
+        let env = Env::new().await;
+        env.install_widget_crd().await;
+        env
+    }
+
     /// Like [`Env::new`], configuring the fake with `builder`.
     pub async fn with_builder(builder: fake_apiserver::Builder) -> Env {
         let dir = tempfile::tempdir().expect("tempdir");
