@@ -48,12 +48,8 @@ async fn standby_takes_over_without_double_grants() {
     let monitor = HolderMonitor::start(&env, "db", 1);
 
     env.apply_lock("db", "leaseDurationSeconds: 300");
-    for name in ["a", "b", "c"] {
-        env.apply_claim(name, "db", "");
-    }
-    let a = env.wait_phase("a", ClaimPhase::Held).await;
-    assert_eq!(token_of(&a), Some(1));
-    env.wait_claim("c", |c| position_of(c) == Some(2)).await;
+    env.queue_of_three("db").await;
+    assert_eq!(token_of(&env.claim("a").await), Some(1));
 
     // Only the leader acted: every Event so far comes from replica-1.
     let reporters = reporting_instances(&env).await;
@@ -75,7 +71,6 @@ async fn standby_takes_over_without_double_grants() {
     assert!(reporters.iter().any(|r| r == "replica-2"), "{reporters:?}");
 
     let report = monitor.finish().await;
-    let tokens: Vec<i64> = report.grants.iter().map(|(_, token)| *token).collect();
-    assert_eq!(tokens, [1, 2]);
+    assert_eq!(report.tokens(), [1, 2]);
     second.stop().await;
 }

@@ -62,14 +62,8 @@ async fn fifo_handover_expiry_and_semaphore_on_redis() {
         keys.contains(&format!("{}/db", env.namespace)),
         "keys: {keys}"
     );
-    let lock = env
-        .wait_lock("db", |l| {
-            l.status
-                .as_ref()
-                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
-                .is_some_and(|c| c.status == "True")
-        })
-        .await;
+    env.wait_ready("db", "True").await;
+    let lock = env.lock("db").await;
     assert_eq!(lock.spec.backend, Some(BackendKind::Redis));
     monitor.finish().await;
     env.stop_controller().await;
@@ -81,11 +75,7 @@ async fn restart_mid_queue_on_redis() {
     let mut env = Env::new().await;
     env.start_controller(redis_config(server.url()));
     env.apply_lock("db", "backend: redis\nleaseDurationSeconds: 300");
-    for name in ["a", "b", "c"] {
-        env.apply_claim(name, "db", "");
-    }
-    env.wait_phase("a", ClaimPhase::Held).await;
-    env.wait_claim("c", |c| position_of(c) == Some(2)).await;
+    env.queue_of_three("db").await;
     let monitor = HolderMonitor::start(&env, "db", 1);
 
     env.stop_controller().await;
@@ -103,8 +93,7 @@ async fn restart_mid_queue_on_redis() {
     assert_eq!(token_of(&b), Some(2));
     env.wait_claim("d", |c| position_of(c) == Some(2)).await;
     let report = monitor.finish().await;
-    let tokens: Vec<i64> = report.grants.iter().map(|(_, token)| *token).collect();
-    assert_eq!(tokens, [1, 2]);
+    assert_eq!(report.tokens(), [1, 2]);
     env.stop_controller().await;
 }
 
@@ -114,11 +103,7 @@ async fn flushall_between_grants_keeps_tokens_increasing() {
     let mut env = Env::new().await;
     env.start_controller(redis_config(server.url()));
     env.apply_lock("db", "backend: redis\nleaseDurationSeconds: 300");
-    for name in ["a", "b", "c"] {
-        env.apply_claim(name, "db", "");
-    }
-    env.wait_phase("a", ClaimPhase::Held).await;
-    env.wait_claim("c", |c| position_of(c) == Some(2)).await;
+    env.queue_of_three("db").await;
     let monitor = HolderMonitor::start(&env, "db", 1);
 
     // Redis forgets everything while a holds the lock.
@@ -153,8 +138,7 @@ async fn flushall_between_grants_keeps_tokens_increasing() {
     assert_eq!(token_of(&c), Some(3));
 
     let report = monitor.finish().await;
-    let tokens: Vec<i64> = report.grants.iter().map(|(_, token)| *token).collect();
-    assert_eq!(tokens, [1, 2, 3]);
+    assert_eq!(report.tokens(), [1, 2, 3]);
     env.stop_controller().await;
 }
 
@@ -166,21 +150,7 @@ async fn redis_down_reports_unavailable_then_recovers() {
     env.start_controller(redis_config(&url));
     env.apply_lock("db", "backend: redis\nleaseDurationSeconds: 300");
     env.apply_claim("a", "db", "");
-    let lock = env
-        .wait_lock("db", |l| {
-            l.status
-                .as_ref()
-                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
-                .is_some_and(|c| c.status == "False")
-        })
-        .await;
-    let ready = lock
-        .status
-        .expect("status")
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == "Ready")
-        .expect("Ready");
+    let ready = env.wait_ready("db", "False").await;
     assert_eq!(ready.reason, "BackendUnavailable");
     let a = env
         .wait_claim("a", |c| {

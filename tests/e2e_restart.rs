@@ -9,21 +9,12 @@ use std::time::Duration;
 use e2e_support::{phase_of, position_of, token_of, Env, HolderMonitor};
 use turnstile::api::ClaimPhase;
 
-async fn settle_queue(env: &Env) {
-    env.wait_phase("a", ClaimPhase::Held).await;
-    env.wait_claim("b", |c| position_of(c) == Some(1)).await;
-    env.wait_claim("c", |c| position_of(c) == Some(2)).await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_mid_queue_keeps_holder_order_and_tokens() {
     let mut env = Env::new().await;
     env.start_default_controller();
     env.apply_lock("db", "leaseDurationSeconds: 300");
-    for name in ["a", "b", "c"] {
-        env.apply_claim(name, "db", "");
-    }
-    settle_queue(&env).await;
+    env.queue_of_three("db").await;
     let monitor = HolderMonitor::start(&env, "db", 1);
 
     // Restart with the holder in place: the new controller's memory backend is empty.
@@ -53,8 +44,7 @@ async fn restart_mid_queue_keeps_holder_order_and_tokens() {
     env.wait_claim("d", |c| position_of(c) == Some(1)).await;
 
     let report = monitor.finish().await;
-    let tokens: Vec<i64> = report.grants.iter().map(|(_, token)| *token).collect();
-    assert_eq!(tokens, [1, 2, 3]);
+    assert_eq!(report.tokens(), [1, 2, 3]);
     env.stop_controller().await;
 }
 
@@ -65,10 +55,7 @@ async fn forced_watch_410_does_not_break_anything() {
     };
     env.start_default_controller();
     env.apply_lock("db", "leaseDurationSeconds: 300");
-    for name in ["a", "b", "c"] {
-        env.apply_claim(name, "db", "");
-    }
-    settle_queue(&env).await;
+    env.queue_of_three("db").await;
     let monitor = HolderMonitor::start(&env, "db", 1);
 
     // Every watch must start over from a fresh list (410 Gone on resume).
@@ -140,7 +127,6 @@ async fn injected_write_errors_are_retried_without_double_grants() {
 
     tokio::time::sleep(Duration::from_millis(500)).await;
     let report = monitor.finish().await;
-    let tokens: Vec<i64> = report.grants.iter().map(|(_, token)| *token).collect();
-    assert_eq!(tokens, [1, 2, 3]);
+    assert_eq!(report.tokens(), [1, 2, 3]);
     env.stop_controller().await;
 }

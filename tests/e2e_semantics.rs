@@ -213,21 +213,7 @@ async fn backend_not_configured_reports_and_grants_nothing() {
     env.start_default_controller(); // memory only: no --redis-url
     env.apply_lock("cache", "backend: redis\nleaseDurationSeconds: 30");
     env.apply_claim("a", "cache", "");
-    let lock = env
-        .wait_lock("cache", |l| {
-            l.status
-                .as_ref()
-                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
-                .is_some_and(|c| c.status == "False")
-        })
-        .await;
-    let ready = lock
-        .status
-        .expect("status")
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == "Ready")
-        .expect("Ready");
+    let ready = env.wait_ready("cache", "False").await;
     assert_eq!(ready.reason, "BackendNotConfigured");
     let a = env
         .wait_claim("a", |c| {

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use fake_apiserver::FakeApiServer;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::json;
@@ -287,6 +288,17 @@ impl Env {
         ));
     }
 
+    /// Applies claims `a`, `b`, `c` on `lock` (in that order) and waits until `a` holds it and
+    /// `b`, `c` wait at positions 1 and 2 (a mutex).
+    pub async fn queue_of_three(&self, lock: &str) {
+        for name in ["a", "b", "c"] {
+            self.apply_claim(name, lock, "");
+        }
+        self.wait_phase("a", ClaimPhase::Held).await;
+        self.wait_claim("b", |c| position_of(c) == Some(1)).await;
+        self.wait_claim("c", |c| position_of(c) == Some(2)).await;
+    }
+
     /// Reads a claim.
     pub async fn claim(&self, name: &str) -> LockClaim {
         self.claims().get(name).await.expect("get claim")
@@ -299,20 +311,7 @@ impl Env {
 
     /// Waits until claim `name` satisfies `done`; panics with its last state after [`WAIT`].
     pub async fn wait_claim(&self, name: &str, done: impl Fn(&LockClaim) -> bool) -> LockClaim {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let current = self.claims().get_opt(name).await.expect("get claim");
-            if let Some(claim) = &current {
-                if done(claim) {
-                    return claim.clone();
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "claim {name} never reached the expected state; last: {current:#?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_object(self.claims(), name, done).await
     }
 
     /// Waits until claim `name` is in `phase`.
@@ -327,20 +326,20 @@ impl Env {
         name: &str,
         done: impl Fn(&DistributedLock) -> bool,
     ) -> DistributedLock {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let current = self.locks().get_opt(name).await.expect("get lock");
-            if let Some(lock) = &current {
-                if done(lock) {
-                    return lock.clone();
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "lock {name} never reached the expected state; last: {current:#?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_object(self.locks(), name, done).await
+    }
+
+    /// Waits until lock `name`'s `Ready` condition has `status` ("True"/"False"); returns it.
+    pub async fn wait_ready(&self, name: &str, status: &str) -> Condition {
+        let ready = |lock: &DistributedLock| {
+            lock.status
+                .as_ref()
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+                .filter(|c| c.status == status)
+                .cloned()
+        };
+        let lock = self.wait_lock(name, |lock| ready(lock).is_some()).await;
+        ready(&lock).expect("Ready condition")
     }
 
     /// Waits until claim `name` is gone.
@@ -441,6 +440,28 @@ impl Drop for Env {
     }
 }
 
+/// Polls `name` in `api` until it exists and satisfies `done`; panics with its last state
+/// after [`WAIT`].
+async fn wait_object<K>(api: Api<K>, name: &str, done: impl Fn(&K) -> bool) -> K
+where
+    K: Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let current = api.get_opt(name).await.expect("get");
+        if let Some(object) = &current {
+            if done(object) {
+                return object.clone();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} never reached the expected state; last: {current:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn indent(spec: &str) -> String {
     spec.lines()
         .filter(|line| !line.trim().is_empty())
@@ -493,6 +514,13 @@ pub struct MonitorReport {
     pub token_regressions: usize,
     /// Holders in the order first seen: (claim, token).
     pub grants: Vec<(String, i64)>,
+}
+
+impl MonitorReport {
+    /// The holders' tokens, in the order the holders were first seen.
+    pub fn tokens(&self) -> Vec<i64> {
+        self.grants.iter().map(|(_, token)| *token).collect()
+    }
 }
 
 impl HolderMonitor {

@@ -155,21 +155,22 @@ pub(crate) enum LockMode {
     Deleting,
 }
 
-/// What a claim is heading for in this pass. Indices point into [`Plan::ops`].
+/// What a claim is heading for in this pass. `Op` names the backend call it depends on:
+/// an index into [`Plan::ops`] once the calls are laid out.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Intent {
+pub(crate) enum Intent<Op = usize> {
     /// Held and staying held, nothing to tell the backend.
     KeepHeld,
     /// Held; extend the lease to `expiry`.
-    Renew { expiry: Seconds, op: usize },
+    Renew { expiry: Seconds, op: Op },
     /// Held but missing from the backend: take it again with the recorded token.
     Reattach {
         expiry: Seconds,
         renewed: bool,
-        op: usize,
+        op: Op,
     },
     /// Pending and at the head of the queue with a free slot: grant until `expiry`.
-    Grant { expiry: Seconds, op: usize },
+    Grant { expiry: Seconds, op: Op },
     /// Pending, waiting in the queue.
     Queue,
     /// Ends in a terminal phase now.
@@ -179,14 +180,61 @@ pub(crate) enum Intent {
         message: String,
         /// `releasedAt`, when a grant ends.
         released_at: Option<Seconds>,
-        release_op: Option<usize>,
+        release_op: Option<Op>,
     },
     /// Already terminal: the status stays as it is.
-    Terminal { release_op: Option<usize> },
+    Terminal { release_op: Option<Op> },
     /// Being deleted: release, then let it go.
-    Delete { release_op: Option<usize> },
+    Delete { release_op: Option<Op> },
     /// Pending, but its lock is being deleted.
     LockGone,
+}
+
+impl<Op> Intent<Op> {
+    /// The same intent with its backend call renamed by `rename`.
+    fn map_op<New>(self, rename: impl Fn(Op) -> New) -> Intent<New> {
+        match self {
+            Intent::KeepHeld => Intent::KeepHeld,
+            Intent::Renew { expiry, op } => Intent::Renew {
+                expiry,
+                op: rename(op),
+            },
+            Intent::Reattach {
+                expiry,
+                renewed,
+                op,
+            } => Intent::Reattach {
+                expiry,
+                renewed,
+                op: rename(op),
+            },
+            Intent::Grant { expiry, op } => Intent::Grant {
+                expiry,
+                op: rename(op),
+            },
+            Intent::Queue => Intent::Queue,
+            Intent::End {
+                phase,
+                reason,
+                message,
+                released_at,
+                release_op,
+            } => Intent::End {
+                phase,
+                reason,
+                message,
+                released_at,
+                release_op: release_op.map(rename),
+            },
+            Intent::Terminal { release_op } => Intent::Terminal {
+                release_op: release_op.map(rename),
+            },
+            Intent::Delete { release_op } => Intent::Delete {
+                release_op: release_op.map(rename),
+            },
+            Intent::LockGone => Intent::LockGone,
+        }
+    }
 }
 
 /// Step one's result: the backend calls to perform, in order, and what the core will make of
@@ -423,36 +471,7 @@ impl<'a> Builder<'a> {
 }
 
 /// [`Intent`] before the calls are laid out.
-enum Draft {
-    KeepHeld,
-    Renew {
-        expiry: Seconds,
-        op: OpRef,
-    },
-    Reattach {
-        expiry: Seconds,
-        renewed: bool,
-    },
-    Grant {
-        expiry: Seconds,
-        op: OpRef,
-    },
-    Queue,
-    End {
-        phase: ClaimPhase,
-        reason: &'static str,
-        message: String,
-        released_at: Option<Seconds>,
-        release: Option<OpRef>,
-    },
-    Terminal {
-        release: Option<OpRef>,
-    },
-    Delete {
-        release: Option<OpRef>,
-    },
-    LockGone,
-}
+type Draft = Intent<OpRef>;
 
 /// Why a claim that is not held ends now, if it does.
 fn pending_ending(claim: &ClaimView, now: Seconds) -> Option<(ClaimPhase, &'static str, String)> {
@@ -496,7 +515,7 @@ fn held_draft(
             reason: reasons::LOCK_DELETED,
             message: format!("lock {} was deleted", input.lock.name),
             released_at: Some(now),
-            release: builder.release_if_held(claim, true),
+            release_op: builder.release_if_held(claim, true),
         };
     }
     if claim.release_requested() {
@@ -505,7 +524,7 @@ fn held_draft(
             reason: reasons::RELEASE_REQUESTED,
             message: "released on request (spec.release)".to_owned(),
             released_at: Some(now),
-            release: builder.release_if_held(claim, true),
+            release_op: builder.release_if_held(claim, true),
         };
     }
     let (expiry, renewed) = effective_expiry(input, claim);
@@ -515,7 +534,7 @@ fn held_draft(
             reason: reasons::LEASE_EXPIRED,
             message: "the lease ran out without renewal".to_owned(),
             released_at: Some(expiry),
-            release: builder.release_if_held(claim, true),
+            release_op: builder.release_if_held(claim, true),
         };
     }
     if *mode != LockMode::Serving {
@@ -524,7 +543,11 @@ fn held_draft(
     let ttl = backend_ttl(input, expiry);
     if !input.backend.holds(&claim.uid) {
         builder.reattach(claim, ttl);
-        Draft::Reattach { expiry, renewed }
+        Draft::Reattach {
+            expiry,
+            renewed,
+            op: OpRef::Reattach,
+        }
     } else if renewed {
         Draft::Renew {
             expiry,
@@ -574,10 +597,12 @@ pub fn plan(input: &LockInput) -> Plan {
             } else {
                 None
             };
-            Draft::Delete { release }
+            Draft::Delete {
+                release_op: release,
+            }
         } else if phase.is_terminal() {
             Draft::Terminal {
-                release: builder.release_if_held(claim, false),
+                release_op: builder.release_if_held(claim, false),
             }
         } else {
             if phase == ClaimPhase::Held {
@@ -595,7 +620,7 @@ pub fn plan(input: &LockInput) -> Plan {
                     reason,
                     message,
                     released_at: None,
-                    release: builder.release_if_held(claim, false),
+                    release_op: builder.release_if_held(claim, false),
                 }
             } else {
                 queue.push(drafts.len());
@@ -664,44 +689,7 @@ pub fn plan(input: &LockInput) -> Plan {
         .into_iter()
         .map(|(index, draft)| {
             let name = input.claims[index].name.as_str();
-            let intent = match draft {
-                Draft::KeepHeld => Intent::KeepHeld,
-                Draft::Renew { expiry, op } => Intent::Renew {
-                    expiry,
-                    op: resolve(op, name),
-                },
-                Draft::Reattach { expiry, renewed } => Intent::Reattach {
-                    expiry,
-                    renewed,
-                    op: resolve(OpRef::Reattach, name),
-                },
-                Draft::Grant { expiry, op } => Intent::Grant {
-                    expiry,
-                    op: resolve(op, name),
-                },
-                Draft::Queue => Intent::Queue,
-                Draft::End {
-                    phase,
-                    reason,
-                    message,
-                    released_at,
-                    release,
-                } => Intent::End {
-                    phase,
-                    reason,
-                    message,
-                    released_at,
-                    release_op: release.map(|op| resolve(op, name)),
-                },
-                Draft::Terminal { release } => Intent::Terminal {
-                    release_op: release.map(|op| resolve(op, name)),
-                },
-                Draft::Delete { release } => Intent::Delete {
-                    release_op: release.map(|op| resolve(op, name)),
-                },
-                Draft::LockGone => Intent::LockGone,
-            };
-            (index, intent)
+            (index, draft.map_op(|op| resolve(op, name)))
         })
         .collect();
 
