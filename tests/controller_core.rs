@@ -17,7 +17,7 @@ use turnstile::api::{
 use turnstile::controller::backend_ops::execute;
 use turnstile::controller::core::{
     decide_orphan, fold, plan, BackendOp, BackendView, ClaimView, Decision, EventSubject,
-    FinalizerChange, LockInput, LockView, FINALIZER,
+    FinalizerChange, LockInput, LockView, OwnerState, FINALIZER,
 };
 use turnstile::lock::{Backend, MemoryBackend};
 
@@ -47,6 +47,10 @@ struct Sim {
     granted_seq: BTreeMap<String, u64>,
     /// Phases once terminal.
     terminal: BTreeMap<String, ClaimPhase>,
+    /// The state of each owned claim's Pod (what the shell would look up).
+    owners: BTreeMap<String, OwnerState>,
+    /// When the last settled pass asked to be woken up.
+    requeue_after: Duration,
 }
 
 impl Sim {
@@ -77,6 +81,8 @@ impl Sim {
             created_seq: BTreeMap::new(),
             granted_seq: BTreeMap::new(),
             terminal: BTreeMap::new(),
+            owners: BTreeMap::new(),
+            requeue_after: Duration::from_secs(300),
         }
     }
 
@@ -88,7 +94,20 @@ impl Sim {
         Time(self.now())
     }
 
+    /// Lets `by` pass with the controller running: it wakes up whenever its last pass asked
+    /// to (`requeue_after`), as the runtime would, and settles each time.
     async fn advance(&mut self, by: Duration) {
+        let mut left = by;
+        while !left.is_zero() {
+            let step = left.min(self.requeue_after);
+            self.advance_while_down(step).await;
+            left -= step;
+            self.settle().await;
+        }
+    }
+
+    /// Lets `by` pass without any reconcile (the controller is down).
+    async fn advance_while_down(&mut self, by: Duration) {
         self.elapsed += by;
         tokio::time::advance(by).await;
     }
@@ -99,6 +118,7 @@ impl Sim {
         }
         // A new object under an old name.
         self.terminal.remove(name);
+        self.owners.remove(name);
         self.granted_seq.remove(name);
         self.next_uid += 1;
         self.seq += 1;
@@ -113,6 +133,30 @@ impl Sim {
         };
         self.created_seq.insert(name.to_owned(), self.seq);
         self.claims.insert(name.to_owned(), claim);
+    }
+
+    /// Creates a claim owned by a running Pod of the same name.
+    fn create_owned(&mut self, name: &str, spec: LockClaimSpec) {
+        if self.claims.contains_key(name) {
+            return;
+        }
+        self.create(name, spec);
+        let claim = self.claims.get_mut(name).expect("created");
+        claim.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "v1".to_owned(),
+            kind: "Pod".to_owned(),
+            name: format!("pod-{name}"),
+            uid: format!("pod-uid-{name}"),
+            controller: Some(true),
+            ..OwnerReference::default()
+        }]);
+        self.owners.insert(name.to_owned(), OwnerState::Alive);
+    }
+
+    fn set_owner(&mut self, name: &str, state: OwnerState) {
+        if let Some(owner) = self.owners.get_mut(name) {
+            *owner = state;
+        }
     }
 
     fn claim_spec(lease: Option<i64>, timeout: Option<i64>) -> LockClaimSpec {
@@ -181,8 +225,14 @@ impl Sim {
             lock: LockView::from_resource(&self.lock),
             claims: self
                 .claims
-                .values()
-                .map(|c| ClaimView::from_resource(c).expect("complete claim"))
+                .iter()
+                .map(|(name, claim)| {
+                    let mut view = ClaimView::from_resource(claim).expect("complete claim");
+                    if let Some(state) = self.owners.get(name) {
+                        view.owner_state = *state;
+                    }
+                    view
+                })
                 .collect(),
             now: self.now(),
             backend,
@@ -269,6 +319,11 @@ impl Sim {
         for _ in 0..MAX_PASSES_TO_SETTLE {
             let (ops, decision) = self.pass().await;
             if ops == 0 && !decision.writes_anything() {
+                assert!(
+                    decision.requeue_after > Duration::ZERO,
+                    "an idle pass asks to run again at once"
+                );
+                self.requeue_after = decision.requeue_after;
                 self.check_invariants().await;
                 return;
             }
@@ -299,6 +354,17 @@ impl Sim {
                 );
             } else if let Some(phase) = phase.filter(|p| p.is_terminal()) {
                 self.terminal.insert(name.clone(), phase);
+            }
+        }
+
+        // A claim whose owner runs never loses its lease.
+        for (name, state) in &self.owners {
+            if *state == OwnerState::Alive && self.claims.contains_key(name) {
+                assert_ne!(
+                    self.phase(name),
+                    Some(ClaimPhase::Expired),
+                    "{name} expired although its owner runs"
+                );
             }
         }
 
@@ -578,6 +644,45 @@ async fn backend_restart_while_idle_restores_the_fencing_floor() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_live_owner_keeps_the_lease_and_its_end_releases_it() {
+    let mut sim = Sim::new(1, 10);
+    sim.create_owned("a", Sim::claim_spec(None, None));
+    sim.create("b", Sim::claim_spec(None, None));
+    sim.settle().await;
+    assert_eq!(sim.phase("a"), Some(ClaimPhase::Held));
+    // Thirty seconds (three leases) pass in small steps: the controller renews for the Pod.
+    for _ in 0..10 {
+        sim.advance(Duration::from_secs(3)).await;
+        sim.settle().await;
+        assert_eq!(sim.phase("a"), Some(ClaimPhase::Held));
+    }
+    assert!(sim.events.contains(&("a".to_owned(), "Renewed")));
+    // The Pod finishes: the grant is released and b is next.
+    sim.set_owner("a", OwnerState::Finished);
+    sim.settle().await;
+    assert_eq!(sim.phase("a"), Some(ClaimPhase::Released));
+    let reason = sim.claims["a"]
+        .status
+        .as_ref()
+        .and_then(|s| s.reason.clone());
+    assert_eq!(reason.as_deref(), Some("OwnerFinished"));
+    assert_eq!(sim.phase("b"), Some(ClaimPhase::Held));
+
+    // A waiting claim whose Pod is gone is withdrawn.
+    sim.create_owned("c", Sim::claim_spec(None, None));
+    sim.settle().await;
+    assert_eq!(sim.position("c"), Some(1));
+    sim.set_owner("c", OwnerState::Gone);
+    sim.settle().await;
+    assert_eq!(sim.phase("c"), Some(ClaimPhase::Released));
+    // An unknown owner state (API error) decides nothing: the lease runs as usual.
+    sim.create_owned("d", Sim::claim_spec(None, None));
+    sim.set_owner("d", OwnerState::Unknown);
+    sim.settle().await;
+    assert_eq!(sim.position("d"), Some(1));
+}
+
+#[tokio::test(start_paused = true)]
 async fn invalid_claim_fails_and_does_not_block_the_queue() {
     let mut sim = Sim::new(1, 30);
     sim.create("a", Sim::claim_spec(Some(0), None));
@@ -746,7 +851,9 @@ enum Step {
         name: u8,
         lease: Option<i64>,
         timeout: Option<i64>,
+        owned: bool,
     },
+    OwnerEnds(u8),
     Delete(u8),
     Release(u8),
     Renew(u8),
@@ -756,8 +863,9 @@ enum Step {
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        4 => (0u8..8, prop::option::of(1i64..12), prop::option::of(1i64..20))
-            .prop_map(|(name, lease, timeout)| Step::Create { name, lease, timeout }),
+        4 => (0u8..8, prop::option::of(1i64..12), prop::option::of(1i64..20), any::<bool>())
+            .prop_map(|(name, lease, timeout, owned)| Step::Create { name, lease, timeout, owned }),
+        1 => (0u8..8).prop_map(Step::OwnerEnds),
         1 => (0u8..8).prop_map(Step::Delete),
         1 => (0u8..8).prop_map(Step::Release),
         2 => (0u8..8).prop_map(Step::Renew),
@@ -767,7 +875,7 @@ fn step() -> impl Strategy<Value = Step> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
     /// Random workloads: every settled state satisfies the invariants (checked in `settle`).
     #[test]
@@ -780,9 +888,13 @@ proptest! {
             let mut sim = Sim::new(max_holders, lease);
             for step in steps {
                 match step {
-                    Step::Create { name, lease, timeout } => {
+                    Step::Create { name, lease, timeout, owned: false } => {
                         sim.create(&format!("c{name}"), Sim::claim_spec(lease, timeout))
                     }
+                    Step::Create { name, lease, timeout, owned: true } => {
+                        sim.create_owned(&format!("c{name}"), Sim::claim_spec(lease, timeout))
+                    }
+                    Step::OwnerEnds(name) => sim.set_owner(&format!("c{name}"), OwnerState::Finished),
                     Step::Delete(name) => sim.delete(&format!("c{name}")),
                     Step::Release(name) => sim.release(&format!("c{name}")),
                     Step::Renew(name) => sim.renew(&format!("c{name}")),

@@ -20,6 +20,7 @@ use super::core::{
 };
 use super::error::ControllerError;
 use super::events::publish;
+use super::owners::fill_owner_states;
 use super::patch::{finalizers_patch, status_patch};
 use crate::api::{BackendKind, DistributedLock, LockClaim};
 use crate::lock::Backend;
@@ -56,7 +57,7 @@ async fn reconcile_inner(
     // A pass over a half-filled cache would miss claims.
     let _ = ctx.claims.wait_until_ready().await;
     let objects = claims_of(ctx, &view);
-    let claims: Vec<ClaimView> = objects
+    let mut claims: Vec<ClaimView> = objects
         .values()
         .filter_map(|claim| match ClaimView::from_resource(claim) {
             Ok(view) => Some(view),
@@ -66,6 +67,8 @@ async fn reconcile_inner(
             }
         })
         .collect();
+
+    fill_owner_states(&ctx.client, &view.namespace, &mut claims).await;
 
     let kind = view.spec.backend.unwrap_or(ctx.backends.default_kind());
     let key = view.backend_key();

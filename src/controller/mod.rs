@@ -15,6 +15,7 @@ pub mod core;
 pub mod error;
 pub mod events;
 pub mod lock_reconciler;
+pub mod owners;
 pub mod patch;
 pub mod runtime;
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::model::{seconds_of, BackendView, ClaimView, LockInput, Seconds};
+use super::model::{seconds_of, BackendView, ClaimView, LockInput, OwnerState, Seconds};
 use super::plan::{reasons, Intent, LockMode, OpOutcome, Plan};
 use super::status;
 use crate::api::{ClaimPhase, DistributedLockStatus, LockClaimStatus, LockHolder, READY_CONDITION};
@@ -231,10 +231,23 @@ impl Folder<'_> {
         ))
     }
 
-    /// The claim's current grant, unchanged (or with a new expiry); wakes up at the expiry.
+    /// The claim's current grant, unchanged (or with a new expiry); wakes up at the expiry,
+    /// or when the lease is due for renewal on behalf of a live owner.
     fn still_held(&mut self, claim: &ClaimView, expiry: Seconds) -> Next {
-        self.wake_at(expiry);
+        self.wake_for_grant(claim, expiry);
         self.held_until(claim, expiry)
+    }
+
+    /// Wakes up when a grant running until `expiry` ends, or is due for renewal on behalf
+    /// of a live owner.
+    fn wake_for_grant(&mut self, claim: &ClaimView, expiry: Seconds) {
+        self.wake_at(expiry);
+        if claim.owner_state == OwnerState::Alive {
+            let lease = claim.lease_seconds(&self.input.lock);
+            // Not before the next whole second: a renewal never changes within one.
+            let due = super::plan::owner_renewal_due(expiry, lease).max(self.now + 1);
+            self.wake_at(due);
+        }
     }
 
     /// The claim's current grant recorded until `expiry` (without scheduling a wake-up).
@@ -361,7 +374,7 @@ impl Folder<'_> {
                 OpOutcome::Granted { fencing_token, .. }
                     if fencing_token > self.plan.high_water =>
                 {
-                    self.wake_at(*expiry);
+                    self.wake_for_grant(claim, *expiry);
                     Next::Status(status::held(
                         claim,
                         claim.holder_identity(),

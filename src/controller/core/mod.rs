@@ -29,8 +29,9 @@ pub use fold::{
     GrantEnd, Observation, PlannedEvent, RESYNC_INTERVAL,
 };
 pub use model::{
-    seconds_of, time_at, BackendView, ClaimView, IncompleteClaim, LockInput, LockView, Seconds,
-    BACKEND_LEASE_GRACE, FINALIZER, MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_HOLDERS_LIMIT,
+    seconds_of, time_at, BackendView, ClaimView, IncompleteClaim, LockInput, LockView, OwnerState,
+    Seconds, WorkloadKind, WorkloadOwner, BACKEND_LEASE_GRACE, FINALIZER,
+    MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_HOLDERS_LIMIT,
 };
 pub use orphan::{decide_orphan, OrphanDecision};
 pub use plan::{

@@ -154,10 +154,77 @@ pub struct ClaimView {
     pub has_finalizer: bool,
     /// The name of the claim's owner (the controlling owner reference, else the first).
     pub owner_name: Option<String>,
+    /// The Pod or Job whose life the claim is tied to, if any.
+    pub owner: Option<WorkloadOwner>,
+    /// Whether that owner still runs (filled in by the shell; `Unknown` until it looks).
+    pub owner_state: OwnerState,
     /// The desired state.
     pub spec: LockClaimSpec,
     /// The last written status (default when none).
     pub status: LockClaimStatus,
+}
+
+/// The kinds of owners whose life a claim follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkloadKind {
+    /// A core/v1 Pod: alive until it succeeds, fails or goes away.
+    Pod,
+    /// A batch/v1 Job: alive until it completes, fails or goes away.
+    Job,
+}
+
+/// The Pod or Job that owns a claim (`metadata.ownerReferences`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadOwner {
+    /// Pod or Job.
+    pub kind: WorkloadKind,
+    /// The owner's name (same namespace as the claim).
+    pub name: String,
+    /// The owner's uid: an object of the same name with another uid is not the owner.
+    pub uid: String,
+}
+
+impl WorkloadOwner {
+    /// The controlling Pod/Job owner reference, else the first Pod/Job one.
+    pub fn of(
+        owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
+    ) -> Option<Self> {
+        let workload = |owner: &&k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference| {
+            matches!(
+                (owner.api_version.as_str(), owner.kind.as_str()),
+                ("v1", "Pod") | ("batch/v1", "Job")
+            )
+        };
+        let owner = owners
+            .iter()
+            .filter(workload)
+            .find(|owner| owner.controller == Some(true))
+            .or_else(|| owners.iter().find(workload))?;
+        Some(Self {
+            kind: if owner.kind == "Pod" {
+                WorkloadKind::Pod
+            } else {
+                WorkloadKind::Job
+            },
+            name: owner.name.clone(),
+            uid: owner.uid.clone(),
+        })
+    }
+}
+
+/// Whether a claim's owning Pod or Job still runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnerState {
+    /// The claim has no Pod or Job owner: its holder renews it through `spec.renewTime`.
+    NotTracked,
+    /// The owner could not be looked up (API error): nothing is decided from it.
+    Unknown,
+    /// The owner runs: the controller renews the claim's lease.
+    Alive,
+    /// The owner succeeded or failed: the claim is released.
+    Finished,
+    /// The owner no longer exists: the claim is released.
+    Gone,
 }
 
 /// A claim object lacks a field the API server always sets.
@@ -191,6 +258,12 @@ impl ClaimView {
             .find(|owner| owner.controller == Some(true))
             .or_else(|| owners.first())
             .map(|owner| owner.name.clone());
+        let owner = WorkloadOwner::of(owners);
+        let owner_state = if owner.is_some() {
+            OwnerState::Unknown
+        } else {
+            OwnerState::NotTracked
+        };
         Ok(Self {
             name: name.clone(),
             uid,
@@ -199,6 +272,8 @@ impl ClaimView {
             deleting: claim.metadata.deletion_timestamp.is_some(),
             has_finalizer: claim.finalizers().iter().any(|f| f == FINALIZER),
             owner_name,
+            owner,
+            owner_state,
             spec: claim.spec.clone(),
             status: claim.status.clone().unwrap_or_default(),
         })

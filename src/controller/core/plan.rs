@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use super::model::{BackendView, ClaimView, LockInput, Seconds, BACKEND_LEASE_GRACE};
+use super::model::{
+    BackendView, ClaimView, LockInput, OwnerState, Seconds, WorkloadKind, BACKEND_LEASE_GRACE,
+};
 use crate::api::ClaimPhase;
 
 /// A backend call the shell performs for the core (always on the lock's key).
@@ -274,6 +276,10 @@ pub mod reasons {
     pub const WITHDRAWN: &str = "Withdrawn";
     /// The lease ran out without renewal.
     pub const LEASE_EXPIRED: &str = "LeaseExpired";
+    /// The claim's owning Pod or Job finished.
+    pub const OWNER_FINISHED: &str = "OwnerFinished";
+    /// The claim's owning Pod or Job no longer exists.
+    pub const OWNER_GONE: &str = "OwnerGone";
     /// The backend no longer had the grant and it could not be taken back.
     pub const LOCK_LOST: &str = "LockLost";
     /// The lock was deleted while the claim held it.
@@ -321,9 +327,45 @@ pub(crate) fn effective_expiry(input: &LockInput, claim: &ClaimView) -> (Seconds
         .filter(|renewed| *renewed <= recorded)
         .map(|renewed| renewed.saturating_add(lease))
         .filter(|until| *until > recorded);
-    match renewed_until {
+    let (expiry, renewed) = match renewed_until {
         Some(until) => (until, true),
         None => (recorded, false),
+    };
+    // A live owner keeps the lease: renewed once half of it has passed (at the latest in its
+    // last second: with whole-second times a one-second lease has no earlier moment).
+    if claim.owner_state == OwnerState::Alive
+        && expiry >= now
+        && now >= owner_renewal_due(expiry, lease)
+        && now.saturating_add(lease) > expiry
+    {
+        return (now.saturating_add(lease), true);
+    }
+    (expiry, renewed)
+}
+
+/// When the controller renews the lease (ending at `expiry`) of a claim whose owner runs:
+/// once half of it has passed.
+pub(crate) fn owner_renewal_due(expiry: Seconds, lease: Seconds) -> Seconds {
+    expiry.saturating_sub(lease.saturating_add(1) / 2)
+}
+
+/// Why a claim ends because of its owner, if it does.
+fn owner_ending(claim: &ClaimView) -> Option<(&'static str, String)> {
+    let owner = claim.owner.as_ref()?;
+    let kind = match owner.kind {
+        WorkloadKind::Pod => "Pod",
+        WorkloadKind::Job => "Job",
+    };
+    match claim.owner_state {
+        OwnerState::Finished => Some((
+            reasons::OWNER_FINISHED,
+            format!("owner {kind} {} finished", owner.name),
+        )),
+        OwnerState::Gone => Some((
+            reasons::OWNER_GONE,
+            format!("owner {kind} {} no longer exists", owner.name),
+        )),
+        _ => None,
     }
 }
 
@@ -485,6 +527,9 @@ fn pending_ending(claim: &ClaimView, now: Seconds) -> Option<(ClaimPhase, &'stat
             "withdrawn (spec.release) before it was granted".to_owned(),
         ));
     }
+    if let Some((reason, message)) = owner_ending(claim) {
+        return Some((ClaimPhase::Released, reason, message));
+    }
     if claim
         .acquire_deadline()
         .is_some_and(|deadline| deadline <= now)
@@ -523,6 +568,15 @@ fn held_draft(
             phase: ClaimPhase::Released,
             reason: reasons::RELEASE_REQUESTED,
             message: "released on request (spec.release)".to_owned(),
+            released_at: Some(now),
+            release_op: builder.release_if_held(claim, true),
+        };
+    }
+    if let Some((reason, message)) = owner_ending(claim) {
+        return Draft::End {
+            phase: ClaimPhase::Released,
+            reason,
+            message,
             released_at: Some(now),
             release_op: builder.release_if_held(claim, true),
         };

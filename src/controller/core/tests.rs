@@ -40,6 +40,8 @@ fn held_claim(expires: i64, renew: Option<i64>) -> ClaimView {
         deleting: false,
         has_finalizer: true,
         owner_name: None,
+        owner: None,
+        owner_state: super::model::OwnerState::NotTracked,
         spec: LockClaimSpec {
             lock_name: "db".to_owned(),
             holder_identity: None,
