@@ -54,7 +54,7 @@ async fn semaphore_admits_max_holders_in_order() {
 async fn expiry_hands_on_and_renewal_keeps_the_lock() {
     let mut env = Env::new().await;
     env.start_default_controller();
-    env.apply_lock("db", "leaseDurationSeconds: 2");
+    env.apply_lock("db", "leaseDurationSeconds: 3");
     env.apply_claim("a", "db", "");
     env.wait_phase("a", ClaimPhase::Held).await;
     env.apply_claim("b", "db", "");
@@ -67,9 +67,9 @@ async fn expiry_hands_on_and_renewal_keeps_the_lock() {
     let b = env.wait_phase("b", ClaimPhase::Held).await;
     assert!(token_of(&b) > token_of(&a));
 
-    // b renews every second for six seconds (three leases): it keeps the lock.
+    // b renews every second for seven seconds (over two leases): it keeps the lock.
     let held_at = Timestamp::now();
-    while Timestamp::now().duration_since(held_at).as_secs() < 6 {
+    while Timestamp::now().duration_since(held_at).as_secs() < 7 {
         env.patch_claim_spec(
             "b",
             serde_json::json!({"renewTime": Time(Timestamp::now())}),
