@@ -316,9 +316,12 @@ impl MongoBackend {
         if config.wake_mode == MongoWakeMode::Polling {
             return Ok(polling());
         }
-        let opened = tokio::time::timeout(config.operation_timeout, open_change_stream(collection))
-            .await
-            .map_err(|_| timed_out("open change stream", config.operation_timeout))?;
+        let opened = tokio::time::timeout(
+            config.operation_timeout,
+            open_change_stream(collection, &[], None),
+        )
+        .await
+        .map_err(|_| timed_out("open change stream", config.operation_timeout))?;
         match opened {
             Ok(stream) => Ok(Wakes::with_change_stream(
                 collection.clone(),
