@@ -21,7 +21,8 @@ pub async fn publish(
         .and(regarding.name.as_deref())
         .unwrap_or("");
     match event.severity {
-        EventSeverity::Normal => tracing::info!(
+        // Phase changes are logged (with the token) where the status is written.
+        EventSeverity::Normal => tracing::debug!(
             namespace,
             lock,
             claim,

@@ -362,18 +362,52 @@ impl<'a> Writer<'a> {
                             )
                         })?;
                     self.remember(&updated);
-                    tracing::debug!(
-                        namespace = %input.lock.namespace,
-                        lock = %input.lock.name,
-                        claim = %change.name,
-                        phase = ?status.phase,
-                        token = ?status.fencing_token,
-                        "claim status written"
-                    );
+                    let phase = status.phase.unwrap_or_default();
+                    let token = status.fencing_token.unwrap_or_default();
+                    let position = status.position.unwrap_or_default();
+                    if old.and_then(|old| old.phase) != status.phase {
+                        tracing::info!(
+                            namespace = %input.lock.namespace,
+                            lock = %input.lock.name,
+                            claim = %change.name,
+                            %phase,
+                            token,
+                            position,
+                            reason = status.reason.as_deref().unwrap_or(""),
+                            "claim is {phase}"
+                        );
+                    } else {
+                        tracing::debug!(
+                            namespace = %input.lock.namespace,
+                            lock = %input.lock.name,
+                            claim = %change.name,
+                            %phase,
+                            token,
+                            position,
+                            "claim status written"
+                        );
+                    }
                 }
             }
             if change.finalizer == FinalizerChange::Remove {
                 self.remove_claim_finalizer(&change.name).await?;
+                if let Some(claim) = self
+                    .objects
+                    .get(&change.name)
+                    .filter(|claim| claim.metadata.deletion_timestamp.is_some())
+                {
+                    tracing::info!(
+                        namespace = %input.lock.namespace,
+                        lock = %input.lock.name,
+                        claim = %change.name,
+                        token = claim
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.fencing_token)
+                            .unwrap_or_default(),
+                        "claim deleted; its grant is released"
+                    );
+                }
             }
         }
 

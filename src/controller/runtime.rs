@@ -125,8 +125,6 @@ pub async fn run(
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|source| ControllerError::Metrics { addr, source })?;
-            let bound = listener.local_addr().unwrap_or(addr);
-            tracing::info!(addr = %bound, "serving /metrics, /healthz and /readyz");
             let serving =
                 metrics::serve_on(listener, metrics.clone(), readiness.clone(), raised(&stop));
             Some(tokio::spawn(async move {

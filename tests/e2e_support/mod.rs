@@ -533,6 +533,7 @@ impl HolderMonitor {
             let mut report = MonitorReport::default();
             let mut seen = std::collections::HashSet::new();
             let mut highest = 0i64;
+            let mut stopping = false;
             loop {
                 if let Ok(list) = claims.list(&Default::default()).await {
                     report.samples += 1;
@@ -562,8 +563,12 @@ impl HolderMonitor {
                         }
                     }
                 }
+                if stopping {
+                    break;
+                }
+                // After the stop request one more sample is taken: the state the test saw.
                 tokio::select! {
-                    _ = &mut stopped => break,
+                    _ = &mut stopped => stopping = true,
                     () = tokio::time::sleep(Duration::from_millis(20)) => {}
                 }
             }
