@@ -554,7 +554,12 @@ async fn malformed_documents_and_a_lost_server_are_typed_errors() {
     );
     let invalid = MongoBackend::connect("not-a-url", MongoBackendConfig::new()).await;
     assert!(
-        matches!(invalid, Err(LockError::BackendUnavailable { .. })),
+        matches!(invalid, Err(LockError::InvalidArgument(_))),
         "{invalid:?}"
+    );
+    let unnamed = MongoBackend::connect(&uri, MongoBackendConfig::new().collection("")).await;
+    assert!(
+        matches!(unnamed, Err(LockError::InvalidArgument(_))),
+        "{unnamed:?}"
     );
 }

@@ -236,13 +236,24 @@ impl MongoBackend {
     /// Connects to `url` (`mongodb://…` or `mongodb+srv://…`), checks the server answers,
     /// creates the locks collection if it is missing (idempotent: concurrent starts are fine)
     /// and starts the wake-up listener. Must be called inside a tokio runtime.
+    /// A malformed URL or an empty name is [`LockError::InvalidArgument`]; an unreachable or
+    /// failing server is [`LockError::BackendUnavailable`].
     pub async fn connect(url: &str, config: MongoBackendConfig) -> LockResult<Self> {
-        let mut options = bounded(
-            "parse url",
-            config.operation_timeout,
-            ClientOptions::parse(url),
-        )
-        .await?;
+        if config.collection.is_empty() || config.database.as_deref() == Some("") {
+            return Err(LockError::invalid(
+                "mongo database and collection names must not be empty",
+            ));
+        }
+        let parsed = tokio::time::timeout(config.operation_timeout, ClientOptions::parse(url))
+            .await
+            .map_err(|_| timed_out("parse url", config.operation_timeout))?;
+        let mut options = match parsed {
+            Ok(options) => options,
+            Err(error) if matches!(error.kind.as_ref(), ErrorKind::InvalidArgument { .. }) => {
+                return Err(LockError::invalid(format!("mongo url: {error}")));
+            }
+            Err(error) => return Err(mongo_error("parse url")(error)),
+        };
         options
             .app_name
             .get_or_insert_with(|| "turnstile".to_owned());
