@@ -54,7 +54,9 @@ async fn own_server(flavor: MongoFlavor) -> Option<MongoServer> {
             if error.kind() == std::io::ErrorKind::Unsupported
                 || (error.kind() == std::io::ErrorKind::NotFound && !under_ci()) =>
         {
-            println!("skipped: {error}");
+            println!(
+                "skipped: no MongoDB test server of flavor {flavor:?} can be started: {error}"
+            );
             None
         }
         Err(error) => panic!("MongoDB test server failed to start: {error}"),
