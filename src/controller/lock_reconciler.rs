@@ -362,29 +362,18 @@ impl<'a> Writer<'a> {
                             )
                         })?;
                     self.remember(&updated);
-                    let phase = status.phase.unwrap_or_default();
-                    let token = status.fencing_token.unwrap_or_default();
-                    let position = status.position.unwrap_or_default();
+                    // Phase changes are the story of a lock; other status updates are not.
                     if old.and_then(|old| old.phase) != status.phase {
+                        let phase = status.phase.unwrap_or_default();
                         tracing::info!(
                             namespace = %input.lock.namespace,
                             lock = %input.lock.name,
                             claim = %change.name,
                             %phase,
-                            token,
-                            position,
+                            token = status.fencing_token.unwrap_or_default(),
+                            position = status.position.unwrap_or_default(),
                             reason = status.reason.as_deref().unwrap_or(""),
                             "claim is {phase}"
-                        );
-                    } else {
-                        tracing::debug!(
-                            namespace = %input.lock.namespace,
-                            lock = %input.lock.name,
-                            claim = %change.name,
-                            %phase,
-                            token,
-                            position,
-                            "claim status written"
                         );
                     }
                 }
