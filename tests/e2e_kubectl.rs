@@ -150,8 +150,20 @@ async fn an_idle_controller_writes_nothing() {
     };
     env.start_default_controller();
     env.apply(LOCK_AND_CLAIMS);
+    // Also idle: a lock whose backend is not configured, and a claim for a missing lock.
+    env.apply_lock("cache", "backend: redis");
+    env.apply_claim("x", "cache", "");
+    env.apply_claim("orphan", "missing", "");
     env.wait_phase("a", ClaimPhase::Held).await;
     env.wait_claim("c", |c| position_of(c) == Some(2)).await;
+    env.wait_claim("x", |c| {
+        c.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("BackendNotConfigured")
+    })
+    .await;
+    env.wait_claim("orphan", |c| {
+        c.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("LockNotFound")
+    })
+    .await;
     env.wait_lock("db-migrations", |lock| {
         lock.status.as_ref().is_some_and(|s| s.waiting == 2)
     })

@@ -155,9 +155,19 @@ impl Env {
         }
     }
 
-    /// Starts the controller in this process, watching all namespaces.
+    /// The controller watches only the test's namespace (on a real cluster another Turnstile
+    /// may serve the rest).
+    fn scoped(&self, mut config: ControllerConfig) -> ControllerConfig {
+        config
+            .namespace
+            .get_or_insert_with(|| self.namespace.clone());
+        config
+    }
+
+    /// Starts the controller in this process, watching the test's namespace.
     pub fn start_controller(&mut self, config: ControllerConfig) {
         assert!(self.controller.is_none(), "controller already running");
+        let config = self.scoped(config);
         let (stop, stopped) = oneshot::channel::<()>();
         let client = self.client.clone();
         let task = tokio::spawn(async move {
@@ -172,6 +182,7 @@ impl Env {
     /// Starts one more controller in this process (for leader election tests); the caller
     /// stops it.
     pub fn spawn_controller(&self, config: ControllerConfig) -> RunningController {
+        let config = self.scoped(config);
         let (stop, stopped) = oneshot::channel::<()>();
         let client = self.client.clone();
         let task = tokio::spawn(async move {
