@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use crate::api::BackendKind;
 use crate::leader::LeaderConfig;
 
+use super::backends::MongoSettings;
 use super::runtime::{run, ControllerConfig};
 
 /// Log line format.
@@ -23,7 +24,17 @@ pub struct RunArgs {
     /// such locks report `Ready=False` (BackendNotConfigured).
     #[arg(long, env = "TURNSTILE_REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
-    /// Backend of locks that do not name one: memory (embedded, default) or redis.
+    /// MongoDB URL (`mongodb://host:27017/db?replicaSet=rs0`) serving locks with
+    /// `spec.backend: mongo`. Without it such locks report `Ready=False` (BackendNotConfigured).
+    #[arg(long, env = "TURNSTILE_MONGO_URL", hide_env_values = true)]
+    pub mongo_url: Option<String>,
+    /// Database of the MongoDB locks collection (default: the URL's database, else `turnstile`).
+    #[arg(long, env = "TURNSTILE_MONGO_DATABASE", requires = "mongo_url")]
+    pub mongo_database: Option<String>,
+    /// Name of the MongoDB locks collection (default `turnstile_locks`).
+    #[arg(long, env = "TURNSTILE_MONGO_COLLECTION", requires = "mongo_url")]
+    pub mongo_collection: Option<String>,
+    /// Backend of locks that do not name one: memory (embedded, default), redis or mongo.
     #[arg(long, default_value = "memory")]
     pub default_backend: BackendKind,
     /// Watch only this namespace (default: all namespaces).
@@ -92,6 +103,11 @@ pub async fn run_command(args: RunArgs) -> anyhow::Result<()> {
         namespace: args.namespace,
         default_backend: args.default_backend,
         redis_url: args.redis_url,
+        mongo: args.mongo_url.map(|url| MongoSettings {
+            url,
+            database: args.mongo_database,
+            collection: args.mongo_collection,
+        }),
         metrics_addr: args.metrics_addr,
         instance,
         leader_election,

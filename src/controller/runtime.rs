@@ -19,6 +19,8 @@ use std::time::Duration;
 
 use futures::channel::mpsc;
 use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::{Config as ControllerRuntimeConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
@@ -26,11 +28,14 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 
-use super::backends::Backends;
+use super::backends::{Backends, MongoSettings};
 use super::claim_reconciler::{claim_error_policy, reconcile_claim};
 use super::context::Context;
+use super::core::WorkloadKind;
 use super::error::ControllerError;
+use super::job_gate::run_gate;
 use super::lock_reconciler::{lock_error_policy, reconcile_lock};
+use super::owner_watch::owner_trigger;
 use crate::api::{BackendKind, DistributedLock, LockClaim};
 use crate::leader::{self, LeaderConfig};
 use crate::metrics::{self, Metrics, Readiness};
@@ -50,6 +55,8 @@ pub struct ControllerConfig {
     pub default_backend: BackendKind,
     /// Redis connection URL; locks with `backend: redis` are served only when given.
     pub redis_url: Option<String>,
+    /// MongoDB connection settings; locks with `backend: mongo` are served only when given.
+    pub mongo: Option<MongoSettings>,
     /// Where to serve `/metrics`, `/healthz` and `/readyz`.
     pub metrics_addr: Option<SocketAddr>,
     /// This replica's name in Events (the Pod name).
@@ -64,6 +71,7 @@ impl Default for ControllerConfig {
             namespace: None,
             default_backend: BackendKind::Memory,
             redis_url: None,
+            mongo: None,
             metrics_addr: None,
             instance: None,
             leader_election: None,
@@ -79,8 +87,9 @@ impl ControllerConfig {
             BackendKind::Redis => Err(ControllerError::Config(
                 "--default-backend redis needs --redis-url".to_owned(),
             )),
+            BackendKind::Mongo if self.mongo.is_some() => Ok(()),
             BackendKind::Mongo => Err(ControllerError::Config(
-                "the mongo backend is not available yet".to_owned(),
+                "--default-backend mongo needs --mongo-url".to_owned(),
             )),
         }
     }
@@ -217,12 +226,14 @@ async fn run_controllers(
     .touched_objects();
     let (to_locks, for_locks) = mpsc::unbounded();
     let (to_claims, for_claims) = mpsc::unbounded();
+    let (to_gate, for_gate) = mpsc::unbounded();
     let fan_out = async move {
         let mut claim_events = std::pin::pin!(claim_events);
         while let Some(event) = claim_events.next().await {
             match event {
                 Ok(claim) => {
                     let _ = to_locks.unbounded_send(Ok(claim.clone()));
+                    let _ = to_gate.unbounded_send(Ok(claim.clone()));
                     let _ = to_claims.unbounded_send(Ok(claim));
                 }
                 Err(error) => tracing::warn!(%error, "claim watch error (retrying)"),
@@ -236,6 +247,17 @@ async fn run_controllers(
             let namespace = claim.namespace()?;
             Some(ObjectRef::<DistributedLock>::new(&claim.spec.lock_name).within(&namespace))
         })
+        // A claim owner's finish or deletion wakes its locks at once (see `owner_watch`).
+        .watches(
+            api::<Pod>(client, namespace),
+            watcher::Config::default(),
+            owner_trigger::<Pod>(claim_store.clone(), WorkloadKind::Pod),
+        )
+        .watches(
+            api::<Job>(client, namespace),
+            watcher::Config::default(),
+            owner_trigger::<Job>(claim_store.clone(), WorkloadKind::Job),
+        )
         .with_config(runtime_config.clone())
         .graceful_shutdown_on(raised(&stop_rx));
     let lock_store = lock_controller.store();
@@ -251,10 +273,18 @@ async fn run_controllers(
         client.clone(),
         lock_store.clone(),
         claim_store.clone(),
-        Backends::new(config.default_backend, config.redis_url.clone()),
+        Backends::new(config.default_backend, config.redis_url.clone())
+            .with_mongo(config.mongo.clone()),
         recorder,
         metrics.clone(),
     ));
+    let gate_done = run_gate(
+        api::<Job>(client, namespace),
+        client.clone(),
+        claim_store.clone(),
+        for_gate,
+        raised(&stop_rx),
+    );
     let claim_controller = Controller::for_stream(for_claims, claim_store.clone())
         .with_config(runtime_config)
         .graceful_shutdown_on(raised(&stop_rx));
@@ -275,6 +305,7 @@ async fn run_controllers(
         namespace = namespace.unwrap_or("(all)"),
         default_backend = %config.default_backend,
         redis = config.redis_url.is_some(),
+        mongo = config.mongo.is_some(),
         "controller starting"
     );
     let locks_done = lock_controller
@@ -291,7 +322,7 @@ async fn run_controllers(
                 tracing::debug!(%error, "claim controller");
             }
         });
-    let controllers = futures::future::join(locks_done, claims_done);
+    let controllers = futures::future::join3(locks_done, claims_done, gate_done);
     tokio::select! {
         _ = controllers => {}
         () = fan_out => {}

@@ -1,0 +1,103 @@
+//! End to end with the MongoDB backend (SecantusDB started by `test-servers` on a free
+//! 127.0.0.1 port, or the server `MONGODB_URI` names): `--default-backend mongo` serves a lock
+//! that names no backend; three claims are granted in FIFO order as each holder's claim is
+//! deleted, with increasing fencing tokens, and the grants live in the Mongo collection.
+//! Without a server the test is skipped with one line, except under `CI=true` (a failure).
+
+mod e2e_support;
+
+use std::sync::Arc;
+
+use e2e_support::{position_of, token_of, Env, HolderMonitor};
+use test_servers::{MongoServer, Unavailable};
+use turnstile::api::{BackendKind, ClaimPhase};
+use turnstile::controller::backends::MongoSettings;
+use turnstile::controller::ControllerConfig;
+use turnstile::lock::backend::{MongoBackend, MongoBackendConfig};
+use turnstile::lock::Backend;
+
+/// The shared test server, or `None` (after one line saying why) when there is none here.
+async fn mongo_server() -> Option<Arc<MongoServer>> {
+    match tokio::task::spawn_blocking(MongoServer::for_tests)
+        .await
+        .expect("launcher thread")
+    {
+        Ok(server) => Some(server),
+        Err(Unavailable::Skip(reason)) => {
+            println!("skipped: {reason}");
+            None
+        }
+        Err(Unavailable::Fail(error)) => panic!("MongoDB test server unavailable: {error}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_handover_with_increasing_tokens_on_mongo() {
+    let Some(server) = mongo_server().await else {
+        return;
+    };
+    let mut env = Env::new().await;
+    // A database per test: runs against a shared server never see each other's locks.
+    let database = format!("turnstile_{}", env.namespace.replace('-', "_"));
+    env.start_controller(ControllerConfig {
+        default_backend: BackendKind::Mongo,
+        mongo: Some(MongoSettings {
+            url: server.uri().to_owned(),
+            database: Some(database.clone()),
+            collection: None,
+        }),
+        ..ControllerConfig::default()
+    });
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    let monitor = HolderMonitor::start(&env, "db", 1);
+    env.queue_of_three("db").await;
+    let a = env.claim("a").await;
+    assert_eq!(token_of(&a), Some(1));
+
+    env.delete_claim("a").await;
+    env.wait_gone("a").await;
+    let b = env.wait_phase("b", ClaimPhase::Held).await;
+    assert_eq!(token_of(&b), Some(2));
+    env.wait_claim("c", |c| position_of(c) == Some(1)).await;
+
+    env.delete_claim("b").await;
+    let c = env.wait_phase("c", ClaimPhase::Held).await;
+    assert_eq!(token_of(&c), Some(3));
+    env.wait_ready("db", "True").await;
+
+    // The grant is in MongoDB, under the namespaced key, as the claim says.
+    let reader = MongoBackend::connect(
+        server.uri(),
+        MongoBackendConfig::new().database(database.clone()),
+    )
+    .await
+    .expect("connect to the test server");
+    let snapshot = reader
+        .snapshot(&format!("{}/db", env.namespace))
+        .await
+        .expect("snapshot");
+    assert_eq!(snapshot.fencing_token, 3);
+    let tokens: Vec<u64> = snapshot.holders.iter().map(|h| h.fencing_token).collect();
+    assert_eq!(tokens, [3]);
+
+    let report = monitor.finish().await;
+    assert_eq!(report.tokens(), [1, 2, 3]);
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_backend_mongo_needs_a_url() {
+    let env = Env::new().await;
+    let result = turnstile::controller::run(
+        env.client.clone(),
+        ControllerConfig {
+            default_backend: BackendKind::Mongo,
+            namespace: Some(env.namespace.clone()),
+            ..ControllerConfig::default()
+        },
+        std::future::pending(),
+    )
+    .await;
+    let error = result.expect_err("a mongo default without a URL is refused");
+    assert!(error.to_string().contains("--mongo-url"), "{error}");
+}
