@@ -3,6 +3,8 @@
 //! - [`core`]: the decisions (who holds, who waits, who is next), with no I/O.
 //! - [`lock_reconciler`]: one pass over a `DistributedLock` and all its claims.
 //! - [`claim_reconciler`]: claims whose lock does not exist.
+//! - [`owner_watch`]: Pod/Job events wake the locks of the claims they own.
+//! - [`job_gate`]: Jobs created suspended with `turnstile.dev/lock` run once their claim is held.
 //! - [`backend_ops`]: performs the core's backend calls on the lock engine.
 //! - [`runtime`]: the watches, caches and controllers (`turnstile run`).
 
@@ -14,7 +16,9 @@ pub mod context;
 pub mod core;
 pub mod error;
 pub mod events;
+pub mod job_gate;
 pub mod lock_reconciler;
+pub mod owner_watch;
 pub mod owners;
 pub mod patch;
 pub mod runtime;
