@@ -1,0 +1,633 @@
+//! End to end: every example in `examples/` is applied with `kubectl` to the fake API server
+//! while the controller runs, and the test plays the Job controller and the kubelet (it creates
+//! the Job's Pods and sets their status through `/status`):
+//!
+//! - `kubectl-wait-job.yaml`: the init container's bash script runs as written (stock
+//!   `kubectl apply` + `kubectl wait --for=condition=Held`) with the Pod's env vars; a second
+//!   Pod's script waits until the first Pod finishes;
+//! - `wait-init-container.yaml`: the init container's `turnstile wait --create` runs as the
+//!   built binary with the Pod's env vars and arguments; likewise a second Pod waits;
+//! - `gated-job.yaml`: the Job is un-suspended only once its claim is `Held` (a sampler counts
+//!   violations), carries the token, and a second gated Job stays suspended until the first
+//!   completes; a suspended Job without the annotation is left alone;
+//! - `lock.yaml` and `claims.yaml`: the queue of three.
+//!
+//! The fake serves no RBAC kinds, so `Role`/`RoleBinding` documents are skipped, and kubectl's
+//! client-side validation is off (`--validate=false`: it cannot validate the `batch` group
+//! against the fake's minimal OpenAPI). Each kubectl gets its own `--cache-dir`
+//! (`KUBECACHEDIR` for the scripts).
+
+mod e2e_support;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use e2e_support::{phase_of, position_of, token_of, Env, WAIT};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+use tokio::process::Command;
+use turnstile::api::{ClaimPhase, LockClaim};
+use turnstile::controller::job_gate::{LOCK_ANNOTATION, TOKEN_ANNOTATION};
+
+const LOCK: &str = "db-migrations";
+
+fn example(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// The documents of a multi-document YAML file, as JSON values.
+fn documents(yaml: &str) -> Vec<Value> {
+    use serde::Deserialize;
+    serde_yaml::Deserializer::from_str(yaml)
+        .map(|doc| Value::deserialize(doc).expect("yaml document"))
+        .filter(|doc| !doc.is_null())
+        .collect()
+}
+
+/// What the fake can serve: everything but RBAC kinds.
+fn without_rbac(docs: Vec<Value>) -> Vec<Value> {
+    docs.into_iter()
+        .filter(|doc| {
+            !doc["apiVersion"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("rbac.authorization.k8s.io/")
+        })
+        .collect()
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    docs.iter()
+        .find(|doc| doc["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} in the example"))
+}
+
+/// What each test needs besides the [`Env`]: a kubectl cache and a kubeconfig whose current
+/// context is the test namespace (as a Pod's in-cluster config would be).
+struct Scratch {
+    dir: tempfile::TempDir,
+    kubeconfig: PathBuf,
+}
+
+impl Scratch {
+    fn new(env: &Env) -> Scratch {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::copy(&env.kubeconfig, &kubeconfig).expect("copy kubeconfig");
+        let status = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["config", "set-context", "--current", "--namespace"])
+            .arg(&env.namespace)
+            .stdout(Stdio::null())
+            .status()
+            .expect("kubectl config");
+        assert!(status.success(), "kubectl config set-context failed");
+        Scratch { dir, kubeconfig }
+    }
+
+    fn cache_dir(&self) -> PathBuf {
+        self.dir.path().join("kube-cache")
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `kubectl apply --validate=false -f -` of `docs` in the test namespace.
+    async fn apply(&self, env: &Env, docs: &[Value]) {
+        let yaml = docs
+            .iter()
+            .map(|doc| serde_yaml::to_string(doc).expect("yaml"))
+            .collect::<Vec<_>>()
+            .join("---\n");
+        let mut child = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&env.kubeconfig)
+            .arg("--cache-dir")
+            .arg(self.cache_dir())
+            .args(["-n", &env.namespace, "apply", "--validate=false", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn kubectl");
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(yaml.as_bytes()).await.expect("write");
+        drop(stdin);
+        let output = child.wait_with_output().await.expect("kubectl apply");
+        assert!(
+            output.status.success(),
+            "kubectl apply failed: {}\n{yaml}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+fn pods(env: &Env) -> Api<Pod> {
+    Api::namespaced(env.client.clone(), &env.namespace)
+}
+
+fn jobs(env: &Env) -> Api<Job> {
+    Api::namespaced(env.client.clone(), &env.namespace)
+}
+
+/// Plays the Job controller: a Pod from the Job's template, owned by the Job. Returns its uid.
+async fn start_pod_of_job(env: &Env, job: &str, pod: &str) -> String {
+    let job = jobs(env).get(job).await.expect("get job");
+    let template = serde_json::to_value(&job.spec.as_ref().expect("spec").template).expect("tpl");
+    let object: Pod = serde_json::from_value(json!({
+        "metadata": {
+            "name": pod,
+            "labels": {"job-name": job.metadata.name},
+            "ownerReferences": [{
+                "apiVersion": "batch/v1", "kind": "Job", "name": job.metadata.name,
+                "uid": job.metadata.uid, "controller": true
+            }]
+        },
+        "spec": template["spec"],
+    }))
+    .expect("pod");
+    let created = pods(env)
+        .create(&PostParams::default(), &object)
+        .await
+        .expect("create pod");
+    // Init containers run while the Pod is Pending.
+    set_pod_phase(env, pod, "Pending").await;
+    created.metadata.uid.expect("uid")
+}
+
+async fn set_pod_phase(env: &Env, pod: &str, phase: &str) {
+    pods(env)
+        .patch_status(
+            pod,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"phase": phase}})),
+        )
+        .await
+        .expect("pod status");
+}
+
+async fn complete_job(env: &Env, job: &str) {
+    jobs(env)
+        .patch_status(
+            job,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"conditions": [
+                {"type": "Complete", "status": "True"}
+            ]}})),
+        )
+        .await
+        .expect("job status");
+}
+
+/// The first init container of the Job `job` in the example documents.
+fn init_container<'a>(docs: &'a [Value], job: &str) -> &'a Value {
+    let job = docs
+        .iter()
+        .find(|doc| doc["kind"] == "Job" && doc["metadata"]["name"] == job)
+        .expect("job in example");
+    &job["spec"]["template"]["spec"]["initContainers"][0]
+}
+
+/// Waits for a spawned init container; returns (exit code, stdout, stderr).
+async fn finished(child: tokio::process::Child) -> (Option<i32>, String, String) {
+    let output = tokio::time::timeout(WAIT, child.wait_with_output())
+        .await
+        .expect("init container finishes in time")
+        .expect("init container output");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// The init container is still running `for_how_long` from now (it waits for the lock).
+async fn still_waiting(child: &mut tokio::process::Child, for_how_long: Duration) {
+    tokio::time::sleep(for_how_long).await;
+    assert!(
+        child.try_wait().expect("try_wait").is_none(),
+        "the second Pod's init container must wait while the first Pod holds the lock"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_claims_example_queues_three_claims() {
+    let Some(mut env) = Env::fake_only("the_claims_example_queues_three_claims").await else {
+        return;
+    };
+    env.start_default_controller();
+    let scratch = Scratch::new(&env);
+    scratch.apply(&env, &documents(&example("lock.yaml"))).await;
+    scratch
+        .apply(&env, &documents(&example("claims.yaml")))
+        .await;
+    let a = env.wait_phase("job-a", ClaimPhase::Held).await;
+    env.wait_claim("job-b", |c| position_of(c) == Some(1)).await;
+    env.wait_claim("job-c", |c| position_of(c) == Some(2)).await;
+    env.patch_claim_spec("job-a", json!({"release": true}))
+        .await;
+    let b = env.wait_phase("job-b", ClaimPhase::Held).await;
+    assert!(token_of(&b) > token_of(&a));
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubectl_wait_job_example_gates_its_pods_one_at_a_time() {
+    let Some(mut env) =
+        Env::fake_only("the_kubectl_wait_job_example_gates_its_pods_one_at_a_time").await
+    else {
+        return;
+    };
+    env.start_default_controller();
+    let scratch = Scratch::new(&env);
+    let docs = without_rbac(documents(&example("kubectl-wait-job.yaml")));
+    scratch.apply(&env, &documents(&example("lock.yaml"))).await;
+    scratch.apply(&env, &docs).await;
+    let init = init_container(&docs, "nightly-report");
+    assert_eq!(init["command"], json!(["/bin/bash", "-c"]));
+
+    // The script as written, with the token file on a scratch path instead of the volume.
+    let spawn_init = |pod: &str, uid: &str| {
+        let token_file = scratch.file(&format!("{pod}.token"));
+        let script = init["args"][0]
+            .as_str()
+            .expect("script")
+            .replace("/turnstile/token", &token_file.display().to_string());
+        let child = Command::new("/bin/bash")
+            .arg("-c")
+            .arg(script)
+            .env("POD_NAME", pod)
+            .env("POD_UID", uid)
+            .env("KUBECONFIG", &scratch.kubeconfig)
+            .env("KUBECACHEDIR", scratch.cache_dir())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("run the init script");
+        (child, token_file)
+    };
+
+    let first_uid = start_pod_of_job(&env, "nightly-report", "nightly-report-aaaaa").await;
+    let (first, first_token_file) = spawn_init("nightly-report-aaaaa", &first_uid);
+    let (code, stdout, stderr) = finished(first).await;
+    assert_eq!(code, Some(0), "init script failed: {stdout}\n{stderr}");
+    let first_claim = env
+        .wait_phase("nightly-report-aaaaa-db-migrations", ClaimPhase::Held)
+        .await;
+    let first_token = token_of(&first_claim).expect("token");
+    assert_eq!(
+        std::fs::read_to_string(&first_token_file).expect("token file"),
+        first_token.to_string()
+    );
+    assert!(stdout.contains(&format!("held with fencing token {first_token}")));
+    set_pod_phase(&env, "nightly-report-aaaaa", "Running").await;
+
+    // A second Pod (a retry, or parallelism) waits for the first to finish.
+    let second_uid = start_pod_of_job(&env, "nightly-report", "nightly-report-bbbbb").await;
+    let (mut second, second_token_file) = spawn_init("nightly-report-bbbbb", &second_uid);
+    env.wait_claim("nightly-report-bbbbb-db-migrations", |c| {
+        position_of(c) == Some(1)
+    })
+    .await;
+    still_waiting(&mut second, Duration::from_secs(2)).await;
+    set_pod_phase(&env, "nightly-report-aaaaa", "Succeeded").await;
+    let (code, stdout, stderr) = finished(second).await;
+    assert_eq!(
+        code,
+        Some(0),
+        "second init script failed: {stdout}\n{stderr}"
+    );
+    let second_token: i64 = std::fs::read_to_string(&second_token_file)
+        .expect("token file")
+        .trim()
+        .parse()
+        .expect("token");
+    assert!(second_token > first_token);
+    let released = env.claim("nightly-report-aaaaa-db-migrations").await;
+    assert_eq!(phase_of(&released), Some(ClaimPhase::Released));
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_init_container_example_runs_turnstile_wait_as_the_pod_would() {
+    let Some(mut env) =
+        Env::fake_only("the_init_container_example_runs_turnstile_wait_as_the_pod_would").await
+    else {
+        return;
+    };
+    env.start_default_controller();
+    let scratch = Scratch::new(&env);
+    let docs = without_rbac(documents(&example("wait-init-container.yaml")));
+    scratch.apply(&env, &documents(&example("lock.yaml"))).await;
+    scratch.apply(&env, &docs).await;
+    let init = init_container(&docs, "db-migrate");
+    let env_names: Vec<&str> = init["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .filter_map(|var| var["name"].as_str())
+        .collect();
+    assert_eq!(env_names, ["POD_NAME", "POD_NAMESPACE", "POD_UID"]);
+
+    // The container's args, expanded by "the kubelet", the token file on a scratch path.
+    let namespace = env.namespace.clone();
+    let spawn_init = |pod: &str, uid: &str| {
+        let token_file = scratch.file(&format!("{pod}.token"));
+        let args: Vec<String> = init["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .map(|arg| {
+                arg.as_str()
+                    .expect("arg")
+                    .replace("$(POD_NAME)", pod)
+                    .replace("/turnstile/token", &token_file.display().to_string())
+            })
+            .collect();
+        let child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .args(&args)
+            .env("POD_NAME", pod)
+            .env("POD_NAMESPACE", &namespace)
+            .env("POD_UID", uid)
+            .env("KUBECONFIG", &scratch.kubeconfig)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("run turnstile wait");
+        (child, token_file)
+    };
+
+    let first_uid = start_pod_of_job(&env, "db-migrate", "db-migrate-aaaaa").await;
+    let (first, first_token_file) = spawn_init("db-migrate-aaaaa", &first_uid);
+    let (code, stdout, stderr) = finished(first).await;
+    assert_eq!(code, Some(0), "turnstile wait failed: {stdout}\n{stderr}");
+    let first_claim = env
+        .wait_phase("db-migrate-aaaaa-db-migrations", ClaimPhase::Held)
+        .await;
+    let first_token = token_of(&first_claim).expect("token");
+    assert_eq!(
+        std::fs::read_to_string(&first_token_file)
+            .expect("token file")
+            .trim(),
+        first_token.to_string()
+    );
+    // Owned by the Pod, as the downward API said.
+    let owner = &first_claim
+        .metadata
+        .owner_references
+        .as_ref()
+        .expect("owner")[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str()),
+        ("Pod", first_uid.as_str())
+    );
+    set_pod_phase(&env, "db-migrate-aaaaa", "Running").await;
+
+    let second_uid = start_pod_of_job(&env, "db-migrate", "db-migrate-bbbbb").await;
+    let (mut second, second_token_file) = spawn_init("db-migrate-bbbbb", &second_uid);
+    env.wait_claim("db-migrate-bbbbb-db-migrations", |c| {
+        position_of(c) == Some(1)
+    })
+    .await;
+    still_waiting(&mut second, Duration::from_secs(2)).await;
+    // The first Pod is deleted (e.g. evicted): its claim goes, the second Pod proceeds.
+    pods(&env)
+        .delete("db-migrate-aaaaa", &Default::default())
+        .await
+        .expect("delete pod");
+    let (code, stdout, stderr) = finished(second).await;
+    assert_eq!(
+        code,
+        Some(0),
+        "second turnstile wait failed: {stdout}\n{stderr}"
+    );
+    let second_token: i64 = std::fs::read_to_string(&second_token_file)
+        .expect("token file")
+        .trim()
+        .parse()
+        .expect("token");
+    assert!(second_token > first_token);
+    env.stop_controller().await;
+}
+
+/// Samples the Jobs and claims of the namespace; counts Jobs seen running (not suspended,
+/// not finished) while their claim was not `Held`, and samples with two gated Jobs running.
+struct GateMonitor {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<(usize, usize, usize)>,
+}
+
+impl GateMonitor {
+    fn start(env: &Env) -> GateMonitor {
+        let jobs = jobs(env);
+        let claims = env.claims();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let (mut samples, mut ungated, mut overlapping) = (0, 0, 0);
+            loop {
+                let listed_jobs = jobs.list(&Default::default()).await;
+                let listed_claims = claims.list(&Default::default()).await;
+                if let (Ok(jobs), Ok(claims)) = (listed_jobs, listed_claims) {
+                    samples += 1;
+                    let mut running = 0;
+                    for job in &jobs.items {
+                        let Some(lock) = job
+                            .metadata
+                            .annotations
+                            .as_ref()
+                            .and_then(|a| a.get(LOCK_ANNOTATION))
+                        else {
+                            continue;
+                        };
+                        let suspended = job.spec.as_ref().and_then(|s| s.suspend) == Some(true);
+                        let done = job
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.conditions.as_ref())
+                            .is_some_and(|c| c.iter().any(|c| c.type_ == "Complete"));
+                        if suspended || done {
+                            continue;
+                        }
+                        running += 1;
+                        let name = format!("{}-{lock}", job.metadata.name.as_deref().unwrap_or(""));
+                        // Claims are listed after Jobs: a Job seen running had its claim
+                        // Held before; by now it may have been released (the Job finished).
+                        let held = claims.items.iter().any(|c: &LockClaim| {
+                            c.metadata.name.as_deref() == Some(name.as_str())
+                                && matches!(
+                                    phase_of(c),
+                                    Some(ClaimPhase::Held | ClaimPhase::Released)
+                                )
+                        });
+                        if !held {
+                            ungated += 1;
+                        }
+                    }
+                    if running > 1 {
+                        overlapping += 1;
+                    }
+                }
+                tokio::select! {
+                    _ = &mut stopped => break,
+                    () = tokio::time::sleep(Duration::from_millis(20)) => {}
+                }
+            }
+            (samples, ungated, overlapping)
+        });
+        GateMonitor { stop, task }
+    }
+
+    async fn finish(self) {
+        let _ = self.stop.send(());
+        let (samples, ungated, overlapping) = self.task.await.expect("monitor");
+        assert!(samples > 0, "the monitor took no samples");
+        assert_eq!(ungated, 0, "a gated Job ran without its claim Held");
+        assert_eq!(overlapping, 0, "two gated Jobs ran at once on a mutex");
+    }
+}
+
+fn is_suspended(job: &Job) -> bool {
+    job.spec.as_ref().and_then(|s| s.suspend) == Some(true)
+}
+
+fn annotation(
+    object_annotations: Option<&std::collections::BTreeMap<String, String>>,
+) -> Option<String> {
+    object_annotations
+        .and_then(|a| a.get(TOKEN_ANNOTATION))
+        .cloned()
+}
+
+async fn wait_job(env: &Env, name: &str, done: impl Fn(&Job) -> bool) -> Job {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let job = jobs(env).get(name).await.expect("get job");
+        if done(&job) {
+            return job;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Job {name} never got there: {job:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gated_job_example_runs_only_while_its_claim_is_held() {
+    let Some(mut env) =
+        Env::fake_only("the_gated_job_example_runs_only_while_its_claim_is_held").await
+    else {
+        return;
+    };
+    let scratch = Scratch::new(&env);
+    let docs = documents(&example("gated-job.yaml"));
+    assert_eq!(
+        find(&docs, "Job")["metadata"]["annotations"][LOCK_ANNOTATION],
+        LOCK
+    );
+    scratch.apply(&env, &documents(&example("lock.yaml"))).await;
+    let monitor = GateMonitor::start(&env);
+    env.start_default_controller();
+
+    // The example, a second copy created after it, and a suspended Job without the annotation.
+    scratch.apply(&env, &docs).await;
+    let mut second = find(&docs, "Job").clone();
+    second["metadata"]["name"] = json!("gated-migrate-2");
+    let mut plain = find(&docs, "Job").clone();
+    plain["metadata"]["name"] = json!("plain");
+    plain["metadata"]["annotations"] = json!({});
+    scratch.apply(&env, &[second, plain]).await;
+
+    let first_claim = env
+        .wait_phase("gated-migrate-db-migrations", ClaimPhase::Held)
+        .await;
+    let first_token = token_of(&first_claim).expect("token");
+    let owner = &first_claim
+        .metadata
+        .owner_references
+        .as_ref()
+        .expect("owner")[0];
+    assert_eq!((owner.kind.as_str(), owner.controller), ("Job", Some(true)));
+    let first = wait_job(&env, "gated-migrate", |job| !is_suspended(job)).await;
+    assert_eq!(
+        annotation(first.metadata.annotations.as_ref()),
+        Some(first_token.to_string())
+    );
+    let template_annotations = first
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.annotations.as_ref());
+    assert_eq!(
+        annotation(template_annotations),
+        Some(first_token.to_string())
+    );
+
+    // The second waits, suspended, behind the first.
+    env.wait_claim("gated-migrate-2-db-migrations", |c| {
+        position_of(c) == Some(1)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(is_suspended(
+        &jobs(&env).get("gated-migrate-2").await.expect("job")
+    ));
+
+    complete_job(&env, "gated-migrate").await;
+    let done = env
+        .wait_phase("gated-migrate-db-migrations", ClaimPhase::Released)
+        .await;
+    assert_eq!(
+        e2e_support::reason_of(&done).as_deref(),
+        Some("OwnerFinished")
+    );
+    let second_claim = env
+        .wait_phase("gated-migrate-2-db-migrations", ClaimPhase::Held)
+        .await;
+    let second_token = token_of(&second_claim).expect("token");
+    assert!(second_token > first_token);
+    let second = wait_job(&env, "gated-migrate-2", |job| !is_suspended(job)).await;
+    assert_eq!(
+        annotation(second.metadata.annotations.as_ref()),
+        Some(second_token.to_string())
+    );
+    // The first Job keeps its record; nothing was un-suspended twice.
+    assert_eq!(
+        annotation(
+            jobs(&env)
+                .get("gated-migrate")
+                .await
+                .expect("job")
+                .metadata
+                .annotations
+                .as_ref()
+        ),
+        Some(first_token.to_string())
+    );
+    complete_job(&env, "gated-migrate-2").await;
+    env.wait_phase("gated-migrate-2-db-migrations", ClaimPhase::Released)
+        .await;
+    monitor.finish().await;
+
+    // Ignored: no claim, still suspended.
+    assert!(is_suspended(&jobs(&env).get("plain").await.expect("job")));
+    let claims = env
+        .claims()
+        .list(&Default::default())
+        .await
+        .expect("claims");
+    assert_eq!(claims.items.len(), 2, "only the gated Jobs got claims");
+    env.stop_controller().await;
+}
