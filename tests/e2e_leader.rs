@@ -1,15 +1,29 @@
 //! End to end with two controller replicas and leader election: only the leader grants,
 //! and when it stops the standby takes over (rebuilding the memory backend from the claims'
-//! statuses) without a double grant or a token going backwards.
+//! statuses) without a double grant or a token going backwards. The leadership gate: a
+//! replica that is not (or no longer) the leader grants nothing and writes nothing, even in a
+//! pass already running.
 
 mod e2e_support;
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use e2e_support::{position_of, token_of, Env, HolderMonitor};
-use turnstile::api::ClaimPhase;
+use e2e_support::actor::{requests_of, tagged_client};
+use e2e_support::scrape::{get, sample};
+use e2e_support::{phase_of, position_of, token_of, Env, HolderMonitor, WAIT};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::watcher;
+use tokio::sync::watch;
+use turnstile::api::{BackendKind, ClaimPhase, DistributedLock, LockClaim};
+use turnstile::controller::backends::Backends;
+use turnstile::controller::context::{Context, LeadershipGate};
+use turnstile::controller::lock_reconciler::reconcile_lock;
 use turnstile::controller::ControllerConfig;
 use turnstile::leader::LeaderConfig;
+use turnstile::lock::Backend;
+use turnstile::metrics::Metrics;
 
 fn replica(env: &Env, identity: &str) -> ControllerConfig {
     ControllerConfig {
@@ -73,4 +87,161 @@ async fn standby_takes_over_without_double_grants() {
     let report = monitor.finish().await;
     assert_eq!(report.tokens(), [1, 2]);
     second.stop().await;
+}
+
+/// Caches filled from the API as a watch would fill them (for driving one pass by hand).
+async fn filled_stores(
+    env: &Env,
+) -> (
+    reflector::Store<DistributedLock>,
+    reflector::Store<LockClaim>,
+) {
+    let (locks, mut lock_writer) = reflector::store::<DistributedLock>();
+    let (claims, mut claim_writer) = reflector::store::<LockClaim>();
+    lock_writer.apply_watcher_event(&watcher::Event::Init);
+    for lock in env.locks().list(&Default::default()).await.expect("locks") {
+        lock_writer.apply_watcher_event(&watcher::Event::InitApply(lock));
+    }
+    lock_writer.apply_watcher_event(&watcher::Event::InitDone);
+    claim_writer.apply_watcher_event(&watcher::Event::Init);
+    for claim in env
+        .claims()
+        .list(&Default::default())
+        .await
+        .expect("claims")
+    {
+        claim_writer.apply_watcher_event(&watcher::Event::InitApply(claim));
+    }
+    claim_writer.apply_watcher_event(&watcher::Event::InitDone);
+    (locks, claims)
+}
+
+fn writes(log: &[fake_apiserver::RecordedRequest]) -> Vec<String> {
+    log.iter()
+        .filter(|r| matches!(r.verb.as_str(), "create" | "update" | "patch" | "delete"))
+        .map(|r| format!("{} {}", r.verb, r.path))
+        .collect()
+}
+
+/// A pass of the lock reconciler on a replica that is not the leader neither grants in the
+/// backend nor writes to the API; the same pass once the gate opens grants the claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_leadership_gate_stops_grants_and_writes() {
+    let Some(env) = Env::fake_only("a_closed_leadership_gate_stops_grants_and_writes").await else {
+        return;
+    };
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.apply_claim("a", "db", "");
+    let (locks, claims) = filled_stores(&env).await;
+    let (is_leader, leading) = watch::channel(false);
+    let recorder = Recorder::new(
+        env.client.clone(),
+        Reporter {
+            controller: "turnstile".to_owned(),
+            instance: None,
+        },
+    );
+    let ctx = Arc::new(
+        Context::new(
+            env.client.clone(),
+            locks.clone(),
+            claims,
+            Backends::new(BackendKind::Memory, None),
+            recorder,
+            Metrics::new(),
+        )
+        .with_leadership(LeadershipGate::following(leading)),
+    );
+    let lock = locks
+        .get(&ObjectRef::new("db").within(&env.namespace))
+        .expect("cached lock");
+    let key = format!("{}/db", env.namespace);
+    let backend = ctx.backends.get(BackendKind::Memory).await.expect("memory");
+
+    env.server().clear_request_log();
+    let result = reconcile_lock(lock.clone(), ctx.clone()).await;
+    let error = result.expect_err("a pass without leadership stops");
+    assert!(error.is_not_leader(), "{error}");
+    assert_eq!(writes(&env.server().request_log()), Vec::<String>::new());
+    let snapshot = backend.snapshot(&key).await.expect("snapshot");
+    assert!(snapshot.holders.is_empty(), "granted: {snapshot:?}");
+    assert_eq!(phase_of(&env.claim("a").await), None);
+
+    is_leader.send(true).expect("gate open");
+    reconcile_lock(lock, ctx).await.expect("a leader's pass");
+    assert!(!writes(&env.server().request_log()).is_empty());
+    let snapshot = backend.snapshot(&key).await.expect("snapshot");
+    assert_eq!(snapshot.holders.len(), 1);
+    let a = env.claim("a").await;
+    assert_eq!(phase_of(&a), Some(ClaimPhase::Held));
+    assert_eq!(token_of(&a), Some(1));
+}
+
+/// The leader's Lease renewals start failing: once it reports the loss (the leader gauge
+/// drops to 0) none of its requests writes a claim, a lock or an Event, although the test
+/// releases the holder and adds a claim; the next claim stays queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_loses_the_lease_stops_granting() {
+    let Some(env) = Env::fake_only("a_replica_that_loses_the_lease_stops_granting").await else {
+        return;
+    };
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
+    let metrics_addr = listener.local_addr().expect("address");
+    drop(listener);
+    let controller_client = tagged_client(env.server(), "replica-1");
+    let replica = env.spawn_controller_with(
+        controller_client,
+        ControllerConfig {
+            metrics_addr: Some(metrics_addr),
+            ..replica(&env, "replica-1")
+        },
+    );
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.queue_of_three("db").await;
+    let leader_gauge = || async {
+        sample(
+            &get(metrics_addr, "/metrics").await.body,
+            "turnstile_leader",
+        )
+    };
+    assert_eq!(leader_gauge().await, Some(1.0));
+
+    env.server().inject_faults(
+        &format!(
+            "/apis/coordination.k8s.io/v1/namespaces/{}/leases",
+            env.namespace
+        ),
+        100_000,
+        500,
+    );
+    let deadline = Instant::now() + WAIT;
+    while leader_gauge().await != Some(0.0) {
+        assert!(
+            Instant::now() < deadline,
+            "the replica never reported the loss"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lost_at = env.server().request_log().len();
+
+    // Work that a leader would act on at once.
+    env.patch_claim_spec("a", serde_json::json!({"release": true}))
+        .await;
+    env.apply_claim("d", "db", "");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let log = env.server().request_log();
+    let before = requests_of(&log[..lost_at], "replica-1");
+    assert!(
+        writes(&before).iter().any(|w| w.contains("/lockclaims/")),
+        "the replica wrote claims while leading"
+    );
+    let after: Vec<String> = writes(&requests_of(&log[lost_at..], "replica-1"))
+        .into_iter()
+        .filter(|write| !write.contains("/leases"))
+        .collect();
+    assert_eq!(after, Vec::<String>::new(), "writes after losing the lease");
+    assert_eq!(phase_of(&env.claim("b").await), Some(ClaimPhase::Pending));
+    assert_eq!(phase_of(&env.claim("d").await), None);
+    replica.stop().await;
 }

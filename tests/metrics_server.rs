@@ -2,66 +2,18 @@
 //! the OpenMetrics text Prometheus scrapes), `/healthz` answers while the runtime runs,
 //! `/readyz` follows the readiness flag, and the server stops on its shutdown signal.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
+#[path = "e2e_support/scrape.rs"]
+mod scrape;
+
+use scrape::{get, sample};
 use turnstile::api::BackendKind;
 use turnstile::metrics::{
     self, BackendOperation, LockLostCause, Metrics, MetricsError, Readiness, ReconcileErrorKind,
     METRICS_CONTENT_TYPE,
 };
-
-struct Answer {
-    status: u16,
-    content_type: String,
-    body: String,
-}
-
-/// One HTTP/1.1 GET, read to the end (`Connection: close`).
-async fn get(addr: SocketAddr, path: &str) -> Answer {
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.expect("send");
-    let mut raw = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut raw))
-        .await
-        .expect("an answer in time")
-        .expect("read");
-    let raw = String::from_utf8(raw).expect("UTF-8");
-    let (head, body) = raw.split_once("\r\n\r\n").expect("headers and body");
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("a status");
-    let content_type = head
-        .lines()
-        .find_map(|line| {
-            let (name, value) = line.split_once(':')?;
-            name.eq_ignore_ascii_case("content-type")
-                .then(|| value.trim().to_string())
-        })
-        .unwrap_or_default();
-    Answer {
-        status,
-        content_type,
-        body: body.to_string(),
-    }
-}
-
-/// The value of one series in an exposition (`name{labels}` exactly as printed).
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|line| {
-        line.strip_prefix(series)?
-            .strip_prefix(' ')?
-            .split(' ')
-            .next()?
-            .parse()
-            .ok()
-    })
-}
 
 #[tokio::test]
 async fn scrapes_show_what_was_recorded_and_probes_follow_readiness() {

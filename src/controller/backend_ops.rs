@@ -12,10 +12,25 @@ pub async fn execute(
     max_holders: u32,
     ops: &[PlannedOp],
 ) -> Vec<OpOutcome> {
+    execute_while(backend, key, max_holders, ops, || true).await
+}
+
+/// [`execute`], asking `may_write` right before each call: once it says no, that call and
+/// every later one is [`OpOutcome::Skipped`] (a replica that lost the leadership must not
+/// grant, even in a pass that was already running).
+pub async fn execute_while(
+    backend: &dyn Backend,
+    key: &str,
+    max_holders: u32,
+    ops: &[PlannedOp],
+    may_write: impl Fn() -> bool,
+) -> Vec<OpOutcome> {
     let mut gate = ExecutionGate::default();
     let mut outcomes = Vec::with_capacity(ops.len());
+    let mut stopped = false;
     for planned in ops {
-        if !gate.admits(&planned.op) {
+        stopped = stopped || !may_write();
+        if stopped || !gate.admits(&planned.op) {
             outcomes.push(OpOutcome::Skipped);
             continue;
         }

@@ -43,6 +43,8 @@ pub async fn reconcile_claim(
     let mut version = claim.resource_version();
     if let Some(status) = &decision.status {
         if let Some(patch) = status_patch(claim.status.as_ref(), status, version.as_deref())? {
+            ctx.leadership
+                .check(&format!("writing status of claim {name}"))?;
             let updated = api
                 .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
@@ -57,6 +59,8 @@ pub async fn reconcile_claim(
             .filter(|f| *f != FINALIZER)
             .cloned()
             .collect();
+        ctx.leadership
+            .check(&format!("removing finalizer of claim {name}"))?;
         let patch = finalizers_patch(&finalizers, version.as_deref());
         api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -71,6 +75,9 @@ pub async fn reconcile_claim(
     }
     let regarding = claim.object_ref(&());
     for event in &decision.events {
+        if !ctx.leadership.is_open() {
+            break;
+        }
         publish(
             &ctx.recorder,
             &regarding,
@@ -89,6 +96,10 @@ pub fn claim_error_policy(
     error: &ControllerError,
     ctx: Arc<Context>,
 ) -> Action {
+    if error.is_not_leader() {
+        tracing::info!(claim = %claim.name_any(), %error, "pass stopped");
+        return Action::await_change();
+    }
     ctx.metrics.record_reconcile_error(match error {
         ControllerError::Kube { .. } => ReconcileErrorKind::Api,
         _ => ReconcileErrorKind::Other,

@@ -1,4 +1,5 @@
-//! What the reconcilers share: the API client, the caches, the backends, Events and metrics.
+//! What the reconcilers share: the API client, the caches, the backends, Events, metrics,
+//! and the leadership gate every write passes through.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -7,8 +8,10 @@ use std::time::Duration;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::Client;
+use tokio::sync::watch;
 
 use super::backends::Backends;
+use super::error::ControllerError;
 use crate::api::{DistributedLock, LockClaim};
 use crate::metrics::Metrics;
 
@@ -16,6 +19,46 @@ use crate::metrics::Metrics;
 const BACKOFF_BASE: Duration = Duration::from_millis(500);
 /// Longest retry delay.
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// Whether this replica may still change anything: checked right before every backend call
+/// and every API write, so a replica that loses the Lease stops granting at that instant,
+/// even in a pass that was already running (the controllers themselves stop a moment later).
+#[derive(Debug, Clone)]
+pub struct LeadershipGate {
+    is_leader: Option<watch::Receiver<bool>>,
+}
+
+impl LeadershipGate {
+    /// A gate that is always open (no leader election: the only replica may always write).
+    pub fn always_open() -> Self {
+        Self { is_leader: None }
+    }
+
+    /// A gate open exactly while `is_leader` holds `true` (the elector's channel).
+    pub fn following(is_leader: watch::Receiver<bool>) -> Self {
+        Self {
+            is_leader: Some(is_leader),
+        }
+    }
+
+    /// Whether writes are allowed right now.
+    pub fn is_open(&self) -> bool {
+        self.is_leader
+            .as_ref()
+            .is_none_or(|is_leader| *is_leader.borrow())
+    }
+
+    /// `Ok` while writes are allowed, else [`ControllerError::NotLeader`] naming `action`.
+    pub fn check(&self, action: &str) -> Result<(), ControllerError> {
+        if self.is_open() {
+            Ok(())
+        } else {
+            Err(ControllerError::NotLeader {
+                action: action.to_owned(),
+            })
+        }
+    }
+}
 
 /// Shared state of the reconcilers.
 pub struct Context {
@@ -31,6 +74,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// Prometheus metrics.
     pub metrics: Metrics,
+    /// Closed once this replica is no longer the leader.
+    pub leadership: LeadershipGate,
     failures: Mutex<HashMap<String, u32>>,
 }
 
@@ -51,8 +96,15 @@ impl Context {
             backends,
             recorder,
             metrics,
+            leadership: LeadershipGate::always_open(),
             failures: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Writes only while `leadership` is open.
+    pub fn with_leadership(mut self, leadership: LeadershipGate) -> Self {
+        self.leadership = leadership;
+        self
     }
 
     /// Whether the lock exists in the cache.
@@ -87,6 +139,7 @@ impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Context")
             .field("backends", &self.backends)
+            .field("leading", &self.leadership.is_open())
             .finish_non_exhaustive()
     }
 }

@@ -31,6 +31,12 @@ pub enum ControllerError {
         #[source]
         source: std::io::Error,
     },
+    /// This replica lost the leadership, so the pass stopped before a write.
+    #[error("not the leader any more; skipped {action}")]
+    NotLeader {
+        /// The write that was skipped.
+        action: String,
+    },
     /// The controller was configured with something it cannot use.
     #[error("invalid controller configuration: {0}")]
     Config(String),
@@ -43,6 +49,11 @@ impl ControllerError {
             action: action.into(),
             source,
         }
+    }
+
+    /// Whether the pass stopped because this replica lost the leadership.
+    pub fn is_not_leader(&self) -> bool {
+        matches!(self, ControllerError::NotLeader { .. })
     }
 
     /// Whether this is an API 409 Conflict (someone wrote the object after we read it).

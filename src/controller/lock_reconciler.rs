@@ -11,7 +11,7 @@ use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use tracing::Instrument;
 
-use super::backend_ops::{describe, execute};
+use super::backend_ops::{describe, execute_while};
 use super::backends::BackendLookupError;
 use super::context::Context;
 use super::core::{
@@ -121,11 +121,12 @@ async fn reconcile_inner(
     }
     let outcomes = match &backend {
         Some(backend) => {
-            execute(
+            execute_while(
                 backend.as_ref(),
                 &key,
                 input.lock.max_holders(),
                 &planned.ops,
+                || ctx.leadership.is_open(),
             )
             .await
         }
@@ -173,6 +174,11 @@ pub fn lock_error_policy(
     ctx: Arc<Context>,
 ) -> Action {
     let view = LockView::from_resource(&lock);
+    if error.is_not_leader() {
+        // The controllers are stopping; the next leader takes the lock from here.
+        tracing::info!(namespace = %view.namespace, lock = %view.name, %error, "pass stopped");
+        return Action::await_change();
+    }
     ctx.metrics.record_reconcile_error(match error {
         ControllerError::Kube { .. } => ReconcileErrorKind::Api,
         _ => ReconcileErrorKind::Other,
@@ -242,6 +248,9 @@ async fn publish_events(
     decision: &Decision,
 ) {
     for event in &decision.events {
+        if !ctx.leadership.is_open() {
+            return;
+        }
         let regarding = match &event.subject {
             EventSubject::Lock => lock.object_ref(&()),
             EventSubject::Claim(name) => match objects.get(name) {
@@ -309,6 +318,9 @@ impl<'a> Writer<'a> {
         name: &str,
         finalizers: Vec<String>,
     ) -> Result<(), ControllerError> {
+        self.ctx
+            .leadership
+            .check(&format!("setting finalizers of claim {name}"))?;
         let patch = finalizers_patch(&finalizers, self.version(name));
         let updated = self
             .claims
@@ -351,6 +363,9 @@ impl<'a> Writer<'a> {
                     .get(&change.name)
                     .and_then(|claim| claim.status.as_ref());
                 if let Some(patch) = status_patch(old, status, self.version(&change.name))? {
+                    self.ctx
+                        .leadership
+                        .check(&format!("writing status of claim {}", change.name))?;
                     let updated = self
                         .claims
                         .patch_status(&change.name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -408,6 +423,9 @@ impl<'a> Writer<'a> {
             if let Some(patch) =
                 status_patch(self.lock.status.as_ref(), status, version.as_deref())?
             {
+                self.ctx
+                    .leadership
+                    .check(&format!("writing status of lock {name}"))?;
                 let updated = locks
                     .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
@@ -423,6 +441,9 @@ impl<'a> Writer<'a> {
             if decision.add_lock_finalizer {
                 finalizers.push(FINALIZER.to_owned());
             }
+            self.ctx
+                .leadership
+                .check(&format!("setting finalizers of lock {name}"))?;
             let patch = finalizers_patch(&finalizers, version.as_deref());
             locks
                 .patch(name, &PatchParams::default(), &Patch::Merge(&patch))

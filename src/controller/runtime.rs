@@ -30,7 +30,7 @@ use tokio::sync::watch;
 
 use super::backends::{Backends, MongoSettings};
 use super::claim_reconciler::{claim_error_policy, reconcile_claim};
-use super::context::Context;
+use super::context::{Context, LeadershipGate};
 use super::core::WorkloadKind;
 use super::error::ControllerError;
 use super::job_gate::run_gate;
@@ -147,7 +147,9 @@ pub async fn run(
 
     match config.leader_election.clone() {
         None => {
-            run_controllers(&client, &config, &metrics, &readiness, raised(&stop)).await;
+            let leadership = LeadershipGate::always_open();
+            run_controllers(&client, &config, &metrics, &readiness, leadership, raised(&stop))
+                .await;
         }
         Some(leader_config) => {
             // The Lease is released only after the controllers have stopped.
@@ -177,11 +179,24 @@ pub async fn run(
                     }
                 };
                 let (term_tx, term_rx) = watch::channel(false);
+                let term_metrics = metrics.clone();
                 let watcher_task = tokio::spawn(async move {
                     term_over.await;
+                    // Reported at once: the gate already stops writes, the controllers
+                    // take a moment to wind down.
+                    term_metrics.set_leader(false);
                     let _ = term_tx.send(true);
                 });
-                run_controllers(&client, &config, &metrics, &readiness, raised(&term_rx)).await;
+                let leadership = LeadershipGate::following(is_leader.clone());
+                run_controllers(
+                    &client,
+                    &config,
+                    &metrics,
+                    &readiness,
+                    leadership,
+                    raised(&term_rx),
+                )
+                .await;
                 watcher_task.abort();
                 metrics.set_leader(false);
                 if *stop.borrow() {
@@ -206,6 +221,7 @@ async fn run_controllers(
     config: &ControllerConfig,
     metrics: &Metrics,
     readiness: &Readiness,
+    leadership: LeadershipGate,
     stop: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -277,7 +293,8 @@ async fn run_controllers(
             .with_mongo(config.mongo.clone()),
         recorder,
         metrics.clone(),
-    ));
+    )
+    .with_leadership(leadership));
     let gate_done = run_gate(
         api::<Job>(client, namespace),
         client.clone(),

@@ -4,6 +4,9 @@
 
 #![allow(dead_code)]
 
+pub mod actor;
+pub mod scrape;
+
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
@@ -182,9 +185,18 @@ impl Env {
     /// Starts one more controller in this process (for leader election tests); the caller
     /// stops it.
     pub fn spawn_controller(&self, config: ControllerConfig) -> RunningController {
+        self.spawn_controller_with(self.client.clone(), config)
+    }
+
+    /// Starts one more controller in this process using `client` (e.g. an
+    /// [`actor::tagged_client`]); the caller stops it.
+    pub fn spawn_controller_with(
+        &self,
+        client: Client,
+        config: ControllerConfig,
+    ) -> RunningController {
         let config = self.scoped(config);
         let (stop, stopped) = oneshot::channel::<()>();
-        let client = self.client.clone();
         let task = tokio::spawn(async move {
             run(client, config, async {
                 let _ = stopped.await;

@@ -1,0 +1,64 @@
+//! Scraping the controller's metrics server over plain HTTP/1.1 (no client crate needed for
+//! three GETs), and reading one series out of the exposition.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// An HTTP answer.
+pub struct Answer {
+    /// Status code.
+    pub status: u16,
+    /// `Content-Type` header value ("" when none).
+    pub content_type: String,
+    /// The body.
+    pub body: String,
+}
+
+/// One HTTP/1.1 GET, read to the end (`Connection: close`).
+pub async fn get(addr: SocketAddr, path: &str) -> Answer {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut raw))
+        .await
+        .expect("an answer in time")
+        .expect("read");
+    let raw = String::from_utf8(raw).expect("UTF-8");
+    let (head, body) = raw.split_once("\r\n\r\n").expect("headers and body");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("a status");
+    let content_type = head
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("content-type")
+                .then(|| value.trim().to_string())
+        })
+        .unwrap_or_default();
+    Answer {
+        status,
+        content_type,
+        body: body.to_string(),
+    }
+}
+
+/// The value of one series in an exposition (`name{labels}` exactly as printed).
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        line.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .split(' ')
+            .next()?
+            .parse()
+            .ok()
+    })
+}
