@@ -584,6 +584,8 @@ async fn the_gated_job_example_runs_only_while_its_claim_is_held() {
     assert!(is_suspended(
         &jobs(&env).get("gated-migrate-2").await.expect("job")
     ));
+    env.wait_event("gated-migrate-2", "WaitingForLock").await;
+    env.wait_event("gated-migrate", "LockHeld").await;
 
     complete_job(&env, "gated-migrate").await;
     let done = env

@@ -248,5 +248,24 @@ async fn a_failed_pod_hands_the_lock_on_long_before_its_lease_ends() {
     assert_eq!(phase_of(&done), Some(ClaimPhase::Released));
     assert_eq!(reason_of(&done).as_deref(), Some("OwnerFinished"));
     assert!(token_of(&next) > token_of(&first));
+
+    // Running Pods are not watched: every Pod list/watch filters on finished phases.
+    if let Some(fake) = &env.fake {
+        let pod_reads: Vec<_> = fake
+            .request_log()
+            .into_iter()
+            .filter(|r| r.resource == "pods" && matches!(r.verb.as_str(), "list" | "watch"))
+            .collect();
+        assert!(!pod_reads.is_empty(), "the controller watches Pods");
+        for read in &pod_reads {
+            let query = read.query.replace("%21", "!").replace("%3D", "=");
+            assert!(
+                query.contains("status.phase!=Running"),
+                "a Pod {} without the finished-phase selector: {}",
+                read.verb,
+                read.query
+            );
+        }
+    }
     env.stop_controller().await;
 }

@@ -18,10 +18,12 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Config as ControllerRuntimeConfig, Controller};
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
 
+use super::context::LeadershipGate;
 use super::core::{WorkloadKind, WorkloadOwner};
 use super::error::ControllerError;
 use crate::api::{ClaimPhase, LockClaim, LockClaimSpec};
@@ -207,6 +209,29 @@ pub struct GateContext {
     pub client: Client,
     /// The claim cache (the shared claim watch).
     pub claims: Store<LockClaim>,
+    /// Checked right before every write: only the leader creates claims and un-suspends Jobs.
+    pub leadership: LeadershipGate,
+    /// Publishes Events about the Jobs (`kubectl describe job` tells why it waits).
+    pub recorder: Recorder,
+}
+
+impl GateContext {
+    /// Publishes a Normal Event about `job`; a failed publish is only logged.
+    async fn event(&self, job: &Job, reason: &str, note: String) {
+        if self.leadership.check("publishing a Job Event").is_err() {
+            return;
+        }
+        let event = Event {
+            type_: EventType::Normal,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: reason.to_owned(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, &job.object_ref(&())).await {
+            tracing::debug!(job = %job.name_any(), %error, "cannot publish Job Event");
+        }
+    }
 }
 
 /// One pass over a Job (see the module docs).
@@ -224,9 +249,16 @@ pub async fn reconcile_job(
     let mut step = decide(&job, cached.as_deref());
     if let GateStep::CreateClaim { claim, lock } = &step {
         let object = claim_for(&job, claim, lock);
+        ctx.leadership.check("creating a gated Job's claim")?;
         match claims.create(&PostParams::default(), &object).await {
             Ok(_) => {
                 tracing::info!(%namespace, job = %job.name_any(), %lock, %claim, "gated Job: claim created");
+                ctx.event(
+                    &job,
+                    "WaitingForLock",
+                    format!("suspended until LockClaim {claim} holds lock {lock}"),
+                )
+                .await;
                 return Ok(Action::await_change());
             }
             // The cache lags behind: decide again on the claim as it is.
@@ -248,6 +280,7 @@ pub async fn reconcile_job(
     match step {
         GateStep::Release { token } => {
             let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
+            ctx.leadership.check("un-suspending a gated Job")?;
             jobs.patch(
                 &job.name_any(),
                 &PatchParams::default(),
@@ -258,6 +291,12 @@ pub async fn reconcile_job(
                 ControllerError::kube(format!("un-suspending Job {}", job.name_any()), e)
             })?;
             tracing::info!(%namespace, job = %job.name_any(), %lock, token, "gated Job: lock held, Job un-suspended");
+            ctx.event(
+                &job,
+                "LockHeld",
+                format!("lock {lock} held with fencing token {token}; Job un-suspended"),
+            )
+            .await;
         }
         GateStep::Blocked { reason } => {
             tracing::warn!(%namespace, job = %job.name_any(), %lock, %reason, "gated Job blocked");
@@ -269,6 +308,10 @@ pub async fn reconcile_job(
 
 /// Retries a failed pass soon (409s included: the next pass reads fresh state).
 pub fn job_error_policy(job: Arc<Job>, error: &ControllerError, _ctx: Arc<GateContext>) -> Action {
+    if error.is_not_leader() {
+        // The controllers are stopping; the next leader takes over.
+        return Action::await_change();
+    }
     tracing::warn!(
         namespace = job.namespace().unwrap_or_default(),
         job = %job.name_any(),
@@ -285,16 +328,16 @@ fn job_of_claim(claim: LockClaim) -> Option<ObjectRef<Job>> {
     (owner.kind == WorkloadKind::Job).then(|| ObjectRef::new(&owner.name).within(&namespace))
 }
 
-/// The Job gate controller: watches the Jobs of `jobs` (their namespace scope) and the claim
-/// events of the shared claim watch, until `stop` completes.
+/// The Job gate controller: watches the Jobs of `jobs` (their namespace scope; all of them,
+/// as an annotation cannot be selected on) and the claim events of the shared claim watch,
+/// until `stop` completes.
 pub fn run_gate(
     jobs: Api<Job>,
-    client: Client,
-    claims: Store<LockClaim>,
+    ctx: GateContext,
     claim_events: impl Stream<Item = Result<LockClaim, watcher::Error>> + Send + 'static,
     stop: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> impl Future<Output = ()> + Send {
-    let ctx = Arc::new(GateContext { client, claims });
+    let ctx = Arc::new(ctx);
     Controller::new(jobs, watcher::Config::default())
         .watches_stream(claim_events, job_of_claim)
         .with_config(ControllerRuntimeConfig::default().debounce(Duration::from_millis(50)))

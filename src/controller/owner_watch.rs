@@ -4,11 +4,18 @@
 //!
 //! Trade-off: Kubernetes cannot select Pods by "owns a LockClaim" (the owner reference points
 //! from the claim to the Pod, and the Pods are the tenants' objects, which the controller does
-//! not label). So the controller watches the Pods and Jobs of the namespaces it serves, but
-//! keeps no cache of them: each event is matched against the claim cache by owner uid and
-//! dropped unless a live claim is owned by that object. The cost is the watch traffic of all
-//! Pods in the watched namespaces (`--namespace` narrows it); the memory cost is nil. RBAC:
-//! `list` and `watch` on `pods` and `batch/jobs` (the owner lookups already needed `get`).
+//! not label). So:
+//!
+//! - Pods: only *finished* Pods are watched ([`FINISHED_PODS`], a `status.phase` field
+//!   selector the API server filters on), so running Pods cost nothing; a Pod enters that
+//!   watch when it succeeds or fails. A deleted Pod needs no watch: the garbage collector
+//!   deletes its claims (they carry its owner reference) and the claim watch sees that.
+//! - Jobs: all Jobs of the served namespaces (a Job's end is a condition, which no selector
+//!   reaches; Jobs are few next to Pods).
+//!
+//! No cache is kept of either: each event is matched against the claim cache by owner uid and
+//! dropped unless a live claim is owned by that object. RBAC: `list` and `watch` on `pods` and
+//! `batch/jobs` (the owner lookups already needed `get`).
 
 use std::collections::BTreeSet;
 
@@ -17,6 +24,9 @@ use kube::{Resource, ResourceExt};
 
 use super::core::{WorkloadKind, WorkloadOwner};
 use crate::api::{DistributedLock, LockClaim};
+
+/// The field selector of the Pod watch: Pods that succeeded or failed.
+pub const FINISHED_PODS: &str = "status.phase!=Pending,status.phase!=Running,status.phase!=Unknown";
 
 /// The locks of the live (non-terminal) claims in `claims` owned by the object `kind` with
 /// `uid` in `namespace`, each once.

@@ -33,9 +33,9 @@ use super::claim_reconciler::{claim_error_policy, reconcile_claim};
 use super::context::{Context, LeadershipGate};
 use super::core::WorkloadKind;
 use super::error::ControllerError;
-use super::job_gate::run_gate;
+use super::job_gate::{run_gate, GateContext};
 use super::lock_reconciler::{lock_error_policy, reconcile_lock};
-use super::owner_watch::owner_trigger;
+use super::owner_watch::{owner_trigger, FINISHED_PODS};
 use crate::api::{BackendKind, DistributedLock, LockClaim};
 use crate::leader::{self, LeaderConfig};
 use crate::metrics::{self, Metrics, Readiness};
@@ -266,7 +266,7 @@ async fn run_controllers(
         // A claim owner's finish or deletion wakes its locks at once (see `owner_watch`).
         .watches(
             api::<Pod>(client, namespace),
-            watcher::Config::default(),
+            watcher::Config::default().fields(FINISHED_PODS),
             owner_trigger::<Pod>(claim_store.clone(), WorkloadKind::Pod),
         )
         .watches(
@@ -297,8 +297,12 @@ async fn run_controllers(
     .with_leadership(leadership));
     let gate_done = run_gate(
         api::<Job>(client, namespace),
-        client.clone(),
-        claim_store.clone(),
+        GateContext {
+            client: client.clone(),
+            claims: claim_store.clone(),
+            leadership: ctx.leadership.clone(),
+            recorder: ctx.recorder.clone(),
+        },
         for_gate,
         raised(&stop_rx),
     );
