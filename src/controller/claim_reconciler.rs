@@ -11,7 +11,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 
-use super::context::Context;
+use super::context::{cache_filled, Context};
 use super::core::{decide_orphan, ClaimView, FINALIZER};
 use super::error::ControllerError;
 use super::events::publish;
@@ -25,7 +25,7 @@ pub async fn reconcile_claim(
     ctx: Arc<Context>,
 ) -> Result<Action, ControllerError> {
     // A claim must not be judged an orphan before the lock cache has been filled.
-    let _ = ctx.locks.wait_until_ready().await;
+    cache_filled(&ctx.locks).await;
     let namespace = claim.namespace().unwrap_or_default();
     if ctx.lock_exists(&namespace, &claim.spec.lock_name) {
         return Ok(Action::await_change());

@@ -13,7 +13,7 @@ use tracing::Instrument;
 
 use super::backend_ops::{describe, execute_while};
 use super::backends::BackendLookupError;
-use super::context::Context;
+use super::context::{cache_filled, Context};
 use super::core::{
     fold, plan, BackendOp, BackendView, ClaimView, Decision, EventSubject, FinalizerChange,
     GrantEnd, LockInput, LockView, Observation, OpOutcome, PlannedOp, FINALIZER,
@@ -55,7 +55,7 @@ async fn reconcile_inner(
     ctx: &Context,
 ) -> Result<Action, ControllerError> {
     // A pass over a half-filled cache would miss claims.
-    let _ = ctx.claims.wait_until_ready().await;
+    cache_filled(&ctx.claims).await;
     let objects = claims_of(ctx, &view);
     let mut claims: Vec<ClaimView> = objects
         .values()

@@ -30,7 +30,7 @@ use tokio::sync::watch;
 
 use super::backends::{Backends, MongoSettings};
 use super::claim_reconciler::{claim_error_policy, reconcile_claim};
-use super::context::{Context, LeadershipGate};
+use super::context::{cache_filled, Context, LeadershipGate};
 use super::core::WorkloadKind;
 use super::error::ControllerError;
 use super::job_gate::{run_gate, GateContext};
@@ -148,8 +148,15 @@ pub async fn run(
     match config.leader_election.clone() {
         None => {
             let leadership = LeadershipGate::always_open();
-            run_controllers(&client, &config, &metrics, &readiness, leadership, raised(&stop))
-                .await;
+            run_controllers(
+                &client,
+                &config,
+                &metrics,
+                &readiness,
+                leadership,
+                raised(&stop),
+            )
+            .await;
         }
         Some(leader_config) => {
             // The Lease is released only after the controllers have stopped.
@@ -285,16 +292,18 @@ async fn run_controllers(
             instance: config.instance.clone(),
         },
     );
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        lock_store.clone(),
-        claim_store.clone(),
-        Backends::new(config.default_backend, config.redis_url.clone())
-            .with_mongo(config.mongo.clone()),
-        recorder,
-        metrics.clone(),
-    )
-    .with_leadership(leadership));
+    let ctx = Arc::new(
+        Context::new(
+            client.clone(),
+            lock_store.clone(),
+            claim_store.clone(),
+            Backends::new(config.default_backend, config.redis_url.clone())
+                .with_mongo(config.mongo.clone()),
+            recorder,
+            metrics.clone(),
+        )
+        .with_leadership(leadership),
+    );
     let gate_done = run_gate(
         api::<Job>(client, namespace),
         GateContext {
@@ -314,8 +323,8 @@ async fn run_controllers(
     let synced = {
         let readiness = readiness.clone();
         async move {
-            let _ = lock_store.wait_until_ready().await;
-            let _ = claim_store.wait_until_ready().await;
+            cache_filled(&lock_store).await;
+            cache_filled(&claim_store).await;
             readiness.set_ready(true);
             tracing::info!("caches synced; reconciling");
         }
