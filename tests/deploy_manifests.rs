@@ -5,45 +5,20 @@
 //! `deploy/crds/` holds copies of the generated `crds/` files (kustomize refuses files outside
 //! its directory); `TURNSTILE_BLESS_CRDS=1` refreshes them, as it refreshes `crds/`.
 
+mod deploy_support;
+
 use std::collections::BTreeSet;
 use std::path::{Component, Path, PathBuf};
-use std::process::Command;
 
-use serde::Deserialize;
+use deploy_support::{
+    find, grants, kind_of, kustomize, name_of, render_base, repo, str_at, strings, Grant,
+};
 use serde_json::Value;
 use turnstile::leader::{DEFAULT_LEASE_NAME, POD_NAMESPACE_ENV, POD_NAME_ENV};
 
 const NAMESPACE: &str = "turnstile-system";
 const SERVICE_ACCOUNT: &str = "turnstile-controller";
 const CONTROLLER: &str = "turnstile-controller";
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// `kubectl kustomize DIR`, split into objects.
-fn kustomize(dir: &Path) -> Vec<Value> {
-    let output = Command::new("kubectl")
-        .arg("kustomize")
-        .arg(dir)
-        .output()
-        .expect("kubectl on PATH (the deploy tests render with it)");
-    assert!(
-        output.status.success(),
-        "kubectl kustomize {} failed: {}",
-        dir.display(),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let text = String::from_utf8(output.stdout).expect("UTF-8 manifests");
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|document| Value::deserialize(document).expect("a YAML object"))
-        .filter(|object| !object.is_null())
-        .collect()
-}
-
-fn render_base() -> Vec<Value> {
-    kustomize(&repo().join("deploy"))
-}
 
 /// `to` relative to the directory `from` (kustomize refuses absolute resource paths).
 fn relative(from: &Path, to: &Path) -> PathBuf {
@@ -80,38 +55,6 @@ fn render_with_redis() -> Vec<Value> {
     )
     .expect("write the overlay");
     kustomize(&root)
-}
-
-fn str_at<'a>(value: &'a Value, pointer: &str) -> Option<&'a str> {
-    value.pointer(pointer).and_then(Value::as_str)
-}
-
-fn kind_of(object: &Value) -> &str {
-    str_at(object, "/kind").unwrap_or_default()
-}
-
-fn name_of(object: &Value) -> &str {
-    str_at(object, "/metadata/name").unwrap_or_default()
-}
-
-fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
-    objects
-        .iter()
-        .find(|o| kind_of(o) == kind && name_of(o) == name)
-        .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
-}
-
-fn strings(value: Option<&Value>) -> Vec<String> {
-    value
-        .and_then(Value::as_array)
-        .map(|items| {
-            items
-                .iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 fn controller_container(objects: &[Value]) -> &Value {
@@ -430,29 +373,6 @@ fn probes_and_the_metrics_service_use_the_metrics_port() {
     let service_port = &service["spec"]["ports"][0];
     assert_eq!(service_port["name"], "metrics");
     assert!(names_the_port(&service_port["targetPort"]));
-}
-
-/// One `(apiGroup, resource, verb)` a rule grants, with its resourceNames (empty: any).
-type Grant = (String, String, String, Vec<String>);
-
-fn grants(role: &Value) -> Vec<Grant> {
-    let mut out = Vec::new();
-    for rule in role["rules"].as_array().expect("rules") {
-        assert!(
-            rule.get("nonResourceURLs").is_none(),
-            "{}: non-resource URLs",
-            name_of(role)
-        );
-        let names = strings(rule.get("resourceNames"));
-        for group in strings(rule.get("apiGroups")) {
-            for resource in strings(rule.get("resources")) {
-                for verb in strings(rule.get("verbs")) {
-                    out.push((group.clone(), resource.clone(), verb, names.clone()));
-                }
-            }
-        }
-    }
-    out
 }
 
 fn assert_no_wildcards(role: &Value) {

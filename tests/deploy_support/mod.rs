@@ -1,0 +1,101 @@
+//! Rendering the kustomize base in `deploy/` with the `kubectl` on PATH and reading its
+//! objects and RBAC rules: shared by the manifest checks and the e2e RBAC coverage test.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `kubectl kustomize DIR`, split into objects.
+pub fn kustomize(dir: &Path) -> Vec<Value> {
+    let output = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .expect("kubectl on PATH (the deploy tests render with it)");
+    assert!(
+        output.status.success(),
+        "kubectl kustomize {} failed: {}",
+        dir.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).expect("UTF-8 manifests");
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|document| Value::deserialize(document).expect("a YAML object"))
+        .filter(|object| !object.is_null())
+        .collect()
+}
+
+/// `kubectl kustomize deploy/`, split into objects.
+pub fn render_base() -> Vec<Value> {
+    kustomize(&repo().join("deploy"))
+}
+
+/// The string at a JSON `pointer`.
+pub fn str_at<'a>(value: &'a Value, pointer: &str) -> Option<&'a str> {
+    value.pointer(pointer).and_then(Value::as_str)
+}
+
+/// An object's `kind`.
+pub fn kind_of(object: &Value) -> &str {
+    str_at(object, "/kind").unwrap_or_default()
+}
+
+/// An object's `metadata.name`.
+pub fn name_of(object: &Value) -> &str {
+    str_at(object, "/metadata/name").unwrap_or_default()
+}
+
+/// The rendered object of `kind` named `name`; panics when missing.
+pub fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| kind_of(o) == kind && name_of(o) == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
+}
+
+/// A JSON array of strings (empty when absent).
+pub fn strings(value: Option<&Value>) -> Vec<String> {
+    value
+        .and_then(Value::as_array)
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// One `(apiGroup, resource, verb)` a rule grants, with its resourceNames (empty: any).
+pub type Grant = (String, String, String, Vec<String>);
+
+/// Every grant of a Role or ClusterRole, one per group × resource × verb.
+pub fn grants(role: &Value) -> Vec<Grant> {
+    let mut out = Vec::new();
+    for rule in role["rules"].as_array().expect("rules") {
+        assert!(
+            rule.get("nonResourceURLs").is_none(),
+            "{}: non-resource URLs",
+            name_of(role)
+        );
+        let names = strings(rule.get("resourceNames"));
+        for group in strings(rule.get("apiGroups")) {
+            for resource in strings(rule.get("resources")) {
+                for verb in strings(rule.get("verbs")) {
+                    out.push((group.clone(), resource.clone(), verb, names.clone()));
+                }
+            }
+        }
+    }
+    out
+}
