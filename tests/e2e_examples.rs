@@ -240,6 +240,64 @@ async fn the_claims_example_queues_three_claims() {
     env.stop_controller().await;
 }
 
+/// Starts an init container for Pod `pod` with uid `uid`; returns it and its token file.
+type SpawnInit<'a> = dyn Fn(&str, &str) -> (tokio::process::Child, PathBuf) + 'a;
+
+/// The first Pod of `job`: created, its init container run to success. Returns the Pod's uid,
+/// its claim (`Held`), and the init container's stdout; the Pod is then `Running`.
+async fn first_pod_takes_the_lock(
+    env: &Env,
+    job: &str,
+    pod: &str,
+    spawn_init: &SpawnInit<'_>,
+) -> (String, LockClaim, String) {
+    let uid = start_pod_of_job(env, job, pod).await;
+    let (child, token_file) = spawn_init(pod, &uid);
+    let (code, stdout, stderr) = finished(child).await;
+    assert_eq!(code, Some(0), "init container failed: {stdout}\n{stderr}");
+    let claim = env
+        .wait_phase(&format!("{pod}-{LOCK}"), ClaimPhase::Held)
+        .await;
+    assert_eq!(
+        std::fs::read_to_string(&token_file)
+            .expect("token file")
+            .trim(),
+        token_of(&claim).expect("token").to_string()
+    );
+    set_pod_phase(env, pod, "Running").await;
+    (uid, claim, stdout)
+}
+
+/// A second Pod of `job` (a retry, or parallelism) waits in its init container until
+/// `end_first` ends the first Pod, then gets a token above `first_token`.
+async fn second_pod_waits_for_the_first(
+    env: &Env,
+    job: &str,
+    pod: &str,
+    spawn_init: &SpawnInit<'_>,
+    first_token: i64,
+    end_first: impl std::future::Future<Output = ()>,
+) {
+    let uid = start_pod_of_job(env, job, pod).await;
+    let (mut child, token_file) = spawn_init(pod, &uid);
+    env.wait_claim(&format!("{pod}-{LOCK}"), |c| position_of(c) == Some(1))
+        .await;
+    still_waiting(&mut child, Duration::from_secs(2)).await;
+    end_first.await;
+    let (code, stdout, stderr) = finished(child).await;
+    assert_eq!(
+        code,
+        Some(0),
+        "second init container failed: {stdout}\n{stderr}"
+    );
+    let token: i64 = std::fs::read_to_string(&token_file)
+        .expect("token file")
+        .trim()
+        .parse()
+        .expect("token");
+    assert!(token > first_token);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kubectl_wait_job_example_gates_its_pods_one_at_a_time() {
     let Some(mut env) =
@@ -277,43 +335,22 @@ async fn the_kubectl_wait_job_example_gates_its_pods_one_at_a_time() {
         (child, token_file)
     };
 
-    let first_uid = start_pod_of_job(&env, "nightly-report", "nightly-report-aaaaa").await;
-    let (first, first_token_file) = spawn_init("nightly-report-aaaaa", &first_uid);
-    let (code, stdout, stderr) = finished(first).await;
-    assert_eq!(code, Some(0), "init script failed: {stdout}\n{stderr}");
-    let first_claim = env
-        .wait_phase("nightly-report-aaaaa-db-migrations", ClaimPhase::Held)
-        .await;
-    let first_token = token_of(&first_claim).expect("token");
-    assert_eq!(
-        std::fs::read_to_string(&first_token_file).expect("token file"),
-        first_token.to_string()
-    );
+    let first = "nightly-report-aaaaa";
+    let (_, claim, stdout) =
+        first_pod_takes_the_lock(&env, "nightly-report", first, &spawn_init).await;
+    let first_token = token_of(&claim).expect("token");
     assert!(stdout.contains(&format!("held with fencing token {first_token}")));
-    set_pod_phase(&env, "nightly-report-aaaaa", "Running").await;
-
-    // A second Pod (a retry, or parallelism) waits for the first to finish.
-    let second_uid = start_pod_of_job(&env, "nightly-report", "nightly-report-bbbbb").await;
-    let (mut second, second_token_file) = spawn_init("nightly-report-bbbbb", &second_uid);
-    env.wait_claim("nightly-report-bbbbb-db-migrations", |c| {
-        position_of(c) == Some(1)
-    })
+    // The first Pod succeeds.
+    second_pod_waits_for_the_first(
+        &env,
+        "nightly-report",
+        "nightly-report-bbbbb",
+        &spawn_init,
+        first_token,
+        set_pod_phase(&env, first, "Succeeded"),
+    )
     .await;
-    still_waiting(&mut second, Duration::from_secs(2)).await;
-    set_pod_phase(&env, "nightly-report-aaaaa", "Succeeded").await;
-    let (code, stdout, stderr) = finished(second).await;
-    assert_eq!(
-        code,
-        Some(0),
-        "second init script failed: {stdout}\n{stderr}"
-    );
-    let second_token: i64 = std::fs::read_to_string(&second_token_file)
-        .expect("token file")
-        .trim()
-        .parse()
-        .expect("token");
-    assert!(second_token > first_token);
-    let released = env.claim("nightly-report-aaaaa-db-migrations").await;
+    let released = env.claim(&format!("{first}-{LOCK}")).await;
     assert_eq!(phase_of(&released), Some(ClaimPhase::Released));
     env.stop_controller().await;
 }
@@ -368,56 +405,30 @@ async fn the_init_container_example_runs_turnstile_wait_as_the_pod_would() {
         (child, token_file)
     };
 
-    let first_uid = start_pod_of_job(&env, "db-migrate", "db-migrate-aaaaa").await;
-    let (first, first_token_file) = spawn_init("db-migrate-aaaaa", &first_uid);
-    let (code, stdout, stderr) = finished(first).await;
-    assert_eq!(code, Some(0), "turnstile wait failed: {stdout}\n{stderr}");
-    let first_claim = env
-        .wait_phase("db-migrate-aaaaa-db-migrations", ClaimPhase::Held)
-        .await;
-    let first_token = token_of(&first_claim).expect("token");
-    assert_eq!(
-        std::fs::read_to_string(&first_token_file)
-            .expect("token file")
-            .trim(),
-        first_token.to_string()
-    );
+    let first = "db-migrate-aaaaa";
+    let (uid, claim, _) = first_pod_takes_the_lock(&env, "db-migrate", first, &spawn_init).await;
     // Owned by the Pod, as the downward API said.
-    let owner = &first_claim
-        .metadata
-        .owner_references
-        .as_ref()
-        .expect("owner")[0];
+    let owner = &claim.metadata.owner_references.as_ref().expect("owner")[0];
     assert_eq!(
         (owner.kind.as_str(), owner.uid.as_str()),
-        ("Pod", first_uid.as_str())
+        ("Pod", uid.as_str())
     );
-    set_pod_phase(&env, "db-migrate-aaaaa", "Running").await;
-
-    let second_uid = start_pod_of_job(&env, "db-migrate", "db-migrate-bbbbb").await;
-    let (mut second, second_token_file) = spawn_init("db-migrate-bbbbb", &second_uid);
-    env.wait_claim("db-migrate-bbbbb-db-migrations", |c| {
-        position_of(c) == Some(1)
-    })
+    // The first Pod is deleted (e.g. evicted): its claim goes with it.
+    let delete_first = async {
+        pods(&env)
+            .delete(first, &Default::default())
+            .await
+            .expect("delete pod");
+    };
+    second_pod_waits_for_the_first(
+        &env,
+        "db-migrate",
+        "db-migrate-bbbbb",
+        &spawn_init,
+        token_of(&claim).expect("token"),
+        delete_first,
+    )
     .await;
-    still_waiting(&mut second, Duration::from_secs(2)).await;
-    // The first Pod is deleted (e.g. evicted): its claim goes, the second Pod proceeds.
-    pods(&env)
-        .delete("db-migrate-aaaaa", &Default::default())
-        .await
-        .expect("delete pod");
-    let (code, stdout, stderr) = finished(second).await;
-    assert_eq!(
-        code,
-        Some(0),
-        "second turnstile wait failed: {stdout}\n{stderr}"
-    );
-    let second_token: i64 = std::fs::read_to_string(&second_token_file)
-        .expect("token file")
-        .trim()
-        .parse()
-        .expect("token");
-    assert!(second_token > first_token);
     env.stop_controller().await;
 }
 

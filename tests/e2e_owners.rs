@@ -87,6 +87,24 @@ spec:
     )
 }
 
+/// A running Pod `pod` whose claim `<pod>-db` holds lock `db` (with `lease_line`), and a
+/// claim `next` queued behind it. Returns the Pod's uid and its held claim.
+async fn pod_holds_with_one_waiting(
+    env: &Env,
+    pod: &str,
+    lease_line: &str,
+) -> (String, turnstile::api::LockClaim) {
+    env.apply_lock("db", lease_line);
+    let uid = create_pod(env, pod).await;
+    let claim = format!("{pod}-db");
+    env.apply(&owned_claim(&claim, "db", "Pod", "v1", pod, &uid));
+    env.apply_claim("next", "db", "");
+    let held = env.wait_phase(&claim, ClaimPhase::Held).await;
+    let next = env.wait_claim("next", |c| position_of(c) == Some(1)).await;
+    assert_eq!(reason_of(&next).as_deref(), Some("Queued"));
+    (uid, held)
+}
+
 fn expires_at(claim: &turnstile::api::LockClaim) -> Option<k8s_openapi::jiff::Timestamp> {
     claim.status.as_ref()?.expires_at.as_ref().map(|t| t.0)
 }
@@ -95,22 +113,7 @@ fn expires_at(claim: &turnstile::api::LockClaim) -> Option<k8s_openapi::jiff::Ti
 async fn a_running_pod_keeps_its_claim_and_finishing_releases_it() {
     let mut env = Env::new().await;
     env.start_default_controller();
-    env.apply_lock("db", "leaseDurationSeconds: 3");
-    let uid = create_pod(&env, "worker-1").await;
-    env.apply(&owned_claim(
-        "worker-1-db",
-        "db",
-        "Pod",
-        "v1",
-        "worker-1",
-        &uid,
-    ));
-    env.apply_claim("next", "db", "");
-    let first = env.wait_phase("worker-1-db", ClaimPhase::Held).await;
-    assert_eq!(
-        reason_of(&env.wait_claim("next", |c| position_of(c) == Some(1)).await).as_deref(),
-        Some("Queued")
-    );
+    let (_, first) = pod_holds_with_one_waiting(&env, "worker-1", "leaseDurationSeconds: 3").await;
 
     // Over three leases go by without anyone touching spec.renewTime.
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -193,19 +196,7 @@ async fn a_deleted_pod_takes_its_claim_and_the_lock_moves_on() {
         return;
     };
     env.start_default_controller();
-    env.apply_lock("db", "leaseDurationSeconds: 300");
-    let uid = create_pod(&env, "worker-2").await;
-    env.apply(&owned_claim(
-        "worker-2-db",
-        "db",
-        "Pod",
-        "v1",
-        "worker-2",
-        &uid,
-    ));
-    env.apply_claim("next", "db", "");
-    env.wait_phase("worker-2-db", ClaimPhase::Held).await;
-    env.wait_claim("next", |c| position_of(c) == Some(1)).await;
+    pod_holds_with_one_waiting(&env, "worker-2", "leaseDurationSeconds: 300").await;
 
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
     pods.delete("worker-2", &DeleteParams::default())
@@ -225,19 +216,8 @@ async fn a_deleted_pod_takes_its_claim_and_the_lock_moves_on() {
 async fn a_failed_pod_hands_the_lock_on_long_before_its_lease_ends() {
     let mut env = Env::new().await;
     env.start_default_controller();
-    env.apply_lock("db", "leaseDurationSeconds: 300");
-    let uid = create_pod(&env, "worker-3").await;
-    env.apply(&owned_claim(
-        "worker-3-db",
-        "db",
-        "Pod",
-        "v1",
-        "worker-3",
-        &uid,
-    ));
-    env.apply_claim("next", "db", "");
-    let first = env.wait_phase("worker-3-db", ClaimPhase::Held).await;
-    env.wait_claim("next", |c| position_of(c) == Some(1)).await;
+    let (_, first) =
+        pod_holds_with_one_waiting(&env, "worker-3", "leaseDurationSeconds: 300").await;
 
     settle().await;
     set_pod_phase(&env, "worker-3", "Failed").await;

@@ -92,6 +92,20 @@ pub struct LockClaimSpec {
     pub release: Option<bool>,
 }
 
+impl LockClaimSpec {
+    /// A claim on `lock` with every option left to its default.
+    pub fn for_lock(lock: impl Into<String>) -> Self {
+        Self {
+            lock_name: lock.into(),
+            holder_identity: None,
+            lease_duration_seconds: None,
+            acquire_timeout_seconds: None,
+            renew_time: None,
+            release: None,
+        }
+    }
+}
+
 /// The lifecycle phase of a claim. `Released`, `Expired` and `Failed` are terminal.
 #[derive(
     Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash, Default, schemars::JsonSchema,

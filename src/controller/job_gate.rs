@@ -26,6 +26,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use super::context::LeadershipGate;
 use super::core::{WorkloadKind, WorkloadOwner};
 use super::error::ControllerError;
+use super::owners::job_finished;
 use crate::api::{ClaimPhase, LockClaim, LockClaimSpec};
 
 /// The Job annotation naming the `DistributedLock` (same namespace) that gates the Job.
@@ -73,17 +74,6 @@ fn is_suspended(job: &Job) -> bool {
     job.spec.as_ref().and_then(|spec| spec.suspend) == Some(true)
 }
 
-fn is_finished(job: &Job) -> bool {
-    job.status
-        .as_ref()
-        .and_then(|status| status.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| matches!(c.type_.as_str(), "Complete" | "Failed") && c.status == "True")
-        })
-}
-
 /// The lock a Job is gated on, if it carries a non-empty annotation.
 pub fn gate_lock(job: &Job) -> Option<&str> {
     job.annotations()
@@ -97,7 +87,7 @@ pub fn decide(job: &Job, claim: Option<&LockClaim>) -> GateStep {
     let Some(lock) = gate_lock(job) else {
         return GateStep::Nothing;
     };
-    if job.metadata.deletion_timestamp.is_some() || is_finished(job) {
+    if job.metadata.deletion_timestamp.is_some() || job_finished(job) {
         return GateStep::Nothing;
     }
     let name = claim_name(&job.name_any(), lock);
@@ -162,17 +152,7 @@ pub fn decide(job: &Job, claim: Option<&LockClaim>) -> GateStep {
 
 /// The claim a gated Job gets: owned (controller) by the Job, so it follows the Job's life.
 pub fn claim_for(job: &Job, claim: &str, lock: &str) -> LockClaim {
-    let mut object = LockClaim::new(
-        claim,
-        LockClaimSpec {
-            lock_name: lock.to_owned(),
-            holder_identity: None,
-            lease_duration_seconds: None,
-            acquire_timeout_seconds: None,
-            renew_time: None,
-            release: None,
-        },
-    );
+    let mut object = LockClaim::new(claim, LockClaimSpec::for_lock(lock));
     object.metadata.namespace = job.namespace();
     object.metadata.owner_references = Some(vec![OwnerReference {
         api_version: "batch/v1".to_owned(),

@@ -43,20 +43,23 @@ fn pod_state(pod: &Pod, owner: &WorkloadOwner) -> OwnerState {
     }
 }
 
-fn job_state(job: &Job, owner: &WorkloadOwner) -> OwnerState {
-    if !same_object(job.metadata.uid.as_ref(), owner) {
-        return OwnerState::Gone;
-    }
-    let finished = job
-        .status
+/// Whether a Job has finished: a `Complete` or `Failed` condition that is True.
+pub fn job_finished(job: &Job) -> bool {
+    job.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|conditions| {
             conditions
                 .iter()
                 .any(|c| matches!(c.type_.as_str(), "Complete" | "Failed") && c.status == "True")
-        });
-    if finished {
+        })
+}
+
+fn job_state(job: &Job, owner: &WorkloadOwner) -> OwnerState {
+    if !same_object(job.metadata.uid.as_ref(), owner) {
+        return OwnerState::Gone;
+    }
+    if job_finished(job) {
         OwnerState::Finished
     } else {
         OwnerState::Alive
