@@ -2,14 +2,16 @@
 //! 127.0.0.1 port, or the server `MONGODB_URI` names): `--default-backend mongo` serves a lock
 //! that names no backend; three claims are granted in FIFO order as each holder's claim is
 //! deleted, with increasing fencing tokens, and the grants live in the Mongo collection.
-//! Without a server the test is skipped with one line, except under `CI=true` (a failure).
+//! A MongoDB crash and restart between grants keeps tokens increasing; an unreachable MongoDB
+//! shows as `Ready=False` (BackendUnavailable) and grants nothing.
+//! Without a server a test is skipped with one line, except under `CI=true` (a failure).
 
 mod e2e_support;
 
 use std::sync::Arc;
 
-use e2e_support::{position_of, token_of, Env, HolderMonitor};
-use test_servers::{MongoServer, Unavailable};
+use e2e_support::{phase_of, position_of, reason_of, token_of, Env, HolderMonitor};
+use test_servers::{free_port, MongoFlavor, MongoServer, Unavailable};
 use turnstile::api::{BackendKind, ClaimPhase};
 use turnstile::controller::backends::MongoSettings;
 use turnstile::controller::ControllerConfig;
@@ -29,6 +31,89 @@ async fn mongo_server() -> Option<Arc<MongoServer>> {
         }
         Err(Unavailable::Fail(error)) => panic!("MongoDB test server unavailable: {error}"),
     }
+}
+
+/// A server of this test's own (to crash it), or `None` after one line when none can be
+/// started here (no binary outside CI) or the tests use an external one (`MONGODB_URI`).
+async fn own_server() -> Option<MongoServer> {
+    if std::env::var("MONGODB_URI").is_ok_and(|uri| !uri.is_empty()) {
+        println!("skipped: MONGODB_URI names an external server, which a test must not crash");
+        return None;
+    }
+    let under_ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+    match tokio::task::spawn_blocking(|| MongoServer::start(MongoFlavor::ReplicaSet))
+        .await
+        .expect("launcher thread")
+    {
+        Ok(server) => Some(server),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound && !under_ci => {
+            println!("skipped: no MongoDB test server can be started: {error}");
+            None
+        }
+        Err(error) => panic!("MongoDB test server failed to start: {error}"),
+    }
+}
+
+fn mongo_config(url: &str, database: &str) -> ControllerConfig {
+    ControllerConfig {
+        mongo: Some(MongoSettings {
+            url: url.to_owned(),
+            database: Some(database.to_owned()),
+            collection: None,
+        }),
+        ..ControllerConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mongo_crash_between_grants_keeps_tokens_increasing() {
+    let Some(mut server) = own_server().await else {
+        return;
+    };
+    let mut env = Env::new().await;
+    env.start_controller(mongo_config(server.uri(), "turnstile_crash"));
+    env.apply_lock("db", "backend: mongo\nleaseDurationSeconds: 300");
+    let monitor = HolderMonitor::start(&env, "db", 1);
+    env.queue_of_three("db").await;
+
+    let crashed = tokio::task::block_in_place(|| server.crash_and_restart());
+    if let Err(error) = crashed {
+        assert_eq!(error.kind(), std::io::ErrorKind::Unsupported, "{error}");
+        println!("skipped the crash: {error}");
+        env.stop_controller().await;
+        return;
+    }
+    env.delete_claim("a").await;
+    let b = env.wait_phase("b", ClaimPhase::Held).await;
+    assert_eq!(token_of(&b), Some(2));
+    env.delete_claim("b").await;
+    let c = env.wait_phase("c", ClaimPhase::Held).await;
+    assert_eq!(token_of(&c), Some(3));
+    let report = monitor.finish().await;
+    assert_eq!(report.tokens(), [1, 2, 3]);
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_mongo_is_reported_and_grants_nothing() {
+    let port = free_port().expect("free port");
+    let mut env = Env::new().await;
+    env.start_controller(mongo_config(
+        &format!("mongodb://127.0.0.1:{port}/?directConnection=true"),
+        "turnstile_down",
+    ));
+    env.apply_lock("db", "backend: mongo\nleaseDurationSeconds: 300");
+    env.apply_claim("a", "db", "");
+    let ready = env.wait_ready("db", "False").await;
+    assert_eq!(ready.reason, "BackendUnavailable");
+    assert!(ready.message.contains("mongo"), "{}", ready.message);
+    let a = env
+        .wait_claim("a", |c| {
+            reason_of(c).as_deref() == Some("BackendUnavailable")
+        })
+        .await;
+    assert_eq!(phase_of(&a), Some(ClaimPhase::Pending));
+    env.stop_controller().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
