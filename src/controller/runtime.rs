@@ -1,12 +1,14 @@
 //! Wiring: the watches, the caches and the two controllers, leader election and the metrics
 //! endpoint, until shutdown.
 //!
-//! One watch on `LockClaim`s feeds one cache and both controllers (through a fan-out), so a
+//! One watch on `LockClaim`s feeds one cache and the controllers (through a fan-out), so a
 //! lock's reconciler always reads a cache that already holds the claim event that woke it:
 //!
 //! - the `DistributedLock` controller reconciles each lock with all of its claims (claim
 //!   events map to their lock by `spec.lockName`), so the FIFO decision sees the whole queue;
-//! - the `LockClaim` controller only looks after claims whose lock does not exist.
+//!   finished Pods and all Jobs wake the locks of the claims they own (`owner_watch`);
+//! - the `LockClaim` controller only looks after claims whose lock does not exist;
+//! - the Job gate (`job_gate`) claims locks for suspended, annotated Jobs and un-suspends them.
 //!
 //! With leader election, only the leader runs the controllers; a replica that loses the
 //! lead stops them at once and stands by again (a new term starts with fresh caches and a
