@@ -107,3 +107,47 @@ async fn perform(
         },
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::controller::core::AcquirePurpose;
+    use crate::lock::MemoryBackend;
+
+    fn grant(owner: &str) -> PlannedOp {
+        PlannedOp {
+            claim: Some(owner.to_owned()),
+            op: BackendOp::Acquire {
+                owner: owner.to_owned(),
+                ttl: Duration::from_secs(60),
+                purpose: AcquirePurpose::Grant,
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn calls_stop_once_writes_are_no_longer_allowed() {
+        let backend = MemoryBackend::new();
+        let ops = [grant("a"), grant("b"), grant("c")];
+        // Leadership is lost after the first call.
+        let asked = AtomicUsize::new(0);
+        let outcomes = execute_while(&backend, "ns/db", 3, &ops, || {
+            asked.fetch_add(1, Ordering::SeqCst) == 0
+        })
+        .await;
+        assert!(
+            matches!(outcomes[0], OpOutcome::Granted { .. }),
+            "{outcomes:?}"
+        );
+        assert_eq!(outcomes[1..], [OpOutcome::Skipped, OpOutcome::Skipped]);
+        let snapshot = backend.snapshot("ns/db").await.expect("snapshot");
+        assert_eq!(
+            snapshot.holders.len(),
+            1,
+            "only the call made before the loss"
+        );
+    }
+}
