@@ -475,7 +475,11 @@ fn validate_object(
         }
     }
     let props = properties(schema);
-    for (k, v) in obj {
+    // Sorted, so errors come out in the same order whether or not another crate in the build
+    // turns on serde_json's `preserve_order` (feature unification changes `Map`'s iteration).
+    let mut fields: Vec<_> = obj.iter().collect();
+    fields.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    for (k, v) in fields {
         let child = join(path, k);
         if let Some(sub) = props.and_then(|p| p.get(k)) {
             validate_at(sub, v, &child, errors);
