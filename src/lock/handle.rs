@@ -182,9 +182,8 @@ impl Lock {
     /// that expired and went to someone else is left alone. If the backend cannot be reached
     /// the error is returned and a later call may retry.
     pub async fn release(&self) -> LockResult<()> {
-        match self.release_once().await? {
-            Some(false) => self.mark_lost(),
-            Some(true) | None => {}
+        if self.release_once().await? == Some(false) {
+            self.mark_lost();
         }
         Ok(())
     }

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::lock::backend::{
     validate_key, validate_max_holders, validate_owner, validate_ttl, AcquireMode, AcquireOutcome,
-    AcquireRequest, Backend, LockSnapshot, WakeSubscription,
+    AcquireRequest, Backend, Handoff, LockSnapshot, WakeSubscription, WakeUp,
 };
 use crate::lock::error::{LockError, LockResult};
 use crate::lock::handle::{local_lease_deadline, GrantParts, Lock};
@@ -245,15 +245,24 @@ impl LockRequest {
                 Some(delay) => (AcquireMode::Wait, delay * 2 + WAITER_LEASE_SLACK),
                 None => (AcquireMode::Try, Duration::ZERO),
             };
+            if subscription.is_none() && mode == AcquireMode::Wait {
+                // Free when others already wait here; then no wake-up can slip past us.
+                subscription = self.backend.subscribe_if_live(&self.key, owner);
+            }
             attempts.fetch_add(1, Ordering::Relaxed);
-            let sent_at = Instant::now();
+            // A lease granted by this attempt, or handed over after it, starts no earlier.
+            let mut sent_at = Instant::now();
             let mut outcome = self.attempt(owner, mode, waiter_lease).await?;
             if subscription.is_none() && mode == AcquireMode::Wait && !outcome.is_granted() {
                 // Subscribe only once contended (the uncontended path stays one round trip),
                 // then look again: a release between the attempt and the subscription named
                 // us to nobody. This confirmation is part of the same attempt.
                 subscription = Some(self.backend.subscribe(&self.key, owner).await?);
+                let confirm_sent_at = Instant::now();
                 outcome = self.attempt(owner, mode, waiter_lease).await?;
+                if !outcome.is_granted() {
+                    sent_at = confirm_sent_at;
+                }
             }
             let retry_after = match outcome {
                 AcquireOutcome::Granted {
@@ -281,17 +290,55 @@ impl LockRequest {
             // A lease that runs out frees a slot without any wake-up: look again right then.
             let pause =
                 retry_after.map_or(delay, |expiry| delay.min(expiry + Duration::from_millis(1)));
-            match &subscription {
+            let wake_up = match &subscription {
                 Some(subscription) => {
                     tokio::select! {
-                        () = subscription.notified() => {}
-                        () = tokio::time::sleep(pause) => {}
+                        wake_up = subscription.notified() => wake_up,
+                        () = tokio::time::sleep(pause) => subscription.take_handoff(),
                     }
                 }
-                None => tokio::time::sleep(pause).await,
+                None => {
+                    tokio::time::sleep(pause).await;
+                    WakeUp::Retry
+                }
+            };
+            if let WakeUp::Granted(handoff) = wake_up {
+                return Ok(self.take_handoff(owner, handoff, sent_at, attempts));
             }
             previous_delay = Some(delay);
         }
+    }
+
+    /// Builds the lock a release handed to us and, if the hand-off lease is shorter than our
+    /// ttl, extends it in the background (the lock is usable at once; its local deadline is
+    /// the conservative hand-off one until the extension lands).
+    fn take_handoff(
+        &self,
+        owner: &str,
+        handoff: Handoff,
+        last_attempt_sent_at: Instant,
+        attempts: &AtomicU32,
+    ) -> Lock {
+        tracing::debug!(key = %self.key, fencing_token = handoff.fencing_token, attempts = attempts.load(Ordering::Relaxed), "lock handed over");
+        // The hand-off happened after our last attempt reached the backend.
+        let lock = self.grant(
+            owner.to_owned(),
+            handoff.fencing_token,
+            local_lease_deadline(last_attempt_sent_at, handoff.lease),
+        );
+        if handoff.lease < self.ttl {
+            let background = lock.clone();
+            tokio::spawn(async move {
+                match background.refresh().await {
+                    Ok(()) => {}
+                    Err(LockError::LockLost { .. }) if background.is_released() => {}
+                    Err(error) => {
+                        tracing::warn!(key = %background.key(), fencing_token = background.fencing_token(), %error, "could not extend a handed-over lease to its full ttl");
+                    }
+                }
+            });
+        }
+        lock
     }
 
     fn grant(&self, owner: String, fencing_token: u64, lease_deadline: Instant) -> Lock {

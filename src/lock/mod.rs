@@ -51,8 +51,9 @@ mod locker;
 pub mod retry;
 
 pub use self::backend::{
-    AcquireMode, AcquireOutcome, AcquireRequest, Backend, HolderInfo, LockSnapshot, MemoryBackend,
-    RedisBackend, RedisBackendConfig, WakeRegistry, WakeSubscription,
+    AcquireMode, AcquireOutcome, AcquireRequest, Backend, Handoff, HolderInfo, LockSnapshot,
+    MemoryBackend, MongoBackend, MongoBackendConfig, RedisBackend, RedisBackendConfig,
+    WakeRegistry, WakeSubscription, WakeUp,
 };
 pub use self::error::{BoxError, LockError, LockResult};
 pub use self::handle::Lock;

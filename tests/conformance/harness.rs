@@ -154,6 +154,9 @@ impl Backend for CountingBackend {
     async fn subscribe(&self, key: &str, owner: &str) -> LockResult<WakeSubscription> {
         self.inner.subscribe(key, owner).await
     }
+    fn subscribe_if_live(&self, key: &str, owner: &str) -> Option<WakeSubscription> {
+        self.inner.subscribe_if_live(key, owner)
+    }
 }
 
 /// Polls `condition` every 5 ms until it holds; panics after 10 s (a hang guard, not a

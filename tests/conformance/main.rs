@@ -24,6 +24,8 @@ macro_rules! conformance_suite {
                 fencing_floor_raises_and_never_lowers,
                 snapshot_shows_holders_waiters_and_counter,
                 release_wakes_the_waiter_without_polling,
+                handed_over_lease_reaches_the_full_ttl,
+                a_vanished_waiter_holds_a_handed_over_lock_no_longer_than_its_heartbeat,
                 expiry_frees_the_lock_for_waiters,
                 waiters_are_served_first_come_first_served,
                 try_acquire_never_jumps_the_queue_and_dead_waiters_age_out,

@@ -12,8 +12,8 @@ use tokio::time::Instant;
 
 use super::{
     validate_key, validate_max_holders, validate_owner, validate_request, validate_ttl,
-    AcquireMode, AcquireOutcome, AcquireRequest, Backend, HolderInfo, LockSnapshot, WakeRegistry,
-    WakeSubscription,
+    AcquireMode, AcquireOutcome, AcquireRequest, Backend, Handoff, HolderInfo, LockSnapshot,
+    WakeRegistry, WakeSubscription,
 };
 use crate::lock::error::LockResult;
 
@@ -27,6 +27,8 @@ struct Holder {
 struct Waiter {
     seq: u64,
     heartbeat_expires_at: Instant,
+    /// The lease it asked for, granted to it on hand-off.
+    ttl: Duration,
 }
 
 #[derive(Debug, Default)]
@@ -75,6 +77,47 @@ impl KeyState {
     fn free_slots(&self, max_holders: u32) -> usize {
         (max_holders as usize).saturating_sub(self.holders.len())
     }
+
+    /// Grants free slots to the head of the queue and tells those waiters. Each hand-off
+    /// lease is capped by the waiter's remaining heartbeat, so a waiter that vanished blocks
+    /// the lock no longer than its queue place would have.
+    fn hand_off(&mut self, key: &str, max_holders: u32, now: Instant, wakes: &WakeRegistry) {
+        let admitted: Vec<String> = self
+            .queue
+            .values()
+            .take(self.free_slots(max_holders))
+            .cloned()
+            .collect();
+        for owner in admitted {
+            let Some(waiter) = self.waiters.get(&owner) else {
+                continue;
+            };
+            let lease = waiter
+                .ttl
+                .min(waiter.heartbeat_expires_at.saturating_duration_since(now));
+            self.leave_queue(&owner);
+            if lease.is_zero() {
+                continue;
+            }
+            self.fence += 1;
+            let fencing_token = self.fence;
+            self.holders.insert(
+                owner.clone(),
+                Holder {
+                    fencing_token,
+                    expires_at: now + lease,
+                },
+            );
+            wakes.hand_off(
+                key,
+                &owner,
+                Handoff {
+                    fencing_token,
+                    lease,
+                },
+            );
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -113,6 +156,9 @@ impl Backend for MemoryBackend {
 
     async fn acquire(&self, request: &AcquireRequest<'_>) -> LockResult<AcquireOutcome> {
         validate_request(request)?;
+        // Nothing here ever waits, so a task looping acquire/release would never yield and
+        // could starve every other task (the waiters, timers) on its runtime thread.
+        tokio::task::consume_budget().await;
         let now = Instant::now();
         let mut locks = self.locks();
         let state = locks.entry(request.key.to_owned()).or_default();
@@ -156,6 +202,7 @@ impl Backend for MemoryBackend {
         let position = match state.waiters.get_mut(request.owner) {
             Some(waiter) => {
                 waiter.heartbeat_expires_at = heartbeat_expires_at;
+                waiter.ttl = request.ttl;
                 ahead + 1
             }
             None => {
@@ -167,6 +214,7 @@ impl Backend for MemoryBackend {
                     Waiter {
                         seq,
                         heartbeat_expires_at,
+                        ttl: request.ttl,
                     },
                 );
                 state.queue.len()
@@ -182,18 +230,23 @@ impl Backend for MemoryBackend {
         validate_key(key)?;
         validate_owner(owner)?;
         validate_max_holders(max_holders)?;
-        let now = Instant::now();
-        let mut locks = self.locks();
-        let Some(state) = locks.get_mut(key) else {
-            return Ok(false);
+        tokio::task::consume_budget().await;
+        let was_held = {
+            let now = Instant::now();
+            let mut locks = self.locks();
+            let Some(state) = locks.get_mut(key) else {
+                return Ok(false);
+            };
+            state.prune(now);
+            let was_held = state.holders.remove(owner).is_some();
+            state.leave_queue(owner);
+            state.hand_off(key, max_holders, now, &self.shared.wakes);
+            was_held
         };
-        state.prune(now);
-        let was_held = state.holders.remove(owner).is_some();
-        state.leave_queue(owner);
-        let free = state.free_slots(max_holders);
-        for next in state.queue.values().take(free) {
-            self.shared.wakes.wake(key, next);
-        }
+        // Let other tasks run before this one can come back for the lock. Nothing in this
+        // backend ever waits, so on a single-threaded runtime a releaser that re-requests at
+        // once would otherwise beat tasks that never got scheduled far enough to queue.
+        tokio::task::yield_now().await;
         Ok(was_held)
     }
 

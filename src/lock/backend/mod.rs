@@ -45,7 +45,7 @@ use crate::lock::error::{LockError, LockResult};
 pub use self::memory::MemoryBackend;
 pub use self::mongo::{MongoBackend, MongoBackendConfig, MongoWakeMode, MongoWakeSource};
 pub use self::redis::{RedisBackend, RedisBackendConfig};
-pub use self::wake::{WakeRegistry, WakeSubscription};
+pub use self::wake::{Handoff, WakeRegistry, WakeSubscription, WakeUp};
 
 /// Longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 512;
@@ -174,6 +174,15 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// that names `owner` is guaranteed to reach the subscription (a wake-up that arrives
     /// before [`WakeSubscription::notified`] is awaited is kept). Dropping it unregisters.
     async fn subscribe(&self, key: &str, owner: &str) -> LockResult<WakeSubscription>;
+
+    /// Like [`subscribe`](Backend::subscribe), but only if it can be done at once, without a
+    /// round trip, with the same guarantee (e.g. the Redis channel is already subscribed for
+    /// another local waiter). The engine calls it *before* a waiting attempt; on `Some` it
+    /// skips the confirming second attempt that a late subscription needs. The default,
+    /// `None`, is always correct.
+    fn subscribe_if_live(&self, _key: &str, _owner: &str) -> Option<WakeSubscription> {
+        None
+    }
 }
 
 #[async_trait]
@@ -201,6 +210,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     async fn subscribe(&self, key: &str, owner: &str) -> LockResult<WakeSubscription> {
         (**self).subscribe(key, owner).await
+    }
+    fn subscribe_if_live(&self, key: &str, owner: &str) -> Option<WakeSubscription> {
+        (**self).subscribe_if_live(key, owner)
     }
 }
 
@@ -279,7 +291,7 @@ pub fn validate_request(request: &AcquireRequest<'_>) -> LockResult<()> {
 /// Whole milliseconds of a duration, rounded up so a positive duration never becomes 0.
 pub(crate) fn ceil_millis(duration: Duration) -> u64 {
     let millis = duration.as_millis();
-    let rounded = if duration.subsec_nanos() % 1_000_000 != 0 {
+    let rounded = if !duration.subsec_nanos().is_multiple_of(1_000_000) {
         millis + 1
     } else {
         millis

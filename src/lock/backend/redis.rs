@@ -14,28 +14,32 @@
 //! | `P{K}:queue`   | ZSET   | owner → arrival sequence                         | ≥ longest heartbeat |
 //! | `P{K}:beats`   | ZSET   | owner → waiter heartbeat expiry (server ms)      | same              |
 //! | `P{K}:seq`     | STRING | arrival sequence counter                         | same              |
+//! | `P{K}:ttls`    | HASH   | waiter → the lease it asked for                  | same              |
 //!
-//! Wake-ups are published on channel `P{K}:wake`; the payload is the newline-separated owner
-//! tokens now admitted. Each [`RedisBackend`] keeps one dedicated pub/sub connection
+//! A release hands free slots straight to the head of the queue in the same script (token
+//! issued there; lease = the waiter's ttl capped by its remaining heartbeat) and publishes one
+//! line `owner token lease_ms` per hand-off on channel `P{K}:wake`, so the new holder learns
+//! it without a round trip. Each [`RedisBackend`] keeps one dedicated pub/sub connection
 //! (reconnecting with backoff, then re-subscribing and waking every local waiter to re-poll),
 //! subscribed to the channels of keys that have local waiters.
 //!
 //! Fencing tokens and positions travel through Lua numbers (doubles): exact below 2^53.
 
-use std::collections::HashMap;
+mod pubsub;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::StreamExt;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSub, PubSubSink};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Script;
-use tokio::sync::{mpsc, oneshot};
+
+use self::pubsub::WakeChannels;
 
 use super::{
     ceil_millis, validate_key, validate_max_holders, validate_owner, validate_request,
     validate_ttl, AcquireMode, AcquireOutcome, AcquireRequest, Backend, HolderInfo, LockSnapshot,
-    WakeRegistry, WakeSubscription,
+    WakeSubscription,
 };
 use crate::lock::error::{LockError, LockResult};
 
@@ -43,7 +47,8 @@ const BACKEND: &str = "redis";
 /// Reconnect attempts per failed command before it reports the backend unavailable.
 const RECONNECT_RETRIES: usize = 2;
 
-/// Helpers shared by every script.
+/// Helpers shared by every script. Scripts touch as few keys as the common case needs:
+/// every `redis.call` costs server time on the path every lock operation takes.
 const PRELUDE: &str = r#"
 local function now_ms()
   local t = redis.call('TIME')
@@ -58,18 +63,28 @@ local function call_chunked(cmd, key, list)
     i = last + 1
   end
 end
--- Drops holders whose lease ran out and waiters whose heartbeat did.
-local function prune(holders, tokens, queue, beats, now)
+-- Drops holders whose lease ran out.
+local function prune_holders(holders, tokens, now)
   local expired = redis.call('ZRANGEBYSCORE', holders, '-inf', now)
   if #expired > 0 then
     redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
     call_chunked('HDEL', tokens, expired)
   end
+end
+-- Drops waiters whose heartbeat ran out.
+local function prune_waiters(queue, beats, ttls, now)
   local dead = redis.call('ZRANGEBYSCORE', beats, '-inf', now)
   if #dead > 0 then
     redis.call('ZREMRANGEBYSCORE', beats, '-inf', now)
     call_chunked('ZREM', queue, dead)
+    call_chunked('HDEL', ttls, dead)
   end
+end
+-- Takes `owner` out of the queue.
+local function dequeue(queue, beats, ttls, owner)
+  redis.call('ZREM', queue, owner)
+  redis.call('ZREM', beats, owner)
+  redis.call('HDEL', ttls, owner)
 end
 -- Makes sure `key` lives at least `ms` more (never shortens its life).
 local function keep_alive(key, ms)
@@ -80,32 +95,43 @@ local function keep_alive(key, ms)
 end
 "#;
 
-/// KEYS: holders tokens fence queue beats seq.
+/// KEYS: holders tokens fence queue beats seq ttls.
 /// ARGV: owner ttl_ms max_holders mode(wait|try) waiter_lease_ms.
 /// Returns {1, token, already_held} | {0, retry_after_ms} | {2, position, retry_after_ms}
 /// (retry_after_ms = -1 when nobody holds the lock).
 const ACQUIRE: &str = r#"
 local owner, ttl, max_holders = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_ms()
-prune(KEYS[1], KEYS[2], KEYS[4], KEYS[5], now)
-if redis.call('ZSCORE', KEYS[1], owner) then
+prune_holders(KEYS[1], KEYS[2], now)
+local held = redis.call('ZCARD', KEYS[1])
+if held > 0 and redis.call('ZSCORE', KEYS[1], owner) then
   redis.call('ZADD', KEYS[1], now + ttl, owner)
   keep_alive(KEYS[1], ttl)
   keep_alive(KEYS[2], ttl)
   return {1, tonumber(redis.call('HGET', KEYS[2], owner) or '0'), 1}
 end
-local free = max_holders - redis.call('ZCARD', KEYS[1])
-local rank = redis.call('ZRANK', KEYS[4], owner)
-local ahead = rank or redis.call('ZCARD', KEYS[4])
-if ahead < free then
+local rank = false
+local queued = 0
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  prune_waiters(KEYS[4], KEYS[5], KEYS[7], now)
+  rank = redis.call('ZRANK', KEYS[4], owner)
+  queued = redis.call('ZCARD', KEYS[4])
+end
+local ahead = rank or queued
+if ahead < max_holders - held then
   local token = redis.call('INCR', KEYS[3])
   redis.call('ZADD', KEYS[1], now + ttl, owner)
   redis.call('HSET', KEYS[2], owner, token)
-  keep_alive(KEYS[1], ttl)
-  keep_alive(KEYS[2], ttl)
+  if held == 0 then
+    -- The only live holder: the keys live exactly as long as this lease.
+    redis.call('PEXPIRE', KEYS[1], ttl)
+    redis.call('PEXPIRE', KEYS[2], ttl)
+  else
+    keep_alive(KEYS[1], ttl)
+    keep_alive(KEYS[2], ttl)
+  end
   if rank then
-    redis.call('ZREM', KEYS[4], owner)
-    redis.call('ZREM', KEYS[5], owner)
+    dequeue(KEYS[4], KEYS[5], KEYS[7], owner)
   end
   return {1, token, 0}
 end
@@ -120,35 +146,59 @@ end
 local lease = tonumber(ARGV[5])
 if not rank then
   redis.call('ZADD', KEYS[4], redis.call('INCR', KEYS[6]), owner)
-  rank = ahead
+  rank = queued
 end
 redis.call('ZADD', KEYS[5], now + lease, owner)
+redis.call('HSET', KEYS[7], owner, ttl)
 keep_alive(KEYS[4], lease)
 keep_alive(KEYS[5], lease)
 keep_alive(KEYS[6], lease)
+keep_alive(KEYS[7], lease)
 return {2, rank + 1, retry_after}
 "#;
 
-/// KEYS: holders tokens queue beats. ARGV: owner max_holders channel.
-/// Returns 1 if `owner` held a live lease.
+/// KEYS: holders tokens fence queue beats ttls. ARGV: owner max_holders channel.
+/// Returns 1 if `owner` held a live lease. Then hands the free slots to the head of the
+/// queue (lease = min(its ttl, its remaining heartbeat), token issued here) and publishes one
+/// line `owner token lease_ms` per hand-off.
 const RELEASE: &str = r#"
 local owner = ARGV[1]
 local now = now_ms()
-prune(KEYS[1], KEYS[2], KEYS[3], KEYS[4], now)
-local removed = redis.call('ZREM', KEYS[1], owner)
-if removed == 1 then
+local held = 0
+local expiry = redis.call('ZSCORE', KEYS[1], owner)
+if expiry then
+  redis.call('ZREM', KEYS[1], owner)
   redis.call('HDEL', KEYS[2], owner)
-end
-redis.call('ZREM', KEYS[3], owner)
-redis.call('ZREM', KEYS[4], owner)
-local free = tonumber(ARGV[2]) - redis.call('ZCARD', KEYS[1])
-if free > 0 then
-  local admitted = redis.call('ZRANGE', KEYS[3], 0, free - 1)
-  if #admitted > 0 then
-    redis.call('PUBLISH', ARGV[3], table.concat(admitted, '\n'))
+  if tonumber(expiry) > now then
+    held = 1
   end
 end
-return removed
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  dequeue(KEYS[4], KEYS[5], KEYS[6], owner)
+  prune_waiters(KEYS[4], KEYS[5], KEYS[6], now)
+  local free = tonumber(ARGV[2]) - redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+  if free > 0 then
+    local lines = {}
+    for _, next in ipairs(redis.call('ZRANGE', KEYS[4], 0, free - 1)) do
+      local beat = tonumber(redis.call('ZSCORE', KEYS[5], next) or '0')
+      local ttl = tonumber(redis.call('HGET', KEYS[6], next) or '0')
+      local lease = math.min(ttl, beat - now)
+      dequeue(KEYS[4], KEYS[5], KEYS[6], next)
+      if lease > 0 then
+        local token = redis.call('INCR', KEYS[3])
+        redis.call('ZADD', KEYS[1], now + lease, next)
+        redis.call('HSET', KEYS[2], next, token)
+        keep_alive(KEYS[1], lease)
+        keep_alive(KEYS[2], lease)
+        lines[#lines + 1] = next .. ' ' .. token .. ' ' .. lease
+      end
+    end
+    if #lines > 0 then
+      redis.call('PUBLISH', ARGV[3], table.concat(lines, '\n'))
+    end
+  end
+end
+return held
 "#;
 
 /// KEYS: holders tokens. ARGV: owner ttl_ms. Returns 1 if the live lease was extended.
@@ -286,6 +336,7 @@ struct LockKeys {
     queue: String,
     beats: String,
     seq: String,
+    ttls: String,
     channel: String,
 }
 
@@ -308,161 +359,8 @@ impl LockKeys {
             queue: name("queue"),
             beats: name("beats"),
             seq: name("seq"),
+            ttls: name("ttls"),
             channel: name("wake"),
-        }
-    }
-}
-
-/// A change to the set of channels the pub/sub connection must follow. Sent synchronously
-/// (no await between registering a waiter and queueing its `Add`, or between dropping it and
-/// queueing its `Remove`), so the listener sees every channel's refcount changes in order even
-/// when the subscribing future is cancelled.
-enum Command {
-    Add(String, oneshot::Sender<()>),
-    Remove(String),
-}
-
-struct PubSubControl {
-    commands: mpsc::UnboundedSender<Command>,
-    wakes: WakeRegistry,
-}
-
-/// The listener task's state: refcounted channels and, while connected, the sink.
-struct Listener {
-    client: redis::Client,
-    commands: mpsc::UnboundedReceiver<Command>,
-    wakes: WakeRegistry,
-    channels: HashMap<String, usize>,
-}
-
-/// Why the listener left its connected loop.
-enum Disconnect {
-    /// The connection dropped: reconnect.
-    Lost,
-    /// The backend and every subscription are gone: stop.
-    Shutdown,
-}
-
-impl Listener {
-    /// Applies a command; `sink` is `None` while disconnected (the channel set is then
-    /// subscribed as a whole on reconnect). Returns false if the sink failed.
-    async fn apply(&mut self, command: Command, sink: Option<&mut PubSubSink>) -> bool {
-        match command {
-            Command::Add(channel, ack) => {
-                let count = self.channels.entry(channel.clone()).or_insert(0);
-                *count += 1;
-                let mut healthy = true;
-                if *count == 1 {
-                    if let Some(sink) = sink {
-                        if let Err(error) = sink.subscribe(&channel).await {
-                            tracing::warn!(%channel, %error, "redis SUBSCRIBE failed; reconnecting pub/sub");
-                            healthy = false;
-                        }
-                    }
-                }
-                // The subscriber may have given up waiting; that is fine.
-                let _ = ack.send(());
-                healthy
-            }
-            Command::Remove(channel) => {
-                let Some(count) = self.channels.get_mut(&channel) else {
-                    return true;
-                };
-                *count = count.saturating_sub(1);
-                if *count > 0 {
-                    return true;
-                }
-                self.channels.remove(&channel);
-                if let Some(sink) = sink {
-                    if let Err(error) = sink.unsubscribe(&channel).await {
-                        tracing::debug!(%channel, %error, "redis UNSUBSCRIBE failed");
-                        return false;
-                    }
-                }
-                true
-            }
-        }
-    }
-
-    fn route(&self, message: &redis::Msg) {
-        let channel = message.get_channel_name();
-        let Ok(payload) = std::str::from_utf8(message.get_payload_bytes()) else {
-            return;
-        };
-        for owner in payload.split('\n').filter(|owner| !owner.is_empty()) {
-            self.wakes.wake(channel, owner);
-        }
-    }
-
-    /// Serves one connection until it drops or the backend is gone.
-    async fn serve(&mut self, pubsub: PubSub) -> Disconnect {
-        let (mut sink, mut stream) = pubsub.split();
-        let channels: Vec<String> = self.channels.keys().cloned().collect();
-        if !channels.is_empty() {
-            if let Err(error) = sink.subscribe(&channels).await {
-                tracing::warn!(%error, "redis re-SUBSCRIBE failed; reconnecting pub/sub");
-                return Disconnect::Lost;
-            }
-        }
-        // Wake-ups may have been published while we were not listening: everyone re-polls.
-        self.wakes.wake_all();
-        loop {
-            tokio::select! {
-                command = self.commands.recv() => {
-                    let Some(command) = command else { return Disconnect::Shutdown };
-                    if !self.apply(command, Some(&mut sink)).await {
-                        return Disconnect::Lost;
-                    }
-                }
-                message = stream.next() => {
-                    let Some(message) = message else { return Disconnect::Lost };
-                    self.route(&message);
-                }
-            }
-        }
-    }
-
-    /// Waits `delay` while still accepting commands. Returns false on shutdown.
-    async fn pause(&mut self, delay: Duration) -> bool {
-        let sleep = tokio::time::sleep(delay);
-        tokio::pin!(sleep);
-        loop {
-            tokio::select! {
-                () = &mut sleep => return true,
-                command = self.commands.recv() => {
-                    let Some(command) = command else { return false };
-                    self.apply(command, None).await;
-                }
-            }
-        }
-    }
-
-    /// Owns the pub/sub connection for the backend's life: routes messages, reconnects with
-    /// backoff, stops when the backend and all its subscriptions are dropped.
-    async fn run(mut self, first: PubSub) {
-        let mut next = Some(first);
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            let connection = match next.take() {
-                Some(pubsub) => Ok(pubsub),
-                None => self.client.get_async_pubsub().await,
-            };
-            match connection {
-                Ok(pubsub) => {
-                    if let Disconnect::Shutdown = self.serve(pubsub).await {
-                        return;
-                    }
-                    tracing::warn!("redis pub/sub connection lost; reconnecting");
-                    backoff = Duration::from_millis(50);
-                }
-                Err(error) => {
-                    tracing::warn!(%error, retry_in_ms = backoff.as_millis() as u64, "redis pub/sub reconnect failed");
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-            }
-            if !self.pause(backoff).await {
-                return;
-            }
         }
     }
 }
@@ -471,7 +369,7 @@ struct Shared {
     connection: ConnectionManager,
     prefix: String,
     scripts: Scripts,
-    pubsub: Arc<PubSubControl>,
+    wake_channels: WakeChannels,
 }
 
 /// Locks in Redis (standalone or Cluster), shared by every process using the same server and
@@ -526,26 +424,15 @@ impl RedisBackend {
                 .await
                 .map_err(redis_error("load scripts"))?;
         }
-        let first_pubsub = client
-            .get_async_pubsub()
+        let wake_channels = WakeChannels::connect(client)
             .await
             .map_err(redis_error("connect pub/sub"))?;
-        let (commands, receiver) = mpsc::unbounded_channel();
-        let wakes = WakeRegistry::new();
-        let listener = Listener {
-            client,
-            commands: receiver,
-            wakes: wakes.clone(),
-            channels: HashMap::new(),
-        };
-        tokio::spawn(listener.run(first_pubsub));
-        let pubsub = Arc::new(PubSubControl { commands, wakes });
         Ok(RedisBackend {
             shared: Arc::new(Shared {
                 connection,
                 prefix: config.key_prefix,
                 scripts,
-                pubsub,
+                wake_channels,
             }),
         })
     }
@@ -586,6 +473,7 @@ impl Backend for RedisBackend {
             .key(&keys.queue)
             .key(&keys.beats)
             .key(&keys.seq)
+            .key(&keys.ttls)
             .arg(request.owner)
             .arg(ceil_millis(request.ttl))
             .arg(request.max_holders)
@@ -622,8 +510,10 @@ impl Backend for RedisBackend {
             .release
             .key(&keys.holders)
             .key(&keys.tokens)
+            .key(&keys.fence)
             .key(&keys.queue)
             .key(&keys.beats)
+            .key(&keys.ttls)
             .arg(owner)
             .arg(max_holders)
             .arg(&keys.channel)
@@ -727,22 +617,15 @@ impl Backend for RedisBackend {
         validate_key(key)?;
         validate_owner(owner)?;
         let channel = self.keys(key).channel;
-        let (ack, acked) = oneshot::channel();
-        let commands = self.shared.pubsub.commands.clone();
-        let removal = Command::Remove(channel.clone());
-        // No await between queueing Add and creating the subscription whose drop queues
-        // Remove: a cancelled subscribe still leaves the refcount balanced.
-        let _ = commands.send(Command::Add(channel.clone(), ack));
-        let on_drop: Box<dyn FnOnce() + Send + Sync> = Box::new(move || {
-            let _ = commands.send(removal);
-        });
-        let subscription = self
-            .shared
-            .pubsub
-            .wakes
-            .register(&channel, owner, Some(on_drop));
-        // Err only if the listener is gone (runtime shutting down): polling still works.
-        let _ = acked.await;
+        let subscription = self.shared.wake_channels.subscribe(&channel, owner).await;
         Ok(subscription)
+    }
+
+    fn subscribe_if_live(&self, key: &str, owner: &str) -> Option<WakeSubscription> {
+        if validate_key(key).is_err() || validate_owner(owner).is_err() {
+            return None;
+        }
+        let channel = self.keys(key).channel;
+        self.shared.wake_channels.subscribe_if_live(&channel, owner)
     }
 }

@@ -1,17 +1,54 @@
-//! Routing of targeted wake-ups to the waiting tasks of this process.
+//! Routing of targeted wake-ups (and hand-offs) to the waiting tasks of this process.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::Notify;
 
 type Waiters = HashMap<String, HashMap<String, WaiterSlot>>;
 
 struct WaiterSlot {
-    notify: Arc<Notify>,
+    signal: Arc<Signal>,
     /// Requests of this process waiting with the same (topic, owner); they share one slot.
     registrations: usize,
+}
+
+#[derive(Default)]
+struct Signal {
+    notify: Notify,
+    handoff: Mutex<Option<Handoff>>,
+}
+
+impl Signal {
+    fn handoff(&self) -> MutexGuard<'_, Option<Handoff>> {
+        self.handoff
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A grant made to a waiter by someone else's release, in the same atomic step (so the waiter
+/// needs no round trip to learn it holds the lock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handoff {
+    /// The grant's fencing token.
+    pub fencing_token: u64,
+    /// The lease granted, counted from the release on the backend's clock. It is the smaller
+    /// of the waiter's ttl and what was left of its queue heartbeat, so a waiter that died in
+    /// the queue blocks the lock no longer than its heartbeat would have; the engine extends
+    /// it to the full ttl right after.
+    pub lease: Duration,
+}
+
+/// What a [`WakeSubscription`] was woken for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakeUp {
+    /// It may be this owner's turn: attempt again.
+    Retry,
+    /// The lock was handed to this owner.
+    Granted(Handoff),
 }
 
 /// Maps (topic, owner token) to the local task waiting for that owner's turn.
@@ -52,21 +89,21 @@ impl WakeRegistry {
         owner: &str,
         on_drop: Option<Box<dyn FnOnce() + Send + Sync>>,
     ) -> WakeSubscription {
-        let notify = {
+        let signal = {
             let mut waiters = self.locked();
             let slot = waiters
                 .entry(topic.to_owned())
                 .or_default()
                 .entry(owner.to_owned())
                 .or_insert_with(|| WaiterSlot {
-                    notify: Arc::new(Notify::new()),
+                    signal: Arc::default(),
                     registrations: 0,
                 });
             slot.registrations += 1;
-            Arc::clone(&slot.notify)
+            Arc::clone(&slot.signal)
         };
         WakeSubscription {
-            notify,
+            signal,
             registry: Some((self.clone(), topic.to_owned(), owner.to_owned())),
             on_drop,
         }
@@ -78,7 +115,21 @@ impl WakeRegistry {
         match waiters.get(topic).and_then(|owners| owners.get(owner)) {
             Some(slot) => {
                 // notify_one keeps a permit when nobody is awaiting yet: no lost wake-up.
-                slot.notify.notify_one();
+                slot.signal.notify.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Tells the local waiter registered for (topic, owner), if any, that the lock was handed
+    /// to it. Returns whether one was registered.
+    pub fn hand_off(&self, topic: &str, owner: &str, handoff: Handoff) -> bool {
+        let waiters = self.locked();
+        match waiters.get(topic).and_then(|owners| owners.get(owner)) {
+            Some(slot) => {
+                *slot.signal.handoff() = Some(handoff);
+                slot.signal.notify.notify_one();
                 true
             }
             None => false,
@@ -90,7 +141,7 @@ impl WakeRegistry {
     pub fn wake_all(&self) {
         for owners in self.locked().values() {
             for slot in owners.values() {
-                slot.notify.notify_one();
+                slot.signal.notify.notify_one();
             }
         }
     }
@@ -119,7 +170,7 @@ impl WakeRegistry {
 
 /// A registered interest in wake-ups for one owner on one lock. Dropping it unregisters.
 pub struct WakeSubscription {
-    notify: Arc<Notify>,
+    signal: Arc<Signal>,
     registry: Option<(WakeRegistry, String, String)>,
     on_drop: Option<Box<dyn FnOnce() + Send + Sync>>,
 }
@@ -139,8 +190,17 @@ impl fmt::Debug for WakeSubscription {
 
 impl WakeSubscription {
     /// Waits for the next wake-up (returns at once if one arrived since the last call).
-    pub async fn notified(&self) {
-        self.notify.notified().await;
+    pub async fn notified(&self) -> WakeUp {
+        self.signal.notify.notified().await;
+        self.take_handoff()
+    }
+
+    /// A hand-off that arrived and was not collected yet ([`WakeUp::Retry`] if none).
+    pub fn take_handoff(&self) -> WakeUp {
+        match self.signal.handoff().take() {
+            Some(handoff) => WakeUp::Granted(handoff),
+            None => WakeUp::Retry,
+        }
     }
 }
 
