@@ -1,7 +1,9 @@
 //! `cargo bench --bench lock`: the lock engine against the physical floor, in one table.
 //!
 //! Starts its own `redis-server` (test-servers) and measures, all in the same run:
-//! - the floor: a sequential PING loop on one connection of the same client stack;
+//! - the floor: a sequential PING loop on one connection of the same client stack, measured
+//!   for 2 s up front and again for 0.7 s right before every Redis row, whose ratios use
+//!   that adjacent floor (shown in the `PING RTT µs` column);
 //! - uncontended acquire+release pairs per second, and their ratio to the PING rate (a pair
 //!   is two round trips, so 50% is the ceiling);
 //! - contended hand-off with 2, 8 and 32 tasks looping acquire → release on one key: hand-off
@@ -23,9 +25,15 @@ use turnstile::lock::{
 };
 
 const FLOOR_TIME: Duration = Duration::from_secs(2);
+/// Each Redis row is compared with a PING floor measured right before it: on a shared
+/// machine the round trip drifts with the load, and a ratio to a floor taken a minute
+/// earlier would measure the neighbours, not the engine.
+const ADJACENT_FLOOR_TIME: Duration = Duration::from_millis(700);
 const UNCONTENDED_TIME: Duration = Duration::from_secs(3);
 const CONTENDED_TIME: Duration = Duration::from_secs(3);
 const MAX_OPS: u64 = 1_000_000;
+/// Samples kept per contended run (the warm-up's are dropped, so a run never exceeds it).
+const SAMPLE_CAPACITY: usize = 1_500_000;
 const LEASE: Duration = Duration::from_secs(30);
 const WAITER_COUNTS: [usize; 3] = [2, 8, 32];
 
@@ -40,13 +48,13 @@ struct Floor {
     rtt: Duration,
 }
 
-async fn ping_floor(url: &str) -> Floor {
+async fn ping_floor(url: &str, duration: Duration) -> Floor {
     let client = redis::Client::open(url).expect("redis url");
     let mut connection = client
         .get_connection_manager()
         .await
         .expect("connect for PING");
-    for _ in 0..1_000 {
+    for _ in 0..200 {
         let _: String = redis::cmd("PING")
             .query_async(&mut connection)
             .await
@@ -54,7 +62,7 @@ async fn ping_floor(url: &str) -> Floor {
     }
     let started = Instant::now();
     let mut count = 0u64;
-    while started.elapsed() < FLOOR_TIME && count < MAX_OPS {
+    while started.elapsed() < duration && count < MAX_OPS {
         let _: String = redis::cmd("PING")
             .query_async(&mut connection)
             .await
@@ -111,7 +119,13 @@ struct Contended {
 
 async fn contended(locker: &Locker, tasks: usize) -> Contended {
     let key = format!("bench-contended-{tasks}");
-    let log = Arc::new(Mutex::new(HandoffLog::default()));
+    // Room for every sample up front: growing a vector of a million samples inside the
+    // critical section would stall every task for milliseconds and show up as unfairness.
+    let log = Arc::new(Mutex::new(HandoffLog {
+        handoffs: Vec::with_capacity(SAMPLE_CAPACITY),
+        waits: Vec::with_capacity(SAMPLE_CAPACITY),
+        ..HandoffLog::default()
+    }));
     let stop = Arc::new(AtomicBool::new(false));
     let measuring = Arc::new(AtomicBool::new(false));
     let acquisitions = Arc::new(AtomicU64::new(0));
@@ -131,9 +145,13 @@ async fn contended(locker: &Locker, tasks: usize) -> Contended {
                     let previous = log.last_release.take();
                     if measuring.load(Ordering::Relaxed) {
                         acquisitions.fetch_add(1, Ordering::Relaxed);
-                        log.waits.push(acquired - asked);
+                        if log.waits.len() < SAMPLE_CAPACITY {
+                            log.waits.push(acquired - asked);
+                        }
                         if let Some((released_at, releaser)) = previous {
-                            log.handoffs.push(acquired - released_at);
+                            if log.handoffs.len() < SAMPLE_CAPACITY {
+                                log.handoffs.push(acquired - released_at);
+                            }
                             if releaser != task {
                                 log.to_other += 1;
                             }
@@ -206,15 +224,16 @@ fn verdict(ok: bool) -> &'static str {
 }
 
 struct Table {
-    rows: Vec<[String; 10]>,
+    rows: Vec<[String; 11]>,
 }
 
 impl Table {
-    const HEADER: [&'static str; 10] = [
+    const HEADER: [&'static str; 11] = [
         "backend",
         "scenario",
         "ops/s",
         "µs/op",
+        "PING RTT µs",
         "vs PING",
         "hand-off p50 µs (RTTs)",
         "hand-off p99 µs (RTTs)",
@@ -253,14 +272,27 @@ impl Table {
     }
 }
 
+async fn adjacent_floor(floor_url: Option<&str>) -> Option<Floor> {
+    match floor_url {
+        Some(url) => Some(ping_floor(url, ADJACENT_FLOOR_TIME).await),
+        None => None,
+    }
+}
+
+fn floor_cell(floor: Option<&Floor>) -> String {
+    floor.map_or("-".into(), |floor| micros(floor.rtt))
+}
+
 async fn backend_rows(
     name: &str,
     backend: Arc<dyn Backend>,
-    floor: Option<&Floor>,
+    floor_url: Option<&str>,
     table: &mut Table,
 ) {
     let locker = Locker::from_arc(backend);
     eprintln!("{name}: uncontended");
+    let floor = adjacent_floor(floor_url).await;
+    let floor = floor.as_ref();
     let pairs = uncontended(&locker).await;
     let ratio = floor.map(|floor| pairs / floor.ops_per_sec);
     table.rows.push([
@@ -268,6 +300,7 @@ async fn backend_rows(
         "uncontended acquire+release".into(),
         format!("{pairs:.0}"),
         micros(Duration::from_secs_f64(1.0 / pairs)),
+        floor_cell(floor),
         ratio.map_or("-".into(), |r| format!("{:.0}%", r * 100.0)),
         "-".into(),
         "-".into(),
@@ -279,6 +312,8 @@ async fn backend_rows(
     ]);
     for tasks in WAITER_COUNTS {
         eprintln!("{name}: hand-off with {tasks} tasks");
+        let floor = adjacent_floor(floor_url).await;
+        let floor = floor.as_ref();
         let result = contended(&locker, tasks).await;
         let rtts = |latency: Duration| {
             floor.map_or(String::new(), |floor| {
@@ -311,6 +346,7 @@ async fn backend_rows(
             format!("hand-off, {tasks} tasks on one key"),
             format!("{:.0}", result.acquisitions_per_sec),
             micros(Duration::from_secs_f64(1.0 / result.acquisitions_per_sec)),
+            floor_cell(floor),
             "-".into(),
             format!("{}{}", micros(result.p50), rtts(result.p50)),
             format!("{}{}", micros(result.p99), rtts(result.p99)),
@@ -345,11 +381,12 @@ fn main() {
     runtime.block_on(async {
         let mut table = Table { rows: Vec::new() };
         eprintln!("redis: PING floor");
-        let floor = ping_floor(server.url()).await;
+        let floor = ping_floor(server.url(), FLOOR_TIME).await;
         table.rows.push([
             "redis".into(),
             "PING floor (1 connection)".into(),
             format!("{:.0}", floor.ops_per_sec),
+            micros(floor.rtt),
             micros(floor.rtt),
             "100%".into(),
             "-".into(),
@@ -361,7 +398,7 @@ fn main() {
         let redis = RedisBackend::connect(RedisBackendConfig::new(server.url()))
             .await
             .expect("connect");
-        backend_rows("redis", Arc::new(redis), Some(&floor), &mut table).await;
+        backend_rows("redis", Arc::new(redis), Some(server.url()), &mut table).await;
         backend_rows("memory", Arc::new(MemoryBackend::new()), None, &mut table).await;
         println!();
         println!(
