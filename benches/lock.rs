@@ -76,24 +76,23 @@ async fn ping_floor(url: &str, duration: Duration) -> Floor {
     }
 }
 
+async fn acquire_release_pair(locker: &Locker) {
+    let lock = locker
+        .lock("bench-uncontended", LEASE)
+        .acquire()
+        .await
+        .expect("acquire");
+    lock.release().await.expect("release");
+}
+
 async fn uncontended(locker: &Locker) -> f64 {
     for _ in 0..1_000 {
-        let lock = locker
-            .lock("bench-uncontended", LEASE)
-            .acquire()
-            .await
-            .expect("acquire");
-        lock.release().await.expect("release");
+        acquire_release_pair(locker).await;
     }
     let started = Instant::now();
     let mut pairs = 0u64;
     while started.elapsed() < UNCONTENDED_TIME && pairs < MAX_OPS {
-        let lock = locker
-            .lock("bench-uncontended", LEASE)
-            .acquire()
-            .await
-            .expect("acquire");
-        lock.release().await.expect("release");
+        acquire_release_pair(locker).await;
         pairs += 1;
     }
     pairs as f64 / started.elapsed().as_secs_f64()

@@ -34,15 +34,39 @@
 //! # }
 //! ```
 //!
-//! The same code runs on Redis with `Locker::new(RedisBackend::connect(RedisBackendConfig::new(url)).await?)`.
+//! The same code runs on Redis (or MongoDB) by swapping the backend:
+//!
+//! ```no_run
+//! # use std::time::Duration;
+//! # use turnstile::lock::{Locker, RedisBackend, RedisBackendConfig};
+//! # async fn redis() -> Result<(), turnstile::lock::LockError> {
+//! let backend = RedisBackend::connect(
+//!     RedisBackendConfig::new("redis://127.0.0.1:6379/").key_prefix("myapp:"),
+//! )
+//! .await?;
+//! let locker = Locker::new(backend);
+//! let lock = locker
+//!     .lock("db-migrations", Duration::from_secs(30))
+//!     .owner("claim-4f1c") // explicit owner: re-acquiring with it is idempotent
+//!     .acquire()
+//!     .await?;
+//! # lock.release().await?;
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! Guarantees (all backends; see [`backend`] for how):
 //! - at most `max_holders` live leases per key, judged by the backend's clock;
 //! - fencing tokens strictly increase per key, issued in the same atomic step as the grant;
 //! - only the owner token that holds a lease can extend or release it;
-//! - waiters are served first come, first served, and a release wakes only the waiter(s) whose
-//!   turn it is;
-//! - an acquire that is cancelled or times out leaves no grant behind.
+//! - waiters are served first come, first served; a release hands the lock to (or wakes) only
+//!   the waiter(s) whose turn it is, so the releaser cannot re-grab it past them;
+//! - an acquire that is cancelled or times out leaves no grant behind;
+//! - a holder learns that its lease ran out: [`Lock::is_lost`] (local, never later than the
+//!   backend), and `LockLost` from `extend`, `refresh` and `release_strict`.
+//!
+//! Dropping the last handle of an unreleased [`Lock`] releases it in the background when a
+//! tokio runtime is available; otherwise its lease runs out.
 
 pub mod backend;
 pub mod error;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rand::Rng;
 use turnstile::lock::backend::{AcquireMode, AcquireOutcome, AcquireRequest};
-use turnstile::lock::{Lock, LockError, RetryDecision, RetryPolicy};
+use turnstile::lock::{Lock, LockError, LockResult, Locker, RetryDecision, RetryPolicy};
 
 use crate::harness::{eventually, until_queued, Harness};
 
@@ -16,6 +16,27 @@ const NO_POLLING: Duration = Duration::from_secs(30);
 
 fn no_polling() -> RetryPolicy {
     RetryPolicy::forever().retry_delay(NO_POLLING)
+}
+
+/// Nobody holds `key` right now.
+async fn no_holders(locker: &Locker, key: &str) -> bool {
+    locker
+        .snapshot(key)
+        .await
+        .expect("snapshot")
+        .holders
+        .is_empty()
+}
+
+/// Starts `owner`'s acquire of `key` (lease [`LONG`]) in the background.
+fn spawn_waiter(
+    locker: &Locker,
+    key: &'static str,
+    owner: &'static str,
+    policy: RetryPolicy,
+) -> tokio::task::JoinHandle<LockResult<Lock>> {
+    let request = locker.lock(key, LONG).owner(owner).retry(policy);
+    tokio::spawn(async move { request.acquire().await })
 }
 
 pub async fn invalid_arguments_are_typed_errors(h: Harness) {
@@ -318,12 +339,7 @@ pub async fn semaphore_admits_max_holders(h: Harness) {
     for lock in held.into_iter().chain([refill]) {
         lock.release_strict().await.expect("release");
     }
-    assert!(locker
-        .snapshot("sem")
-        .await
-        .expect("snapshot")
-        .holders
-        .is_empty());
+    assert!(no_holders(&locker, "sem").await);
 }
 
 pub async fn fencing_floor_raises_and_never_lowers(h: Harness) {
@@ -376,17 +392,7 @@ pub async fn snapshot_shows_holders_waiters_and_counter(h: Harness) {
         .acquire()
         .await
         .expect("lock");
-    let waiter = {
-        let locker = locker.clone();
-        tokio::spawn(async move {
-            locker
-                .lock("snap", LONG)
-                .owner("waiter-1")
-                .retry(no_polling())
-                .acquire()
-                .await
-        })
-    };
+    let waiter = spawn_waiter(&locker, "snap", "waiter-1", no_polling());
     until_queued(&h, "snap", "waiter-1").await;
     let snapshot = locker.snapshot("snap").await.expect("snapshot");
     assert_eq!(snapshot.holders.len(), 1);
@@ -411,17 +417,7 @@ pub async fn snapshot_shows_holders_waiters_and_counter(h: Harness) {
 pub async fn release_wakes_the_waiter_without_polling(h: Harness) {
     let locker = h.locker();
     let holder = locker.lock("push", LONG).acquire().await.expect("holder");
-    let waiter = {
-        let locker = locker.clone();
-        tokio::spawn(async move {
-            locker
-                .lock("push", LONG)
-                .owner("pushed")
-                .retry(no_polling())
-                .acquire()
-                .await
-        })
-    };
+    let waiter = spawn_waiter(&locker, "push", "pushed", no_polling());
     until_queued(&h, "push", "pushed").await;
     holder.release().await.expect("release");
     let lock = tokio::time::timeout(NO_POLLING / 2, waiter)
@@ -442,17 +438,12 @@ pub async fn handed_over_lease_reaches_the_full_ttl(h: Harness) {
     let holder = locker.lock("full", LONG).acquire().await.expect("holder");
     // Polling every 100 ms keeps this waiter's queue heartbeat short (about 1.2 s), which
     // caps a lease handed over to it until it renews.
-    let waiter = {
-        let locker = locker.clone();
-        tokio::spawn(async move {
-            locker
-                .lock("full", LONG)
-                .owner("heir")
-                .retry(RetryPolicy::forever().retry_delay(Duration::from_millis(100)))
-                .acquire()
-                .await
-        })
-    };
+    let waiter = spawn_waiter(
+        &locker,
+        "full",
+        "heir",
+        RetryPolicy::forever().retry_delay(Duration::from_millis(100)),
+    );
     until_queued(&h, "full", "heir").await;
     holder.release().await.expect("release");
     let lock = waiter.await.expect("join").expect("acquired");
@@ -717,24 +708,14 @@ pub async fn run_releases_on_success_error_and_panic(h: Harness) {
         .await
         .expect("run");
     assert!(token > 0);
-    assert!(locker
-        .snapshot("run")
-        .await
-        .expect("snapshot")
-        .holders
-        .is_empty());
+    assert!(no_holders(&locker, "run").await);
 
     let failed: Result<Result<(), &str>, LockError> = locker
         .lock("run", LONG)
         .run(|_lock| async { Err("boom") })
         .await;
     assert_eq!(failed.expect("lock acquired"), Err("boom"));
-    assert!(locker
-        .snapshot("run")
-        .await
-        .expect("snapshot")
-        .holders
-        .is_empty());
+    assert!(no_holders(&locker, "run").await);
 
     let panicking = {
         let locker = locker.clone();
@@ -748,12 +729,7 @@ pub async fn run_releases_on_success_error_and_panic(h: Harness) {
         })
     };
     assert!(panicking.await.expect_err("panic propagates").is_panic());
-    assert!(locker
-        .snapshot("run")
-        .await
-        .expect("snapshot")
-        .holders
-        .is_empty());
+    assert!(no_holders(&locker, "run").await);
 }
 
 pub async fn dropping_an_unreleased_lock_releases_it(h: Harness) {
@@ -904,29 +880,9 @@ pub async fn timeouts_and_cancellation_leave_no_ghost_grant(h: Harness) -> usize
 pub async fn cancelled_waiter_leaves_the_queue_and_passes_the_turn(h: Harness) {
     let locker = h.locker();
     let holder = locker.lock("leave", LONG).acquire().await.expect("holder");
-    let quitter = {
-        let locker = locker.clone();
-        tokio::spawn(async move {
-            locker
-                .lock("leave", LONG)
-                .owner("quitter")
-                .retry(no_polling())
-                .acquire()
-                .await
-        })
-    };
+    let quitter = spawn_waiter(&locker, "leave", "quitter", no_polling());
     until_queued(&h, "leave", "quitter").await;
-    let patient = {
-        let locker = locker.clone();
-        tokio::spawn(async move {
-            locker
-                .lock("leave", LONG)
-                .owner("patient")
-                .retry(no_polling())
-                .acquire()
-                .await
-        })
-    };
+    let patient = spawn_waiter(&locker, "leave", "patient", no_polling());
     until_queued(&h, "leave", "patient").await;
     quitter.abort();
     eventually("the cancelled waiter left the queue", || async {

@@ -16,11 +16,20 @@
 //! Expiry is judged by the backend's own clock (Redis `TIME`, the Mongo server's `$$NOW`, the
 //! process clock in memory), never by the clients' clocks.
 //!
-//! Releasing publishes a wake-up that *names* the waiter(s) now at the head of the queue (as many
-//! as there are free slots). Each process routes it to the matching local
-//! [`WakeSubscription`], so one release costs one waiter one attempt (no stampede). Polling at
-//! the retry policy's delay (capped by [`AcquireOutcome`]'s `retry_after` hint) is only the
-//! safety net for expiries and lost messages.
+//! Releasing admits the waiter(s) now at the head of the queue (as many as there are free
+//! slots) and tells exactly those, by owner token; each process routes the message to the
+//! matching local [`WakeSubscription`]. Two levels, both free of stampedes:
+//!
+//! - **hand-off** (memory, Redis): the release grants the slot itself, in the same atomic step
+//!   (token issued there), and sends a [`WakeUp::Granted`]; the new holder needs no round
+//!   trip. The hand-off lease is the waiter's ttl capped by what is left of its queue
+//!   heartbeat, so a waiter that died in the queue blocks the lock no longer than its queue
+//!   place would have; the engine extends it to the full ttl right away.
+//! - **wake** (any backend, e.g. MongoDB): the release sends [`WakeUp::Retry`] and the named
+//!   waiter makes one attempt.
+//!
+//! Polling at the retry policy's delay (capped by [`AcquireOutcome`]'s `retry_after` hint) is
+//! only the safety net for expiries and lost messages.
 //!
 //! # Ordering requirement
 //!

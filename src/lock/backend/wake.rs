@@ -111,29 +111,26 @@ impl WakeRegistry {
 
     /// Wakes the local waiter registered for (topic, owner), if any. Returns whether one was.
     pub fn wake(&self, topic: &str, owner: &str) -> bool {
-        let waiters = self.locked();
-        match waiters.get(topic).and_then(|owners| owners.get(owner)) {
-            Some(slot) => {
-                // notify_one keeps a permit when nobody is awaiting yet: no lost wake-up.
-                slot.signal.notify.notify_one();
-                true
-            }
-            None => false,
-        }
+        self.signal(topic, owner, None)
     }
 
     /// Tells the local waiter registered for (topic, owner), if any, that the lock was handed
     /// to it. Returns whether one was registered.
     pub fn hand_off(&self, topic: &str, owner: &str, handoff: Handoff) -> bool {
+        self.signal(topic, owner, Some(handoff))
+    }
+
+    fn signal(&self, topic: &str, owner: &str, handoff: Option<Handoff>) -> bool {
         let waiters = self.locked();
-        match waiters.get(topic).and_then(|owners| owners.get(owner)) {
-            Some(slot) => {
-                *slot.signal.handoff() = Some(handoff);
-                slot.signal.notify.notify_one();
-                true
-            }
-            None => false,
+        let Some(slot) = waiters.get(topic).and_then(|owners| owners.get(owner)) else {
+            return false;
+        };
+        if handoff.is_some() {
+            *slot.signal.handoff() = handoff;
         }
+        // notify_one keeps a permit when nobody is awaiting yet: no lost wake-up.
+        slot.signal.notify.notify_one();
+        true
     }
 
     /// Wakes every local waiter, e.g. after a pub/sub reconnect during which messages may
