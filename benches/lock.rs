@@ -1,16 +1,17 @@
 //! `cargo bench --bench lock`: the lock engine against the physical floor, in one table.
 //!
-//! Starts its own `redis-server` (test-servers) and measures, all in the same run:
-//! - the floor: a sequential PING loop on one connection of the same client stack, measured
-//!   for 2 s up front and again for 0.7 s right before every Redis row, whose ratios use
-//!   that adjacent floor (shown in the `PING RTT µs` column);
-//! - uncontended acquire+release pairs per second, and their ratio to the PING rate (a pair
+//! Starts its own `redis-server` (test-servers) and, when one is available, a MongoDB test
+//! server (`MONGODB_URI` or an installed SecantusDB), and measures, all in the same run:
+//! - the floor of each server: a sequential no-op loop (`PING`, `{ping: 1}`) on one connection
+//!   of the same client library, measured for 2 s up front and again for 0.7 s right before
+//!   every row, whose ratios use that adjacent floor (the `floor RTT µs` column);
+//! - uncontended acquire+release pairs per second, and their ratio to the floor rate (a pair
 //!   is two round trips, so 50% is the ceiling);
 //! - contended hand-off with 2, 8 and 32 tasks looping acquire → release on one key: hand-off
-//!   latency (release call → next holder's acquire returns) p50/p99, also in PING round trips;
+//!   latency (release call → next holder's acquire returns) p50/p99, also in floor round trips;
 //!   acquisitions/s; the share of hand-offs to a different task; and the longest single wait
-//!   against the fair share (tasks × mean time per acquisition). The critical section is one
-//!   `yield_now`.
+//!   (and the 99th percentile) against the fair share (tasks × mean time per acquisition). The
+//!   critical section is one `yield_now`.
 //!
 //! The same rows run on the memory backend (no floor there). Bounded in count and time: the
 //! whole run takes well under a minute.
@@ -19,9 +20,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use test_servers::RedisServer;
+use test_servers::{MongoServer, RedisServer, Unavailable};
 use turnstile::lock::{
-    Backend, Locker, MemoryBackend, RedisBackend, RedisBackendConfig, RetryPolicy,
+    Backend, Locker, MemoryBackend, MongoBackend, MongoBackendConfig, RedisBackend,
+    RedisBackendConfig, RetryPolicy,
 };
 
 const FLOOR_TIME: Duration = Duration::from_secs(2);
@@ -48,25 +50,68 @@ struct Floor {
     rtt: Duration,
 }
 
-async fn ping_floor(url: &str, duration: Duration) -> Floor {
-    let client = redis::Client::open(url).expect("redis url");
-    let mut connection = client
-        .get_connection_manager()
-        .await
-        .expect("connect for PING");
+/// How a backend's physical floor is measured: a sequential no-op command loop on one
+/// connection of the same client library.
+#[derive(Clone, Copy)]
+enum FloorProbe<'a> {
+    /// `PING` through a redis connection manager.
+    RedisPing(&'a str),
+    /// `{ping: 1}` through the MongoDB driver.
+    MongoPing(&'a str),
+}
+
+impl FloorProbe<'_> {
+    async fn measure(self, duration: Duration) -> Floor {
+        match self {
+            FloorProbe::RedisPing(url) => {
+                let client = redis::Client::open(url).expect("redis url");
+                let connection = client
+                    .get_connection_manager()
+                    .await
+                    .expect("connect for PING");
+                floor_loop(duration, || {
+                    let mut connection = connection.clone();
+                    async move {
+                        let _: String = redis::cmd("PING")
+                            .query_async(&mut connection)
+                            .await
+                            .expect("PING");
+                    }
+                })
+                .await
+            }
+            FloorProbe::MongoPing(uri) => {
+                let client = mongodb::Client::with_uri_str(uri)
+                    .await
+                    .expect("mongo client");
+                let admin = client.database("admin");
+                floor_loop(duration, || {
+                    let admin = admin.clone();
+                    async move {
+                        admin
+                            .run_command(mongodb::bson::doc! { "ping": 1 })
+                            .await
+                            .expect("ping");
+                    }
+                })
+                .await
+            }
+        }
+    }
+}
+
+async fn floor_loop<F, Fut>(duration: Duration, mut ping: F) -> Floor
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
     for _ in 0..200 {
-        let _: String = redis::cmd("PING")
-            .query_async(&mut connection)
-            .await
-            .expect("PING");
+        ping().await;
     }
     let started = Instant::now();
     let mut count = 0u64;
     while started.elapsed() < duration && count < MAX_OPS {
-        let _: String = redis::cmd("PING")
-            .query_async(&mut connection)
-            .await
-            .expect("PING");
+        ping().await;
         count += 1;
     }
     let elapsed = started.elapsed();
@@ -232,10 +277,10 @@ impl Table {
         "scenario",
         "ops/s",
         "µs/op",
-        "PING RTT µs",
-        "vs PING",
-        "hand-off p50 µs (RTTs)",
-        "hand-off p99 µs (RTTs)",
+        "floor RTT µs",
+        "vs floor",
+        "hand-off p50 µs (floor RTTs)",
+        "hand-off p99 µs (floor RTTs)",
         "to other task",
         "wait / fair share: max (p99)",
         "targets",
@@ -271,9 +316,9 @@ impl Table {
     }
 }
 
-async fn adjacent_floor(floor_url: Option<&str>) -> Option<Floor> {
-    match floor_url {
-        Some(url) => Some(ping_floor(url, ADJACENT_FLOOR_TIME).await),
+async fn adjacent_floor(probe: Option<FloorProbe<'_>>) -> Option<Floor> {
+    match probe {
+        Some(probe) => Some(probe.measure(ADJACENT_FLOOR_TIME).await),
         None => None,
     }
 }
@@ -282,15 +327,32 @@ fn floor_cell(floor: Option<&Floor>) -> String {
     floor.map_or("-".into(), |floor| micros(floor.rtt))
 }
 
+async fn floor_row(backend: &str, scenario: &str, probe: FloorProbe<'_>, table: &mut Table) {
+    let floor = probe.measure(FLOOR_TIME).await;
+    table.rows.push([
+        backend.into(),
+        scenario.into(),
+        format!("{:.0}", floor.ops_per_sec),
+        micros(floor.rtt),
+        micros(floor.rtt),
+        "100%".into(),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+    ]);
+}
+
 async fn backend_rows(
     name: &str,
     backend: Arc<dyn Backend>,
-    floor_url: Option<&str>,
+    probe: Option<FloorProbe<'_>>,
     table: &mut Table,
 ) {
     let locker = Locker::from_arc(backend);
     eprintln!("{name}: uncontended");
-    let floor = adjacent_floor(floor_url).await;
+    let floor = adjacent_floor(probe).await;
     let floor = floor.as_ref();
     let pairs = uncontended(&locker).await;
     let ratio = floor.map(|floor| pairs / floor.ops_per_sec);
@@ -306,12 +368,12 @@ async fn backend_rows(
         "-".into(),
         "-".into(),
         ratio.map_or("-".into(), |r| {
-            format!("≥45% of PING: {}", verdict(r >= TARGET_PAIR_RATIO))
+            format!("≥45% of floor: {}", verdict(r >= TARGET_PAIR_RATIO))
         }),
     ]);
     for tasks in WAITER_COUNTS {
         eprintln!("{name}: hand-off with {tasks} tasks");
-        let floor = adjacent_floor(floor_url).await;
+        let floor = adjacent_floor(probe).await;
         let floor = floor.as_ref();
         let result = contended(&locker, tasks).await;
         let rtts = |latency: Duration| {
@@ -376,28 +438,38 @@ fn main() {
         .build()
         .expect("tokio runtime");
     let server = RedisServer::start().expect("redis-server starts");
+    // MongoDB rows when a server is available (MONGODB_URI or an installed SecantusDB).
+    let mongo = match MongoServer::for_tests() {
+        Ok(server) => Some(server),
+        Err(Unavailable::Skip(reason)) => {
+            eprintln!("mongo rows skipped: {reason}");
+            None
+        }
+        Err(Unavailable::Fail(error)) => panic!("MongoDB test server: {error}"),
+    };
     let started = Instant::now();
     runtime.block_on(async {
         let mut table = Table { rows: Vec::new() };
         eprintln!("redis: PING floor");
-        let floor = ping_floor(server.url(), FLOOR_TIME).await;
-        table.rows.push([
-            "redis".into(),
-            "PING floor (1 connection)".into(),
-            format!("{:.0}", floor.ops_per_sec),
-            micros(floor.rtt),
-            micros(floor.rtt),
-            "100%".into(),
-            "-".into(),
-            "-".into(),
-            "-".into(),
-            "-".into(),
-            "-".into(),
-        ]);
+        let redis_probe = FloorProbe::RedisPing(server.url());
+        floor_row("redis", "PING floor (1 connection)", redis_probe, &mut table).await;
         let redis = RedisBackend::connect(RedisBackendConfig::new(server.url()))
             .await
             .expect("connect");
-        backend_rows("redis", Arc::new(redis), Some(server.url()), &mut table).await;
+        backend_rows("redis", Arc::new(redis), Some(redis_probe), &mut table).await;
+        if let Some(mongo) = &mongo {
+            eprintln!("mongo: ping floor");
+            let mongo_probe = FloorProbe::MongoPing(mongo.uri());
+            floor_row("mongo", "ping floor (1 connection)", mongo_probe, &mut table).await;
+            let backend = MongoBackend::connect(
+                mongo.uri(),
+                MongoBackendConfig::new()
+                    .database(format!("bench_{}", uuid::Uuid::new_v4().simple())),
+            )
+            .await
+            .expect("connect to mongo");
+            backend_rows("mongo", Arc::new(backend), Some(mongo_probe), &mut table).await;
+        }
         backend_rows("memory", Arc::new(MemoryBackend::new()), None, &mut table).await;
         println!();
         println!(
