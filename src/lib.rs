@@ -22,3 +22,8 @@ pub mod metrics;
 pub mod oneshot;
 pub mod run_locked;
 pub mod wait;
+
+/// The README's Rust examples, compiled (and, where they need no server, run) as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
