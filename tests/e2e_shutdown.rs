@@ -1,0 +1,91 @@
+//! Graceful shutdown of the real `turnstile run` binary: on SIGTERM a leading replica stops
+//! reconciling, steps down from its Lease (so a standby can take over at once) and exits 0,
+//! leaving every grant it wrote intact.
+
+mod e2e_support;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use e2e_support::{phase_of, token_of, Env};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use turnstile::api::ClaimPhase;
+use turnstile::leader::DEFAULT_LEASE_NAME;
+
+const IDENTITY: &str = "turnstile-shutdown-test";
+
+/// Kills the controller on drop, so a failing assertion never leaves it running.
+struct Controller(Child);
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_controller(env: &Env) -> Controller {
+    let child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["run", "--leader-elect", "--namespace", &env.namespace])
+        .env("KUBECONFIG", &env.kubeconfig)
+        .env("POD_NAME", IDENTITY)
+        .env("POD_NAMESPACE", &env.namespace)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn turnstile run");
+    Controller(child)
+}
+
+async fn lease_holder(leases: &Api<Lease>) -> Option<String> {
+    leases
+        .get_opt(DEFAULT_LEASE_NAME)
+        .await
+        .expect("read lease")
+        .and_then(|lease| lease.spec)
+        .and_then(|spec| spec.holder_identity)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_steps_down_from_the_lease_and_keeps_the_grants() {
+    let Some(env) = Env::fake_only("sigterm_steps_down_from_the_lease_and_keeps_the_grants").await
+    else {
+        return;
+    };
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.apply_claim("first", "db", "");
+    let mut controller = spawn_controller(&env);
+
+    let held = env.wait_phase("first", ClaimPhase::Held).await;
+    let token = token_of(&held);
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
+    assert_eq!(lease_holder(&leases).await.as_deref(), Some(IDENTITY));
+
+    let pid = Pid::from_raw(i32::try_from(controller.0.id()).expect("pid fits"));
+    kill(pid, Signal::SIGTERM).expect("send SIGTERM");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = controller.0.try_wait().expect("poll controller") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "turnstile run did not exit within 30 s of SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "turnstile run exited with {status}");
+
+    // Stepped down: the Lease names no holder, so a standby takes over without waiting for it
+    // to run out.
+    assert_eq!(lease_holder(&leases).await, None);
+    // Nothing half-written: the grant is as it was.
+    let after = env.claim("first").await;
+    assert_eq!(phase_of(&after), Some(ClaimPhase::Held));
+    assert_eq!(token_of(&after), token);
+}
