@@ -37,6 +37,11 @@ fn relative(from: &Path, to: &Path) -> PathBuf {
 
 /// The base plus the Redis component, through an overlay as a user would write it.
 fn render_with_redis() -> Vec<Value> {
+    render_with_component("redis")
+}
+
+/// The base plus one of `deploy/components/`, through an overlay as a user would write it.
+fn render_with_component(name: &str) -> Vec<Value> {
     let overlay = tempfile::Builder::new()
         .prefix("deploy-overlay-")
         .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
@@ -44,7 +49,7 @@ fn render_with_redis() -> Vec<Value> {
     let root = overlay.path().canonicalize().expect("overlay path");
     let deploy = repo().join("deploy").canonicalize().expect("deploy path");
     let base = relative(&root, &deploy);
-    let component = base.join("components").join("redis");
+    let component = base.join("components").join(name);
     std::fs::write(
         root.join("kustomization.yaml"),
         format!(
@@ -580,6 +585,31 @@ fn edit_and_view_users_get_locks_and_claims_through_aggregated_roles() {
             "tenants may write {resource} ({verb}): status is the controller's"
         );
     }
+}
+
+#[test]
+fn the_mongo_component_wires_the_url_from_the_users_secret() {
+    let objects = render_with_component("mongo");
+    let container = controller_container(&objects);
+    let env = env_var(container, "TURNSTILE_MONGO_URL").expect("TURNSTILE_MONGO_URL");
+    assert!(
+        env.get("value").is_none(),
+        "the URL must come from a Secret"
+    );
+    assert_eq!(
+        str_at(env, "/valueFrom/secretKeyRef/name"),
+        Some("turnstile-mongo")
+    );
+    assert_eq!(str_at(env, "/valueFrom/secretKeyRef/key"), Some("url"));
+    let args = strings(container.get("args"));
+    assert!(
+        args.iter().all(|a| !a.contains("mongo")),
+        "no URL on the command line: {args:?}"
+    );
+    // The user brings the Secret and the MongoDB: the component adds neither.
+    assert!(objects
+        .iter()
+        .all(|o| kind_of(o) != "Secret" && !name_of(o).contains("mongo")));
 }
 
 #[test]
