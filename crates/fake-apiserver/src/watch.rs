@@ -222,15 +222,19 @@ async fn pump(
     let mut progress = start_rv;
     loop {
         let next = tokio::select! {
+            // Biased: a close by the test hook must win over events already queued behind it,
+            // or a test that closes watches and then writes could see its writes arrive on the
+            // watch it meant to cut.
+            biased;
             _ = out.closed() => return,
+            changed = close.changed() => {
+                if changed.is_ok() { tracing::debug!("watch closed by the test hook"); }
+                return;
+            }
             _ = &mut deadline => {
                 if watcher.params.bookmarks {
                     let _ = out.send(watcher.bookmark(progress, false)).await;
                 }
-                return;
-            }
-            changed = close.changed() => {
-                if changed.is_ok() { tracing::debug!("watch closed by the test hook"); }
                 return;
             }
             _ = ticker.tick(), if watcher.params.bookmarks => Some(watcher.bookmark(progress, false)),
