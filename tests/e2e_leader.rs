@@ -65,7 +65,9 @@ async fn standby_takes_over_without_double_grants() {
     env.queue_of_three("db").await;
     assert_eq!(token_of(&env.claim("a").await), Some(1));
 
-    // Only the leader acted: every Event so far comes from replica-1.
+    // Only the leader acted: every Event so far comes from replica-1. Events are published
+    // after the status writes, so wait for the grant's before looking.
+    env.wait_event("a", "Acquired").await;
     let reporters = reporting_instances(&env).await;
     assert!(!reporters.is_empty());
     assert!(
