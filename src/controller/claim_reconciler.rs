@@ -4,7 +4,6 @@
 //! sees the whole queue.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
@@ -109,12 +108,7 @@ pub fn claim_error_policy(
         claim.namespace().unwrap_or_default(),
         claim.name_any()
     );
-    let delay = ctx.backoff(&key);
-    let delay = if error.is_conflict() {
-        delay.min(Duration::from_secs(1))
-    } else {
-        delay
-    };
+    let delay = ctx.retry_delay(&key, error);
     tracing::warn!(claim = %claim.name_any(), %error, retry_in = ?delay, "claim reconcile failed");
     Action::requeue(delay)
 }

@@ -144,6 +144,17 @@ impl Context {
         delay.min(BACKOFF_MAX)
     }
 
+    /// The retry delay after a failed pass of `key`. A 409 Conflict is optimistic concurrency
+    /// doing its job, not a sick API server: it is retried soon, with fresh state, and does not
+    /// grow the backoff that real failures (5xx, unreachable backends) earn.
+    pub fn retry_delay(&self, key: &str, error: &ControllerError) -> Duration {
+        if error.is_conflict() {
+            BACKOFF_BASE
+        } else {
+            self.backoff(key)
+        }
+    }
+
     /// Forgets the failures of `key` after a clean pass.
     pub fn reset_backoff(&self, key: &str) {
         self.failures
@@ -159,5 +170,62 @@ impl std::fmt::Debug for Context {
             .field("backends", &self.backends)
             .field("leading", &self.leadership.is_open())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::BackendKind;
+    use kube::core::Status;
+    use kube::runtime::events::Reporter;
+    use kube::runtime::reflector;
+
+    fn api_error(code: u16) -> ControllerError {
+        ControllerError::kube(
+            "writing status",
+            kube::Error::Api(
+                Status {
+                    code,
+                    message: "test".into(),
+                    reason: "test".into(),
+                    ..Status::default()
+                }
+                .boxed(),
+            ),
+        )
+    }
+
+    #[tokio::test]
+    async fn conflicts_retry_soon_and_leave_the_backoff_of_real_failures_alone() {
+        // A client that is never used: the context only needs one to exist.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("uri"));
+        let client = Client::try_from(config).expect("client");
+        let (locks, _) = reflector::store();
+        let (claims, _) = reflector::store();
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "turnstile".into(),
+                instance: None,
+            },
+        );
+        let ctx = Context::new(
+            client,
+            locks,
+            claims,
+            Backends::new(BackendKind::Memory, None),
+            recorder,
+            Metrics::new(),
+        );
+        for _ in 0..10 {
+            assert_eq!(ctx.retry_delay("lock/ns/db", &api_error(409)), BACKOFF_BASE);
+        }
+        let first = ctx.retry_delay("lock/ns/db", &api_error(500));
+        let second = ctx.retry_delay("lock/ns/db", &api_error(500));
+        assert_eq!(first, BACKOFF_BASE, "ten conflicts earned no backoff");
+        assert_eq!(second, BACKOFF_BASE * 2);
+        ctx.reset_backoff("lock/ns/db");
+        assert_eq!(ctx.retry_delay("lock/ns/db", &api_error(500)), BACKOFF_BASE);
     }
 }

@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
@@ -183,12 +182,7 @@ pub fn lock_error_policy(
         ControllerError::Kube { .. } => ReconcileErrorKind::Api,
         _ => ReconcileErrorKind::Other,
     });
-    let delay = ctx.backoff(&backoff_key(&view));
-    let delay = if error.is_conflict() {
-        delay.min(Duration::from_secs(1))
-    } else {
-        delay
-    };
+    let delay = ctx.retry_delay(&backoff_key(&view), error);
     tracing::warn!(
         namespace = %view.namespace,
         lock = %view.name,
