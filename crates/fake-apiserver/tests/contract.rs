@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Namespace, Pod, 
 use k8s_openapi::api::events::v1::Event as EventV1;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
-use support::{api_code, widget, Env, WIDGET_GROUP};
+use support::{api_code, type_and_name, widget, Env, WIDGET_GROUP};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -740,35 +740,17 @@ async fn watch_streams_json_lines_and_resumes_from_a_resource_version() {
         watch.content_type
     );
     let ev = watch.next_change(T).await.unwrap();
-    assert_eq!(
-        (
-            ev["type"].as_str().unwrap(),
-            ev["object"]["metadata"]["name"].as_str().unwrap()
-        ),
-        ("ADDED", "b")
-    );
+    assert_eq!(type_and_name(&ev), ("ADDED", "b"));
     assert_eq!(ev["object"]["metadata"]["resourceVersion"], json!(rv(&b)));
     api.delete("a", &DeleteParams::default()).await.unwrap();
     let ev = watch.next_change(T).await.unwrap();
-    assert_eq!(
-        (
-            ev["type"].as_str().unwrap(),
-            ev["object"]["metadata"]["name"].as_str().unwrap()
-        ),
-        ("DELETED", "a")
-    );
+    assert_eq!(type_and_name(&ev), ("DELETED", "a"));
     // Without a resourceVersion the watch starts with the current state.
     let mut from_now = env
         .open_watch(&format!("{}?watch=true", widgets_path(&env)))
         .await;
     let ev = from_now.next_change(T).await.unwrap();
-    assert_eq!(
-        (
-            ev["type"].as_str().unwrap(),
-            ev["object"]["metadata"]["name"].as_str().unwrap()
-        ),
-        ("ADDED", "b")
-    );
+    assert_eq!(type_and_name(&ev), ("ADDED", "b"));
 }
 
 #[tokio::test]
@@ -821,13 +803,7 @@ async fn watch_sends_initial_events_then_an_end_bookmark() {
         .open_watch(&format!("{}?watch=true&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan", widgets_path(&env)))
         .await;
     let ev = watch.next(T).await.unwrap();
-    assert_eq!(
-        (
-            ev["type"].as_str().unwrap(),
-            ev["object"]["metadata"]["name"].as_str().unwrap()
-        ),
-        ("ADDED", "w")
-    );
+    assert_eq!(type_and_name(&ev), ("ADDED", "w"));
     let end = watch.next(T).await.unwrap();
     assert_eq!(end["type"], "BOOKMARK");
     assert_eq!(
@@ -925,13 +901,7 @@ async fn watch_filters_by_namespace_and_selectors() {
     .await
     .unwrap();
     let entered = watch.next_change(T).await.unwrap();
-    assert_eq!(
-        (
-            entered["type"].as_str().unwrap(),
-            entered["object"]["metadata"]["name"].as_str().unwrap()
-        ),
-        ("ADDED", "unlabelled")
-    );
+    assert_eq!(type_and_name(&entered), ("ADDED", "unlabelled"));
 }
 
 #[tokio::test]

@@ -313,6 +313,16 @@ impl WatchLines {
 pub const WIDGET_GROUP: &str = "contract.turnstile.dev";
 pub const WIDGET_CRD_NAME: &str = "widgets.contract.turnstile.dev";
 
+/// A watch event's type and its object's name, e.g. `("ADDED", "a")`.
+pub fn type_and_name(event: &Value) -> (&str, &str) {
+    (
+        event["type"].as_str().expect("event type"),
+        event["object"]["metadata"]["name"]
+            .as_str()
+            .expect("object name"),
+    )
+}
+
 pub fn crd_resource() -> ApiResource {
     ApiResource {
         group: "apiextensions.k8s.io".into(),
