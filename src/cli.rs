@@ -17,7 +17,7 @@ pub enum Command {
     /// Print the CustomResourceDefinitions as YAML (`turnstile crds | kubectl apply -f -`).
     Crds,
     /// Run the controller: grant LockClaims their DistributedLocks, in order.
-    Run(crate::controller::command::RunArgs),
+    Run(crate::run::RunArgs),
     /// Wait until a LockClaim is Held and print its fencing token (for init containers).
     Wait(crate::wait::WaitArgs),
     /// Run a command while holding a lock on a Redis or MongoDB backend (like flock).
@@ -28,10 +28,10 @@ pub enum Command {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Crds => {
-            print!("{}", crate::api::crds_yaml()?);
+            print!("{}", turnstile_api::crds_yaml()?);
             Ok(())
         }
-        Command::Run(args) => crate::controller::command::run_command(args).await,
+        Command::Run(args) => crate::run::run_command(args).await,
         // These end the process with their own exit codes (documented per command).
         Command::Wait(args) => crate::wait::wait_command(args).await.exit(),
         Command::Lock(args) => crate::run_locked::lock_command(args).await.exit(),

@@ -1,25 +1,20 @@
-//! Turnstile: distributed locks (mutexes and counting semaphores) as Kubernetes objects.
+//! The `turnstile` binary: the command line over the workspace's layers.
 //!
-//! The crate is layered; each layer only depends on the ones above it in this list:
+//! The workspace's crate graph is the architecture; each crate depends only on those above it:
 //!
-//! - [`lock`]: the lock engine, a library in its own right with no Kubernetes dependency:
-//!   [`lock::Locker`] over a [`lock::Backend`] (memory, Redis, MongoDB).
-//! - [`api`]: the `DistributedLock` and `LockClaim` custom resources (`turnstile.dev/v1alpha1`).
-//! - [`controller`]: the reconcilers, thin I/O shells over a pure decision core.
-//! - [`cli`]: the `turnstile` command line (`run`, `crds`, `wait`, `lock`).
-//!
-//! Beside the layers: [`leader`] (leader election on a Lease) and [`metrics`] (Prometheus
-//! metrics, `/healthz`, `/readyz`), wired into `turnstile run`. The helper commands live in
-//! [`wait`] (`turnstile wait`: block until a LockClaim is held) and [`run_locked`]
-//! (`turnstile lock`: run a command under a backend lock), with [`oneshot`] for their exits.
+//! - [`turnstile_lock`]: the lock engine, a library in its own right with no Kubernetes
+//!   dependency: a `Locker` over a `Backend` (memory; Redis and MongoDB behind features).
+//! - [`turnstile_api`]: the `DistributedLock` and `LockClaim` custom resources
+//!   (`turnstile.dev/v1alpha1`) and the contract's vocabulary (reasons, conditions, limits).
+//! - [`turnstile_controller`]: the reconcilers, thin I/O shells over a pure decision core;
+//!   leader election on a Lease; Prometheus metrics, `/healthz`, `/readyz`.
+//! - this crate: [`cli`] (`turnstile run`, `crds`, `wait`, `lock`), with [`run`] (the
+//!   controller's flags and process set-up), [`wait`] (block until a LockClaim is held),
+//!   [`run_locked`] (run a command under a backend lock) and [`oneshot`] for their exits.
 
-pub mod api;
 pub mod cli;
-pub mod controller;
-pub mod leader;
-pub mod lock;
-pub mod metrics;
 pub mod oneshot;
+pub mod run;
 pub mod run_locked;
 pub mod wait;
 

@@ -21,7 +21,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 use tokio::process::{Child, Command};
-use turnstile::api::{DistributedLock, LockClaim};
+use turnstile_api::{DistributedLock, LockClaim};
 
 /// Upper bound on anything that should finish in a few seconds, even on a loaded box.
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -40,7 +40,7 @@ impl Cluster {
         let server = FakeApiServer::start().await.expect("fake apiserver");
         let client = server.client();
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        for crd in turnstile::api::crds() {
+        for crd in turnstile_api::crds() {
             crds.create(&PostParams::default(), &crd)
                 .await
                 .expect("register CRD");

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::Value;
-use turnstile::api::{crd_yaml, crds};
+use turnstile_api::{crd_yaml, crds};
 
 fn committed_path(crd_name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -14,7 +14,7 @@ use deploy_support::{
     find, grants, kind_of, kustomize, name_of, render_base, repo, str_at, strings, Grant,
 };
 use serde_json::Value;
-use turnstile::leader::{DEFAULT_LEASE_NAME, POD_NAMESPACE_ENV, POD_NAME_ENV};
+use turnstile_controller::leader::{DEFAULT_LEASE_NAME, POD_NAMESPACE_ENV, POD_NAME_ENV};
 
 const NAMESPACE: &str = "turnstile-system";
 const SERVICE_ACCOUNT: &str = "turnstile-controller";

@@ -30,8 +30,8 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
-use turnstile::api::{ClaimPhase, LockClaim};
-use turnstile::controller::job_gate::{LOCK_ANNOTATION, TOKEN_ANNOTATION};
+use turnstile_api::{ClaimPhase, LockClaim};
+use turnstile_api::{LOCK_ANNOTATION, TOKEN_ANNOTATION};
 
 const LOCK: &str = "db-migrations";
 

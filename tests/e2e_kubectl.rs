@@ -7,7 +7,7 @@ mod e2e_support;
 use std::time::Duration;
 
 use e2e_support::{phase_of, position_of, token_of, Env};
-use turnstile::api::ClaimPhase;
+use turnstile_api::ClaimPhase;
 
 const LOCK_AND_CLAIMS: &str = "\
 apiVersion: turnstile.dev/v1alpha1

@@ -16,14 +16,14 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
 use tokio::sync::watch;
-use turnstile::api::{BackendKind, ClaimPhase, DistributedLock, LockClaim};
-use turnstile::controller::backends::Backends;
-use turnstile::controller::context::{Context, LeadershipGate};
-use turnstile::controller::lock_reconciler::reconcile_lock;
-use turnstile::controller::ControllerConfig;
-use turnstile::leader::LeaderConfig;
-use turnstile::lock::Backend;
-use turnstile::metrics::Metrics;
+use turnstile_api::{BackendKind, ClaimPhase, DistributedLock, LockClaim};
+use turnstile_controller::backends::Backends;
+use turnstile_controller::context::{Context, LeadershipGate};
+use turnstile_controller::leader::LeaderConfig;
+use turnstile_controller::lock_reconciler::reconcile_lock;
+use turnstile_controller::metrics::Metrics;
+use turnstile_controller::ControllerConfig;
+use turnstile_lock::Backend;
 
 fn replica(env: &Env, identity: &str) -> ControllerConfig {
     ControllerConfig {

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use e2e_support::scrape::{get, sample};
 use e2e_support::{position_of, Env, WAIT};
-use turnstile::api::ClaimPhase;
-use turnstile::controller::ControllerConfig;
+use turnstile_api::ClaimPhase;
+use turnstile_controller::ControllerConfig;
 
 fn free_addr() -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");

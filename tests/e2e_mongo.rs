@@ -12,11 +12,11 @@ use std::sync::Arc;
 
 use e2e_support::{phase_of, position_of, reason_of, token_of, Env, HolderMonitor};
 use test_servers::{free_port, MongoFlavor, MongoServer, Unavailable};
-use turnstile::api::{BackendKind, ClaimPhase};
-use turnstile::controller::backends::MongoSettings;
-use turnstile::controller::ControllerConfig;
-use turnstile::lock::backend::{MongoBackend, MongoBackendConfig};
-use turnstile::lock::Backend;
+use turnstile_api::{BackendKind, ClaimPhase};
+use turnstile_controller::backends::MongoSettings;
+use turnstile_controller::ControllerConfig;
+use turnstile_lock::backend::{MongoBackend, MongoBackendConfig};
+use turnstile_lock::Backend;
 
 /// The shared test server, or `None` (after one line saying why) when there is none here.
 async fn mongo_server() -> Option<Arc<MongoServer>> {
@@ -173,7 +173,7 @@ async fn fifo_handover_with_increasing_tokens_on_mongo() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_backend_mongo_needs_a_url() {
     let env = Env::new().await;
-    let result = turnstile::controller::run(
+    let result = turnstile_controller::run(
         env.client.clone(),
         ControllerConfig {
             default_backend: BackendKind::Mongo,

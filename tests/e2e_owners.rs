@@ -14,7 +14,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use turnstile::api::ClaimPhase;
+use turnstile_api::ClaimPhase;
 
 /// How soon after its owner ends a claim must be released and the next one granted: far
 /// below the 300 s leases (and the 150 s renewal checks) of the tests that measure it, with
@@ -93,7 +93,7 @@ async fn pod_holds_with_one_waiting(
     env: &Env,
     pod: &str,
     lease_line: &str,
-) -> (String, turnstile::api::LockClaim) {
+) -> (String, turnstile_api::LockClaim) {
     env.apply_lock("db", lease_line);
     let uid = create_pod(env, pod).await;
     let claim = format!("{pod}-db");
@@ -105,7 +105,7 @@ async fn pod_holds_with_one_waiting(
     (uid, held)
 }
 
-fn expires_at(claim: &turnstile::api::LockClaim) -> Option<k8s_openapi::jiff::Timestamp> {
+fn expires_at(claim: &turnstile_api::LockClaim) -> Option<k8s_openapi::jiff::Timestamp> {
     claim.status.as_ref()?.expires_at.as_ref().map(|t| t.0)
 }
 

@@ -20,9 +20,9 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
-use turnstile::api::ClaimPhase;
-use turnstile::controller::ControllerConfig;
-use turnstile::leader::{LeaderConfig, DEFAULT_LEASE_NAME};
+use turnstile_api::ClaimPhase;
+use turnstile_controller::leader::{LeaderConfig, DEFAULT_LEASE_NAME};
+use turnstile_controller::ControllerConfig;
 
 const ACTOR: &str = "controller";
 

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use e2e_support::{phase_of, position_of, reason_of, token_of, Env, HolderMonitor};
 use test_servers::{free_port, wait_until, RedisServer, ServerProcess};
-use turnstile::api::{BackendKind, ClaimPhase};
-use turnstile::controller::ControllerConfig;
+use turnstile_api::{BackendKind, ClaimPhase};
+use turnstile_controller::ControllerConfig;
 
 fn redis_config(url: &str) -> ControllerConfig {
     ControllerConfig {

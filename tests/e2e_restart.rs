@@ -7,7 +7,7 @@ mod e2e_support;
 use std::time::Duration;
 
 use e2e_support::{phase_of, position_of, token_of, Env, HolderMonitor};
-use turnstile::api::ClaimPhase;
+use turnstile_api::ClaimPhase;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_mid_queue_keeps_holder_order_and_tokens() {

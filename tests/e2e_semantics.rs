@@ -11,9 +11,9 @@ use e2e_support::{phase_of, position_of, reason_of, token_of, Env};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::DeleteParams;
-use turnstile::api::ClaimPhase;
+use turnstile_api::ClaimPhase;
 
-fn held_count(claims: &[turnstile::api::LockClaim]) -> usize {
+fn held_count(claims: &[turnstile_api::LockClaim]) -> usize {
     claims
         .iter()
         .filter(|claim| phase_of(claim) == Some(ClaimPhase::Held))

@@ -12,8 +12,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use turnstile::api::ClaimPhase;
-use turnstile::leader::DEFAULT_LEASE_NAME;
+use turnstile_api::ClaimPhase;
+use turnstile_controller::leader::DEFAULT_LEASE_NAME;
 
 const IDENTITY: &str = "turnstile-shutdown-test";
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use e2e_support::{phase_of, Env, HolderMonitor};
 use rand::{Rng, SeedableRng};
-use turnstile::api::ClaimPhase;
+use turnstile_api::ClaimPhase;
 
 const WORKERS: usize = 3;
 const CLAIMS_PER_WORKER: usize = 8;
@@ -33,7 +33,7 @@ async fn concurrent_claims_never_exceed_max_holders_nor_reuse_tokens() {
             let mut rng = rand::rngs::StdRng::seed_from_u64(worker as u64);
             for round in 0..CLAIMS_PER_WORKER {
                 let name = format!("w{worker}-{round}");
-                let claim: turnstile::api::LockClaim = serde_json::from_value(serde_json::json!({
+                let claim: turnstile_api::LockClaim = serde_json::from_value(serde_json::json!({
                     "apiVersion": "turnstile.dev/v1alpha1",
                     "kind": "LockClaim",
                     "metadata": {"name": name},

@@ -9,8 +9,8 @@ use tokio::net::TcpListener;
 mod scrape;
 
 use scrape::{get, sample};
-use turnstile::api::BackendKind;
-use turnstile::metrics::{
+use turnstile_api::BackendKind;
+use turnstile_controller::metrics::{
     self, BackendOperation, LockLostCause, Metrics, MetricsError, Readiness, ReconcileErrorKind,
     METRICS_CONTENT_TYPE,
 };

@@ -3,8 +3,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::lock::backend::{MongoBackend, MongoBackendConfig};
-use crate::lock::{Backend, LockResult, RedisBackend, RedisBackendConfig};
+use turnstile_lock::backend::{MongoBackend, MongoBackendConfig};
+use turnstile_lock::{Backend, LockResult, RedisBackend, RedisBackendConfig};
 
 /// A backend URL accepted by `turnstile lock`. Its `Debug` output hides the URL, which may
 /// carry a password.

@@ -23,8 +23,8 @@ use std::ffi::OsString;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::lock::{Backend, Lock, LockError, Locker, RetryPolicy};
 use crate::oneshot::{error_chain, init_logging, Outcome, EXIT_USAGE};
+use turnstile_lock::{Backend, Lock, LockError, Locker, RetryPolicy};
 
 pub use self::backend_url::{BackendUrl, BackendUrlError};
 pub use self::child::{shell_exit_code, Stopped, Supervised};

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::lock::{Lock, LockError};
 use crate::oneshot::error_chain;
+use turnstile_lock::{Lock, LockError};
 
 /// Longest pause between renewal attempts after a backend error (shorter when the lease ends
 /// sooner), so a brief outage is ridden out.
@@ -86,7 +86,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::lock::{Locker, MemoryBackend};
+    use turnstile_lock::{Locker, MemoryBackend};
 
     #[test]
     fn renews_three_times_per_lease() {

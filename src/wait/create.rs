@@ -3,7 +3,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, PostParams};
 
-use crate::api::{LockClaim, LockClaimSpec};
+use turnstile_api::{LockClaim, LockClaimSpec};
 
 /// The Pod `turnstile wait` runs in, from the downward API.
 #[derive(Debug, Clone, PartialEq, Eq)]

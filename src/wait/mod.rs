@@ -27,8 +27,8 @@ use kube::runtime::watcher;
 use kube::Client;
 use tokio::time::Instant;
 
-use crate::api::{ClaimPhase, DistributedLock, LockClaim};
 use crate::oneshot::{error_chain, init_logging, Outcome, EXIT_USAGE};
+use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
 
 pub use self::create::{
     check_adoptable, claim_for_pod, create_or_adopt, AdoptError, Created, PodIdentity,

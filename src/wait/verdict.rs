@@ -1,7 +1,7 @@
 //! What a claim's current state means to someone waiting for it (pure, no I/O).
 
-use crate::api::{ClaimPhase, LockClaim};
-use crate::controller::core::reasons;
+use turnstile_api::reasons;
+use turnstile_api::{ClaimPhase, LockClaim};
 
 /// What the waiter should do about a claim as it is now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,7 +71,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
-    use crate::api::{LockClaimSpec, LockClaimStatus};
+    use turnstile_api::{LockClaimSpec, LockClaimStatus};
 
     fn claim(status: Option<LockClaimStatus>) -> LockClaim {
         let mut claim = LockClaim::new(

@@ -21,8 +21,8 @@ use kube::Client;
 use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use turnstile::api::{ClaimPhase, DistributedLock, LockClaim};
-use turnstile::controller::{run, ControllerConfig};
+use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
+use turnstile_controller::{run, ControllerConfig};
 
 /// The variable naming a real cluster's kubeconfig.
 pub const REAL_CLUSTER_ENV: &str = "TURNSTILE_E2E_KUBECONFIG";
@@ -33,7 +33,7 @@ pub const WAIT: Duration = Duration::from_secs(30);
 /// A controller running in this process.
 pub struct RunningController {
     stop: oneshot::Sender<()>,
-    task: JoinHandle<Result<(), turnstile::controller::ControllerError>>,
+    task: JoinHandle<Result<(), turnstile_controller::ControllerError>>,
 }
 
 impl RunningController {
@@ -137,7 +137,7 @@ impl Env {
     /// Posts the generated CRDs (as `turnstile crds` prints them) and waits until served.
     async fn install_crds(&self) {
         let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
-        for crd in turnstile::api::crds() {
+        for crd in turnstile_api::crds() {
             match crds.create(&PostParams::default(), &crd).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(status)) if status.code == 409 => {

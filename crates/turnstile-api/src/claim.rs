@@ -1,0 +1,190 @@
+//! `LockClaim`: one workload's request for a `DistributedLock`, and the record of its grant.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use crate::vocabulary::{MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_LEASE_DURATION_SECONDS};
+
+/// A request for a `DistributedLock` in the same namespace. Claims are granted in order of
+/// `creationTimestamp`, then name; the status records the grant and its fencing token.
+// clippy reads the repeated `type_` keys of separate `printcolumn(...)` groups as duplicates.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
+#[kube(
+    group = "turnstile.dev",
+    version = "v1alpha1",
+    kind = "LockClaim",
+    plural = "lockclaims",
+    singular = "lockclaim",
+    shortname = "lclaim",
+    category = "locks",
+    namespaced,
+    status = "LockClaimStatus",
+    derive = "PartialEq",
+    doc = "A request for a DistributedLock; the status records the grant and its fencing token.",
+    printcolumn(
+        name = "Lock",
+        type_ = "string",
+        json_path = ".spec.lockName",
+        description = "The DistributedLock claimed"
+    ),
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.phase",
+        description = "Pending, Held, Released, Expired or Failed"
+    ),
+    printcolumn(
+        name = "Holder",
+        type_ = "string",
+        json_path = ".status.holderIdentity",
+        description = "Who holds (or will hold) the grant"
+    ),
+    printcolumn(
+        name = "Token",
+        type_ = "integer",
+        json_path = ".status.fencingToken",
+        description = "The fencing token of the grant"
+    ),
+    printcolumn(
+        name = "Position",
+        type_ = "integer",
+        json_path = ".status.position",
+        description = "1-based place in the queue while Pending"
+    ),
+    printcolumn(
+        name = "Expires",
+        type_ = "string",
+        json_path = ".status.expiresAt",
+        description = "When the grant lapses unless renewed (RFC 3339)"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct LockClaimSpec {
+    /// The `DistributedLock` in the same namespace this claim asks for; immutable.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("lockName is immutable"))]
+    pub lock_name: String,
+    /// Who will hold the lock; default: the owner's name, else the claim's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub holder_identity: Option<String>,
+    /// Overrides the lock's lease duration for this claim, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_LEASE_DURATION_SECONDS))]
+    pub lease_duration_seconds: Option<i64>,
+    /// The claim fails if it is not granted within this many seconds of its creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_ACQUIRE_TIMEOUT_SECONDS))]
+    pub acquire_timeout_seconds: Option<i64>,
+    /// The holder bumps this to extend its lease: the grant then runs for a lease from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renew_time: Option<Time>,
+    /// `true` releases the lock but keeps the claim as a record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release: Option<bool>,
+}
+
+impl LockClaimSpec {
+    /// A claim on `lock` with every option left to its default.
+    pub fn for_lock(lock: impl Into<String>) -> Self {
+        Self {
+            lock_name: lock.into(),
+            holder_identity: None,
+            lease_duration_seconds: None,
+            acquire_timeout_seconds: None,
+            renew_time: None,
+            release: None,
+        }
+    }
+}
+
+/// The lifecycle phase of a claim. `Released`, `Expired` and `Failed` are terminal.
+#[derive(
+    Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash, Default, schemars::JsonSchema,
+)]
+pub enum ClaimPhase {
+    /// Waiting in the queue (or for its lock to exist).
+    #[default]
+    Pending,
+    /// Granted: the holder may act, fenced by `status.fencingToken`.
+    Held,
+    /// Released on request (`spec.release`) or because its owner finished.
+    Released,
+    /// The lease ran out without renewal; the lock went on to the next claim.
+    Expired,
+    /// Never granted: the acquire timeout passed, or the claim is invalid.
+    Failed,
+}
+
+impl ClaimPhase {
+    /// Whether the phase is final: a terminal claim never changes phase again.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            ClaimPhase::Released | ClaimPhase::Expired | ClaimPhase::Failed
+        )
+    }
+
+    /// The name used in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClaimPhase::Pending => "Pending",
+            ClaimPhase::Held => "Held",
+            ClaimPhase::Released => "Released",
+            ClaimPhase::Expired => "Expired",
+            ClaimPhase::Failed => "Failed",
+        }
+    }
+}
+
+impl std::fmt::Display for ClaimPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The observed state of a `LockClaim`, written by the controller.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LockClaimStatus {
+    /// Pending, Held, Released, Expired or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<ClaimPhase>,
+    /// 1-based place in the queue while Pending.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<i32>,
+    /// Who holds (or will hold) the grant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder_identity: Option<String>,
+    /// Set when granted: strictly greater than every earlier grant of the lock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_token: Option<i64>,
+    /// When the lock was granted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acquired_at: Option<Time>,
+    /// When the grant lapses unless renewed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Time>,
+    /// When the grant ended (released, expired or lost).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released_at: Option<Time>,
+    /// Why the claim is in this phase, in one CamelCase word.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Why the claim is in this phase, for people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// `Held`: True exactly when the phase is `Held`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The `metadata.generation` this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}

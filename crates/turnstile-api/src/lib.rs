@@ -1,0 +1,28 @@
+//! The custom resources: `DistributedLock` and `LockClaim` in `turnstile.dev/v1alpha1`.
+//!
+//! The names, fields, phases and printer columns here are the user-facing contract
+//! (DESIGN.md section 2): scripts and `kubectl` sessions depend on them, so change them
+//! only together with the design.
+
+mod claim;
+mod crds;
+mod lock;
+pub mod vocabulary;
+
+pub use claim::{ClaimPhase, LockClaim, LockClaimSpec, LockClaimStatus};
+pub use crds::{crd_yaml, crds, crds_yaml, CrdRenderError};
+pub use lock::{
+    BackendKind, DistributedLock, DistributedLockSpec, DistributedLockStatus, LockHolder,
+};
+pub use vocabulary::{
+    event_reasons, job_event_reasons, reasons, DEFAULT_LEASE_DURATION_SECONDS, FINALIZER,
+    HELD_CONDITION, LOCK_ANNOTATION, MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_HOLDERS,
+    MAX_LEASE_DURATION_SECONDS, READY_CONDITION, TOKEN_ANNOTATION,
+};
+
+/// The API group of both custom resources.
+pub const GROUP: &str = "turnstile.dev";
+/// The API version of both custom resources.
+pub const VERSION: &str = "v1alpha1";
+/// The category both kinds belong to: `kubectl get locks` lists locks and claims together.
+pub const CATEGORY: &str = "locks";

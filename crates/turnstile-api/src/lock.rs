@@ -1,0 +1,174 @@
+//! `DistributedLock`: a named mutex (`maxHolders: 1`) or counting semaphore in a namespace.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::vocabulary::{DEFAULT_LEASE_DURATION_SECONDS, MAX_HOLDERS, MAX_LEASE_DURATION_SECONDS};
+
+/// A distributed lock: a mutex (`maxHolders: 1`) or a counting semaphore, granted to
+/// `LockClaim`s in the same namespace in FIFO order.
+// clippy reads the repeated `type_` keys of separate `printcolumn(...)` groups as duplicates.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[kube(
+    group = "turnstile.dev",
+    version = "v1alpha1",
+    kind = "DistributedLock",
+    plural = "distributedlocks",
+    singular = "distributedlock",
+    shortname = "dlock",
+    category = "locks",
+    namespaced,
+    status = "DistributedLockStatus",
+    derive = "PartialEq",
+    doc = "A distributed lock (mutex or counting semaphore) granted to LockClaims in FIFO order.",
+    printcolumn(
+        name = "Backend",
+        type_ = "string",
+        json_path = ".spec.backend",
+        description = "The backend holding the lock (empty: the controller's default)"
+    ),
+    printcolumn(
+        name = "Holder",
+        type_ = "string",
+        json_path = ".status.holders[0].holderIdentity",
+        description = "The (first) current holder"
+    ),
+    printcolumn(
+        name = "Token",
+        type_ = "integer",
+        json_path = ".status.fencingToken",
+        description = "The highest fencing token ever issued for this lock"
+    ),
+    printcolumn(
+        name = "Waiting",
+        type_ = "integer",
+        json_path = ".status.waiting",
+        description = "Claims queued behind the holders"
+    ),
+    printcolumn(
+        name = "Expires",
+        type_ = "string",
+        json_path = ".status.holders[0].expiresAt",
+        description = "When the (first) holder's lease runs out (RFC 3339)"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DistributedLockSpec {
+    /// The backend that holds the lock; omitted means the controller's default backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<BackendKind>,
+    /// The lease of each grant, in seconds, unless the claim overrides it.
+    #[serde(default = "default_lease_duration_seconds")]
+    #[schemars(range(min = 1, max = MAX_LEASE_DURATION_SECONDS))]
+    pub lease_duration_seconds: i64,
+    /// How many claims may hold the lock at once: 1 is a mutex, more a counting semaphore.
+    #[serde(default = "default_max_holders")]
+    #[schemars(range(min = 1, max = MAX_HOLDERS))]
+    pub max_holders: i32,
+    /// Optional backend key, for sharing the lock with non-Kubernetes users of the same
+    /// backend. The controller always prefixes it with the namespace
+    /// (`<namespace>/<key>`, default `<namespace>/<name>`), so tenants cannot collide.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub key: Option<String>,
+}
+
+fn default_lease_duration_seconds() -> i64 {
+    DEFAULT_LEASE_DURATION_SECONDS
+}
+
+fn default_max_holders() -> i32 {
+    1
+}
+
+/// The backends a lock can live on. The connection details are configured on the
+/// controller (`turnstile run --redis-url …`), never by tenants.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// The controller's embedded, in-process backend.
+    Memory,
+    /// A Redis server (`--redis-url`).
+    Redis,
+    /// A MongoDB replica set (`--mongo-url`).
+    Mongo,
+}
+
+impl BackendKind {
+    /// The name used in the CRD, on the command line and in messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Memory => "memory",
+            BackendKind::Redis => "redis",
+            BackendKind::Mongo => "mongo",
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "memory" => Ok(BackendKind::Memory),
+            "redis" => Ok(BackendKind::Redis),
+            "mongo" => Ok(BackendKind::Mongo),
+            other => Err(format!(
+                "unknown backend {other:?} (memory | redis | mongo)"
+            )),
+        }
+    }
+}
+
+/// The observed state of a `DistributedLock`, written by the controller.
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DistributedLockStatus {
+    /// The `metadata.generation` this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// One entry per granted claim, in grant order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holders: Vec<LockHolder>,
+    /// Claims queued behind the holders.
+    #[serde(default)]
+    pub waiting: i32,
+    /// The highest fencing token ever issued for this lock; it never decreases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_token: Option<i64>,
+    /// `Ready`: False with reason `BackendUnavailable`, `BackendNotConfigured`, `InvalidSpec`, ….
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// One current grant of a lock.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LockHolder {
+    /// The name of the granted `LockClaim`.
+    pub claim: String,
+    /// Who holds the grant (the claim's `status.holderIdentity`).
+    pub holder_identity: String,
+    /// The grant's fencing token.
+    pub fencing_token: i64,
+    /// When the grant was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acquired_at: Option<Time>,
+    /// When the grant lapses unless renewed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Time>,
+}

@@ -1,0 +1,92 @@
+//! The contract's vocabulary: every reason, Event reason, condition type, annotation,
+//! finalizer and limit a user can see, one constant each.
+//!
+//! The controller's core writes these, the CLI reads them and the CRD schema's bounds use the
+//! limits, so scripts that match on a reason and the schema that rejects a value agree with the
+//! code by construction.
+
+/// Reasons (one CamelCase word) the controller writes into claim statuses and conditions.
+pub mod reasons {
+    /// Waiting in the queue.
+    pub const QUEUED: &str = "Queued";
+    /// The backend refused a grant although a slot looked free (someone outside the API
+    /// holds the key).
+    pub const LOCK_BUSY: &str = "LockBusy";
+    /// Granted.
+    pub const ACQUIRED: &str = "Acquired";
+    /// `spec.release` was set while held.
+    pub const RELEASE_REQUESTED: &str = "ReleaseRequested";
+    /// `spec.release` was set before the claim was granted.
+    pub const WITHDRAWN: &str = "Withdrawn";
+    /// The lease ran out without renewal.
+    pub const LEASE_EXPIRED: &str = "LeaseExpired";
+    /// The claim's owning Pod or Job finished.
+    pub const OWNER_FINISHED: &str = "OwnerFinished";
+    /// The claim's owning Pod or Job no longer exists.
+    pub const OWNER_GONE: &str = "OwnerGone";
+    /// The backend no longer had the grant and it could not be taken back.
+    pub const LOCK_LOST: &str = "LockLost";
+    /// The lock was deleted while the claim held it.
+    pub const LOCK_DELETED: &str = "LockDeleted";
+    /// The lock does not exist (yet).
+    pub const LOCK_NOT_FOUND: &str = "LockNotFound";
+    /// `acquireTimeoutSeconds` passed before the claim was granted.
+    pub const ACQUIRE_TIMEOUT: &str = "AcquireTimeout";
+    /// The claim's spec is out of bounds.
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// The lock's spec is out of bounds (on claims waiting for it).
+    pub const INVALID_LOCK_SPEC: &str = "InvalidLockSpec";
+    /// The lock's backend has no connection configured on the controller.
+    pub const BACKEND_NOT_CONFIGURED: &str = "BackendNotConfigured";
+    /// The lock's backend did not answer.
+    pub const BACKEND_UNAVAILABLE: &str = "BackendUnavailable";
+    /// The lock is served.
+    pub const BACKEND_READY: &str = "BackendReady";
+}
+
+/// Event reasons on claims.
+pub mod event_reasons {
+    /// Joined the queue.
+    pub const QUEUED: &str = "Queued";
+    /// Granted.
+    pub const ACQUIRED: &str = "Acquired";
+    /// Lease extended.
+    pub const RENEWED: &str = "Renewed";
+    /// Released (on request, on deletion).
+    pub const RELEASED: &str = "Released";
+    /// The holder lost the lock (expired, lost by the backend, lock deleted).
+    pub const LOCK_LOST: &str = "LockLost";
+    /// Never granted (timeout, invalid spec).
+    pub const FAILED: &str = "Failed";
+}
+
+/// Event reasons on suspended Jobs gated by [`LOCK_ANNOTATION`](super::LOCK_ANNOTATION).
+pub mod job_event_reasons {
+    /// The Job's claim is queued: the Job stays suspended.
+    pub const WAITING_FOR_LOCK: &str = "WaitingForLock";
+    /// The Job's claim is held: the Job is unsuspended.
+    pub const LOCK_HELD: &str = "LockHeld";
+}
+
+/// The condition type on a claim's status: `True` exactly while the phase is `Held`.
+pub const HELD_CONDITION: &str = "Held";
+/// The condition type on a lock's status saying whether the controller can serve it.
+pub const READY_CONDITION: &str = "Ready";
+
+/// The finalizer the controller puts on claims (so the backend release happens before a claim
+/// goes away) and on locks (so holders learn that their lock was deleted).
+pub const FINALIZER: &str = "turnstile.dev/release";
+/// The annotation that marks a suspended Job as gated by a lock (its value: the lock's name).
+pub const LOCK_ANNOTATION: &str = "turnstile.dev/lock";
+/// The annotation where the controller writes the fencing token of a gated workload's claim.
+pub const TOKEN_ANNOTATION: &str = "turnstile.dev/fencing-token";
+
+/// The widest semaphore (`maxHolders`): the schema's bound, the controller's check and the
+/// lock engine's limit are this one value.
+pub const MAX_HOLDERS: i32 = turnstile_lock::MAX_HOLDERS as i32;
+/// The lease of each grant when neither the lock nor the claim says otherwise, in seconds.
+pub const DEFAULT_LEASE_DURATION_SECONDS: i64 = 30;
+/// The longest lease the schema accepts (one day), in seconds.
+pub const MAX_LEASE_DURATION_SECONDS: i64 = 86_400;
+/// The longest acquire timeout the schema accepts (one year), in seconds.
+pub const MAX_ACQUIRE_TIMEOUT_SECONDS: i64 = 31_536_000;

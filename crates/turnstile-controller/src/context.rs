@@ -1,0 +1,231 @@
+//! What the reconcilers share: the API client, the caches, the backends, Events, metrics,
+//! and the leadership gate every write passes through.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::Client;
+use tokio::sync::watch;
+
+use super::backends::Backends;
+use super::error::ControllerError;
+use crate::metrics::Metrics;
+use turnstile_api::{DistributedLock, LockClaim};
+
+/// First retry delay after a failed pass or an unavailable backend.
+const BACKOFF_BASE: Duration = Duration::from_millis(500);
+/// Longest retry delay.
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// How often a waiter for a cache re-checks whether it has been filled.
+const CACHE_READY_RECHECK: Duration = Duration::from_millis(100);
+
+/// Waits until `store` has been filled by its watch once (or its writer is gone).
+///
+/// kube-runtime's [`Store::wait_until_ready`] keeps one waker: of several tasks waiting at
+/// once (the readiness probe and the first passes) only the last one polled is woken, the
+/// others would wait forever. Each waiter therefore polls again at a short interval.
+pub async fn cache_filled<K>(store: &Store<K>)
+where
+    K: 'static + Clone + kube::runtime::reflector::Lookup,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    while tokio::time::timeout(CACHE_READY_RECHECK, store.wait_until_ready())
+        .await
+        .is_err()
+    {}
+}
+
+/// Whether this replica may still change anything: checked right before every backend call
+/// and every API write, so a replica that loses the Lease stops granting at that instant,
+/// even in a pass that was already running (the controllers themselves stop a moment later).
+#[derive(Debug, Clone)]
+pub struct LeadershipGate {
+    is_leader: Option<watch::Receiver<bool>>,
+}
+
+impl LeadershipGate {
+    /// A gate that is always open (no leader election: the only replica may always write).
+    pub fn always_open() -> Self {
+        Self { is_leader: None }
+    }
+
+    /// A gate open exactly while `is_leader` holds `true` (the elector's channel).
+    pub fn following(is_leader: watch::Receiver<bool>) -> Self {
+        Self {
+            is_leader: Some(is_leader),
+        }
+    }
+
+    /// Whether writes are allowed right now.
+    pub fn is_open(&self) -> bool {
+        self.is_leader
+            .as_ref()
+            .is_none_or(|is_leader| *is_leader.borrow())
+    }
+
+    /// `Ok` while writes are allowed, else [`ControllerError::NotLeader`] naming `action`.
+    pub fn check(&self, action: &str) -> Result<(), ControllerError> {
+        if self.is_open() {
+            Ok(())
+        } else {
+            Err(ControllerError::NotLeader {
+                action: action.to_owned(),
+            })
+        }
+    }
+}
+
+/// Shared state of the reconcilers.
+pub struct Context {
+    /// The API client.
+    pub client: Client,
+    /// The lock cache (filled by the lock controller's watch).
+    pub locks: Store<DistributedLock>,
+    /// The claim cache (filled by the shared claim watch).
+    pub claims: Store<LockClaim>,
+    /// The lock backends.
+    pub backends: Backends,
+    /// Publishes Events.
+    pub recorder: Recorder,
+    /// Prometheus metrics.
+    pub metrics: Metrics,
+    /// Closed once this replica is no longer the leader.
+    pub leadership: LeadershipGate,
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    /// Assembles a context.
+    pub fn new(
+        client: Client,
+        locks: Store<DistributedLock>,
+        claims: Store<LockClaim>,
+        backends: Backends,
+        recorder: Recorder,
+        metrics: Metrics,
+    ) -> Self {
+        Self {
+            client,
+            locks,
+            claims,
+            backends,
+            recorder,
+            metrics,
+            leadership: LeadershipGate::always_open(),
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Writes only while `leadership` is open.
+    pub fn with_leadership(mut self, leadership: LeadershipGate) -> Self {
+        self.leadership = leadership;
+        self
+    }
+
+    /// Whether the lock exists in the cache.
+    pub fn lock_exists(&self, namespace: &str, name: &str) -> bool {
+        self.locks
+            .get(&ObjectRef::new(name).within(namespace))
+            .is_some()
+    }
+
+    /// The next retry delay for `key` (exponential, capped), counting this failure.
+    pub fn backoff(&self, key: &str) -> Duration {
+        let mut failures = self
+            .failures
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let count = failures.entry(key.to_owned()).or_insert(0);
+        let delay = BACKOFF_BASE.saturating_mul(2u32.saturating_pow(*count));
+        *count = count.saturating_add(1).min(16);
+        delay.min(BACKOFF_MAX)
+    }
+
+    /// The retry delay after a failed pass of `key`. A 409 Conflict is optimistic concurrency
+    /// doing its job, not a sick API server: it is retried soon, with fresh state, and does not
+    /// grow the backoff that real failures (5xx, unreachable backends) earn.
+    pub fn retry_delay(&self, key: &str, error: &ControllerError) -> Duration {
+        if error.is_conflict() {
+            BACKOFF_BASE
+        } else {
+            self.backoff(key)
+        }
+    }
+
+    /// Forgets the failures of `key` after a clean pass.
+    pub fn reset_backoff(&self, key: &str) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(key);
+    }
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("backends", &self.backends)
+            .field("leading", &self.leadership.is_open())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+    use kube::runtime::events::Reporter;
+    use kube::runtime::reflector;
+    use turnstile_api::BackendKind;
+
+    fn api_error(code: u16) -> ControllerError {
+        ControllerError::kube(
+            "writing status",
+            kube::Error::Api(
+                Status {
+                    code,
+                    message: "test".into(),
+                    reason: "test".into(),
+                    ..Status::default()
+                }
+                .boxed(),
+            ),
+        )
+    }
+
+    #[tokio::test]
+    async fn conflicts_retry_soon_and_leave_the_backoff_of_real_failures_alone() {
+        // A client that is never used: the context only needs one to exist.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("uri"));
+        let client = Client::try_from(config).expect("client");
+        let (locks, _) = reflector::store();
+        let (claims, _) = reflector::store();
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "turnstile".into(),
+                instance: None,
+            },
+        );
+        let ctx = Context::new(
+            client,
+            locks,
+            claims,
+            Backends::new(BackendKind::Memory, None),
+            recorder,
+            Metrics::new(),
+        );
+        for _ in 0..10 {
+            assert_eq!(ctx.retry_delay("lock/ns/db", &api_error(409)), BACKOFF_BASE);
+        }
+        let first = ctx.retry_delay("lock/ns/db", &api_error(500));
+        let second = ctx.retry_delay("lock/ns/db", &api_error(500));
+        assert_eq!(first, BACKOFF_BASE, "ten conflicts earned no backoff");
+        assert_eq!(second, BACKOFF_BASE * 2);
+        ctx.reset_backoff("lock/ns/db");
+        assert_eq!(ctx.retry_delay("lock/ns/db", &api_error(500)), BACKOFF_BASE);
+    }
+}

@@ -1,0 +1,751 @@
+//! Step two of a pass: fold the backend's answers into the claims' and the lock's statuses,
+//! the Events to emit and when to look again.
+
+use std::time::Duration;
+
+use super::model::{seconds_of, BackendView, ClaimView, LockInput, OwnerState, Seconds};
+use turnstile_api::{event_reasons, reasons};
+
+use super::plan::{Intent, LockMode, OpOutcome, Plan};
+use super::status;
+use turnstile_api::{
+    ClaimPhase, DistributedLockStatus, LockClaimStatus, LockHolder, READY_CONDITION,
+};
+
+/// Look at every lock at least this often, even when nothing happens (heals missed events).
+pub const RESYNC_INTERVAL: Duration = Duration::from_secs(300);
+
+/// Wait at least this long before retrying a refused grant.
+const MIN_BUSY_RETRY: Duration = Duration::from_secs(1);
+
+/// Wake this much after a deadline, so that the whole second has surely passed.
+const DEADLINE_MARGIN: Duration = Duration::from_millis(50);
+
+/// What happens to a claim's finalizer after its status is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinalizerChange {
+    /// Leave the finalizers as they are.
+    Keep,
+    /// Remove the controller's finalizer (the backend release is done or not needed).
+    Remove,
+}
+
+/// A write to one claim.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimChange {
+    /// The claim's name.
+    pub name: String,
+    /// The new status, when it differs from the current one.
+    pub status: Option<LockClaimStatus>,
+    /// What happens to the finalizer afterwards.
+    pub finalizer: FinalizerChange,
+}
+
+/// Severity of an Event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventSeverity {
+    /// Routine transition.
+    Normal,
+    /// Something the user should look at.
+    Warning,
+}
+
+/// The object an Event is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventSubject {
+    /// The lock.
+    Lock,
+    /// The named claim.
+    Claim(String),
+}
+
+/// An Event to publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedEvent {
+    /// What it is about.
+    pub subject: EventSubject,
+    /// Normal or Warning.
+    pub severity: EventSeverity,
+    /// `Queued`, `Acquired`, `Renewed`, `Released`, `LockLost`, `Failed`, or a `Ready` reason.
+    pub reason: &'static str,
+    /// For people.
+    pub note: String,
+}
+
+/// A fact for the metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Observation {
+    /// A claim was granted after waiting this long.
+    Granted {
+        /// From creation to grant.
+        waited: Duration,
+    },
+    /// A lease was renewed.
+    Renewed,
+    /// A grant ended after being held this long.
+    GrantEnded {
+        /// How it ended.
+        end: GrantEnd,
+        /// From grant to end.
+        held_for: Duration,
+    },
+    /// A claim failed without being granted.
+    Failed,
+}
+
+/// How a grant ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantEnd {
+    /// Released: on request, or the claim was deleted.
+    Released,
+    /// The lease ran out without renewal.
+    Expired,
+    /// The backend lost the grant and it could not be taken back.
+    BackendLost,
+    /// The lock was deleted.
+    LockDeleted,
+}
+
+impl GrantEnd {
+    fn of(status: &LockClaimStatus) -> Option<Self> {
+        match status.phase? {
+            ClaimPhase::Released => Some(GrantEnd::Released),
+            ClaimPhase::Expired => Some(match status.reason.as_deref() {
+                Some(reasons::LOCK_LOST) => GrantEnd::BackendLost,
+                Some(reasons::LOCK_DELETED) => GrantEnd::LockDeleted,
+                _ => GrantEnd::Expired,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Step two's result: what to write, publish and when to come back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// Claim writes, in the order they must happen: claims leaving `Held` first, so that
+    /// the API never shows more than `maxHolders` held claims even if a later write fails.
+    pub claims: Vec<ClaimChange>,
+    /// The lock's new status, when it differs from the current one.
+    pub lock_status: Option<DistributedLockStatus>,
+    /// Add the controller's finalizer to the lock.
+    pub add_lock_finalizer: bool,
+    /// Remove the controller's finalizer from the lock (it is being deleted, grants ended).
+    pub remove_lock_finalizer: bool,
+    /// Events to publish after the writes.
+    pub events: Vec<PlannedEvent>,
+    /// Facts for the metrics.
+    pub observations: Vec<Observation>,
+    /// When to look again at the latest (events may come sooner).
+    pub requeue_after: Duration,
+    /// The backend failed (before or during the pass): retry with backoff.
+    pub backend_failure: Option<String>,
+}
+
+impl Decision {
+    /// Whether the decision writes anything to the API.
+    pub fn writes_anything(&self) -> bool {
+        self.lock_status.is_some()
+            || self.add_lock_finalizer
+            || self.remove_lock_finalizer
+            || self
+                .claims
+                .iter()
+                .any(|c| c.status.is_some() || c.finalizer == FinalizerChange::Remove)
+    }
+}
+
+fn outcome(outcomes: &[OpOutcome], op: usize) -> &OpOutcome {
+    outcomes.get(op).unwrap_or(&OpOutcome::Skipped)
+}
+
+/// Whether the backend no longer holds a grant for the claim (so its finalizer may go).
+fn release_settled(input: &LockInput, op: Option<usize>, outcomes: &[OpOutcome]) -> bool {
+    match &input.backend {
+        BackendView::NotConfigured { .. } => true,
+        BackendView::Unavailable { .. } => false,
+        BackendView::Ready { .. } => {
+            op.is_none_or(|op| matches!(outcome(outcomes, op), OpOutcome::Released { .. }))
+        }
+    }
+}
+
+/// A claim's status after the pass, before positions are assigned.
+enum Next {
+    /// Unchanged (terminal, or being deleted).
+    Same,
+    /// This status.
+    Status(LockClaimStatus),
+    /// Waiting in the queue with this reason.
+    Queued {
+        reason: &'static str,
+        message: String,
+    },
+}
+
+struct Folder<'a> {
+    input: &'a LockInput,
+    plan: &'a Plan,
+    outcomes: &'a [OpOutcome],
+    now: Seconds,
+    requeue: Duration,
+    failure: Option<String>,
+}
+
+impl Folder<'_> {
+    fn wake_at(&mut self, at: Seconds) {
+        self.wake_in(self.input.until(at) + DEADLINE_MARGIN);
+    }
+
+    fn wake_in(&mut self, delay: Duration) {
+        self.requeue = self.requeue.min(delay);
+    }
+
+    fn held_message(&self, token: u64) -> String {
+        format!(
+            "holds lock {} with fencing token {token}",
+            self.input.lock.name
+        )
+    }
+
+    fn lost(&self, claim: &ClaimView, message: String) -> Next {
+        Next::Status(status::terminal(
+            claim,
+            ClaimPhase::Expired,
+            reasons::LOCK_LOST,
+            message,
+            Some(self.now),
+            self.now,
+        ))
+    }
+
+    /// The claim's current grant, unchanged (or with a new expiry); wakes up at the expiry,
+    /// or when the lease is due for renewal on behalf of a live owner.
+    fn still_held(&mut self, claim: &ClaimView, expiry: Seconds) -> Next {
+        self.wake_for_grant(claim, expiry);
+        self.held_until(claim, expiry)
+    }
+
+    /// Wakes up when a grant running until `expiry` ends, or is due for renewal on behalf
+    /// of a live owner.
+    fn wake_for_grant(&mut self, claim: &ClaimView, expiry: Seconds) {
+        self.wake_at(expiry);
+        if claim.owner_state == OwnerState::Alive {
+            let lease = claim.lease_seconds(&self.input.lock);
+            // Not before the next whole second: a renewal never changes within one.
+            let due = super::plan::owner_renewal_due(expiry, lease).max(self.now + 1);
+            self.wake_at(due);
+        }
+    }
+
+    /// The claim's current grant recorded until `expiry` (without scheduling a wake-up).
+    fn held_until(&self, claim: &ClaimView, expiry: Seconds) -> Next {
+        let token = claim.fencing_token().unwrap_or(0);
+        let acquired = claim
+            .status
+            .acquired_at
+            .as_ref()
+            .map(seconds_of)
+            .unwrap_or(self.now);
+        let identity = claim
+            .status
+            .holder_identity
+            .clone()
+            .unwrap_or_else(|| claim.holder_identity());
+        Next::Status(status::held(
+            claim,
+            identity,
+            token,
+            acquired,
+            expiry,
+            self.held_message(token),
+            self.now,
+        ))
+    }
+
+    fn recorded_expiry(&self, claim: &ClaimView) -> Seconds {
+        claim
+            .status
+            .expires_at
+            .as_ref()
+            .map(seconds_of)
+            .unwrap_or(self.now)
+    }
+
+    fn note_failure(&mut self, outcome: &OpOutcome) {
+        if let OpOutcome::Failed { message } = outcome {
+            self.failure.get_or_insert_with(|| message.clone());
+        }
+    }
+
+    fn queued_reason(&self) -> (&'static str, String) {
+        match &self.plan.mode {
+            LockMode::Blocked { reason, message } => {
+                let reason = if *reason == reasons::INVALID_SPEC {
+                    reasons::INVALID_LOCK_SPEC
+                } else {
+                    reason
+                };
+                (reason, message.clone())
+            }
+            _ => (
+                reasons::QUEUED,
+                format!("queued for lock {}", self.input.lock.name),
+            ),
+        }
+    }
+
+    fn next(&mut self, claim: &ClaimView, intent: &Intent) -> Next {
+        match intent {
+            Intent::KeepHeld => {
+                // A pending renewal is only recorded once the backend extends the grant, but
+                // the claim is not expired before the renewed expiry.
+                let (expiry, _) = super::plan::effective_expiry(self.input, claim);
+                self.wake_at(expiry);
+                self.held_until(claim, self.recorded_expiry(claim))
+            }
+            Intent::Renew { expiry, op } => match outcome(self.outcomes, *op).clone() {
+                OpOutcome::Extended { still_held: true } => self.still_held(claim, *expiry),
+                OpOutcome::Extended { still_held: false } => self.lost(
+                    claim,
+                    "the backend no longer held the grant when it was renewed".to_owned(),
+                ),
+                other => {
+                    self.note_failure(&other);
+                    let recorded = self.recorded_expiry(claim);
+                    self.still_held(claim, recorded)
+                }
+            },
+            Intent::Reattach {
+                expiry,
+                renewed,
+                op,
+            } => {
+                let recorded_token = claim.fencing_token().unwrap_or(0);
+                let expiry = if *renewed {
+                    *expiry
+                } else {
+                    self.recorded_expiry(claim)
+                };
+                match outcome(self.outcomes, *op).clone() {
+                    OpOutcome::Granted { fencing_token, .. } if fencing_token == recorded_token => {
+                        self.still_held(claim, expiry)
+                    }
+                    OpOutcome::Granted { fencing_token, .. } => {
+                        // The backend handed out a new grant: the old one was not continuous.
+                        // The stray grant is released on the next pass.
+                        self.wake_in(MIN_BUSY_RETRY);
+                        self.lost(
+                            claim,
+                            format!(
+                                "the backend lost the grant (it would now issue token \
+                                 {fencing_token} instead of {recorded_token})"
+                            ),
+                        )
+                    }
+                    OpOutcome::Busy { .. } => {
+                        self.wake_in(MIN_BUSY_RETRY);
+                        self.lost(
+                            claim,
+                            "the backend lost the grant and someone else holds the lock now"
+                                .to_owned(),
+                        )
+                    }
+                    other => {
+                        self.note_failure(&other);
+                        let recorded = self.recorded_expiry(claim);
+                        self.still_held(claim, recorded)
+                    }
+                }
+            }
+            Intent::Grant { expiry, op } => match outcome(self.outcomes, *op).clone() {
+                OpOutcome::Granted { fencing_token, .. }
+                    if fencing_token > self.plan.high_water =>
+                {
+                    self.wake_for_grant(claim, *expiry);
+                    Next::Status(status::held(
+                        claim,
+                        claim.holder_identity(),
+                        fencing_token,
+                        self.now,
+                        *expiry,
+                        self.held_message(fencing_token),
+                        self.now,
+                    ))
+                }
+                OpOutcome::Granted { .. } => {
+                    // A token at or below one already announced: the next pass takes the
+                    // grant again (plan releases it first).
+                    self.wake_in(MIN_BUSY_RETRY);
+                    let (reason, message) = self.queued_reason();
+                    Next::Queued { reason, message }
+                }
+                OpOutcome::Busy { retry_after } => {
+                    self.wake_in(retry_after.unwrap_or(RESYNC_INTERVAL).max(MIN_BUSY_RETRY));
+                    Next::Queued {
+                        reason: reasons::LOCK_BUSY,
+                        message: format!(
+                            "the backend reports lock key {} busy",
+                            self.input.lock.backend_key()
+                        ),
+                    }
+                }
+                other => {
+                    self.note_failure(&other);
+                    let (reason, message) = self.queued_reason();
+                    Next::Queued { reason, message }
+                }
+            },
+            Intent::Queue => {
+                if let Some(deadline) = claim.acquire_deadline() {
+                    self.wake_at(deadline);
+                }
+                let (reason, message) = self.queued_reason();
+                Next::Queued { reason, message }
+            }
+            Intent::End {
+                phase,
+                reason,
+                message,
+                released_at,
+                ..
+            } => Next::Status(status::terminal(
+                claim,
+                *phase,
+                reason,
+                message.clone(),
+                *released_at,
+                self.now,
+            )),
+            Intent::Terminal { .. } | Intent::Delete { .. } => Next::Same,
+            Intent::LockGone => Next::Status(status::pending(
+                claim,
+                None,
+                reasons::LOCK_NOT_FOUND,
+                format!("lock {} is being deleted", self.input.lock.name),
+                self.now,
+            )),
+        }
+    }
+}
+
+/// Events for a claim's status change.
+fn claim_events(
+    claim: &ClaimView,
+    new: &LockClaimStatus,
+    lock_name: &str,
+    events: &mut Vec<PlannedEvent>,
+) {
+    let old = &claim.status;
+    let old_phase = old.phase;
+    let new_phase = new.phase.unwrap_or_default();
+    let subject = EventSubject::Claim(claim.name.clone());
+    let message = new.message.clone().unwrap_or_default();
+    let mut push = |severity, reason, note: String| {
+        events.push(PlannedEvent {
+            subject: subject.clone(),
+            severity,
+            reason,
+            note,
+        })
+    };
+    match new_phase {
+        ClaimPhase::Pending
+            if new.position.is_some() && (old.position.is_none() || old_phase.is_none()) =>
+        {
+            push(
+                EventSeverity::Normal,
+                event_reasons::QUEUED,
+                format!(
+                    "queued for lock {lock_name} at position {}",
+                    new.position.unwrap_or_default()
+                ),
+            );
+        }
+        ClaimPhase::Held if old_phase != Some(ClaimPhase::Held) => push(
+            EventSeverity::Normal,
+            event_reasons::ACQUIRED,
+            format!(
+                "acquired lock {lock_name} with fencing token {}",
+                new.fencing_token.unwrap_or_default()
+            ),
+        ),
+        ClaimPhase::Held => {
+            let old_expiry = old.expires_at.as_ref().map(seconds_of);
+            let new_expiry = new.expires_at.as_ref().map(seconds_of);
+            if new_expiry > old_expiry {
+                push(
+                    EventSeverity::Normal,
+                    event_reasons::RENEWED,
+                    format!(
+                        "lease of lock {lock_name} renewed until {}",
+                        new.expires_at
+                            .as_ref()
+                            .map(|t| t.0.to_string())
+                            .unwrap_or_default()
+                    ),
+                );
+            }
+        }
+        ClaimPhase::Released if old_phase != Some(ClaimPhase::Released) => {
+            push(EventSeverity::Normal, event_reasons::RELEASED, message)
+        }
+        ClaimPhase::Expired if old_phase != Some(ClaimPhase::Expired) => {
+            push(EventSeverity::Warning, event_reasons::LOCK_LOST, message)
+        }
+        ClaimPhase::Failed if old_phase != Some(ClaimPhase::Failed) => {
+            push(EventSeverity::Warning, event_reasons::FAILED, message)
+        }
+        _ => {}
+    }
+}
+
+fn observations_for(
+    claim: &ClaimView,
+    new: &LockClaimStatus,
+    now: Seconds,
+    out: &mut Vec<Observation>,
+) {
+    let old_phase = claim.phase();
+    let new_phase = new.phase.unwrap_or_default();
+    let seconds = |s: i64| Duration::from_secs(u64::try_from(s.max(0)).unwrap_or(0));
+    match (old_phase, new_phase) {
+        (ClaimPhase::Held, ClaimPhase::Held) if new.expires_at != claim.status.expires_at => {
+            out.push(Observation::Renewed);
+        }
+        (ClaimPhase::Held, ClaimPhase::Held) => {}
+        (_, ClaimPhase::Held) => out.push(Observation::Granted {
+            waited: seconds(now - claim.created),
+        }),
+        (ClaimPhase::Held, _) => {
+            if let Some(end) = GrantEnd::of(new) {
+                let acquired = claim
+                    .status
+                    .acquired_at
+                    .as_ref()
+                    .map(seconds_of)
+                    .unwrap_or(now);
+                out.push(Observation::GrantEnded {
+                    end,
+                    held_for: seconds(now - acquired),
+                });
+            }
+        }
+        (_, ClaimPhase::Failed) if !old_phase.is_terminal() => out.push(Observation::Failed),
+        _ => {}
+    }
+}
+
+/// Step two of a pass (pure): folds the answers to [`Plan::ops`] (`outcomes[i]` answers
+/// `ops[i]`; missing answers count as skipped) into the writes, Events and requeue time.
+pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision {
+    let now = input.now_seconds();
+    let mut folder = Folder {
+        input,
+        plan,
+        outcomes,
+        now,
+        requeue: RESYNC_INTERVAL,
+        failure: match &input.backend {
+            BackendView::Unavailable { message, .. } => Some(message.clone()),
+            _ => None,
+        },
+    };
+
+    // Statuses, with queue positions assigned in FIFO order.
+    let mut nexts: Vec<(usize, Next)> = Vec::with_capacity(plan.intents.len());
+    for (index, intent) in &plan.intents {
+        let next = folder.next(&input.claims[*index], intent);
+        nexts.push((*index, next));
+    }
+    let mut position = 0i32;
+    let mut statuses: Vec<(usize, Option<LockClaimStatus>)> = Vec::with_capacity(nexts.len());
+    for (index, next) in nexts {
+        let claim = &input.claims[index];
+        let status = match next {
+            Next::Same => None,
+            Next::Status(status) => Some(status),
+            Next::Queued { reason, message } => {
+                position += 1;
+                Some(status::pending(claim, Some(position), reason, message, now))
+            }
+        };
+        statuses.push((index, status));
+    }
+    let waiting = position;
+
+    // Claim writes, events and observations.
+    let mut leaving_held = Vec::new();
+    let mut others = Vec::new();
+    let mut events = Vec::new();
+    let mut observations = Vec::new();
+    for ((index, status), (_, intent)) in statuses.iter().zip(&plan.intents) {
+        let claim = &input.claims[*index];
+        let changed = status.as_ref().filter(|new| **new != claim.status).cloned();
+        if let Some(new) = &changed {
+            claim_events(claim, new, &input.lock.name, &mut events);
+            observations_for(claim, new, now, &mut observations);
+        }
+        let settled = |op: &Option<usize>| release_settled(input, *op, outcomes);
+        let finalizer = match intent {
+            Intent::Delete { release_op } => {
+                if claim.has_finalizer && settled(release_op) {
+                    if claim.phase() == ClaimPhase::Held {
+                        events.push(PlannedEvent {
+                            subject: EventSubject::Claim(claim.name.clone()),
+                            severity: EventSeverity::Normal,
+                            reason: event_reasons::RELEASED,
+                            note: format!("claim deleted: lock {} released", input.lock.name),
+                        });
+                        observations.push(Observation::GrantEnded {
+                            end: GrantEnd::Released,
+                            held_for: Duration::from_secs(
+                                u64::try_from(
+                                    now - claim
+                                        .status
+                                        .acquired_at
+                                        .as_ref()
+                                        .map(seconds_of)
+                                        .unwrap_or(now),
+                                )
+                                .unwrap_or(0),
+                            ),
+                        });
+                    }
+                    FinalizerChange::Remove
+                } else {
+                    FinalizerChange::Keep
+                }
+            }
+            Intent::End { release_op, .. } | Intent::Terminal { release_op }
+                if claim.has_finalizer && settled(release_op) =>
+            {
+                FinalizerChange::Remove
+            }
+            _ => FinalizerChange::Keep,
+        };
+        if changed.is_none() && finalizer == FinalizerChange::Keep {
+            continue;
+        }
+        let change = ClaimChange {
+            name: claim.name.clone(),
+            status: changed,
+            finalizer,
+        };
+        let was_held = claim.phase() == ClaimPhase::Held;
+        let stays_held = change
+            .status
+            .as_ref()
+            .map_or(was_held, |s| s.phase == Some(ClaimPhase::Held));
+        if was_held && !stays_held {
+            leaving_held.push(change);
+        } else {
+            others.push(change);
+        }
+    }
+    leaving_held.extend(others);
+
+    // The lock's status.
+    let failure = folder.failure.clone();
+    let deleting = plan.mode == LockMode::Deleting;
+    let mut lock_status = None;
+    if !deleting {
+        let mut holders: Vec<LockHolder> = statuses
+            .iter()
+            .filter_map(|(index, status)| {
+                let claim = &input.claims[*index];
+                let status = status.as_ref().unwrap_or(&claim.status);
+                (status.phase == Some(ClaimPhase::Held) && !claim.deleting).then(|| LockHolder {
+                    claim: claim.name.clone(),
+                    holder_identity: status.holder_identity.clone().unwrap_or_default(),
+                    fencing_token: status.fencing_token.unwrap_or_default(),
+                    acquired_at: status.acquired_at.clone(),
+                    expires_at: status.expires_at.clone(),
+                })
+            })
+            .collect();
+        holders.sort_by_key(|holder| holder.fencing_token);
+        let issued = outcomes.iter().filter_map(|outcome| match outcome {
+            OpOutcome::Granted { fencing_token, .. } => Some(*fencing_token),
+            OpOutcome::FloorRaised { counter } => Some(*counter),
+            _ => None,
+        });
+        let snapshot_counter = input.backend.snapshot().map(|s| s.fencing_token);
+        let high_water = issued
+            .chain(snapshot_counter)
+            .fold(plan.high_water, u64::max);
+        let fencing_token = if high_water == 0 {
+            input.lock.status.fencing_token
+        } else {
+            i64::try_from(high_water).ok()
+        };
+        let backend = input.backend.backend();
+        let (ready, reason, message) = match (&plan.mode, &failure) {
+            (LockMode::Blocked { reason, message }, _) => (false, *reason, message.clone()),
+            (_, Some(message)) => (false, reasons::BACKEND_UNAVAILABLE, message.clone()),
+            _ => (
+                true,
+                reasons::BACKEND_READY,
+                format!("served by the {backend} backend"),
+            ),
+        };
+        let conditions = status::set_condition(
+            &input.lock.status.conditions,
+            READY_CONDITION,
+            ready,
+            reason,
+            &message,
+            input.lock.generation,
+            now,
+        );
+        let old_ready = input
+            .lock
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == READY_CONDITION);
+        let ready_changed =
+            old_ready.is_none_or(|c| c.status != conditions_status(ready) || c.reason != reason);
+        if ready_changed {
+            events.push(PlannedEvent {
+                subject: EventSubject::Lock,
+                severity: if ready {
+                    EventSeverity::Normal
+                } else {
+                    EventSeverity::Warning
+                },
+                reason,
+                note: message,
+            });
+        }
+        let new_status = DistributedLockStatus {
+            observed_generation: input.lock.generation,
+            holders,
+            waiting,
+            fencing_token,
+            conditions,
+        };
+        if new_status != input.lock.status {
+            lock_status = Some(new_status);
+        }
+    }
+
+    Decision {
+        claims: leaving_held,
+        lock_status,
+        add_lock_finalizer: !deleting && !input.lock.has_finalizer,
+        remove_lock_finalizer: deleting && input.lock.has_finalizer,
+        events,
+        observations,
+        requeue_after: folder.requeue,
+        backend_failure: failure,
+    }
+}
+
+fn conditions_status(ready: bool) -> &'static str {
+    if ready {
+        "True"
+    } else {
+        "False"
+    }
+}

@@ -1,0 +1,36 @@
+//! The pure decision core: who holds a lock, who waits, who is next — with no I/O.
+//!
+//! A reconcile pass of one `DistributedLock` runs in three steps:
+//!
+//! 1. [`plan`]: from the lock, all its claims, the time and one snapshot of the backend,
+//!    decide what every claim is heading for and which backend calls that takes, in order
+//!    (releases, re-attaching lost grants, renewals, raising the fencing floor, new grants).
+//! 2. The shell performs the calls (gated by [`ExecutionGate`]) and records their outcomes.
+//! 3. [`fold`]: turn the outcomes into the claims' and the lock's statuses, Events, metrics
+//!    observations and the requeue time ([`Decision`]).
+//!
+//! Claims whose lock does not exist are decided by [`decide_orphan`].
+//!
+//! Invariants (unit- and property-tested): never more than `maxHolders` claims `Held`;
+//! grants in FIFO order (`creationTimestamp`, then name); fencing tokens strictly increasing;
+//! terminal phases final; a second pass over the resulting state writes nothing.
+
+mod fold;
+mod model;
+mod orphan;
+mod plan;
+mod status;
+
+#[cfg(test)]
+mod tests;
+
+pub use fold::{
+    fold, ClaimChange, Decision, EventSeverity, EventSubject, FinalizerChange, GrantEnd,
+    Observation, PlannedEvent, RESYNC_INTERVAL,
+};
+pub use model::{
+    seconds_of, time_at, BackendView, ClaimView, IncompleteClaim, LockInput, LockView, OwnerState,
+    Seconds, WorkloadKind, WorkloadOwner, BACKEND_LEASE_GRACE,
+};
+pub use orphan::{decide_orphan, OrphanDecision};
+pub use plan::{plan, AcquirePurpose, BackendOp, ExecutionGate, OpOutcome, Plan, PlannedOp};

@@ -1,0 +1,422 @@
+//! The core's view of the world: plain data taken from the API objects and the backend, with
+//! every time reduced to whole Unix seconds (the API's resolution), so that comparisons made
+//! in one pass agree with what the next pass reads back.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use turnstile_api::{
+    BackendKind, ClaimPhase, DistributedLock, DistributedLockSpec, DistributedLockStatus,
+    LockClaim, LockClaimSpec, LockClaimStatus, FINALIZER, MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_HOLDERS,
+    MAX_LEASE_DURATION_SECONDS,
+};
+use turnstile_lock::LockSnapshot;
+
+/// The backend lease outlives the lease shown in the API by this much: the controller, not the
+/// backend, ends grants (it releases at `expiresAt`), so a backend clock running slightly ahead
+/// can never free a slot that the API still shows as held.
+pub const BACKEND_LEASE_GRACE: Duration = Duration::from_secs(5);
+
+/// The longest backend key the controller builds, in bytes (the engine's limit).
+pub const MAX_BACKEND_KEY_LEN: usize = turnstile_lock::backend::MAX_KEY_LEN;
+
+/// Whole Unix seconds: the resolution of every time the API stores.
+pub type Seconds = i64;
+
+/// Whole seconds of an API time (fractions are dropped, as the API drops them when it stores).
+pub fn seconds_of(time: &Time) -> Seconds {
+    time.0.as_second()
+}
+
+/// The API time at whole second `seconds` (clamped to the representable range).
+pub fn time_at(seconds: Seconds) -> Time {
+    let clamped = seconds.clamp(Timestamp::MIN.as_second(), Timestamp::MAX.as_second());
+    Time(Timestamp::from_second(clamped).unwrap_or(Timestamp::UNIX_EPOCH))
+}
+
+/// A `DistributedLock` as the core sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LockView {
+    /// The lock's namespace.
+    pub namespace: String,
+    /// The lock's name.
+    pub name: String,
+    /// `metadata.generation`.
+    pub generation: Option<i64>,
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    /// Whether the controller's finalizer is on the lock.
+    pub has_finalizer: bool,
+    /// The desired state.
+    pub spec: DistributedLockSpec,
+    /// The last written status (default when none).
+    pub status: DistributedLockStatus,
+}
+
+impl LockView {
+    /// Takes the parts of a lock object the core needs.
+    pub fn from_resource(lock: &DistributedLock) -> Self {
+        Self {
+            namespace: lock.namespace().unwrap_or_default(),
+            name: lock.name_any(),
+            generation: lock.metadata.generation,
+            deleting: lock.metadata.deletion_timestamp.is_some(),
+            has_finalizer: lock.finalizers().iter().any(|f| f == FINALIZER),
+            spec: lock.spec.clone(),
+            status: lock.status.clone().unwrap_or_default(),
+        }
+    }
+
+    /// The key of this lock in its backend: always prefixed by the namespace, so tenants of
+    /// different namespaces can never share (or steal) a backend lock by choosing a key.
+    pub fn backend_key(&self) -> String {
+        let key = self
+            .spec
+            .key
+            .as_deref()
+            .filter(|key| !key.is_empty())
+            .unwrap_or(&self.name);
+        format!("{}/{}", self.namespace, key)
+    }
+
+    /// The highest fencing token recorded for this lock (0 if none).
+    pub fn fencing_high_water(&self) -> u64 {
+        self.status
+            .fencing_token
+            .and_then(|token| u64::try_from(token).ok())
+            .unwrap_or(0)
+    }
+
+    /// Why the spec cannot be served, if it cannot (the CRD schema rejects these already, but
+    /// a fake or an old API server may let them through).
+    pub fn spec_problem(&self) -> Option<String> {
+        let lease = self.spec.lease_duration_seconds;
+        if !(1..=MAX_LEASE_DURATION_SECONDS).contains(&lease) {
+            return Some(format!(
+                "leaseDurationSeconds must be between 1 and {MAX_LEASE_DURATION_SECONDS}, got {lease}"
+            ));
+        }
+        let max = self.spec.max_holders;
+        if !(1..=MAX_HOLDERS).contains(&max) {
+            return Some(format!(
+                "maxHolders must be between 1 and {MAX_HOLDERS}, got {max}"
+            ));
+        }
+        let key = self.backend_key();
+        if key.len() > MAX_BACKEND_KEY_LEN {
+            return Some(format!(
+                "the backend key {key:?} is {} bytes, the limit is {MAX_BACKEND_KEY_LEN}",
+                key.len()
+            ));
+        }
+        None
+    }
+
+    /// `maxHolders`, clamped into the accepted range (used for releases even when invalid).
+    pub fn max_holders(&self) -> u32 {
+        u32::try_from(self.spec.max_holders.clamp(1, MAX_HOLDERS)).unwrap_or(1)
+    }
+
+    /// The lock's lease in seconds, clamped into the accepted range.
+    pub fn lease_seconds(&self) -> i64 {
+        self.spec
+            .lease_duration_seconds
+            .clamp(1, MAX_LEASE_DURATION_SECONDS)
+    }
+}
+
+/// A `LockClaim` as the core sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimView {
+    /// The claim's name.
+    pub name: String,
+    /// `metadata.uid`: the owner token of the claim's grant in the backend.
+    pub uid: String,
+    /// `metadata.creationTimestamp`, the claim's place in the FIFO queue.
+    pub created: Seconds,
+    /// `metadata.generation`.
+    pub generation: Option<i64>,
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    /// Whether the controller's finalizer is on the claim.
+    pub has_finalizer: bool,
+    /// The name of the claim's owner (the controlling owner reference, else the first).
+    pub owner_name: Option<String>,
+    /// The Pod or Job whose life the claim is tied to, if any.
+    pub owner: Option<WorkloadOwner>,
+    /// Whether that owner still runs (filled in by the shell; `Unknown` until it looks).
+    pub owner_state: OwnerState,
+    /// The desired state.
+    pub spec: LockClaimSpec,
+    /// The last written status (default when none).
+    pub status: LockClaimStatus,
+}
+
+/// The kinds of owners whose life a claim follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkloadKind {
+    /// A core/v1 Pod: alive until it succeeds, fails or goes away.
+    Pod,
+    /// A batch/v1 Job: alive until it completes, fails or goes away.
+    Job,
+}
+
+/// The Pod or Job that owns a claim (`metadata.ownerReferences`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadOwner {
+    /// Pod or Job.
+    pub kind: WorkloadKind,
+    /// The owner's name (same namespace as the claim).
+    pub name: String,
+    /// The owner's uid: an object of the same name with another uid is not the owner.
+    pub uid: String,
+}
+
+impl WorkloadOwner {
+    /// The controlling Pod/Job owner reference, else the first Pod/Job one.
+    pub fn of(
+        owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
+    ) -> Option<Self> {
+        let workload = |owner: &&k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference| {
+            matches!(
+                (owner.api_version.as_str(), owner.kind.as_str()),
+                ("v1", "Pod") | ("batch/v1", "Job")
+            )
+        };
+        let owner = owners
+            .iter()
+            .filter(workload)
+            .find(|owner| owner.controller == Some(true))
+            .or_else(|| owners.iter().find(workload))?;
+        Some(Self {
+            kind: if owner.kind == "Pod" {
+                WorkloadKind::Pod
+            } else {
+                WorkloadKind::Job
+            },
+            name: owner.name.clone(),
+            uid: owner.uid.clone(),
+        })
+    }
+}
+
+/// Whether a claim's owning Pod or Job still runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnerState {
+    /// The claim has no Pod or Job owner: its holder renews it through `spec.renewTime`.
+    NotTracked,
+    /// The owner could not be looked up (API error): nothing is decided from it.
+    Unknown,
+    /// The owner runs: the controller renews the claim's lease.
+    Alive,
+    /// The owner succeeded or failed: the claim is released.
+    Finished,
+    /// The owner no longer exists: the claim is released.
+    Gone,
+}
+
+/// A claim object lacks a field the API server always sets.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("LockClaim {name:?} has no metadata.{field}")]
+pub struct IncompleteClaim {
+    /// The claim's name.
+    pub name: String,
+    /// The missing field.
+    pub field: &'static str,
+}
+
+impl ClaimView {
+    /// Takes the parts of a claim object the core needs.
+    pub fn from_resource(claim: &LockClaim) -> Result<Self, IncompleteClaim> {
+        let name = claim.name_any();
+        let missing = |field| IncompleteClaim {
+            name: name.clone(),
+            field,
+        };
+        let uid = claim.metadata.uid.clone().ok_or_else(|| missing("uid"))?;
+        let created = claim
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(seconds_of)
+            .ok_or_else(|| missing("creationTimestamp"))?;
+        let owners = claim.owner_references();
+        let owner_name = owners
+            .iter()
+            .find(|owner| owner.controller == Some(true))
+            .or_else(|| owners.first())
+            .map(|owner| owner.name.clone());
+        let owner = WorkloadOwner::of(owners);
+        let owner_state = if owner.is_some() {
+            OwnerState::Unknown
+        } else {
+            OwnerState::NotTracked
+        };
+        Ok(Self {
+            name: name.clone(),
+            uid,
+            created,
+            generation: claim.metadata.generation,
+            deleting: claim.metadata.deletion_timestamp.is_some(),
+            has_finalizer: claim.finalizers().iter().any(|f| f == FINALIZER),
+            owner_name,
+            owner,
+            owner_state,
+            spec: claim.spec.clone(),
+            status: claim.status.clone().unwrap_or_default(),
+        })
+    }
+
+    /// The recorded phase; a claim without status is `Pending`.
+    pub fn phase(&self) -> ClaimPhase {
+        self.status.phase.unwrap_or_default()
+    }
+
+    /// Who holds (or will hold) the grant: `spec.holderIdentity`, else the owner's name, else
+    /// the claim's name.
+    pub fn holder_identity(&self) -> String {
+        self.spec
+            .holder_identity
+            .clone()
+            .filter(|identity| !identity.is_empty())
+            .or_else(|| self.owner_name.clone())
+            .unwrap_or_else(|| self.name.clone())
+    }
+
+    /// The FIFO order: `creationTimestamp`, then name.
+    pub fn queue_order(&self) -> (Seconds, &str) {
+        (self.created, &self.name)
+    }
+
+    /// The recorded fencing token of the grant, if any.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.status
+            .fencing_token
+            .and_then(|token| u64::try_from(token).ok())
+    }
+
+    /// When the acquire timeout runs out, if the claim has one.
+    pub fn acquire_deadline(&self) -> Option<Seconds> {
+        self.spec
+            .acquire_timeout_seconds
+            .map(|timeout| self.created.saturating_add(timeout))
+    }
+
+    /// Why the spec cannot be served, if it cannot.
+    pub fn spec_problem(&self) -> Option<String> {
+        if self.spec.lock_name.is_empty() {
+            return Some("spec.lockName must not be empty".to_owned());
+        }
+        if let Some(lease) = self.spec.lease_duration_seconds {
+            if !(1..=MAX_LEASE_DURATION_SECONDS).contains(&lease) {
+                return Some(format!(
+                    "spec.leaseDurationSeconds must be between 1 and {MAX_LEASE_DURATION_SECONDS}, got {lease}"
+                ));
+            }
+        }
+        if let Some(timeout) = self.spec.acquire_timeout_seconds {
+            if !(1..=MAX_ACQUIRE_TIMEOUT_SECONDS).contains(&timeout) {
+                return Some(format!(
+                    "spec.acquireTimeoutSeconds must be between 1 and {MAX_ACQUIRE_TIMEOUT_SECONDS}, got {timeout}"
+                ));
+            }
+        }
+        None
+    }
+
+    /// The lease of this claim's grants in seconds: its own override, else the lock's, both
+    /// clamped into the accepted range.
+    pub fn lease_seconds(&self, lock: &LockView) -> i64 {
+        self.spec
+            .lease_duration_seconds
+            .map(|lease| lease.clamp(1, MAX_LEASE_DURATION_SECONDS))
+            .unwrap_or_else(|| lock.lease_seconds())
+    }
+
+    /// `spec.release` is true.
+    pub fn release_requested(&self) -> bool {
+        self.spec.release == Some(true)
+    }
+}
+
+/// What the backend said before the pass (one snapshot of the lock's key), or why it could
+/// not be asked.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BackendView {
+    /// The lock asks for a backend the controller has no connection for.
+    NotConfigured {
+        /// The backend asked for.
+        backend: BackendKind,
+    },
+    /// The backend did not answer.
+    Unavailable {
+        /// The backend asked for.
+        backend: BackendKind,
+        /// The error, for people (it names the backend).
+        message: String,
+    },
+    /// The backend answered.
+    Ready {
+        /// The backend asked.
+        backend: BackendKind,
+        /// Holders, waiters and the fence counter of the lock's key.
+        snapshot: LockSnapshot,
+    },
+}
+
+impl BackendView {
+    /// The backend this view is about.
+    pub fn backend(&self) -> BackendKind {
+        match self {
+            BackendView::NotConfigured { backend }
+            | BackendView::Unavailable { backend, .. }
+            | BackendView::Ready { backend, .. } => *backend,
+        }
+    }
+
+    /// The snapshot, when the backend answered.
+    pub fn snapshot(&self) -> Option<&LockSnapshot> {
+        match self {
+            BackendView::Ready { snapshot, .. } => Some(snapshot),
+            _ => None,
+        }
+    }
+
+    /// Whether `owner` is a live holder in the snapshot.
+    pub fn holds(&self, owner: &str) -> bool {
+        self.snapshot()
+            .is_some_and(|snapshot| snapshot.holders.iter().any(|h| h.owner == owner))
+    }
+}
+
+/// Everything one reconcile pass of a lock decides from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LockInput {
+    /// The lock.
+    pub lock: LockView,
+    /// Every claim naming the lock (any order; the core sorts).
+    pub claims: Vec<ClaimView>,
+    /// The current time (full precision: used for backend lease lengths and requeue delays;
+    /// statuses use whole seconds).
+    pub now: Timestamp,
+    /// The backend's state before the pass.
+    pub backend: BackendView,
+}
+
+impl LockInput {
+    /// `now` in whole seconds.
+    pub fn now_seconds(&self) -> Seconds {
+        self.now.as_second()
+    }
+
+    /// Time from `now` until the whole second `at` (zero if it is past).
+    pub fn until(&self, at: Seconds) -> Duration {
+        let at_nanos = i128::from(at) * 1_000_000_000;
+        let now_nanos = self.now.as_nanosecond();
+        let nanos = (at_nanos - now_nanos).max(0);
+        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+}

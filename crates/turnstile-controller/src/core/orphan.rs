@@ -1,0 +1,131 @@
+//! Claims whose lock does not exist (not yet created, or deleted): they wait with a reason,
+//! time out, and lose a grant the deleted lock had given them.
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+
+use turnstile_api::{event_reasons, reasons};
+
+use super::fold::{EventSeverity, EventSubject, PlannedEvent, RESYNC_INTERVAL};
+use super::model::ClaimView;
+use super::status;
+use turnstile_api::{ClaimPhase, LockClaimStatus};
+
+/// What to do with a claim whose lock is missing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OrphanDecision {
+    /// The new status, when it differs from the current one.
+    pub status: Option<LockClaimStatus>,
+    /// Remove the controller's finalizer (nothing left to release: without the lock there is
+    /// no backend to ask, and a grant's backend lease runs out on its own).
+    pub remove_finalizer: bool,
+    /// Events to publish after the write.
+    pub events: Vec<PlannedEvent>,
+    /// When to look again at the latest.
+    pub requeue_after: Duration,
+}
+
+/// Decides (pure) for a claim whose lock does not exist, at time `now`.
+pub fn decide_orphan(claim: &ClaimView, now: Timestamp) -> OrphanDecision {
+    let now_s = now.as_second();
+    let phase = claim.phase();
+    let mut requeue_after = RESYNC_INTERVAL;
+    let lock = &claim.spec.lock_name;
+    let new_status = if claim.deleting || phase.is_terminal() {
+        None
+    } else if phase == ClaimPhase::Held {
+        Some(status::terminal(
+            claim,
+            ClaimPhase::Expired,
+            reasons::LOCK_DELETED,
+            format!("lock {lock} was deleted"),
+            Some(now_s),
+            now_s,
+        ))
+    } else if let Some(problem) = claim.spec_problem() {
+        Some(status::terminal(
+            claim,
+            ClaimPhase::Failed,
+            reasons::INVALID_SPEC,
+            problem,
+            None,
+            now_s,
+        ))
+    } else if claim.release_requested() {
+        Some(status::terminal(
+            claim,
+            ClaimPhase::Released,
+            reasons::WITHDRAWN,
+            "withdrawn (spec.release) before it was granted".to_owned(),
+            None,
+            now_s,
+        ))
+    } else if claim
+        .acquire_deadline()
+        .is_some_and(|deadline| deadline <= now_s)
+    {
+        Some(status::terminal(
+            claim,
+            ClaimPhase::Failed,
+            reasons::ACQUIRE_TIMEOUT,
+            format!(
+                "not granted within acquireTimeoutSeconds ({}s): lock {lock} does not exist",
+                claim.spec.acquire_timeout_seconds.unwrap_or_default()
+            ),
+            None,
+            now_s,
+        ))
+    } else {
+        if let Some(deadline) = claim.acquire_deadline() {
+            let nanos = i128::from(deadline) * 1_000_000_000 - now.as_nanosecond();
+            let wait = Duration::from_nanos(u64::try_from(nanos.max(0)).unwrap_or(u64::MAX));
+            requeue_after = requeue_after.min(wait + Duration::from_millis(50));
+        }
+        Some(status::pending(
+            claim,
+            None,
+            reasons::LOCK_NOT_FOUND,
+            format!("DistributedLock {lock} does not exist"),
+            now_s,
+        ))
+    };
+    let status = new_status.filter(|status| *status != claim.status);
+    let mut events = Vec::new();
+    if let Some(status) = &status {
+        let note = status.message.clone().unwrap_or_default();
+        let subject = EventSubject::Claim(claim.name.clone());
+        match status.phase.unwrap_or_default() {
+            ClaimPhase::Expired if phase != ClaimPhase::Expired => events.push(PlannedEvent {
+                subject,
+                severity: EventSeverity::Warning,
+                reason: event_reasons::LOCK_LOST,
+                note,
+            }),
+            ClaimPhase::Failed if phase != ClaimPhase::Failed => events.push(PlannedEvent {
+                subject,
+                severity: EventSeverity::Warning,
+                reason: event_reasons::FAILED,
+                note,
+            }),
+            ClaimPhase::Released if phase != ClaimPhase::Released => events.push(PlannedEvent {
+                subject,
+                severity: EventSeverity::Normal,
+                reason: event_reasons::RELEASED,
+                note,
+            }),
+            _ => {}
+        }
+    }
+    let ends = claim.deleting
+        || phase.is_terminal()
+        || status
+            .as_ref()
+            .is_some_and(|s| s.phase.is_some_and(ClaimPhase::is_terminal));
+    OrphanDecision {
+        status,
+        remove_finalizer: claim.has_finalizer && ends,
+        events,
+        requeue_after,
+    }
+}

@@ -1,0 +1,718 @@
+//! Step one of a pass: from the lock, its claims, the time and a snapshot of the backend, decide
+//! what each claim is heading for and which backend calls that takes, in the order they must run.
+
+use std::time::Duration;
+
+use super::model::{
+    BackendView, ClaimView, LockInput, OwnerState, Seconds, WorkloadKind, BACKEND_LEASE_GRACE,
+};
+use turnstile_api::{reasons, ClaimPhase};
+
+/// A backend call the shell performs for the core (always on the lock's key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendOp {
+    /// Raise the fence counter to at least `floor`.
+    RaiseFloor {
+        /// The new minimum of the counter.
+        floor: u64,
+    },
+    /// One `AcquireMode::Try` attempt for `owner` (never enqueues in the backend: the queue
+    /// lives in the API).
+    Acquire {
+        /// The claim's uid.
+        owner: String,
+        /// The backend lease (the API lease plus [`BACKEND_LEASE_GRACE`]).
+        ttl: Duration,
+        /// A new grant, or re-attaching a grant the backend lost.
+        purpose: AcquirePurpose,
+    },
+    /// Extend `owner`'s lease to `ttl` from now.
+    Extend {
+        /// The claim's uid.
+        owner: String,
+        /// The backend lease (the API lease plus [`BACKEND_LEASE_GRACE`]).
+        ttl: Duration,
+    },
+    /// Release `owner`'s grant (compare-and-delete: never touches anyone else's).
+    Release {
+        /// The claim's uid.
+        owner: String,
+    },
+}
+
+/// Why an [`BackendOp::Acquire`] is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquirePurpose {
+    /// Grant a pending claim. After one grant is refused, later grants in the pass are
+    /// skipped: nobody overtakes the head of the queue.
+    Grant,
+    /// The backend lost a grant the API records (restart of the memory backend, a flushed
+    /// Redis): take it again with the same fencing token.
+    Reattach,
+}
+
+/// A backend call and the claim it is for (`None` for lock-wide calls).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedOp {
+    /// The claim the call is made for.
+    pub claim: Option<String>,
+    /// The call.
+    pub op: BackendOp,
+}
+
+/// The answer to one [`PlannedOp`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpOutcome {
+    /// The owner holds the lock with this token.
+    Granted {
+        /// The grant's fencing token.
+        fencing_token: u64,
+        /// The owner already held it (idempotent re-acquire).
+        already_held: bool,
+    },
+    /// Not granted.
+    Busy {
+        /// When the backend expects a slot to free up.
+        retry_after: Option<Duration>,
+    },
+    /// The lease was extended (`true`) or was no longer held (`false`).
+    Extended {
+        /// Whether the owner still held a live lease.
+        still_held: bool,
+    },
+    /// The grant was released (`was_held`: it was live).
+    Released {
+        /// Whether the owner held a live lease.
+        was_held: bool,
+    },
+    /// The fence counter is now `counter`.
+    FloorRaised {
+        /// The counter afterwards.
+        counter: u64,
+    },
+    /// The backend failed; the rest of the pass's calls are skipped.
+    Failed {
+        /// The error, for people.
+        message: String,
+    },
+    /// Not attempted (an earlier call failed, or an earlier grant was refused).
+    Skipped,
+}
+
+/// Decides which planned calls run: after a failure nothing more runs, and after a refused
+/// grant no later grant runs (FIFO: nobody overtakes the head of the queue).
+#[derive(Debug, Clone, Default)]
+pub struct ExecutionGate {
+    failed: bool,
+    grants_blocked: bool,
+}
+
+impl ExecutionGate {
+    /// Whether `op` should be performed, given what ran before.
+    pub fn admits(&self, op: &BackendOp) -> bool {
+        if self.failed {
+            return false;
+        }
+        !(self.grants_blocked
+            && matches!(
+                op,
+                BackendOp::Acquire {
+                    purpose: AcquirePurpose::Grant,
+                    ..
+                }
+            ))
+    }
+
+    /// Records the outcome of a performed `op`.
+    pub fn record(&mut self, op: &BackendOp, outcome: &OpOutcome) {
+        match outcome {
+            OpOutcome::Failed { .. } => self.failed = true,
+            OpOutcome::Busy { .. }
+                if matches!(
+                    op,
+                    BackendOp::Acquire {
+                        purpose: AcquirePurpose::Grant,
+                        ..
+                    }
+                ) =>
+            {
+                self.grants_blocked = true
+            }
+            _ => {}
+        }
+    }
+}
+
+/// How the lock as a whole is being served in this pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum LockMode {
+    /// Normal operation.
+    Serving,
+    /// No new grants: the `Ready` condition explains why.
+    Blocked {
+        reason: &'static str,
+        message: String,
+    },
+    /// The lock is being deleted: every grant ends.
+    Deleting,
+}
+
+/// What a claim is heading for in this pass. `Op` names the backend call it depends on:
+/// an index into [`Plan::ops`] once the calls are laid out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Intent<Op = usize> {
+    /// Held and staying held, nothing to tell the backend.
+    KeepHeld,
+    /// Held; extend the lease to `expiry`.
+    Renew { expiry: Seconds, op: Op },
+    /// Held but missing from the backend: take it again with the recorded token.
+    Reattach {
+        expiry: Seconds,
+        renewed: bool,
+        op: Op,
+    },
+    /// Pending and at the head of the queue with a free slot: grant until `expiry`.
+    Grant { expiry: Seconds, op: Op },
+    /// Pending, waiting in the queue.
+    Queue,
+    /// Ends in a terminal phase now.
+    End {
+        phase: ClaimPhase,
+        reason: &'static str,
+        message: String,
+        /// `releasedAt`, when a grant ends.
+        released_at: Option<Seconds>,
+        release_op: Option<Op>,
+    },
+    /// Already terminal: the status stays as it is.
+    Terminal { release_op: Option<Op> },
+    /// Being deleted: release, then let it go.
+    Delete { release_op: Option<Op> },
+    /// Pending, but its lock is being deleted.
+    LockGone,
+}
+
+impl<Op> Intent<Op> {
+    /// The same intent with its backend call renamed by `rename`.
+    fn map_op<New>(self, rename: impl Fn(Op) -> New) -> Intent<New> {
+        match self {
+            Intent::KeepHeld => Intent::KeepHeld,
+            Intent::Renew { expiry, op } => Intent::Renew {
+                expiry,
+                op: rename(op),
+            },
+            Intent::Reattach {
+                expiry,
+                renewed,
+                op,
+            } => Intent::Reattach {
+                expiry,
+                renewed,
+                op: rename(op),
+            },
+            Intent::Grant { expiry, op } => Intent::Grant {
+                expiry,
+                op: rename(op),
+            },
+            Intent::Queue => Intent::Queue,
+            Intent::End {
+                phase,
+                reason,
+                message,
+                released_at,
+                release_op,
+            } => Intent::End {
+                phase,
+                reason,
+                message,
+                released_at,
+                release_op: release_op.map(rename),
+            },
+            Intent::Terminal { release_op } => Intent::Terminal {
+                release_op: release_op.map(rename),
+            },
+            Intent::Delete { release_op } => Intent::Delete {
+                release_op: release_op.map(rename),
+            },
+            Intent::LockGone => Intent::LockGone,
+        }
+    }
+}
+
+/// Step one's result: the backend calls to perform, in order, and what the core will make of
+/// their answers in step two ([`super::fold`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// Claims (by name) that need the controller's finalizer before any backend call.
+    pub finalizers_to_add: Vec<String>,
+    /// The backend calls, in the order they must run (see [`ExecutionGate`]).
+    pub ops: Vec<PlannedOp>,
+    pub(crate) mode: LockMode,
+    /// Claim indices of the input, in queue order, with their intents.
+    pub(crate) intents: Vec<(usize, Intent)>,
+    /// The fencing high-water mark known from the API (lock status and every claim's token).
+    pub(crate) high_water: u64,
+}
+
+impl Plan {
+    /// Whether the plan needs the backend at all.
+    pub fn has_ops(&self) -> bool {
+        !self.ops.is_empty()
+    }
+}
+
+/// The backend lease for an API lease that runs until `expiry`.
+fn backend_ttl(input: &LockInput, expiry: Seconds) -> Duration {
+    input.until(expiry) + BACKEND_LEASE_GRACE
+}
+
+/// When a held claim's lease runs out, counting a renewal written before it ran out.
+/// Returns `(expiry, renewed)`.
+pub(crate) fn effective_expiry(input: &LockInput, claim: &ClaimView) -> (Seconds, bool) {
+    let now = input.now_seconds();
+    let recorded = claim
+        .status
+        .expires_at
+        .as_ref()
+        .map(super::model::seconds_of)
+        .unwrap_or(now);
+    let lease = claim.lease_seconds(&input.lock);
+    let renewed_until = claim
+        .spec
+        .renew_time
+        .as_ref()
+        .map(super::model::seconds_of)
+        // A renewal dated in the future counts from now.
+        .map(|renewed| renewed.min(now))
+        // A renewal dated after the lease ran out comes too late.
+        .filter(|renewed| *renewed <= recorded)
+        .map(|renewed| renewed.saturating_add(lease))
+        .filter(|until| *until > recorded);
+    let (expiry, renewed) = match renewed_until {
+        Some(until) => (until, true),
+        None => (recorded, false),
+    };
+    // A live owner keeps the lease: renewed once half of it has passed (at the latest in its
+    // last second: with whole-second times a one-second lease has no earlier moment).
+    if claim.owner_state == OwnerState::Alive
+        && expiry >= now
+        && now >= owner_renewal_due(expiry, lease)
+        && now.saturating_add(lease) > expiry
+    {
+        return (now.saturating_add(lease), true);
+    }
+    (expiry, renewed)
+}
+
+/// When the controller renews the lease (ending at `expiry`) of a claim whose owner runs:
+/// once half of it has passed.
+pub(crate) fn owner_renewal_due(expiry: Seconds, lease: Seconds) -> Seconds {
+    expiry.saturating_sub(lease.saturating_add(1) / 2)
+}
+
+/// Why a claim ends because of its owner, if it does.
+fn owner_ending(claim: &ClaimView) -> Option<(&'static str, String)> {
+    let owner = claim.owner.as_ref()?;
+    let kind = match owner.kind {
+        WorkloadKind::Pod => "Pod",
+        WorkloadKind::Job => "Job",
+    };
+    match claim.owner_state {
+        OwnerState::Finished => Some((
+            reasons::OWNER_FINISHED,
+            format!("owner {kind} {} finished", owner.name),
+        )),
+        OwnerState::Gone => Some((
+            reasons::OWNER_GONE,
+            format!("owner {kind} {} no longer exists", owner.name),
+        )),
+        _ => None,
+    }
+}
+
+fn mode_of(input: &LockInput) -> LockMode {
+    if input.lock.deleting {
+        return LockMode::Deleting;
+    }
+    if let Some(problem) = input.lock.spec_problem() {
+        return LockMode::Blocked {
+            reason: reasons::INVALID_SPEC,
+            message: problem,
+        };
+    }
+    match &input.backend {
+        BackendView::NotConfigured { backend } => LockMode::Blocked {
+            reason: reasons::BACKEND_NOT_CONFIGURED,
+            message: format!("the controller has no {backend} backend configured"),
+        },
+        BackendView::Unavailable { message, .. } => LockMode::Blocked {
+            reason: reasons::BACKEND_UNAVAILABLE,
+            message: message.clone(),
+        },
+        BackendView::Ready { .. } => LockMode::Serving,
+    }
+}
+
+/// Collects the backend calls by group; [`Builder::layout`] puts the groups in order.
+struct Builder<'a> {
+    input: &'a LockInput,
+    releases: Vec<PlannedOp>,
+    /// `(recorded token, claim name, owner, ttl)` of grants to take back.
+    reattaches: Vec<(u64, String, String, Duration)>,
+    extends: Vec<PlannedOp>,
+    grants: Vec<PlannedOp>,
+}
+
+/// A call in one of the [`Builder`]'s groups, before the final layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OpRef {
+    Release(usize),
+    Extend(usize),
+    Grant(usize),
+    /// Re-attaches are laid out by token; found by claim name.
+    Reattach,
+}
+
+impl<'a> Builder<'a> {
+    fn release(&mut self, claim: &ClaimView) -> OpRef {
+        self.releases.push(PlannedOp {
+            claim: Some(claim.name.clone()),
+            op: BackendOp::Release {
+                owner: claim.uid.clone(),
+            },
+        });
+        OpRef::Release(self.releases.len() - 1)
+    }
+
+    /// A release when the backend holds (or, by the API, should hold) a grant for `claim`.
+    /// Without an answer from the backend nothing is planned: the caller keeps finalizers
+    /// until the backend answers.
+    fn release_if_held(&mut self, claim: &ClaimView, recorded_held: bool) -> Option<OpRef> {
+        match &self.input.backend {
+            BackendView::Ready { .. } if recorded_held || self.input.backend.holds(&claim.uid) => {
+                Some(self.release(claim))
+            }
+            _ => None,
+        }
+    }
+
+    fn extend(&mut self, claim: &ClaimView, ttl: Duration) -> OpRef {
+        self.extends.push(PlannedOp {
+            claim: Some(claim.name.clone()),
+            op: BackendOp::Extend {
+                owner: claim.uid.clone(),
+                ttl,
+            },
+        });
+        OpRef::Extend(self.extends.len() - 1)
+    }
+
+    fn grant(&mut self, claim: &ClaimView, ttl: Duration) -> OpRef {
+        self.grants.push(PlannedOp {
+            claim: Some(claim.name.clone()),
+            op: BackendOp::Acquire {
+                owner: claim.uid.clone(),
+                ttl,
+                purpose: AcquirePurpose::Grant,
+            },
+        });
+        OpRef::Grant(self.grants.len() - 1)
+    }
+
+    fn reattach(&mut self, claim: &ClaimView, ttl: Duration) -> OpRef {
+        let token = claim.fencing_token().unwrap_or(0);
+        self.reattaches
+            .push((token, claim.name.clone(), claim.uid.clone(), ttl));
+        OpRef::Reattach
+    }
+
+    /// Orders the calls: releases free slots first; re-attached grants take their own tokens
+    /// back, ascending (the floor is raised to just below each); renewals; the floor is raised
+    /// to the high-water mark; new grants come last, above it. Returns the calls and a
+    /// resolver from [`OpRef`] (with the claim name) to the index in the list.
+    fn layout(mut self, floor: Option<u64>) -> (Vec<PlannedOp>, impl Fn(OpRef, &str) -> usize) {
+        let mut ops = Vec::new();
+        ops.append(&mut self.releases);
+        let release_base = 0;
+        self.reattaches.sort_by_key(|(token, ..)| *token);
+        let mut reattach_at = std::collections::HashMap::new();
+        for (token, claim, owner, ttl) in self.reattaches {
+            ops.push(PlannedOp {
+                claim: None,
+                op: BackendOp::RaiseFloor {
+                    floor: token.saturating_sub(1),
+                },
+            });
+            reattach_at.insert(claim.clone(), ops.len());
+            ops.push(PlannedOp {
+                claim: Some(claim),
+                op: BackendOp::Acquire {
+                    owner,
+                    ttl,
+                    purpose: AcquirePurpose::Reattach,
+                },
+            });
+        }
+        let extend_base = ops.len();
+        ops.append(&mut self.extends);
+        if let Some(floor) = floor {
+            ops.push(PlannedOp {
+                claim: None,
+                op: BackendOp::RaiseFloor { floor },
+            });
+        }
+        let grant_base = ops.len();
+        ops.append(&mut self.grants);
+        let resolve = move |op: OpRef, claim: &str| match op {
+            OpRef::Release(i) => release_base + i,
+            OpRef::Extend(i) => extend_base + i,
+            OpRef::Grant(i) => grant_base + i,
+            OpRef::Reattach => reattach_at.get(claim).copied().unwrap_or(usize::MAX),
+        };
+        (ops, resolve)
+    }
+}
+
+/// [`Intent`] before the calls are laid out.
+type Draft = Intent<OpRef>;
+
+/// Why a claim that is not held ends now, if it does.
+fn pending_ending(claim: &ClaimView, now: Seconds) -> Option<(ClaimPhase, &'static str, String)> {
+    if let Some(problem) = claim.spec_problem() {
+        return Some((ClaimPhase::Failed, reasons::INVALID_SPEC, problem));
+    }
+    if claim.release_requested() {
+        return Some((
+            ClaimPhase::Released,
+            reasons::WITHDRAWN,
+            "withdrawn (spec.release) before it was granted".to_owned(),
+        ));
+    }
+    if let Some((reason, message)) = owner_ending(claim) {
+        return Some((ClaimPhase::Released, reason, message));
+    }
+    if claim
+        .acquire_deadline()
+        .is_some_and(|deadline| deadline <= now)
+    {
+        return Some((
+            ClaimPhase::Failed,
+            reasons::ACQUIRE_TIMEOUT,
+            format!(
+                "not granted within acquireTimeoutSeconds ({}s)",
+                claim.spec.acquire_timeout_seconds.unwrap_or_default()
+            ),
+        ));
+    }
+    None
+}
+
+/// What a held claim is heading for.
+fn held_draft(
+    builder: &mut Builder<'_>,
+    mode: &LockMode,
+    claim: &ClaimView,
+    now: Seconds,
+) -> Draft {
+    let input = builder.input;
+    if *mode == LockMode::Deleting {
+        return Draft::End {
+            phase: ClaimPhase::Expired,
+            reason: reasons::LOCK_DELETED,
+            message: format!("lock {} was deleted", input.lock.name),
+            released_at: Some(now),
+            release_op: builder.release_if_held(claim, true),
+        };
+    }
+    if claim.release_requested() {
+        return Draft::End {
+            phase: ClaimPhase::Released,
+            reason: reasons::RELEASE_REQUESTED,
+            message: "released on request (spec.release)".to_owned(),
+            released_at: Some(now),
+            release_op: builder.release_if_held(claim, true),
+        };
+    }
+    if let Some((reason, message)) = owner_ending(claim) {
+        return Draft::End {
+            phase: ClaimPhase::Released,
+            reason,
+            message,
+            released_at: Some(now),
+            release_op: builder.release_if_held(claim, true),
+        };
+    }
+    let (expiry, renewed) = effective_expiry(input, claim);
+    if expiry <= now {
+        return Draft::End {
+            phase: ClaimPhase::Expired,
+            reason: reasons::LEASE_EXPIRED,
+            message: "the lease ran out without renewal".to_owned(),
+            released_at: Some(expiry),
+            release_op: builder.release_if_held(claim, true),
+        };
+    }
+    if *mode != LockMode::Serving {
+        return Draft::KeepHeld;
+    }
+    let ttl = backend_ttl(input, expiry);
+    if !input.backend.holds(&claim.uid) {
+        builder.reattach(claim, ttl);
+        Draft::Reattach {
+            expiry,
+            renewed,
+            op: OpRef::Reattach,
+        }
+    } else if renewed {
+        Draft::Renew {
+            expiry,
+            op: builder.extend(claim, ttl),
+        }
+    } else {
+        Draft::KeepHeld
+    }
+}
+
+/// Step one of a pass (pure): what every claim is heading for and the backend calls needed.
+pub fn plan(input: &LockInput) -> Plan {
+    let now = input.now_seconds();
+    let mode = mode_of(input);
+    let high_water = input
+        .claims
+        .iter()
+        .filter_map(ClaimView::fencing_token)
+        .fold(input.lock.fencing_high_water(), u64::max);
+
+    let mut order: Vec<usize> = (0..input.claims.len()).collect();
+    order.sort_by(|a, b| {
+        input.claims[*a]
+            .queue_order()
+            .cmp(&input.claims[*b].queue_order())
+    });
+
+    let mut builder = Builder {
+        input,
+        releases: Vec::new(),
+        reattaches: Vec::new(),
+        extends: Vec::new(),
+        grants: Vec::new(),
+    };
+    let mut drafts: Vec<(usize, Draft)> = Vec::with_capacity(order.len());
+    let mut finalizers_to_add = Vec::new();
+    let mut queue: Vec<usize> = Vec::new();
+    let mut held = 0usize;
+
+    for &index in &order {
+        let claim = &input.claims[index];
+        let phase = claim.phase();
+        let draft = if claim.deleting {
+            // Without our finalizer nobody waits for us: the claim simply goes away.
+            let release = if claim.has_finalizer {
+                builder.release_if_held(claim, phase == ClaimPhase::Held)
+            } else {
+                None
+            };
+            Draft::Delete {
+                release_op: release,
+            }
+        } else if phase.is_terminal() {
+            Draft::Terminal {
+                release_op: builder.release_if_held(claim, false),
+            }
+        } else {
+            if phase == ClaimPhase::Held {
+                let draft = held_draft(&mut builder, &mode, claim, now);
+                if !matches!(draft, Draft::End { .. }) {
+                    held += 1;
+                }
+                draft
+            } else if mode == LockMode::Deleting {
+                builder.release_if_held(claim, false);
+                Draft::LockGone
+            } else if let Some((phase, reason, message)) = pending_ending(claim, now) {
+                Draft::End {
+                    phase,
+                    reason,
+                    message,
+                    released_at: None,
+                    release_op: builder.release_if_held(claim, false),
+                }
+            } else {
+                queue.push(drafts.len());
+                Draft::Queue
+            }
+        };
+        drafts.push((index, draft));
+    }
+
+    // Grants: the head of the queue, as many as there are free slots.
+    let mut floor = None;
+    if mode == LockMode::Serving {
+        let snapshot = input.backend.snapshot();
+        if high_water > snapshot.map_or(0, |s| s.fencing_token) {
+            floor = Some(high_water);
+        }
+        let free = (input.lock.max_holders() as usize).saturating_sub(held);
+        for (position, &slot) in queue.iter().enumerate() {
+            let claim = &input.claims[drafts[slot].0];
+            let backend_token = snapshot.and_then(|snapshot| {
+                snapshot
+                    .holders
+                    .iter()
+                    .find(|holder| holder.owner == claim.uid)
+                    .map(|holder| holder.fencing_token)
+            });
+            if position < free {
+                // A grant the backend made in an earlier pass whose status write failed is
+                // re-used, unless a later grant was announced meanwhile: then it is taken
+                // again, so announced tokens keep increasing.
+                if backend_token.is_some_and(|token| token <= high_water) {
+                    builder.release(claim);
+                }
+                let expiry = now.saturating_add(claim.lease_seconds(&input.lock));
+                let ttl = backend_ttl(input, expiry);
+                drafts[slot].1 = Draft::Grant {
+                    expiry,
+                    op: builder.grant(claim, ttl),
+                };
+            } else if backend_token.is_some() {
+                // Granted in an earlier pass but no longer at the head: give the slot back.
+                builder.release(claim);
+            }
+        }
+    }
+
+    // Claims that go on (held or queued) get the finalizer before any backend call, so that
+    // a grant is always released before its claim can go away. Claims ending now need none.
+    for (index, draft) in &drafts {
+        let claim = &input.claims[*index];
+        let goes_on = matches!(
+            draft,
+            Draft::KeepHeld
+                | Draft::Renew { .. }
+                | Draft::Reattach { .. }
+                | Draft::Grant { .. }
+                | Draft::Queue
+        );
+        if goes_on && !claim.has_finalizer {
+            finalizers_to_add.push(claim.name.clone());
+        }
+    }
+
+    let (ops, resolve) = builder.layout(floor);
+    let intents = drafts
+        .into_iter()
+        .map(|(index, draft)| {
+            let name = input.claims[index].name.as_str();
+            (index, draft.map_op(|op| resolve(op, name)))
+        })
+        .collect();
+
+    Plan {
+        finalizers_to_add,
+        ops,
+        mode,
+        intents,
+        high_water,
+    }
+}

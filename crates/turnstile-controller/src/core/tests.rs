@@ -1,0 +1,163 @@
+//! Unit tests of the core's small rules; whole passes are tested in `tests/controller_core.rs`.
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+
+use super::model::{time_at, BackendView, ClaimView, LockInput, LockView};
+use super::plan::{effective_expiry, AcquirePurpose, BackendOp, ExecutionGate, OpOutcome};
+use turnstile_api::{
+    BackendKind, ClaimPhase, DistributedLockSpec, DistributedLockStatus, LockClaimSpec,
+    LockClaimStatus,
+};
+use turnstile_lock::LockSnapshot;
+
+const T0: i64 = 1_900_000_000;
+
+fn lock() -> LockView {
+    LockView {
+        namespace: "ns".to_owned(),
+        name: "db".to_owned(),
+        generation: Some(1),
+        deleting: false,
+        has_finalizer: true,
+        spec: DistributedLockSpec {
+            backend: None,
+            lease_duration_seconds: 10,
+            max_holders: 1,
+            key: None,
+        },
+        status: DistributedLockStatus::default(),
+    }
+}
+
+fn held_claim(expires: i64, renew: Option<i64>) -> ClaimView {
+    ClaimView {
+        name: "a".to_owned(),
+        uid: "uid-a".to_owned(),
+        created: T0,
+        generation: Some(1),
+        deleting: false,
+        has_finalizer: true,
+        owner_name: None,
+        owner: None,
+        owner_state: super::model::OwnerState::NotTracked,
+        spec: LockClaimSpec {
+            lock_name: "db".to_owned(),
+            holder_identity: None,
+            lease_duration_seconds: None,
+            acquire_timeout_seconds: None,
+            renew_time: renew.map(time_at),
+            release: None,
+        },
+        status: LockClaimStatus {
+            phase: Some(ClaimPhase::Held),
+            fencing_token: Some(1),
+            acquired_at: Some(time_at(T0)),
+            expires_at: Some(time_at(expires)),
+            ..LockClaimStatus::default()
+        },
+    }
+}
+
+fn input_at(now: i64, claim: ClaimView) -> LockInput {
+    LockInput {
+        lock: lock(),
+        claims: vec![claim],
+        now: Timestamp::from_second(now).expect("time") + Duration::from_millis(250),
+        backend: BackendView::Ready {
+            backend: BackendKind::Memory,
+            snapshot: LockSnapshot::default(),
+        },
+    }
+}
+
+#[test]
+fn renewal_counts_from_renew_time_plus_lease() {
+    let claim = held_claim(T0 + 10, Some(T0 + 8));
+    let input = input_at(T0 + 9, claim.clone());
+    assert_eq!(effective_expiry(&input, &claim), (T0 + 18, true));
+}
+
+#[test]
+fn renewal_dated_in_the_future_counts_from_now() {
+    let claim = held_claim(T0 + 10, Some(T0 + 9_000));
+    let input = input_at(T0 + 5, claim.clone());
+    assert_eq!(effective_expiry(&input, &claim), (T0 + 15, true));
+}
+
+#[test]
+fn renewal_after_the_lease_ran_out_is_too_late() {
+    let claim = held_claim(T0 + 10, Some(T0 + 11));
+    let input = input_at(T0 + 12, claim.clone());
+    assert_eq!(effective_expiry(&input, &claim), (T0 + 10, false));
+}
+
+#[test]
+fn an_applied_renewal_is_not_applied_again() {
+    let claim = held_claim(T0 + 18, Some(T0 + 8));
+    let input = input_at(T0 + 9, claim.clone());
+    assert_eq!(effective_expiry(&input, &claim), (T0 + 18, false));
+}
+
+#[test]
+fn gate_stops_everything_after_a_failure() {
+    let mut gate = ExecutionGate::default();
+    let release = BackendOp::Release {
+        owner: "x".to_owned(),
+    };
+    assert!(gate.admits(&release));
+    gate.record(
+        &release,
+        &OpOutcome::Failed {
+            message: "down".to_owned(),
+        },
+    );
+    assert!(!gate.admits(&release));
+    assert!(!gate.admits(&BackendOp::RaiseFloor { floor: 1 }));
+}
+
+#[test]
+fn gate_stops_later_grants_after_a_refused_grant_only() {
+    let mut gate = ExecutionGate::default();
+    let grant = BackendOp::Acquire {
+        owner: "x".to_owned(),
+        ttl: Duration::from_secs(1),
+        purpose: AcquirePurpose::Grant,
+    };
+    let reattach = BackendOp::Acquire {
+        owner: "y".to_owned(),
+        ttl: Duration::from_secs(1),
+        purpose: AcquirePurpose::Reattach,
+    };
+    gate.record(&reattach, &OpOutcome::Busy { retry_after: None });
+    assert!(
+        gate.admits(&grant),
+        "a lost re-attach does not block grants"
+    );
+    gate.record(&grant, &OpOutcome::Busy { retry_after: None });
+    assert!(!gate.admits(&grant));
+    assert!(gate.admits(&BackendOp::Release {
+        owner: "z".to_owned()
+    }));
+}
+
+#[test]
+fn reattach_raises_the_floor_just_below_the_recorded_token_then_to_the_high_water() {
+    let mut claim = held_claim(T0 + 10, None);
+    claim.status.fencing_token = Some(7);
+    let mut input = input_at(T0 + 1, claim);
+    input.lock.status.fencing_token = Some(9);
+    let plan = super::plan(&input);
+    let ops: Vec<&BackendOp> = plan.ops.iter().map(|op| &op.op).collect();
+    assert!(matches!(ops[0], BackendOp::RaiseFloor { floor: 6 }));
+    assert!(matches!(
+        ops[1],
+        BackendOp::Acquire {
+            purpose: AcquirePurpose::Reattach,
+            ..
+        }
+    ));
+    assert!(matches!(ops[2], BackendOp::RaiseFloor { floor: 9 }));
+    assert_eq!(ops.len(), 3);
+}

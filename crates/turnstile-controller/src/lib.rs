@@ -1,0 +1,30 @@
+//! Turnstile's controller: reconcilers that are small I/O shells over a pure decision core.
+//!
+//! - [`core`]: the decisions (who holds, who waits, who is next), with no I/O.
+//! - [`lock_reconciler`]: one pass over a `DistributedLock` and all its claims.
+//! - [`claim_reconciler`]: claims whose lock does not exist.
+//! - [`owner_watch`]: Pod/Job events wake the locks of the claims they own.
+//! - [`job_gate`]: Jobs created suspended with `turnstile.dev/lock` run once their claim is held.
+//! - [`backend_ops`]: performs the core's backend calls on the lock engine.
+//! - [`runtime`]: the watches, caches and controllers (`turnstile run`).
+//! - [`leader`]: leader election on a `coordination.k8s.io` Lease.
+//! - [`metrics`]: the Prometheus series, and the `/metrics`, `/healthz`, `/readyz` endpoints.
+
+pub mod backend_ops;
+pub mod backends;
+pub mod claim_reconciler;
+pub mod context;
+pub mod core;
+pub mod error;
+pub mod events;
+pub mod job_gate;
+pub mod leader;
+pub mod lock_reconciler;
+pub mod metrics;
+pub mod owner_watch;
+pub mod owners;
+pub mod patch;
+pub mod runtime;
+
+pub use error::ControllerError;
+pub use runtime::{run, ControllerConfig};

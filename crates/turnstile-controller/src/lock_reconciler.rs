@@ -1,0 +1,451 @@
+//! The reconciler of one `DistributedLock`: gathers the lock, all its claims and a backend
+//! snapshot, lets the core decide, performs the backend calls, and writes only what changed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Api, Resource, ResourceExt};
+use tracing::Instrument;
+
+use super::backend_ops::{describe, execute_while};
+use super::backends::BackendLookupError;
+use super::context::{cache_filled, Context};
+use super::core::{
+    fold, plan, BackendOp, BackendView, ClaimView, Decision, EventSubject, FinalizerChange,
+    GrantEnd, LockInput, LockView, Observation, OpOutcome, PlannedOp,
+};
+use super::error::ControllerError;
+use super::events::publish;
+use super::owners::fill_owner_states;
+use super::patch::{finalizers_patch, status_patch};
+use crate::metrics::{BackendOperation, LockLostCause, Metrics, ReconcileErrorKind};
+use turnstile_api::{BackendKind, DistributedLock, LockClaim, FINALIZER};
+use turnstile_lock::Backend;
+
+/// The claims of `lock` in the cache, with their objects by name.
+fn claims_of(ctx: &Context, lock: &LockView) -> HashMap<String, Arc<LockClaim>> {
+    ctx.claims
+        .state()
+        .into_iter()
+        .filter(|claim| {
+            claim.namespace().as_deref() == Some(lock.namespace.as_str())
+                && claim.spec.lock_name == lock.name
+        })
+        .map(|claim| (claim.name_any(), claim))
+        .collect()
+}
+
+/// Reconciles one lock (see the module docs). Errors are retried with backoff by the caller.
+pub async fn reconcile_lock(
+    lock: Arc<DistributedLock>,
+    ctx: Arc<Context>,
+) -> Result<Action, ControllerError> {
+    let view = LockView::from_resource(&lock);
+    let span = tracing::info_span!("reconcile", namespace = %view.namespace, lock = %view.name);
+    reconcile_inner(&lock, view, &ctx).instrument(span).await
+}
+
+async fn reconcile_inner(
+    lock: &DistributedLock,
+    view: LockView,
+    ctx: &Context,
+) -> Result<Action, ControllerError> {
+    // A pass over a half-filled cache would miss claims.
+    cache_filled(&ctx.claims).await;
+    let objects = claims_of(ctx, &view);
+    let mut claims: Vec<ClaimView> = objects
+        .values()
+        .filter_map(|claim| match ClaimView::from_resource(claim) {
+            Ok(view) => Some(view),
+            Err(error) => {
+                tracing::warn!(%error, "ignoring incomplete claim");
+                None
+            }
+        })
+        .collect();
+
+    fill_owner_states(&ctx.client, &view.namespace, &mut claims).await;
+
+    let kind = view.spec.backend.unwrap_or(ctx.backends.default_kind());
+    let key = view.backend_key();
+    let (backend_view, backend): (BackendView, Option<Arc<dyn Backend>>) =
+        match ctx.backends.get(kind).await {
+            Ok(backend) => match backend.snapshot(&key).await {
+                Ok(snapshot) => (
+                    BackendView::Ready {
+                        backend: kind,
+                        snapshot,
+                    },
+                    Some(backend),
+                ),
+                Err(error) => (
+                    BackendView::Unavailable {
+                        backend: kind,
+                        message: describe(&error),
+                    },
+                    None,
+                ),
+            },
+            Err(BackendLookupError::NotConfigured(_)) => {
+                (BackendView::NotConfigured { backend: kind }, None)
+            }
+            Err(BackendLookupError::Unavailable(error)) => (
+                BackendView::Unavailable {
+                    backend: kind,
+                    message: describe(&error),
+                },
+                None,
+            ),
+        };
+    if let BackendView::Unavailable { message, .. } = &backend_view {
+        ctx.metrics
+            .record_backend_error(kind, BackendOperation::Connect);
+        tracing::warn!(backend = %kind, error = %message, "backend unavailable");
+    }
+
+    let input = LockInput {
+        lock: view,
+        claims,
+        now: Timestamp::now(),
+        backend: backend_view,
+    };
+    let planned = plan(&input);
+
+    let mut writer = Writer::new(ctx, lock, &objects);
+    for name in &planned.finalizers_to_add {
+        writer.add_claim_finalizer(name).await?;
+    }
+    let outcomes = match &backend {
+        Some(backend) => {
+            execute_while(
+                backend.as_ref(),
+                &key,
+                input.lock.max_holders(),
+                &planned.ops,
+                || ctx.leadership.is_open(),
+            )
+            .await
+        }
+        None => Vec::new(),
+    };
+    let decision = fold(&input, &planned, &outcomes);
+    record_failed_calls(&ctx.metrics, kind, &planned.ops, &outcomes);
+    writer.apply(&input, &decision).await?;
+
+    let metrics_key = backoff_key(&input.lock);
+    if input.lock.deleting {
+        ctx.metrics.forget_lock(&metrics_key);
+    } else {
+        let waiting = decision
+            .lock_status
+            .as_ref()
+            .map_or(input.lock.status.waiting, |status| status.waiting);
+        ctx.metrics
+            .set_queue_depth(&metrics_key, kind, u64::try_from(waiting).unwrap_or(0));
+    }
+    if decision.backend_failure.is_some() {
+        ctx.metrics
+            .record_reconcile_error(ReconcileErrorKind::Backend);
+    }
+    record_observations(&ctx.metrics, kind, &decision.observations);
+    publish_events(ctx, lock, &objects, &input, &decision).await;
+
+    Ok(match &decision.backend_failure {
+        Some(_) => Action::requeue(ctx.backoff(&metrics_key).min(decision.requeue_after)),
+        None => {
+            ctx.reset_backoff(&metrics_key);
+            Action::requeue(decision.requeue_after)
+        }
+    })
+}
+
+fn backoff_key(lock: &LockView) -> String {
+    format!("lock/{}/{}", lock.namespace, lock.name)
+}
+
+/// The retry policy after a failed pass (API errors; 409 Conflicts retry quickly).
+pub fn lock_error_policy(
+    lock: Arc<DistributedLock>,
+    error: &ControllerError,
+    ctx: Arc<Context>,
+) -> Action {
+    let view = LockView::from_resource(&lock);
+    if error.is_not_leader() {
+        // The controllers are stopping; the next leader takes the lock from here.
+        tracing::info!(namespace = %view.namespace, lock = %view.name, %error, "pass stopped");
+        return Action::await_change();
+    }
+    ctx.metrics.record_reconcile_error(match error {
+        ControllerError::Kube { .. } => ReconcileErrorKind::Api,
+        _ => ReconcileErrorKind::Other,
+    });
+    let delay = ctx.retry_delay(&backoff_key(&view), error);
+    tracing::warn!(
+        namespace = %view.namespace,
+        lock = %view.name,
+        %error,
+        retry_in = ?delay,
+        "reconcile failed"
+    );
+    Action::requeue(delay)
+}
+
+/// Counts the backend calls that failed, by operation.
+fn record_failed_calls(
+    metrics: &Metrics,
+    backend: BackendKind,
+    ops: &[PlannedOp],
+    outcomes: &[OpOutcome],
+) {
+    for (planned, outcome) in ops.iter().zip(outcomes) {
+        if matches!(outcome, OpOutcome::Failed { .. }) {
+            let operation = match planned.op {
+                BackendOp::RaiseFloor { .. } => BackendOperation::RaiseFloor,
+                BackendOp::Acquire { .. } => BackendOperation::Acquire,
+                BackendOp::Extend { .. } => BackendOperation::Extend,
+                BackendOp::Release { .. } => BackendOperation::Release,
+            };
+            metrics.record_backend_error(backend, operation);
+        }
+    }
+}
+
+/// Feeds the pass's facts to the metrics.
+fn record_observations(metrics: &Metrics, backend: BackendKind, observations: &[Observation]) {
+    for observation in observations {
+        match observation {
+            Observation::Granted { waited } => metrics.record_grant(backend, *waited),
+            Observation::Renewed => metrics.record_renewal(backend),
+            Observation::GrantEnded { end, held_for } => match end {
+                GrantEnd::Released => metrics.record_release(backend, *held_for),
+                GrantEnd::Expired => metrics.record_expiry(backend, *held_for),
+                GrantEnd::BackendLost => {
+                    metrics.record_lock_lost(backend, LockLostCause::BackendLost, *held_for)
+                }
+                GrantEnd::LockDeleted => {
+                    metrics.record_lock_lost(backend, LockLostCause::LockDeleted, *held_for)
+                }
+            },
+            Observation::Failed => metrics.record_claim_failed(backend),
+        }
+    }
+}
+
+async fn publish_events(
+    ctx: &Context,
+    lock: &DistributedLock,
+    objects: &HashMap<String, Arc<LockClaim>>,
+    input: &LockInput,
+    decision: &Decision,
+) {
+    for event in &decision.events {
+        if !ctx.leadership.is_open() {
+            return;
+        }
+        let regarding = match &event.subject {
+            EventSubject::Lock => lock.object_ref(&()),
+            EventSubject::Claim(name) => match objects.get(name) {
+                Some(claim) => claim.object_ref(&()),
+                None => continue,
+            },
+        };
+        publish(
+            &ctx.recorder,
+            &regarding,
+            event,
+            &input.lock.namespace,
+            &input.lock.name,
+        )
+        .await;
+    }
+}
+
+/// Writes one pass's decision, each write conditional on the resourceVersion the pass read
+/// (or the one its own previous write produced).
+struct Writer<'a> {
+    ctx: &'a Context,
+    lock: &'a DistributedLock,
+    claims: Api<LockClaim>,
+    objects: &'a HashMap<String, Arc<LockClaim>>,
+    versions: HashMap<String, Option<String>>,
+    finalizers: HashMap<String, Vec<String>>,
+}
+
+impl<'a> Writer<'a> {
+    fn new(
+        ctx: &'a Context,
+        lock: &'a DistributedLock,
+        objects: &'a HashMap<String, Arc<LockClaim>>,
+    ) -> Self {
+        let namespace = lock.namespace().unwrap_or_default();
+        Self {
+            ctx,
+            lock,
+            claims: Api::namespaced(ctx.client.clone(), &namespace),
+            objects,
+            versions: objects
+                .iter()
+                .map(|(name, claim)| (name.clone(), claim.resource_version()))
+                .collect(),
+            finalizers: objects
+                .iter()
+                .map(|(name, claim)| (name.clone(), claim.finalizers().to_vec()))
+                .collect(),
+        }
+    }
+
+    fn version(&self, name: &str) -> Option<&str> {
+        self.versions.get(name).and_then(|v| v.as_deref())
+    }
+
+    fn remember(&mut self, claim: &LockClaim) {
+        let name = claim.name_any();
+        self.versions.insert(name.clone(), claim.resource_version());
+        self.finalizers.insert(name, claim.finalizers().to_vec());
+    }
+
+    async fn set_claim_finalizers(
+        &mut self,
+        name: &str,
+        finalizers: Vec<String>,
+    ) -> Result<(), ControllerError> {
+        self.ctx
+            .leadership
+            .check(&format!("setting finalizers of claim {name}"))?;
+        let patch = finalizers_patch(&finalizers, self.version(name));
+        let updated = self
+            .claims
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| ControllerError::kube(format!("setting finalizers of claim {name}"), e))?;
+        self.remember(&updated);
+        Ok(())
+    }
+
+    async fn add_claim_finalizer(&mut self, name: &str) -> Result<(), ControllerError> {
+        let mut finalizers = self.finalizers.get(name).cloned().unwrap_or_default();
+        if finalizers.iter().any(|f| f == FINALIZER) {
+            return Ok(());
+        }
+        finalizers.push(FINALIZER.to_owned());
+        self.set_claim_finalizers(name, finalizers).await
+    }
+
+    async fn remove_claim_finalizer(&mut self, name: &str) -> Result<(), ControllerError> {
+        let mut finalizers = self.finalizers.get(name).cloned().unwrap_or_default();
+        if !finalizers.iter().any(|f| f == FINALIZER) {
+            return Ok(());
+        }
+        finalizers.retain(|f| f != FINALIZER);
+        self.set_claim_finalizers(name, finalizers).await
+    }
+
+    /// Writes claims in the decided order (claims leaving `Held` first), then the lock.
+    /// Stops at the first failure: the next pass recomputes from fresh state.
+    async fn apply(
+        &mut self,
+        input: &LockInput,
+        decision: &Decision,
+    ) -> Result<(), ControllerError> {
+        for change in &decision.claims {
+            if let Some(status) = &change.status {
+                let old = self
+                    .objects
+                    .get(&change.name)
+                    .and_then(|claim| claim.status.as_ref());
+                if let Some(patch) = status_patch(old, status, self.version(&change.name))? {
+                    self.ctx
+                        .leadership
+                        .check(&format!("writing status of claim {}", change.name))?;
+                    let updated = self
+                        .claims
+                        .patch_status(&change.name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .map_err(|e| {
+                            ControllerError::kube(
+                                format!("writing status of claim {}", change.name),
+                                e,
+                            )
+                        })?;
+                    self.remember(&updated);
+                    // Phase changes are the story of a lock; other status updates are not.
+                    if old.and_then(|old| old.phase) != status.phase {
+                        let phase = status.phase.unwrap_or_default();
+                        tracing::info!(
+                            namespace = %input.lock.namespace,
+                            lock = %input.lock.name,
+                            claim = %change.name,
+                            %phase,
+                            token = status.fencing_token.unwrap_or_default(),
+                            position = status.position.unwrap_or_default(),
+                            reason = status.reason.as_deref().unwrap_or(""),
+                            "claim is {phase}"
+                        );
+                    }
+                }
+            }
+            if change.finalizer == FinalizerChange::Remove {
+                self.remove_claim_finalizer(&change.name).await?;
+                if let Some(claim) = self
+                    .objects
+                    .get(&change.name)
+                    .filter(|claim| claim.metadata.deletion_timestamp.is_some())
+                {
+                    tracing::info!(
+                        namespace = %input.lock.namespace,
+                        lock = %input.lock.name,
+                        claim = %change.name,
+                        token = claim
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.fencing_token)
+                            .unwrap_or_default(),
+                        "claim deleted; its grant is released"
+                    );
+                }
+            }
+        }
+
+        let namespace = input.lock.namespace.as_str();
+        let locks: Api<DistributedLock> = Api::namespaced(self.ctx.client.clone(), namespace);
+        let name = input.lock.name.as_str();
+        let mut version = self.lock.resource_version();
+        if let Some(status) = &decision.lock_status {
+            if let Some(patch) =
+                status_patch(self.lock.status.as_ref(), status, version.as_deref())?
+            {
+                self.ctx
+                    .leadership
+                    .check(&format!("writing status of lock {name}"))?;
+                let updated = locks
+                    .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(|e| {
+                        ControllerError::kube(format!("writing status of lock {name}"), e)
+                    })?;
+                version = updated.resource_version();
+            }
+        }
+        if decision.add_lock_finalizer || decision.remove_lock_finalizer {
+            let mut finalizers = self.lock.finalizers().to_vec();
+            finalizers.retain(|f| f != FINALIZER);
+            if decision.add_lock_finalizer {
+                finalizers.push(FINALIZER.to_owned());
+            }
+            self.ctx
+                .leadership
+                .check(&format!("setting finalizers of lock {name}"))?;
+            let patch = finalizers_patch(&finalizers, version.as_deref());
+            locks
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(|e| {
+                    ControllerError::kube(format!("setting finalizers of lock {name}"), e)
+                })?;
+        }
+        Ok(())
+    }
+}

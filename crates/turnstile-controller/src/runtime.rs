@@ -1,0 +1,364 @@
+//! Wiring: the watches, the caches and the two controllers, leader election and the metrics
+//! endpoint, until shutdown.
+//!
+//! One watch on `LockClaim`s feeds one cache and the controllers (through a fan-out), so a
+//! lock's reconciler always reads a cache that already holds the claim event that woke it:
+//!
+//! - the `DistributedLock` controller reconciles each lock with all of its claims (claim
+//!   events map to their lock by `spec.lockName`), so the FIFO decision sees the whole queue;
+//!   finished Pods and all Jobs wake the locks of the claims they own (`owner_watch`);
+//! - the `LockClaim` controller only looks after claims whose lock does not exist;
+//! - the Job gate (`job_gate`) claims locks for suspended, annotated Jobs and un-suspends them.
+//!
+//! With leader election, only the leader runs the controllers; a replica that loses the
+//! lead stops them at once and stands by again (a new term starts with fresh caches and a
+//! fresh memory backend, rebuilt from the claims' statuses).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::channel::mpsc;
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::controller::{Config as ControllerRuntimeConfig, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::watch;
+
+use super::backends::{Backends, MongoSettings};
+use super::claim_reconciler::{claim_error_policy, reconcile_claim};
+use super::context::{cache_filled, Context, LeadershipGate};
+use super::core::WorkloadKind;
+use super::error::ControllerError;
+use super::job_gate::{run_gate, GateContext};
+use super::lock_reconciler::{lock_error_policy, reconcile_lock};
+use super::owner_watch::{owner_trigger, FINISHED_PODS};
+use crate::leader::{self, LeaderConfig};
+use crate::metrics::{self, Metrics, Readiness};
+use turnstile_api::{BackendKind, DistributedLock, LockClaim};
+
+/// Name the controller reports Events under.
+pub const CONTROLLER_NAME: &str = "turnstile";
+
+/// Collapse bursts of triggers for one lock into one pass.
+const DEBOUNCE: Duration = Duration::from_millis(50);
+
+/// How `turnstile run` is configured.
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    /// Watch only this namespace (all namespaces when `None`).
+    pub namespace: Option<String>,
+    /// The backend of locks that do not name one.
+    pub default_backend: BackendKind,
+    /// Redis connection URL; locks with `backend: redis` are served only when given.
+    pub redis_url: Option<String>,
+    /// MongoDB connection settings; locks with `backend: mongo` are served only when given.
+    pub mongo: Option<MongoSettings>,
+    /// Where to serve `/metrics`, `/healthz` and `/readyz`.
+    pub metrics_addr: Option<SocketAddr>,
+    /// This replica's name in Events (the Pod name).
+    pub instance: Option<String>,
+    /// Take part in leader election on this Lease; reconcile only while leading.
+    pub leader_election: Option<LeaderConfig>,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            default_backend: BackendKind::Memory,
+            redis_url: None,
+            mongo: None,
+            metrics_addr: None,
+            instance: None,
+            leader_election: None,
+        }
+    }
+}
+
+impl ControllerConfig {
+    fn validate(&self) -> Result<(), ControllerError> {
+        match self.default_backend {
+            BackendKind::Memory => Ok(()),
+            BackendKind::Redis if self.redis_url.is_some() => Ok(()),
+            BackendKind::Redis => Err(ControllerError::Config(
+                "--default-backend redis needs --redis-url".to_owned(),
+            )),
+            BackendKind::Mongo if self.mongo.is_some() => Ok(()),
+            BackendKind::Mongo => Err(ControllerError::Config(
+                "--default-backend mongo needs --mongo-url".to_owned(),
+            )),
+        }
+    }
+}
+
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// A future completing once `flag` is true.
+fn raised(flag: &watch::Receiver<bool>) -> impl Future<Output = ()> + Send + Sync + 'static {
+    let mut flag = flag.clone();
+    async move {
+        let _ = flag.wait_for(|raised| *raised).await;
+    }
+}
+
+/// Runs the controller until `shutdown` completes, then finishes the passes in flight.
+pub async fn run(
+    client: Client,
+    config: ControllerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ControllerError> {
+    config.validate()?;
+    let metrics = Metrics::new();
+    let readiness = Readiness::new();
+    let (stop_tx, stop) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+
+    let server = match config.metrics_addr {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| ControllerError::Metrics { addr, source })?;
+            let serving =
+                metrics::serve_on(listener, metrics.clone(), readiness.clone(), raised(&stop));
+            Some(tokio::spawn(async move {
+                if let Err(error) = serving.await {
+                    tracing::error!(%error, "metrics server stopped");
+                }
+            }))
+        }
+        None => None,
+    };
+
+    match config.leader_election.clone() {
+        None => {
+            let leadership = LeadershipGate::always_open();
+            run_controllers(
+                &client,
+                &config,
+                &metrics,
+                &readiness,
+                leadership,
+                raised(&stop),
+            )
+            .await;
+        }
+        Some(leader_config) => {
+            // The Lease is released only after the controllers have stopped.
+            let (released_tx, released) = watch::channel(false);
+            let identity = leader_config.identity.clone();
+            let elector = leader::run(client.clone(), leader_config, raised(&released))
+                .map_err(|error| ControllerError::Config(error.to_string()))?;
+            let mut is_leader = elector.subscribe();
+            let mut stopping = stop.clone();
+            loop {
+                readiness.set_ready(true);
+                tracing::info!(identity = %identity, "standing by for leadership");
+                tokio::select! {
+                    result = is_leader.wait_for(|leading| *leading) => {
+                        if result.is_err() { break; }
+                    }
+                    _ = stopping.wait_for(|stop| *stop) => break,
+                }
+                metrics.set_leader(true);
+                tracing::info!(identity = %identity, "leading: starting the controllers");
+                let mut lost = is_leader.clone();
+                let mut stop_now = stop.clone();
+                let term_over = async move {
+                    tokio::select! {
+                        _ = lost.wait_for(|leading| !*leading) => {}
+                        _ = stop_now.wait_for(|stop| *stop) => {}
+                    }
+                };
+                let (term_tx, term_rx) = watch::channel(false);
+                let term_metrics = metrics.clone();
+                let watcher_task = tokio::spawn(async move {
+                    term_over.await;
+                    // Reported at once: the gate already stops writes, the controllers
+                    // take a moment to wind down.
+                    term_metrics.set_leader(false);
+                    let _ = term_tx.send(true);
+                });
+                let leadership = LeadershipGate::following(is_leader.clone());
+                run_controllers(
+                    &client,
+                    &config,
+                    &metrics,
+                    &readiness,
+                    leadership,
+                    raised(&term_rx),
+                )
+                .await;
+                watcher_task.abort();
+                metrics.set_leader(false);
+                if *stop.borrow() {
+                    break;
+                }
+                tracing::warn!(identity = %identity, "lost leadership: controllers stopped");
+            }
+            let _ = released_tx.send(true);
+            elector.stopped().await;
+        }
+    }
+    if let Some(server) = server {
+        let _ = server.await;
+    }
+    tracing::info!("controller stopped");
+    Ok(())
+}
+
+/// Runs both controllers until `stop` completes.
+async fn run_controllers(
+    client: &Client,
+    config: &ControllerConfig,
+    metrics: &Metrics,
+    readiness: &Readiness,
+    leadership: LeadershipGate,
+    stop: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let relay = tokio::spawn(async move {
+        stop.await;
+        let _ = stop_tx.send(true);
+    });
+    let namespace = config.namespace.as_deref();
+    let locks: Api<DistributedLock> = api(client, namespace);
+    let claims: Api<LockClaim> = api(client, namespace);
+
+    // One claim watch → one cache → both controllers.
+    let (claim_store, claim_writer) = reflector::store::<LockClaim>();
+    let claim_events = reflector::reflector(
+        claim_writer,
+        watcher(claims, watcher::Config::default()).default_backoff(),
+    )
+    .touched_objects();
+    let (to_locks, for_locks) = mpsc::unbounded();
+    let (to_claims, for_claims) = mpsc::unbounded();
+    let (to_gate, for_gate) = mpsc::unbounded();
+    let fan_out = async move {
+        let mut claim_events = std::pin::pin!(claim_events);
+        while let Some(event) = claim_events.next().await {
+            match event {
+                Ok(claim) => {
+                    let _ = to_locks.unbounded_send(Ok(claim.clone()));
+                    let _ = to_gate.unbounded_send(Ok(claim.clone()));
+                    let _ = to_claims.unbounded_send(Ok(claim));
+                }
+                Err(error) => tracing::warn!(%error, "claim watch error (retrying)"),
+            }
+        }
+    };
+
+    let runtime_config = ControllerRuntimeConfig::default().debounce(DEBOUNCE);
+    let lock_controller = Controller::new(locks, watcher::Config::default())
+        .watches_stream(for_locks, |claim: LockClaim| {
+            let namespace = claim.namespace()?;
+            Some(ObjectRef::<DistributedLock>::new(&claim.spec.lock_name).within(&namespace))
+        })
+        // A claim owner's finish or deletion wakes its locks at once (see `owner_watch`).
+        .watches(
+            api::<Pod>(client, namespace),
+            watcher::Config::default().fields(FINISHED_PODS),
+            owner_trigger::<Pod>(claim_store.clone(), WorkloadKind::Pod),
+        )
+        .watches(
+            api::<Job>(client, namespace),
+            watcher::Config::default(),
+            owner_trigger::<Job>(claim_store.clone(), WorkloadKind::Job),
+        )
+        .with_config(runtime_config.clone())
+        .graceful_shutdown_on(raised(&stop_rx));
+    let lock_store = lock_controller.store();
+
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: CONTROLLER_NAME.to_owned(),
+            instance: config.instance.clone(),
+        },
+    );
+    let ctx = Arc::new(
+        Context::new(
+            client.clone(),
+            lock_store.clone(),
+            claim_store.clone(),
+            Backends::new(config.default_backend, config.redis_url.clone())
+                .with_mongo(config.mongo.clone()),
+            recorder,
+            metrics.clone(),
+        )
+        .with_leadership(leadership),
+    );
+    let gate_done = run_gate(
+        api::<Job>(client, namespace),
+        GateContext {
+            client: client.clone(),
+            claims: claim_store.clone(),
+            leadership: ctx.leadership.clone(),
+            recorder: ctx.recorder.clone(),
+        },
+        for_gate,
+        raised(&stop_rx),
+    );
+    let claim_controller = Controller::for_stream(for_claims, claim_store.clone())
+        .with_config(runtime_config)
+        .graceful_shutdown_on(raised(&stop_rx));
+
+    readiness.set_ready(false);
+    let synced = {
+        let readiness = readiness.clone();
+        async move {
+            cache_filled(&lock_store).await;
+            cache_filled(&claim_store).await;
+            readiness.set_ready(true);
+            tracing::info!("caches synced; reconciling");
+        }
+    };
+    let synced = tokio::spawn(synced);
+
+    tracing::info!(
+        namespace = namespace.unwrap_or("(all)"),
+        default_backend = %config.default_backend,
+        redis = config.redis_url.is_some(),
+        mongo = config.mongo.is_some(),
+        "controller starting"
+    );
+    let locks_done = lock_controller
+        .run(reconcile_lock, lock_error_policy, ctx.clone())
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "lock controller");
+            }
+        });
+    let claims_done = claim_controller
+        .run(reconcile_claim, claim_error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "claim controller");
+            }
+        });
+    let controllers = futures::future::join3(locks_done, claims_done, gate_done);
+    tokio::select! {
+        _ = controllers => {}
+        () = fan_out => {}
+    }
+    synced.abort();
+    relay.abort();
+}

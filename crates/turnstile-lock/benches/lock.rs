@@ -1,0 +1,485 @@
+//! `cargo bench --bench lock`: the lock engine against the physical floor, in one table.
+//!
+//! Starts its own `redis-server` (test-servers) and, when one is available, a MongoDB test
+//! server (`MONGODB_URI` or an installed SecantusDB), and measures, all in the same run:
+//! - the floor of each server: a sequential no-op loop (`PING`, `{ping: 1}`) on one connection
+//!   of the same client library, measured for 2 s up front and again for 0.7 s right before
+//!   every row, whose ratios use that adjacent floor (the `floor RTT µs` column);
+//! - uncontended acquire+release pairs per second, and their ratio to the floor rate (a pair
+//!   is two round trips, so 50% is the ceiling);
+//! - contended hand-off with 2, 8 and 32 tasks looping acquire → release on one key: hand-off
+//!   latency (release call → next holder's acquire returns) p50/p99, also in floor round trips;
+//!   acquisitions/s; the share of hand-offs to a different task; and the longest single wait
+//!   (and the 99th percentile) against the fair share (tasks × mean time per acquisition). The
+//!   critical section is one `yield_now`.
+//!
+//! The same rows run on the memory backend (no floor there). Bounded in count and time: the
+//! whole run takes well under a minute.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use test_servers::{MongoServer, RedisServer, Unavailable};
+use turnstile_lock::{
+    Backend, Locker, MemoryBackend, MongoBackend, MongoBackendConfig, RedisBackend,
+    RedisBackendConfig, RetryPolicy,
+};
+
+const FLOOR_TIME: Duration = Duration::from_secs(2);
+/// Each Redis row is compared with a PING floor measured right before it: on a shared
+/// machine the round trip drifts with the load, and a ratio to a floor taken a minute
+/// earlier would measure the neighbours, not the engine.
+const ADJACENT_FLOOR_TIME: Duration = Duration::from_millis(700);
+const UNCONTENDED_TIME: Duration = Duration::from_secs(3);
+const CONTENDED_TIME: Duration = Duration::from_secs(3);
+const MAX_OPS: u64 = 1_000_000;
+/// Samples kept per contended run (the warm-up's are dropped, so a run never exceeds it).
+const SAMPLE_CAPACITY: usize = 1_500_000;
+const LEASE: Duration = Duration::from_secs(30);
+const WAITER_COUNTS: [usize; 3] = [2, 8, 32];
+
+// Targets from the issue.
+const TARGET_PAIR_RATIO: f64 = 0.45;
+const TARGET_P50_RTTS: f64 = 3.0;
+const TARGET_P99_RTTS_AT_32: f64 = 20.0;
+const TARGET_LONGEST_WAIT_SHARES: f64 = 4.0;
+
+struct Floor {
+    ops_per_sec: f64,
+    rtt: Duration,
+}
+
+/// How a backend's physical floor is measured: a sequential no-op command loop on one
+/// connection of the same client library.
+#[derive(Clone, Copy)]
+enum FloorProbe<'a> {
+    /// `PING` through a redis connection manager.
+    RedisPing(&'a str),
+    /// `{ping: 1}` through the MongoDB driver.
+    MongoPing(&'a str),
+}
+
+impl FloorProbe<'_> {
+    async fn measure(self, duration: Duration) -> Floor {
+        match self {
+            FloorProbe::RedisPing(url) => {
+                let client = redis::Client::open(url).expect("redis url");
+                let connection = client
+                    .get_connection_manager()
+                    .await
+                    .expect("connect for PING");
+                floor_loop(duration, || {
+                    let mut connection = connection.clone();
+                    async move {
+                        let _: String = redis::cmd("PING")
+                            .query_async(&mut connection)
+                            .await
+                            .expect("PING");
+                    }
+                })
+                .await
+            }
+            FloorProbe::MongoPing(uri) => {
+                let client = mongodb::Client::with_uri_str(uri)
+                    .await
+                    .expect("mongo client");
+                let admin = client.database("admin");
+                floor_loop(duration, || {
+                    let admin = admin.clone();
+                    async move {
+                        admin
+                            .run_command(mongodb::bson::doc! { "ping": 1 })
+                            .await
+                            .expect("ping");
+                    }
+                })
+                .await
+            }
+        }
+    }
+}
+
+async fn floor_loop<F, Fut>(duration: Duration, mut ping: F) -> Floor
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for _ in 0..200 {
+        ping().await;
+    }
+    let started = Instant::now();
+    let mut count = 0u64;
+    while started.elapsed() < duration && count < MAX_OPS {
+        ping().await;
+        count += 1;
+    }
+    let elapsed = started.elapsed();
+    Floor {
+        ops_per_sec: count as f64 / elapsed.as_secs_f64(),
+        rtt: elapsed / u32::try_from(count).unwrap_or(u32::MAX),
+    }
+}
+
+async fn acquire_release_pair(locker: &Locker) {
+    let lock = locker
+        .lock("bench-uncontended", LEASE)
+        .acquire()
+        .await
+        .expect("acquire");
+    lock.release().await.expect("release");
+}
+
+async fn uncontended(locker: &Locker) -> f64 {
+    for _ in 0..1_000 {
+        acquire_release_pair(locker).await;
+    }
+    let started = Instant::now();
+    let mut pairs = 0u64;
+    while started.elapsed() < UNCONTENDED_TIME && pairs < MAX_OPS {
+        acquire_release_pair(locker).await;
+        pairs += 1;
+    }
+    pairs as f64 / started.elapsed().as_secs_f64()
+}
+
+#[derive(Default)]
+struct HandoffLog {
+    /// Set by the holder just before it calls release: (when, who).
+    last_release: Option<(Instant, usize)>,
+    handoffs: Vec<Duration>,
+    to_other: u64,
+    waits: Vec<Duration>,
+}
+
+struct Contended {
+    p50: Duration,
+    p99: Duration,
+    acquisitions_per_sec: f64,
+    to_other_share: f64,
+    longest_wait_in_fair_shares: f64,
+    p99_wait_in_fair_shares: f64,
+}
+
+async fn contended(locker: &Locker, tasks: usize) -> Contended {
+    let key = format!("bench-contended-{tasks}");
+    // Room for every sample up front: growing a vector of a million samples inside the
+    // critical section would stall every task for milliseconds and show up as unfairness.
+    let log = Arc::new(Mutex::new(HandoffLog {
+        handoffs: Vec::with_capacity(SAMPLE_CAPACITY),
+        waits: Vec::with_capacity(SAMPLE_CAPACITY),
+        ..HandoffLog::default()
+    }));
+    let stop = Arc::new(AtomicBool::new(false));
+    let measuring = Arc::new(AtomicBool::new(false));
+    let acquisitions = Arc::new(AtomicU64::new(0));
+    let mut handles = Vec::new();
+    for task in 0..tasks {
+        let (locker, key, log) = (locker.clone(), key.clone(), log.clone());
+        let (stop, measuring, acquisitions) =
+            (stop.clone(), measuring.clone(), acquisitions.clone());
+        handles.push(tokio::spawn(async move {
+            let request = locker.lock(key, LEASE).retry(RetryPolicy::forever());
+            while !stop.load(Ordering::Relaxed) {
+                let asked = Instant::now();
+                let lock = request.acquire().await.expect("acquire");
+                let acquired = Instant::now();
+                {
+                    let mut log = log.lock().unwrap();
+                    let previous = log.last_release.take();
+                    if measuring.load(Ordering::Relaxed) {
+                        acquisitions.fetch_add(1, Ordering::Relaxed);
+                        if log.waits.len() < SAMPLE_CAPACITY {
+                            log.waits.push(acquired - asked);
+                        }
+                        if let Some((released_at, releaser)) = previous {
+                            if log.handoffs.len() < SAMPLE_CAPACITY {
+                                log.handoffs.push(acquired - released_at);
+                            }
+                            if releaser != task {
+                                log.to_other += 1;
+                            }
+                        }
+                    }
+                }
+                // The critical section: one yield, so every task gets to queue (the memory
+                // backend never waits by itself).
+                tokio::task::yield_now().await;
+                log.lock().unwrap().last_release = Some((Instant::now(), task));
+                lock.release().await.expect("release");
+                if acquisitions.load(Ordering::Relaxed) >= MAX_OPS {
+                    break;
+                }
+            }
+        }));
+    }
+    // Warm-up: every task queued and subscribed once.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    {
+        let mut log = log.lock().unwrap();
+        log.handoffs.clear();
+        log.to_other = 0;
+        log.waits.clear();
+    }
+    measuring.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    tokio::time::sleep(CONTENDED_TIME).await;
+    measuring.store(false, Ordering::Relaxed);
+    let elapsed = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for handle in handles {
+        handle.await.expect("task");
+    }
+    let log = log.lock().unwrap();
+    let mut handoffs = log.handoffs.clone();
+    handoffs.sort_unstable();
+    let mut waits = log.waits.clone();
+    waits.sort_unstable();
+    let percentile = |sorted: &[Duration], p: f64| {
+        sorted
+            .get(((sorted.len() as f64 * p) as usize).min(sorted.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    };
+    let count = acquisitions.load(Ordering::Relaxed).max(1);
+    let mean_cycle = elapsed / u32::try_from(count).unwrap_or(u32::MAX);
+    let fair_share = mean_cycle * u32::try_from(tasks).unwrap_or(u32::MAX);
+    Contended {
+        p50: percentile(&handoffs, 0.50),
+        p99: percentile(&handoffs, 0.99),
+        acquisitions_per_sec: count as f64 / elapsed.as_secs_f64(),
+        to_other_share: log.to_other as f64 / handoffs.len().max(1) as f64,
+        longest_wait_in_fair_shares: waits.last().copied().unwrap_or_default().as_secs_f64()
+            / fair_share.as_secs_f64(),
+        p99_wait_in_fair_shares: percentile(&waits, 0.99).as_secs_f64() / fair_share.as_secs_f64(),
+    }
+}
+
+fn micros(duration: Duration) -> String {
+    format!("{:.1}", duration.as_secs_f64() * 1e6)
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "MISSED"
+    }
+}
+
+struct Table {
+    rows: Vec<[String; 11]>,
+}
+
+impl Table {
+    const HEADER: [&'static str; 11] = [
+        "backend",
+        "scenario",
+        "ops/s",
+        "µs/op",
+        "floor RTT µs",
+        "vs floor",
+        "hand-off p50 µs (floor RTTs)",
+        "hand-off p99 µs (floor RTTs)",
+        "to other task",
+        "wait / fair share: max (p99)",
+        "targets",
+    ];
+
+    fn print(&self) {
+        let mut widths: Vec<usize> = Self::HEADER.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (width, cell) in widths.iter_mut().zip(row) {
+                *width = (*width).max(cell.chars().count());
+            }
+        }
+        let line = |cells: Vec<String>| {
+            let padded: Vec<String> = cells
+                .iter()
+                .zip(&widths)
+                .map(|(cell, width)| format!("{cell:<width$}"))
+                .collect();
+            println!("| {} |", padded.join(" | "));
+        };
+        line(Self::HEADER.iter().map(|h| h.to_string()).collect());
+        println!(
+            "|{}|",
+            widths
+                .iter()
+                .map(|w| "-".repeat(w + 2))
+                .collect::<Vec<_>>()
+                .join("|")
+        );
+        for row in &self.rows {
+            line(row.to_vec());
+        }
+    }
+}
+
+async fn adjacent_floor(probe: Option<FloorProbe<'_>>) -> Option<Floor> {
+    match probe {
+        Some(probe) => Some(probe.measure(ADJACENT_FLOOR_TIME).await),
+        None => None,
+    }
+}
+
+fn floor_cell(floor: Option<&Floor>) -> String {
+    floor.map_or("-".into(), |floor| micros(floor.rtt))
+}
+
+async fn floor_row(backend: &str, scenario: &str, probe: FloorProbe<'_>, table: &mut Table) {
+    let floor = probe.measure(FLOOR_TIME).await;
+    table.rows.push([
+        backend.into(),
+        scenario.into(),
+        format!("{:.0}", floor.ops_per_sec),
+        micros(floor.rtt),
+        micros(floor.rtt),
+        "100%".into(),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+    ]);
+}
+
+async fn backend_rows(
+    name: &str,
+    backend: Arc<dyn Backend>,
+    probe: Option<FloorProbe<'_>>,
+    table: &mut Table,
+) {
+    let locker = Locker::from_arc(backend);
+    eprintln!("{name}: uncontended");
+    let floor = adjacent_floor(probe).await;
+    let floor = floor.as_ref();
+    let pairs = uncontended(&locker).await;
+    let ratio = floor.map(|floor| pairs / floor.ops_per_sec);
+    table.rows.push([
+        name.into(),
+        "uncontended acquire+release".into(),
+        format!("{pairs:.0}"),
+        micros(Duration::from_secs_f64(1.0 / pairs)),
+        floor_cell(floor),
+        ratio.map_or("-".into(), |r| format!("{:.0}%", r * 100.0)),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+        ratio.map_or("-".into(), |r| {
+            format!("≥45% of floor: {}", verdict(r >= TARGET_PAIR_RATIO))
+        }),
+    ]);
+    for tasks in WAITER_COUNTS {
+        eprintln!("{name}: hand-off with {tasks} tasks");
+        let floor = adjacent_floor(probe).await;
+        let floor = floor.as_ref();
+        let result = contended(&locker, tasks).await;
+        let rtts = |latency: Duration| {
+            floor.map_or(String::new(), |floor| {
+                format!(" ({:.1})", latency.as_secs_f64() / floor.rtt.as_secs_f64())
+            })
+        };
+        let mut targets = vec![format!(
+            "wait ≤4× fair: {}",
+            verdict(result.longest_wait_in_fair_shares <= TARGET_LONGEST_WAIT_SHARES)
+        )];
+        if let Some(floor) = floor {
+            let p50_rtts = result.p50.as_secs_f64() / floor.rtt.as_secs_f64();
+            targets.insert(
+                0,
+                format!("p50 ≤3 RTT: {}", verdict(p50_rtts <= TARGET_P50_RTTS)),
+            );
+            if tasks == 32 {
+                let p99_rtts = result.p99.as_secs_f64() / floor.rtt.as_secs_f64();
+                targets.insert(
+                    1,
+                    format!(
+                        "p99 ≤20 RTT: {}",
+                        verdict(p99_rtts <= TARGET_P99_RTTS_AT_32)
+                    ),
+                );
+            }
+        }
+        table.rows.push([
+            name.into(),
+            format!("hand-off, {tasks} tasks on one key"),
+            format!("{:.0}", result.acquisitions_per_sec),
+            micros(Duration::from_secs_f64(1.0 / result.acquisitions_per_sec)),
+            floor_cell(floor),
+            "-".into(),
+            format!("{}{}", micros(result.p50), rtts(result.p50)),
+            format!("{}{}", micros(result.p99), rtts(result.p99)),
+            format!("{:.1}%", result.to_other_share * 100.0),
+            format!(
+                "{:.2} ({:.2})",
+                result.longest_wait_in_fair_shares, result.p99_wait_in_fair_shares
+            ),
+            targets.join(", "),
+        ]);
+    }
+}
+
+fn redis_version() -> String {
+    std::process::Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|output| String::from_utf8(output.stdout).ok())
+        .map(|version| version.trim().to_owned())
+        .unwrap_or_else(|| "redis-server (version unknown)".into())
+}
+
+fn main() {
+    // Criterion-style flags (e.g. `--bench`) are accepted and ignored.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let server = RedisServer::start().expect("redis-server starts");
+    // MongoDB rows when a server is available (MONGODB_URI or an installed SecantusDB).
+    let mongo = match MongoServer::for_tests() {
+        Ok(server) => Some(server),
+        Err(Unavailable::Skip(reason)) => {
+            eprintln!("mongo rows skipped: {reason}");
+            None
+        }
+        Err(Unavailable::Fail(error)) => panic!("MongoDB test server: {error}"),
+    };
+    let started = Instant::now();
+    runtime.block_on(async {
+        let mut table = Table { rows: Vec::new() };
+        eprintln!("redis: PING floor");
+        let redis_probe = FloorProbe::RedisPing(server.url());
+        floor_row("redis", "PING floor (1 connection)", redis_probe, &mut table).await;
+        let redis = RedisBackend::connect(RedisBackendConfig::new(server.url()))
+            .await
+            .expect("connect");
+        backend_rows("redis", Arc::new(redis), Some(redis_probe), &mut table).await;
+        if let Some(mongo) = &mongo {
+            eprintln!("mongo: ping floor");
+            let mongo_probe = FloorProbe::MongoPing(mongo.uri());
+            floor_row("mongo", "ping floor (1 connection)", mongo_probe, &mut table).await;
+            let backend = MongoBackend::connect(
+                mongo.uri(),
+                MongoBackendConfig::new()
+                    .database(format!("bench_{}", uuid::Uuid::new_v4().simple())),
+            )
+            .await
+            .expect("connect to mongo");
+            backend_rows("mongo", Arc::new(backend), Some(mongo_probe), &mut table).await;
+        }
+        backend_rows("memory", Arc::new(MemoryBackend::new()), None, &mut table).await;
+        println!();
+        println!(
+            "Turnstile lock engine — {}; {} CPU cores; client: tokio current_thread runtime; bench took {:.0} s",
+            redis_version(),
+            std::thread::available_parallelism().map_or(0, usize::from),
+            started.elapsed().as_secs_f64()
+        );
+        println!();
+        table.print();
+    });
+    server.stop();
+}

@@ -1,0 +1,421 @@
+//! [`Locker`] and [`LockRequest`]: acquiring locks with retries, push wake-ups and safe
+//! cancellation.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use tokio::time::Instant;
+
+use crate::backend::{
+    validate_key, validate_max_holders, validate_owner, validate_ttl, AcquireMode, AcquireOutcome,
+    AcquireRequest, Backend, Handoff, LockSnapshot, WakeSubscription, WakeUp,
+};
+use crate::error::{LockError, LockResult};
+use crate::handle::{local_lease_deadline, GrantParts, Lock};
+use crate::retry::{RetryContext, RetryPolicy};
+
+/// Slack added to a waiter's queue heartbeat beyond twice its polling delay, so a live
+/// waiter never ages out between two of its attempts.
+const WAITER_LEASE_SLACK: Duration = Duration::from_secs(1);
+
+/// Entry point of the engine: a backend plus default retry settings.
+///
+/// Cheap to clone; clones share the backend.
+#[derive(Clone, Debug)]
+pub struct Locker {
+    backend: Arc<dyn Backend>,
+    retry: RetryPolicy,
+}
+
+impl Locker {
+    /// A locker over `backend` with [`RetryPolicy::default`].
+    pub fn new(backend: impl Backend) -> Self {
+        Self::from_arc(Arc::new(backend))
+    }
+
+    /// A locker over a shared, runtime-chosen backend.
+    pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
+        Locker {
+            backend,
+            retry: RetryPolicy::default(),
+        }
+    }
+
+    /// Replaces the default retry policy of requests made by this locker.
+    pub fn with_retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// The default retry policy.
+    pub fn retry_policy(&self) -> &RetryPolicy {
+        &self.retry
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    /// Prepares a lock on `key` with a lease of `ttl`. Nothing happens until
+    /// [`acquire`](LockRequest::acquire), [`try_acquire`](LockRequest::try_acquire) or
+    /// [`run`](LockRequest::run).
+    pub fn lock(&self, key: impl Into<String>, ttl: Duration) -> LockRequest {
+        LockRequest {
+            backend: Arc::clone(&self.backend),
+            key: key.into(),
+            ttl,
+            retry: self.retry.clone(),
+            max_holders: 1,
+            owner: None,
+        }
+    }
+
+    /// Raises `key`'s fence counter to at least `floor`, so the next grant's token exceeds it
+    /// (after backend data loss). Returns the counter afterwards.
+    pub async fn raise_fencing_floor(&self, key: &str, floor: u64) -> LockResult<u64> {
+        validate_key(key)?;
+        self.backend.raise_fencing_floor(key, floor).await
+    }
+
+    /// Live holders, waiters and the fence counter of `key`.
+    pub async fn snapshot(&self, key: &str) -> LockResult<LockSnapshot> {
+        validate_key(key)?;
+        self.backend.snapshot(key).await
+    }
+}
+
+/// A prepared lock: builder methods, then one of the acquire methods (each may be called
+/// repeatedly; every call is a separate request).
+#[derive(Clone, Debug)]
+pub struct LockRequest {
+    backend: Arc<dyn Backend>,
+    key: String,
+    ttl: Duration,
+    retry: RetryPolicy,
+    max_holders: u32,
+    owner: Option<String>,
+}
+
+impl LockRequest {
+    /// Overrides the locker's retry policy for this request.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// Admits up to `max_holders` holders at once (a counting semaphore); default 1.
+    /// All requests on one key should agree on it.
+    pub fn max_holders(mut self, max_holders: u32) -> Self {
+        self.max_holders = max_holders;
+        self
+    }
+
+    /// Uses an explicit owner token instead of a fresh random 128-bit one. Re-acquiring with a
+    /// token that already holds the lock is idempotent (same fencing token, lease refreshed).
+    /// The token must be unique to one logical holder: cancelling an acquire releases whatever
+    /// this token holds on the key.
+    pub fn owner(mut self, token: impl Into<String>) -> Self {
+        self.owner = Some(token.into());
+        self
+    }
+
+    /// Acquires the lock, waiting per the retry policy. Fails with [`LockError::Timeout`]
+    /// when the policy gives up. If this future is dropped, or `fail_after` fires, while an
+    /// attempt is in flight, whatever it may have won is released and the queue place is left.
+    pub async fn acquire(&self) -> LockResult<Lock> {
+        let owner = self.checked_owner()?;
+        let started = Instant::now();
+        let attempts = AtomicU32::new(0);
+        let mut guard = CancelGuard::new(self, &owner);
+        let result = match self.retry.fail_after_limit() {
+            Some(limit) => {
+                match tokio::time::timeout(limit, self.wait_loop(&owner, started, &attempts)).await
+                {
+                    Ok(result) => result,
+                    Err(_) => Err(self.timeout_error(&attempts, started)),
+                }
+            }
+            None => self.wait_loop(&owner, started, &attempts).await,
+        };
+        guard.disarm();
+        if result.is_err() {
+            self.abandon(&owner).await;
+        }
+        result
+    }
+
+    /// One attempt, no waiting (tryLock): `Ok(None)` if the lock is busy or others are queued
+    /// for it (it never jumps the queue).
+    pub async fn try_acquire(&self) -> LockResult<Option<Lock>> {
+        let owner = self.checked_owner()?;
+        let mut guard = CancelGuard::new(self, &owner);
+        let sent_at = Instant::now();
+        let outcome = self.attempt(&owner, AcquireMode::Try, Duration::ZERO).await;
+        guard.disarm();
+        match outcome {
+            Ok(AcquireOutcome::Granted {
+                fencing_token, ttl, ..
+            }) => Ok(Some(self.grant(
+                owner,
+                fencing_token,
+                local_lease_deadline(sent_at, ttl),
+            ))),
+            Ok(AcquireOutcome::Busy { .. } | AcquireOutcome::Waiting { .. }) => Ok(None),
+            Err(error) => {
+                self.abandon(&owner).await;
+                Err(error)
+            }
+        }
+    }
+
+    /// Acquires the lock, runs `critical_section` with it, and releases it when the section
+    /// ends — also when it returns an error or panics (the panic is resumed after the release).
+    /// A failed release is logged, not returned: the section's result matters more, and the
+    /// lease runs out anyway.
+    pub async fn run<F, Fut, T>(&self, critical_section: F) -> LockResult<T>
+    where
+        F: FnOnce(Lock) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let lock = self.acquire().await?;
+        let outcome = AssertUnwindSafe(critical_section(lock.clone()))
+            .catch_unwind()
+            .await;
+        if let Err(error) = lock.release().await {
+            tracing::warn!(key = %self.key, fencing_token = lock.fencing_token(), %error, "release after critical section failed; the lease will run out");
+        }
+        match outcome {
+            Ok(value) => Ok(value),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+
+    fn checked_owner(&self) -> LockResult<String> {
+        validate_key(&self.key)?;
+        validate_ttl(self.ttl)?;
+        validate_max_holders(self.max_holders)?;
+        let owner = match &self.owner {
+            Some(owner) => owner.clone(),
+            None => uuid::Uuid::new_v4().simple().to_string(),
+        };
+        validate_owner(&owner)?;
+        Ok(owner)
+    }
+
+    async fn attempt(
+        &self,
+        owner: &str,
+        mode: AcquireMode,
+        waiter_lease: Duration,
+    ) -> LockResult<AcquireOutcome> {
+        self.backend
+            .acquire(&AcquireRequest {
+                key: &self.key,
+                owner,
+                ttl: self.ttl,
+                max_holders: self.max_holders,
+                mode,
+                waiter_lease,
+            })
+            .await
+    }
+
+    async fn wait_loop(
+        &self,
+        owner: &str,
+        started: Instant,
+        attempts: &AtomicU32,
+    ) -> LockResult<Lock> {
+        let mut subscription: Option<WakeSubscription> = None;
+        let mut previous_delay = None;
+        loop {
+            let context = RetryContext {
+                attempt: attempts.load(Ordering::Relaxed),
+                started_at: started,
+                previous_delay,
+            };
+            // Decided before the attempt so the queue heartbeat can cover the coming pause.
+            let next_delay = self.retry.plan(&context, Instant::now());
+            let (mode, waiter_lease) = match next_delay {
+                Some(delay) => (AcquireMode::Wait, delay * 2 + WAITER_LEASE_SLACK),
+                None => (AcquireMode::Try, Duration::ZERO),
+            };
+            if subscription.is_none() && mode == AcquireMode::Wait {
+                // Free when others already wait here; then no wake-up can slip past us.
+                subscription = self.backend.subscribe_if_live(&self.key, owner);
+            }
+            attempts.fetch_add(1, Ordering::Relaxed);
+            // A lease granted by this attempt, or handed over after it, starts no earlier.
+            let mut sent_at = Instant::now();
+            let mut outcome = self.attempt(owner, mode, waiter_lease).await?;
+            if subscription.is_none() && mode == AcquireMode::Wait && !outcome.is_granted() {
+                // Subscribe only once contended (the uncontended path stays one round trip),
+                // then look again: a release between the attempt and the subscription named
+                // us to nobody. This confirmation is part of the same attempt.
+                subscription = Some(self.backend.subscribe(&self.key, owner).await?);
+                let confirm_sent_at = Instant::now();
+                outcome = self.attempt(owner, mode, waiter_lease).await?;
+                if !outcome.is_granted() {
+                    sent_at = confirm_sent_at;
+                }
+            }
+            let retry_after = match outcome {
+                AcquireOutcome::Granted {
+                    fencing_token, ttl, ..
+                } => {
+                    tracing::debug!(key = %self.key, fencing_token, attempts = attempts.load(Ordering::Relaxed), "lock acquired");
+                    return Ok(self.grant(
+                        owner.to_owned(),
+                        fencing_token,
+                        local_lease_deadline(sent_at, ttl),
+                    ));
+                }
+                AcquireOutcome::Waiting {
+                    position,
+                    retry_after,
+                } => {
+                    tracing::trace!(key = %self.key, position, "waiting for lock");
+                    retry_after
+                }
+                AcquireOutcome::Busy { retry_after } => retry_after,
+            };
+            let Some(delay) = next_delay else {
+                return Err(self.timeout_error(attempts, started));
+            };
+            // A lease that runs out frees a slot without any wake-up: look again right then.
+            let pause =
+                retry_after.map_or(delay, |expiry| delay.min(expiry + Duration::from_millis(1)));
+            let wake_up = match &subscription {
+                Some(subscription) => {
+                    tokio::select! {
+                        wake_up = subscription.notified() => wake_up,
+                        () = tokio::time::sleep(pause) => subscription.take_handoff(),
+                    }
+                }
+                None => {
+                    tokio::time::sleep(pause).await;
+                    WakeUp::Retry
+                }
+            };
+            if let WakeUp::Granted(handoff) = wake_up {
+                return Ok(self.take_handoff(owner, handoff, sent_at, attempts));
+            }
+            previous_delay = Some(delay);
+        }
+    }
+
+    /// Builds the lock a release handed to us and, if the hand-off lease is shorter than our
+    /// ttl, extends it in the background (the lock is usable at once; its local deadline is
+    /// the conservative hand-off one until the extension lands).
+    fn take_handoff(
+        &self,
+        owner: &str,
+        handoff: Handoff,
+        last_attempt_sent_at: Instant,
+        attempts: &AtomicU32,
+    ) -> Lock {
+        tracing::debug!(key = %self.key, fencing_token = handoff.fencing_token, attempts = attempts.load(Ordering::Relaxed), "lock handed over");
+        // The hand-off happened after our last attempt reached the backend.
+        let lock = self.grant(
+            owner.to_owned(),
+            handoff.fencing_token,
+            local_lease_deadline(last_attempt_sent_at, handoff.lease),
+        );
+        if handoff.lease < self.ttl {
+            let background = lock.clone();
+            tokio::spawn(async move {
+                match background.refresh().await {
+                    Ok(()) => {}
+                    Err(LockError::LockLost { .. }) if background.is_released() => {}
+                    Err(error) => {
+                        tracing::warn!(key = %background.key(), fencing_token = background.fencing_token(), %error, "could not extend a handed-over lease to its full ttl");
+                    }
+                }
+            });
+        }
+        lock
+    }
+
+    fn grant(&self, owner: String, fencing_token: u64, lease_deadline: Instant) -> Lock {
+        Lock::new(GrantParts {
+            backend: Arc::clone(&self.backend),
+            key: self.key.clone(),
+            owner,
+            ttl: self.ttl,
+            max_holders: self.max_holders,
+            fencing_token,
+            lease_deadline,
+        })
+    }
+
+    fn timeout_error(&self, attempts: &AtomicU32, started: Instant) -> LockError {
+        LockError::Timeout {
+            key: self.key.clone(),
+            attempts: attempts.load(Ordering::Relaxed),
+            elapsed: started.elapsed(),
+        }
+    }
+
+    /// After giving up: release anything the owner may have won and leave the queue. Safe
+    /// because owner tokens are unique and release is compare-and-delete.
+    async fn abandon(&self, owner: &str) {
+        if let Err(error) = self
+            .backend
+            .release(&self.key, owner, self.max_holders)
+            .await
+        {
+            tracing::warn!(key = %self.key, %error, "could not clean up an abandoned acquire; its lease and queue place will age out");
+        }
+    }
+}
+
+impl AcquireOutcome {
+    fn is_granted(&self) -> bool {
+        matches!(self, AcquireOutcome::Granted { .. })
+    }
+}
+
+/// Releases the owner's grant and queue place in the background if an acquire future is
+/// dropped mid-flight.
+struct CancelGuard {
+    armed: Option<(Arc<dyn Backend>, String, String, u32)>,
+}
+
+impl CancelGuard {
+    fn new(request: &LockRequest, owner: &str) -> Self {
+        CancelGuard {
+            armed: Some((
+                Arc::clone(&request.backend),
+                request.key.clone(),
+                owner.to_owned(),
+                request.max_holders,
+            )),
+        }
+    }
+
+    fn disarm(&mut self) {
+        self.armed = None;
+    }
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        let Some((backend, key, owner, max_holders)) = self.armed.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(%key, "acquire cancelled outside a tokio runtime; a won lease will run out");
+            return;
+        };
+        runtime.spawn(async move {
+            if let Err(error) = backend.release(&key, &owner, max_holders).await {
+                tracing::warn!(%key, %error, "cleanup of a cancelled acquire failed; its lease and queue place will age out");
+            }
+        });
+    }
+}

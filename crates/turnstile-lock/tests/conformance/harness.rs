@@ -1,0 +1,192 @@
+//! Backends under test and the instrumentation shared by the cases.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use test_servers::{MongoServer, RedisServer, Unavailable};
+use turnstile_lock::backend::{
+    AcquireOutcome, AcquireRequest, LockSnapshot, MongoBackend, MongoBackendConfig,
+    WakeSubscription,
+};
+use turnstile_lock::{Backend, LockResult, Locker, RedisBackend, RedisBackendConfig, RetryPolicy};
+
+/// A backend under test, wrapped in a counter, plus whatever keeps its server alive.
+pub struct Harness {
+    pub backend: Arc<CountingBackend>,
+    _server: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+impl Harness {
+    /// A locker with a generous hang guard (no test should ever wait this long).
+    pub fn locker(&self) -> Locker {
+        Locker::from_arc(self.backend.clone()).with_retry(
+            RetryPolicy::new()
+                .total_time(Duration::from_secs(20))
+                .retry_delay(Duration::from_millis(200)),
+        )
+    }
+
+    /// The raw backend (behind the counter).
+    pub fn raw(&self) -> &dyn Backend {
+        self.backend.as_ref()
+    }
+}
+
+/// Starts an in-memory backend.
+pub async fn memory() -> Harness {
+    Harness {
+        backend: Arc::new(CountingBackend::new(Arc::new(
+            turnstile_lock::MemoryBackend::new(),
+        ))),
+        _server: None,
+    }
+}
+
+/// Starts a real redis-server on a free port and connects a backend to it.
+pub async fn redis() -> Harness {
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .expect("launcher thread")
+        .expect("redis-server starts");
+    let backend = RedisBackend::connect(RedisBackendConfig::new(server.url()))
+        .await
+        .expect("connect to redis");
+    Harness {
+        backend: Arc::new(CountingBackend::new(Arc::new(backend))),
+        _server: Some(Box::new(server)),
+    }
+}
+
+/// Connects a MongoDB backend, in a database of its own, to the test server (`MONGODB_URI`'s,
+/// else a SecantusDB process shared by this binary's tests). `None` skips the test when no
+/// server is installed; under `CI=true` that panics instead.
+pub async fn mongo() -> Option<Harness> {
+    let server = match tokio::task::spawn_blocking(MongoServer::for_tests)
+        .await
+        .expect("launcher thread")
+    {
+        Ok(server) => server,
+        Err(Unavailable::Skip(reason)) => {
+            println!("skipped: {reason}");
+            return None;
+        }
+        Err(Unavailable::Fail(error)) => panic!("MongoDB test server unavailable: {error}"),
+    };
+    let database = format!("conformance_{}", uuid::Uuid::new_v4().simple());
+    let backend = MongoBackend::connect(server.uri(), MongoBackendConfig::new().database(database))
+        .await
+        .expect("connect to mongo");
+    Some(Harness {
+        backend: Arc::new(CountingBackend::new(Arc::new(backend))),
+        _server: Some(Box::new(server)),
+    })
+}
+
+/// Counts backend calls, to check that a release costs O(1) attempts, not O(waiters).
+#[derive(Debug)]
+pub struct CountingBackend {
+    inner: Arc<dyn Backend>,
+    pub acquires: AtomicU64,
+    pub releases: AtomicU64,
+    per_owner: Mutex<HashMap<String, u64>>,
+}
+
+impl CountingBackend {
+    fn new(inner: Arc<dyn Backend>) -> Self {
+        CountingBackend {
+            inner,
+            acquires: AtomicU64::new(0),
+            releases: AtomicU64::new(0),
+            per_owner: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Acquire calls made so far.
+    pub fn acquire_calls(&self) -> u64 {
+        self.acquires.load(Ordering::SeqCst)
+    }
+
+    /// Acquire calls made for one owner token.
+    pub fn acquire_calls_of(&self, owner: &str) -> u64 {
+        self.per_owner
+            .lock()
+            .unwrap()
+            .get(owner)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+#[async_trait]
+impl Backend for CountingBackend {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    async fn acquire(&self, request: &AcquireRequest<'_>) -> LockResult<AcquireOutcome> {
+        self.acquires.fetch_add(1, Ordering::SeqCst);
+        *self
+            .per_owner
+            .lock()
+            .unwrap()
+            .entry(request.owner.to_owned())
+            .or_default() += 1;
+        self.inner.acquire(request).await
+    }
+    async fn release(&self, key: &str, owner: &str, max_holders: u32) -> LockResult<bool> {
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        self.inner.release(key, owner, max_holders).await
+    }
+    async fn extend(&self, key: &str, owner: &str, ttl: Duration) -> LockResult<bool> {
+        self.inner.extend(key, owner, ttl).await
+    }
+    async fn is_held(&self, key: &str, owner: &str) -> LockResult<bool> {
+        self.inner.is_held(key, owner).await
+    }
+    async fn snapshot(&self, key: &str) -> LockResult<LockSnapshot> {
+        self.inner.snapshot(key).await
+    }
+    async fn raise_fencing_floor(&self, key: &str, floor: u64) -> LockResult<u64> {
+        self.inner.raise_fencing_floor(key, floor).await
+    }
+    async fn subscribe(&self, key: &str, owner: &str) -> LockResult<WakeSubscription> {
+        self.inner.subscribe(key, owner).await
+    }
+    fn subscribe_if_live(&self, key: &str, owner: &str) -> Option<WakeSubscription> {
+        self.inner.subscribe_if_live(key, owner)
+    }
+}
+
+/// Polls `condition` every 5 ms until it holds; panics after 10 s (a hang guard, not a
+/// performance assertion).
+pub async fn eventually<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !condition().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Waits until `owner` is queued on `key`.
+pub async fn until_queued(harness: &Harness, key: &str, owner: &str) {
+    eventually(&format!("{owner} is queued on {key}"), || async {
+        harness
+            .raw()
+            .snapshot(key)
+            .await
+            .expect("snapshot")
+            .waiters
+            .iter()
+            .any(|waiter| waiter == owner)
+    })
+    .await;
+}

@@ -1,0 +1,567 @@
+//! MongoDB-specific behaviour of the lock engine, against a real MongoDB-wire-compatible
+//! server (SecantusDB, or `MONGODB_URI`'s): wake-ups across clients by change stream and by
+//! polling, the standalone fallback, configurable names and the stored document, literal
+//! owner tokens, a semaphore raced by several clients, restarts, and typed errors.
+//!
+//! Each test uses a database of its own. Without any server (and not under `CI=true`) each
+//! test prints one line and passes; under CI that is a failure.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mongodb::bson::{doc, Bson, Document};
+use test_servers::{MongoFlavor, MongoServer, Unavailable};
+use turnstile_lock::backend::{MongoBackend, MongoBackendConfig, MongoWakeMode, MongoWakeSource};
+use turnstile_lock::{Backend, LockError, Locker, RetryPolicy};
+
+const LONG: Duration = Duration::from_secs(60);
+/// A retry delay so long that only a wake-up can explain a prompt acquisition.
+const NO_POLLING: Duration = Duration::from_secs(30);
+
+fn no_polling() -> RetryPolicy {
+    RetryPolicy::forever().retry_delay(NO_POLLING)
+}
+
+fn under_ci() -> bool {
+    std::env::var("CI").is_ok_and(|value| value.eq_ignore_ascii_case("true") || value == "1")
+}
+
+/// The shared test server, or `None` (after one printed line) when there is none.
+async fn shared_server() -> Option<Arc<MongoServer>> {
+    match tokio::task::spawn_blocking(MongoServer::for_tests)
+        .await
+        .expect("launcher thread")
+    {
+        Ok(server) => Some(server),
+        Err(Unavailable::Skip(reason)) => {
+            println!("skipped: {reason}");
+            None
+        }
+        Err(Unavailable::Fail(error)) => panic!("MongoDB test server unavailable: {error}"),
+    }
+}
+
+/// A server of this test's own (to restart or stop it), or `None` when none can be started
+/// here (no binary outside CI, or a flavor the installed server lacks).
+async fn own_server(flavor: MongoFlavor) -> Option<MongoServer> {
+    match tokio::task::spawn_blocking(move || MongoServer::start(flavor))
+        .await
+        .expect("launcher thread")
+    {
+        Ok(server) => Some(server),
+        Err(error)
+            if error.kind() == std::io::ErrorKind::Unsupported
+                || (error.kind() == std::io::ErrorKind::NotFound && !under_ci()) =>
+        {
+            println!(
+                "skipped: no MongoDB test server of flavor {flavor:?} can be started: {error}"
+            );
+            None
+        }
+        Err(error) => panic!("MongoDB test server failed to start: {error}"),
+    }
+}
+
+fn fresh_database() -> String {
+    format!("lock_mongo_{}", uuid::Uuid::new_v4().simple())
+}
+
+async fn connect(uri: &str, config: MongoBackendConfig) -> MongoBackend {
+    MongoBackend::connect(uri, config).await.expect("connect")
+}
+
+fn locker(backend: &MongoBackend) -> Locker {
+    Locker::new(backend.clone()).with_retry(
+        RetryPolicy::new()
+            .total_time(Duration::from_secs(20))
+            .retry_delay(Duration::from_millis(200)),
+    )
+}
+
+async fn raw_collection(
+    uri: &str,
+    database: &str,
+    collection: &str,
+) -> mongodb::Collection<Document> {
+    mongodb::Client::with_uri_str(uri)
+        .await
+        .expect("raw client")
+        .database(database)
+        .collection(collection)
+}
+
+async fn eventually<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !condition().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A holder on `releasing`, a waiter on `waiting` (another client) that never polls: the
+/// waiter must get the lock promptly after the release, so the wake-up crossed clients.
+async fn handoff_across_clients(releasing: &MongoBackend, waiting: &MongoBackend, key: &str) {
+    let holder = locker(releasing)
+        .lock(key, LONG)
+        .acquire()
+        .await
+        .expect("holder");
+    let waiter = {
+        let locker = locker(waiting);
+        let key = key.to_owned();
+        tokio::spawn(async move {
+            locker
+                .lock(key, LONG)
+                .owner("remote-waiter")
+                .retry(no_polling())
+                .acquire()
+                .await
+        })
+    };
+    eventually("the waiter is queued", || async {
+        releasing
+            .snapshot(key)
+            .await
+            .expect("snapshot")
+            .waiters
+            .iter()
+            .any(|owner| owner == "remote-waiter")
+    })
+    .await;
+    holder.release().await.expect("release");
+    let lock = tokio::time::timeout(NO_POLLING / 2, waiter)
+        .await
+        .expect("woken by the release, not by polling")
+        .expect("join")
+        .expect("acquired");
+    assert!(lock.fencing_token() > holder.fencing_token());
+    lock.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn change_streams_wake_a_waiter_in_another_client() {
+    let Some(server) = shared_server().await else {
+        return;
+    };
+    let database = fresh_database();
+    let config = MongoBackendConfig::new().database(&database);
+    let releasing = connect(server.uri(), config.clone()).await;
+    let waiting = connect(server.uri(), config.wake_mode(MongoWakeMode::ChangeStream)).await;
+    assert_eq!(releasing.wake_source(), MongoWakeSource::ChangeStream);
+    assert_eq!(waiting.wake_source(), MongoWakeSource::ChangeStream);
+    handoff_across_clients(&releasing, &waiting, "cross-client").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_wakes_waiters_in_order_without_change_streams() {
+    let Some(server) = shared_server().await else {
+        return;
+    };
+    let config = MongoBackendConfig::new()
+        .database(fresh_database())
+        .wake_mode(MongoWakeMode::Polling)
+        .poll_interval(Duration::from_millis(20));
+    let releasing = connect(server.uri(), config.clone()).await;
+    let waiting = connect(server.uri(), config).await;
+    assert_eq!(waiting.wake_source(), MongoWakeSource::Polling);
+    handoff_across_clients(&releasing, &waiting, "polled").await;
+
+    // Several waiters on the polling client are served first come, first served.
+    let holder = locker(&releasing)
+        .lock("polled-fifo", LONG)
+        .acquire()
+        .await
+        .expect("holder");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for index in 0..4 {
+        let (locker, order) = (locker(&waiting), Arc::clone(&order));
+        tasks.push(tokio::spawn(async move {
+            let lock = locker
+                .lock("polled-fifo", LONG)
+                .owner(format!("fifo-{index}"))
+                .retry(no_polling())
+                .acquire()
+                .await
+                .expect("acquire");
+            order.lock().unwrap().push(index);
+            lock.release().await.expect("release");
+        }));
+        let owner = format!("fifo-{index}");
+        eventually("queued", || async {
+            waiting
+                .snapshot("polled-fifo")
+                .await
+                .expect("snapshot")
+                .waiters
+                .contains(&owner)
+        })
+        .await;
+    }
+    holder.release().await.expect("release");
+    for task in tasks {
+        tokio::time::timeout(NO_POLLING / 2, task)
+            .await
+            .expect("woken by polling the wake field")
+            .expect("join");
+    }
+    assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standalone_server_falls_back_to_polling() {
+    let Some(server) = own_server(MongoFlavor::Standalone).await else {
+        return;
+    };
+    let config = MongoBackendConfig::new()
+        .database(fresh_database())
+        .poll_interval(Duration::from_millis(20));
+    let required = MongoBackend::connect(
+        server.uri(),
+        config.clone().wake_mode(MongoWakeMode::ChangeStream),
+    )
+    .await;
+    assert!(
+        matches!(required, Err(LockError::BackendUnavailable { .. })),
+        "change streams were required: {required:?}"
+    );
+    let releasing = connect(server.uri(), config.clone()).await;
+    let waiting = connect(server.uri(), config).await;
+    assert_eq!(releasing.wake_source(), MongoWakeSource::Polling);
+    handoff_across_clients(&releasing, &waiting, "standalone").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_are_configurable_and_one_document_holds_the_lock() {
+    let Some(server) = shared_server().await else {
+        return;
+    };
+    let database = fresh_database();
+    let config = MongoBackendConfig::new()
+        .database(&database)
+        .collection("team_locks");
+    // Several processes starting at once all find (or create) the collection.
+    let starts = (0..4).map(|_| MongoBackend::connect(server.uri(), config.clone()));
+    let backends: Vec<MongoBackend> = futures::future::join_all(starts)
+        .await
+        .into_iter()
+        .map(|backend| backend.expect("concurrent connect"))
+        .collect();
+    let backend = &backends[0];
+    assert_eq!(backend.database_name(), database);
+    assert_eq!(backend.collection_name(), "team_locks");
+    let lock = locker(backend)
+        .lock("jobs/nightly", Duration::from_secs(30))
+        .max_holders(2)
+        .owner("worker-1")
+        .acquire()
+        .await
+        .expect("lock");
+
+    let raw = raw_collection(server.uri(), &database, "team_locks").await;
+    let stored = raw
+        .find_one(doc! { "_id": "jobs/nightly" })
+        .await
+        .expect("find")
+        .expect("the lock's document");
+    assert_eq!(
+        stored.get_i64("fence").expect("fence"),
+        lock.fencing_token() as i64
+    );
+    let holders = stored.get_array("holders").expect("holders");
+    assert_eq!(holders.len(), 1);
+    let holder = holders[0].as_document().expect("holder entry");
+    assert_eq!(holder.get_str("owner").expect("owner"), "worker-1");
+    assert_eq!(
+        holder.get_i64("token").expect("token"),
+        lock.fencing_token() as i64
+    );
+    // The expiry is the server's now plus the lease, in milliseconds.
+    let mut cursor = raw
+        .aggregate([
+            doc! { "$match": { "_id": "jobs/nightly" } },
+            doc! { "$project": { "now": { "$toLong": "$$NOW" } } },
+        ])
+        .await
+        .expect("aggregate");
+    assert!(cursor.advance().await.expect("advance"));
+    let now = cursor
+        .deserialize_current()
+        .expect("now")
+        .get_i64("now")
+        .expect("now");
+    let remaining = holder.get_i64("exp").expect("exp") - now;
+    assert!(
+        (25_000..=30_000).contains(&remaining),
+        "lease ends {remaining} ms after the server's now"
+    );
+    assert!(
+        raw.find_one(doc! { "_id": "jobs/nightly", "op.owner": "worker-1" })
+            .await
+            .expect("find")
+            .is_some(),
+        "the write recorded its outcome"
+    );
+    lock.release().await.expect("release");
+    // The document (and so the fence counter) outlives the grant.
+    assert_eq!(raw.count_documents(doc! {}).await.expect("count"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_tokens_and_keys_are_taken_literally() {
+    let Some(server) = shared_server().await else {
+        return;
+    };
+    let backend = connect(
+        server.uri(),
+        MongoBackendConfig::new().database(fresh_database()),
+    )
+    .await;
+    let locker = locker(&backend);
+    for key in ["$holders", "a.b", "{\"$gt\":1}", "ключ"] {
+        let first = locker
+            .lock(key, LONG)
+            .owner("$holders")
+            .acquire()
+            .await
+            .expect("acquire");
+        for intruder in ["$$NOW", "$$ROOT", "$fence", "$holders.owner"] {
+            assert!(
+                locker
+                    .lock(key, LONG)
+                    .owner(intruder)
+                    .try_acquire()
+                    .await
+                    .expect("try")
+                    .is_none(),
+                "{intruder} got {key} while $holders held it"
+            );
+        }
+        let snapshot = locker.snapshot(key).await.expect("snapshot");
+        assert_eq!(snapshot.holders.len(), 1);
+        assert_eq!(snapshot.holders[0].owner, "$holders");
+        assert!(backend.is_held(key, "$holders").await.expect("is_held"));
+        assert!(!backend.is_held(key, "$$ROOT").await.expect("is_held"));
+        assert!(!backend
+            .release(key, "$$ROOT", 1)
+            .await
+            .expect("release other"));
+        first.release_strict().await.expect("release");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_raced_by_several_clients_counts_zero_violations() {
+    const CLIENTS: usize = 3;
+    const TASKS_PER_CLIENT: usize = 4;
+    const ROUNDS: usize = 8;
+    const MAX_HOLDERS: u32 = 2;
+    let Some(server) = shared_server().await else {
+        return;
+    };
+    let config = MongoBackendConfig::new().database(fresh_database());
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        clients.push(connect(server.uri(), config.clone()).await);
+    }
+    let inside = Arc::new(AtomicUsize::new(0));
+    let violations = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for client in &clients {
+        for _ in 0..TASKS_PER_CLIENT {
+            let locker = locker(client);
+            let (inside, violations, tokens) = (
+                Arc::clone(&inside),
+                Arc::clone(&violations),
+                Arc::clone(&tokens),
+            );
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let lock = locker
+                        .lock("raced", Duration::from_secs(10))
+                        .max_holders(MAX_HOLDERS)
+                        .acquire()
+                        .await
+                        .expect("acquire");
+                    if inside.fetch_add(1, Ordering::SeqCst) >= MAX_HOLDERS as usize {
+                        violations.fetch_add(1, Ordering::SeqCst);
+                    }
+                    tokens.lock().unwrap().push(lock.fencing_token());
+                    tokio::task::yield_now().await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    lock.release_strict().await.expect("still held at release");
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.expect("join");
+    }
+    assert_eq!(
+        violations.load(Ordering::SeqCst),
+        0,
+        "more than {MAX_HOLDERS} inside"
+    );
+    let mut tokens = tokens.lock().unwrap().clone();
+    let grants = tokens.len();
+    assert_eq!(grants, CLIENTS * TASKS_PER_CLIENT * ROUNDS);
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), grants, "duplicate fencing tokens");
+}
+
+/// Retries `try_acquire` while the driver reconnects after a restart.
+async fn lock_after_restart(backend: &MongoBackend, key: &str) -> turnstile_lock::Lock {
+    for _ in 0..100 {
+        match locker(backend).lock(key, LONG).try_acquire().await {
+            Ok(Some(lock)) => return lock,
+            Ok(None) => panic!("{key} is held after the restart"),
+            Err(error) => {
+                assert!(error.is_backend_unavailable(), "{error}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    panic!("no lock on {key} within 10 s of the restart")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_and_wake_ups_survive_restarts_and_the_floor_covers_data_loss() {
+    let Some(mut server) = own_server(MongoFlavor::ReplicaSet).await else {
+        return;
+    };
+    let config = MongoBackendConfig::new()
+        .database(fresh_database())
+        .operation_timeout(Duration::from_secs(5));
+    let releasing = connect(server.uri(), config.clone()).await;
+    let waiting = connect(server.uri(), config).await;
+    let before = locker(&releasing)
+        .lock("restart", LONG)
+        .acquire()
+        .await
+        .expect("lock");
+    before.release().await.expect("release");
+    server = tokio::task::spawn_blocking(move || {
+        server.restart().expect("restart");
+        server
+    })
+    .await
+    .expect("launcher thread");
+    let after = lock_after_restart(&releasing, "restart").await;
+    assert!(
+        after.fencing_token() > before.fencing_token(),
+        "a clean restart keeps the counter"
+    );
+    after.release().await.expect("release");
+    // The change streams were resumed or reopened: wake-ups still cross clients.
+    handoff_across_clients(&releasing, &waiting, "restart").await;
+
+    // A crash may lose the latest writes (the test server does not sync each commit): the
+    // high-water mark kept elsewhere (the DistributedLock's status) restores the order.
+    let high_water = locker(&releasing)
+        .lock("crash", LONG)
+        .acquire()
+        .await
+        .expect("lock");
+    high_water.release().await.expect("release");
+    server = tokio::task::spawn_blocking(move || {
+        server.crash_and_restart().expect("crash and restart");
+        server
+    })
+    .await
+    .expect("launcher thread");
+    let raised = loop {
+        match releasing
+            .raise_fencing_floor("crash", high_water.fencing_token())
+            .await
+        {
+            Ok(counter) => break counter,
+            Err(error) => {
+                assert!(error.is_backend_unavailable(), "{error}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert!(raised >= high_water.fencing_token());
+    let next = lock_after_restart(&releasing, "crash").await;
+    assert!(next.fencing_token() > high_water.fencing_token());
+    next.release().await.expect("release");
+    handoff_across_clients(&releasing, &waiting, "crash").await;
+    drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_documents_and_a_lost_server_are_typed_errors() {
+    let Some(server) = own_server(MongoFlavor::ReplicaSet).await else {
+        return;
+    };
+    let database = fresh_database();
+    let config = MongoBackendConfig::new()
+        .database(&database)
+        .operation_timeout(Duration::from_secs(2));
+    let backend = connect(server.uri(), config.clone()).await;
+    let raw = raw_collection(server.uri(), &database, "turnstile_locks").await;
+    raw.insert_one(doc! { "_id": "garbage", "holders": "x", "fence": "y" })
+        .await
+        .expect("insert");
+    // A live holder whose token is not a number.
+    raw.insert_one(doc! {
+        "_id": "odd",
+        "fence": Bson::Int64(3),
+        "holders": [{ "owner": "a", "token": "t", "exp": Bson::Int64(i64::MAX) }],
+    })
+    .await
+    .expect("insert");
+    let locker = locker(&backend);
+    for key in ["garbage", "odd"] {
+        let acquired = locker.lock(key, LONG).try_acquire().await;
+        assert!(
+            matches!(acquired, Err(LockError::BackendUnavailable { .. })),
+            "{key}: {acquired:?}"
+        );
+        let snapshot = locker.snapshot(key).await;
+        assert!(
+            matches!(snapshot, Err(LockError::BackendUnavailable { .. })),
+            "{key}: {snapshot:?}"
+        );
+    }
+    let uri = server.uri().to_owned();
+    server.stop();
+    let started = tokio::time::Instant::now();
+    let acquired = locker.lock("k", LONG).try_acquire().await;
+    assert!(
+        matches!(
+            acquired,
+            Err(LockError::BackendUnavailable {
+                backend: "mongo",
+                ..
+            })
+        ),
+        "{acquired:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "bounded by the operation timeout"
+    );
+    let refused = MongoBackend::connect(&uri, config).await;
+    assert!(
+        matches!(refused, Err(LockError::BackendUnavailable { .. })),
+        "{refused:?}"
+    );
+    let invalid = MongoBackend::connect("not-a-url", MongoBackendConfig::new()).await;
+    assert!(
+        matches!(invalid, Err(LockError::InvalidArgument(_))),
+        "{invalid:?}"
+    );
+    let unnamed = MongoBackend::connect(&uri, MongoBackendConfig::new().collection("")).await;
+    assert!(
+        matches!(unnamed, Err(LockError::InvalidArgument(_))),
+        "{unnamed:?}"
+    );
+}

@@ -1,0 +1,117 @@
+//! `turnstile run`: its flags, logging set-up and signal handling around [`turnstile_controller::run`].
+
+use std::net::SocketAddr;
+
+use turnstile_api::BackendKind;
+use turnstile_controller::leader::LeaderConfig;
+
+use turnstile_controller::backends::MongoSettings;
+use turnstile_controller::{run, ControllerConfig};
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line (for log collectors).
+    Json,
+}
+
+/// Flags of `turnstile run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Redis URL (`redis://host:6379/0`) serving locks with `spec.backend: redis`. Without it
+    /// such locks report `Ready=False` (BackendNotConfigured).
+    #[arg(long, env = "TURNSTILE_REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
+    /// MongoDB URL (`mongodb://host:27017/db?replicaSet=rs0`) serving locks with
+    /// `spec.backend: mongo`. Without it such locks report `Ready=False` (BackendNotConfigured).
+    #[arg(long, env = "TURNSTILE_MONGO_URL", hide_env_values = true)]
+    pub mongo_url: Option<String>,
+    /// Database of the MongoDB locks collection (default: the URL's database, else `turnstile`).
+    #[arg(long, env = "TURNSTILE_MONGO_DATABASE", requires = "mongo_url")]
+    pub mongo_database: Option<String>,
+    /// Name of the MongoDB locks collection (default `turnstile_locks`).
+    #[arg(long, env = "TURNSTILE_MONGO_COLLECTION", requires = "mongo_url")]
+    pub mongo_collection: Option<String>,
+    /// Backend of locks that do not name one: memory (embedded, default), redis or mongo.
+    #[arg(long, default_value = "memory")]
+    pub default_backend: BackendKind,
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Serve `/metrics`, `/healthz` and `/readyz` on this address (e.g. `0.0.0.0:8080`).
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Reconcile only while holding the `turnstile-controller` Lease in `POD_NAMESPACE`
+    /// (identity `POD_NAME`), so that several replicas can run.
+    #[arg(long)]
+    pub leader_elect: bool,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // A subscriber installed earlier (tests, embedding) wins.
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn termination() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = terminate.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    tracing::info!("termination signal received; shutting down");
+}
+
+/// Runs `turnstile run` until SIGINT/SIGTERM.
+pub async fn run_command(args: RunArgs) -> anyhow::Result<()> {
+    init_logging(args.log_format);
+    let client = kube::Client::try_default().await?;
+    let instance = std::env::var("POD_NAME")
+        .ok()
+        .filter(|name| !name.is_empty());
+    let leader_election = if args.leader_elect {
+        Some(LeaderConfig::from_env(&client)?)
+    } else {
+        None
+    };
+    let config = ControllerConfig {
+        namespace: args.namespace,
+        default_backend: args.default_backend,
+        redis_url: args.redis_url,
+        mongo: args.mongo_url.map(|url| MongoSettings {
+            url,
+            database: args.mongo_database,
+            collection: args.mongo_collection,
+        }),
+        metrics_addr: args.metrics_addr,
+        instance,
+        leader_election,
+    };
+    run(client, config, termination()).await?;
+    Ok(())
+}
