@@ -456,3 +456,51 @@ async fn create_without_the_downward_api_variables_is_a_usage_error() {
     );
     assert!(cluster.claims().get_opt("c").await.unwrap().is_none());
 }
+
+/// `turnstile wait ARGS…` run to completion, with no API server behind it (a usage error
+/// must be reported before anything is asked of one).
+fn wait_without_a_server(args: &[&str]) -> Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .arg("wait")
+        .args(args)
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("POD_NAME")
+        .env_remove("POD_NAMESPACE")
+        .env_remove("POD_UID")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run turnstile wait")
+}
+
+#[test]
+fn usage_errors_are_one_turnstile_line_and_exit_2() {
+    // (arguments, what the line must name)
+    let cases: [(&[&str], &str); 6] = [
+        (&["c", "--create"], "--lock"),
+        (&["c", "--lock", "db"], "--create"),
+        (&["c", "--timeout", "later"], "'later'"),
+        (&["c", "--timeout"], "--timeout"),
+        (&[], "<CLAIM>"),
+        (&["c", "--bogus"], "'--bogus'"),
+    ];
+    for (args, names) in cases {
+        let output = wait_without_a_server(args);
+        let line = stderr(&output);
+        assert_eq!(code(&output), 2, "{args:?}: {line}");
+        assert_eq!(stdout(&output), "", "{args:?}");
+        assert_eq!(line.lines().count(), 1, "{args:?}: one line, got {line:?}");
+        assert!(line.starts_with("turnstile: "), "{args:?}: {line:?}");
+        assert!(line.contains(names), "{args:?} names {names}: {line:?}");
+    }
+}
+
+#[test]
+fn help_is_still_clap_help() {
+    let output = wait_without_a_server(&["--help"]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let help = stdout(&output);
+    assert!(
+        help.contains("Usage:") && help.contains("Exit codes:"),
+        "{help}"
+    );
+}
