@@ -18,6 +18,7 @@ use kube::runtime::watcher;
 use tokio::sync::watch;
 use turnstile_api::{BackendKind, ClaimPhase, DistributedLock, LockClaim};
 use turnstile_controller::backends::Backends;
+use turnstile_controller::claim_index::ClaimIndex;
 use turnstile_controller::context::{Context, LeadershipGate};
 use turnstile_controller::leader::LeaderConfig;
 use turnstile_controller::lock_reconciler::reconcile_lock;
@@ -83,6 +84,8 @@ async fn standby_takes_over_without_double_grants() {
     assert_eq!(token_of(&b), Some(2));
     env.wait_claim("c", |c| position_of(c) == Some(1)).await;
 
+    // As above: the grant's Event follows its status write.
+    env.wait_event("b", "Acquired").await;
     let reporters = reporting_instances(&env).await;
     assert!(reporters.iter().any(|r| r == "replica-2"), "{reporters:?}");
 
@@ -97,6 +100,7 @@ async fn filled_stores(
 ) -> (
     reflector::Store<DistributedLock>,
     reflector::Store<LockClaim>,
+    ClaimIndex,
 ) {
     let (locks, mut lock_writer) = reflector::store::<DistributedLock>();
     let (claims, mut claim_writer) = reflector::store::<LockClaim>();
@@ -105,6 +109,7 @@ async fn filled_stores(
         lock_writer.apply_watcher_event(&watcher::Event::InitApply(lock));
     }
     lock_writer.apply_watcher_event(&watcher::Event::InitDone);
+    let index = ClaimIndex::new();
     claim_writer.apply_watcher_event(&watcher::Event::Init);
     for claim in env
         .claims()
@@ -112,10 +117,12 @@ async fn filled_stores(
         .await
         .expect("claims")
     {
-        claim_writer.apply_watcher_event(&watcher::Event::InitApply(claim));
+        let event = watcher::Event::InitApply(claim);
+        index.observe(&event);
+        claim_writer.apply_watcher_event(&event);
     }
     claim_writer.apply_watcher_event(&watcher::Event::InitDone);
-    (locks, claims)
+    (locks, claims, index)
 }
 
 fn writes(log: &[fake_apiserver::RecordedRequest]) -> Vec<String> {
@@ -134,7 +141,7 @@ async fn a_closed_leadership_gate_stops_grants_and_writes() {
     };
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.apply_claim("a", "db", "");
-    let (locks, claims) = filled_stores(&env).await;
+    let (locks, claims, index) = filled_stores(&env).await;
     let (is_leader, leading) = watch::channel(false);
     let recorder = Recorder::new(
         env.client.clone(),
@@ -148,6 +155,7 @@ async fn a_closed_leadership_gate_stops_grants_and_writes() {
             env.client.clone(),
             locks.clone(),
             claims,
+            index,
             Backends::new(BackendKind::Memory, None),
             recorder,
             Metrics::new(),

@@ -3,7 +3,8 @@
 //! backend that is down at start-up is connected lazily, on the next reconcile that needs it
 //! (a failed connect makes that lock's pass retry with the reconciler's exponential backoff).
 
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::Mutex;
@@ -16,6 +17,90 @@ use turnstile_lock::{Backend, LockError, MemoryBackend, RedisBackend, RedisBacke
 const REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long one MongoDB operation (and server selection at connect) may take.
 const MONGO_OPERATION_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Environment variable: PEM file of the CA that signed the Redis server's certificate.
+pub const REDIS_CA_FILE_ENV: &str = "TURNSTILE_REDIS_CA_FILE";
+/// Environment variable: PEM client certificate (chain) for mutual TLS with Redis.
+pub const REDIS_CLIENT_CERT_ENV: &str = "TURNSTILE_REDIS_CLIENT_CERT";
+/// Environment variable: PEM private key of [`REDIS_CLIENT_CERT_ENV`]'s certificate.
+pub const REDIS_CLIENT_KEY_ENV: &str = "TURNSTILE_REDIS_CLIENT_KEY";
+
+/// TLS files for Redis (`rediss://` URLs), shared by `turnstile run` and `turnstile lock`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisTlsFiles {
+    /// Trust only this CA (PEM) for the server's certificate, instead of Mozilla's roots.
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate and key (PEM) for mutual TLS.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+/// Why Redis TLS settings were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RedisTlsFilesError {
+    /// Only one half of the client certificate pair was given.
+    #[error("a Redis client certificate needs its key and the key its certificate: set both {REDIS_CLIENT_CERT_ENV} and {REDIS_CLIENT_KEY_ENV} (or neither)")]
+    IncompleteClientCert,
+}
+
+/// Set by `turnstile run` from its flags (which fall back to the same environment variables),
+/// read by [`Backends::new`]. The controller's configuration carries only the URL.
+static PROCESS_REDIS_TLS: OnceLock<RedisTlsFiles> = OnceLock::new();
+
+impl RedisTlsFiles {
+    /// From explicit paths (empty values count as unset).
+    pub fn new(
+        ca_file: Option<PathBuf>,
+        client_cert: Option<PathBuf>,
+        client_key: Option<PathBuf>,
+    ) -> Result<Self, RedisTlsFilesError> {
+        let set = |path: Option<PathBuf>| path.filter(|path| !path.as_os_str().is_empty());
+        let client_cert = match (set(client_cert), set(client_key)) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => return Err(RedisTlsFilesError::IncompleteClientCert),
+        };
+        Ok(Self {
+            ca_file: set(ca_file),
+            client_cert,
+        })
+    }
+
+    /// From `TURNSTILE_REDIS_CA_FILE`, `TURNSTILE_REDIS_CLIENT_CERT` and
+    /// `TURNSTILE_REDIS_CLIENT_KEY`.
+    pub fn from_env() -> Result<Self, RedisTlsFilesError> {
+        let var = |name: &str| std::env::var_os(name).map(PathBuf::from);
+        Self::new(
+            var(REDIS_CA_FILE_ENV),
+            var(REDIS_CLIENT_CERT_ENV),
+            var(REDIS_CLIENT_KEY_ENV),
+        )
+    }
+
+    /// Makes these the files [`Backends::new`] uses in this process (first call wins; meant
+    /// for `turnstile run`, once, before the controller starts).
+    pub fn install_for_process(self) {
+        let _ = PROCESS_REDIS_TLS.set(self);
+    }
+
+    /// The files installed for this process, else the environment's.
+    fn for_process() -> Result<Self, RedisTlsFilesError> {
+        match PROCESS_REDIS_TLS.get() {
+            Some(files) => Ok(files.clone()),
+            None => Self::from_env(),
+        }
+    }
+
+    /// Adds these files to `config`.
+    pub fn apply(&self, mut config: RedisBackendConfig) -> RedisBackendConfig {
+        if let Some(ca_file) = &self.ca_file {
+            config = config.ca_file(ca_file);
+        }
+        if let Some((cert, key)) = &self.client_cert {
+            config = config.client_cert(cert, key);
+        }
+        config
+    }
+}
 
 /// Where the controller's MongoDB backend keeps its locks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,7 +147,8 @@ pub struct Backends {
 /// A Redis backend connected on first use (and again after a failed connect).
 #[derive(Debug)]
 struct LazyRedis {
-    config: RedisBackendConfig,
+    /// The settings, or why they were refused (reported by every connect attempt).
+    config: Result<RedisBackendConfig, RedisTlsFilesError>,
     connected: Mutex<Option<Arc<RedisBackend>>>,
 }
 
@@ -85,14 +171,28 @@ pub enum BackendLookupError {
 }
 
 impl Backends {
-    /// Backends for a controller: memory always, Redis when `redis_url` is given.
+    /// Backends for a controller: memory always, Redis when `redis_url` is given, with the
+    /// TLS files of [`RedisTlsFiles::install_for_process`], else of the environment
+    /// (`TURNSTILE_REDIS_CA_FILE`, `TURNSTILE_REDIS_CLIENT_CERT`, `TURNSTILE_REDIS_CLIENT_KEY`).
     /// `default` serves locks that do not name a backend.
     pub fn new(default: BackendKind, redis_url: Option<String>) -> Self {
+        let tls = RedisTlsFiles::for_process();
+        Self::with_redis_tls(default, redis_url, tls)
+    }
+
+    /// [`Backends::new`] with explicit Redis TLS files.
+    pub fn with_redis_tls(
+        default: BackendKind,
+        redis_url: Option<String>,
+        tls: Result<RedisTlsFiles, RedisTlsFilesError>,
+    ) -> Self {
         Self {
             default,
             memory: Arc::new(MemoryBackend::new()),
             redis: redis_url.map(|url| LazyRedis {
-                config: RedisBackendConfig::new(url).connect_timeout(REDIS_CONNECT_TIMEOUT),
+                config: tls.map(|tls| {
+                    tls.apply(RedisBackendConfig::new(url).connect_timeout(REDIS_CONNECT_TIMEOUT))
+                }),
                 connected: Mutex::new(None),
             }),
             mongo: None,
@@ -135,7 +235,11 @@ impl Backends {
                 if let Some(backend) = connected.as_ref() {
                     return Ok(backend.clone());
                 }
-                let backend = Arc::new(RedisBackend::connect(redis.config.clone()).await?);
+                let config = redis
+                    .config
+                    .clone()
+                    .map_err(|error| LockError::backend("redis", "configure TLS", error))?;
+                let backend = Arc::new(RedisBackend::connect(config).await?);
                 *connected = Some(backend.clone());
                 Ok(backend)
             }

@@ -12,6 +12,7 @@ use tokio::sync::watch;
 
 use super::backends::Backends;
 use super::error::ControllerError;
+use crate::claim_index::ClaimIndex;
 use crate::metrics::Metrics;
 use turnstile_api::{DistributedLock, LockClaim};
 
@@ -86,6 +87,8 @@ pub struct Context {
     pub locks: Store<DistributedLock>,
     /// The claim cache (filled by the shared claim watch).
     pub claims: Store<LockClaim>,
+    /// The claim cache's names by lock and by owner.
+    pub claim_index: ClaimIndex,
     /// The lock backends.
     pub backends: Backends,
     /// Publishes Events.
@@ -103,6 +106,7 @@ impl Context {
         client: Client,
         locks: Store<DistributedLock>,
         claims: Store<LockClaim>,
+        claim_index: ClaimIndex,
         backends: Backends,
         recorder: Recorder,
         metrics: Metrics,
@@ -111,6 +115,7 @@ impl Context {
             client,
             locks,
             claims,
+            claim_index,
             backends,
             recorder,
             metrics,
@@ -214,6 +219,7 @@ mod tests {
             client,
             locks,
             claims,
+            ClaimIndex::new(),
             Backends::new(BackendKind::Memory, None),
             recorder,
             Metrics::new(),

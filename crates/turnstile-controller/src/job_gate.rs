@@ -20,7 +20,6 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Config as ControllerRuntimeConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 
 use super::context::LeadershipGate;
@@ -299,25 +298,27 @@ pub fn job_error_policy(job: Arc<Job>, error: &ControllerError, _ctx: Arc<GateCo
 }
 
 /// The Job a claim event concerns: its owning Job, if any.
-fn job_of_claim(claim: LockClaim) -> Option<ObjectRef<Job>> {
+fn job_of_claim(claim: Arc<LockClaim>) -> Option<ObjectRef<Job>> {
     let owner = WorkloadOwner::of(claim.owner_references())?;
     let namespace = claim.namespace()?;
     (owner.kind == WorkloadKind::Job).then(|| ObjectRef::new(&owner.name).within(&namespace))
 }
 
-/// The Job gate controller: watches the Jobs of `jobs` (their namespace scope; all of them,
-/// as an annotation cannot be selected on) and the claim events of the shared claim watch,
-/// until `stop` completes.
+/// The Job gate controller over the shared Job cache (`jobs`, fed by `job_events`: all Jobs of
+/// the served namespaces, as an annotation cannot be selected on) and the shared claim watch's
+/// `claim_events`, until `stop` completes.
 pub fn run_gate(
-    jobs: Api<Job>,
+    jobs: Store<Job>,
+    job_events: impl Stream<Item = Arc<Job>> + Send + 'static,
     ctx: GateContext,
-    claim_events: impl Stream<Item = Result<LockClaim, watcher::Error>> + Send + 'static,
+    claim_events: impl Stream<Item = Arc<LockClaim>> + Send + 'static,
     stop: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> impl Future<Output = ()> + Send {
     let ctx = Arc::new(ctx);
-    Controller::new(jobs, watcher::Config::default())
-        .watches_stream(claim_events, job_of_claim)
-        .with_config(ControllerRuntimeConfig::default().debounce(Duration::from_millis(50)))
+    // No debounce: a lone event is handled at once (bursts merge in the scheduler).
+    Controller::for_shared_stream(job_events, jobs)
+        .watches_shared_stream(claim_events, job_of_claim)
+        .with_config(ControllerRuntimeConfig::default())
         .graceful_shutdown_on(stop)
         .run(reconcile_job, job_error_policy, ctx)
         .for_each(|result| async move {

@@ -3,6 +3,7 @@
 //! - [`core`]: the decisions (who holds, who waits, who is next), with no I/O.
 //! - [`lock_reconciler`]: one pass over a `DistributedLock` and all its claims.
 //! - [`claim_reconciler`]: claims whose lock does not exist.
+//! - [`claim_index`]: the claim cache's names by lock and by owner (no whole-cache scans).
 //! - [`owner_watch`]: Pod/Job events wake the locks of the claims they own.
 //! - [`job_gate`]: Jobs created suspended with `turnstile.dev/lock` run once their claim is held.
 //! - [`backend_ops`]: performs the core's backend calls on the lock engine.
@@ -12,6 +13,7 @@
 
 pub mod backend_ops;
 pub mod backends;
+pub mod claim_index;
 pub mod claim_reconciler;
 pub mod context;
 pub mod core;

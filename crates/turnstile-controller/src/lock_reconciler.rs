@@ -25,15 +25,12 @@ use crate::metrics::{BackendOperation, LockLostCause, Metrics, ReconcileErrorKin
 use turnstile_api::{BackendKind, DistributedLock, LockClaim, FINALIZER};
 use turnstile_lock::Backend;
 
-/// The claims of `lock` in the cache, with their objects by name.
+/// The claims of `lock` in the cache, with their objects by name (read through the index: a
+/// pass costs its own claims, not the whole cache).
 fn claims_of(ctx: &Context, lock: &LockView) -> HashMap<String, Arc<LockClaim>> {
-    ctx.claims
-        .state()
+    ctx.claim_index
+        .claims_of_lock(&ctx.claims, &lock.namespace, &lock.name)
         .into_iter()
-        .filter(|claim| {
-            claim.namespace().as_deref() == Some(lock.namespace.as_str())
-                && claim.spec.lock_name == lock.name
-        })
         .map(|claim| (claim.name_any(), claim))
         .collect()
 }

@@ -13,66 +13,37 @@
 //! - Jobs: all Jobs of the served namespaces (a Job's end is a condition, which no selector
 //!   reaches; Jobs are few next to Pods).
 //!
-//! No cache is kept of either: each event is matched against the claim cache by owner uid and
+//! No cache is kept of either: each event is looked up in the claim index by owner uid and
 //! dropped unless a live claim is owned by that object. RBAC: `list` and `watch` on `pods` and
 //! `batch/jobs` (the owner lookups already needed `get`).
 
-use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Resource, ResourceExt};
+use kube::Resource;
 
-use super::core::{WorkloadKind, WorkloadOwner};
+use super::claim_index::ClaimIndex;
+use super::core::WorkloadKind;
 use turnstile_api::{DistributedLock, LockClaim};
 
 /// The field selector of the Pod watch: Pods that succeeded or failed.
 pub const FINISHED_PODS: &str = "status.phase!=Pending,status.phase!=Running,status.phase!=Unknown";
 
-/// The locks of the live (non-terminal) claims in `claims` owned by the object `kind` with
-/// `uid` in `namespace`, each once.
-pub fn locks_of_owner(
-    claims: &Store<LockClaim>,
-    kind: WorkloadKind,
-    namespace: &str,
-    uid: &str,
-) -> Vec<ObjectRef<DistributedLock>> {
-    let locks: BTreeSet<String> = claims
-        .state()
-        .iter()
-        .filter(|claim| claim.namespace().as_deref() == Some(namespace))
-        .filter(|claim| {
-            !claim
-                .status
-                .as_ref()
-                .and_then(|status| status.phase)
-                .is_some_and(|phase| phase.is_terminal())
-        })
-        .filter(|claim| {
-            WorkloadOwner::of(claim.owner_references())
-                .is_some_and(|owner| owner.kind == kind && owner.uid == uid)
-        })
-        .map(|claim| claim.spec.lock_name.clone())
-        .collect();
-    locks
-        .into_iter()
-        .map(|lock| ObjectRef::new(&lock).within(namespace))
-        .collect()
-}
-
 /// A mapper for `Controller::watches`: an event about a Pod or Job (`kind`) → the locks of
 /// the claims it owns (none for the great majority of Pods).
 pub fn owner_trigger<K>(
     claims: Store<LockClaim>,
+    index: ClaimIndex,
     kind: WorkloadKind,
-) -> impl Fn(K) -> Vec<ObjectRef<DistributedLock>> + Send + Sync + 'static
+) -> impl Fn(Arc<K>) -> Vec<ObjectRef<DistributedLock>> + Send + Sync + 'static
 where
     K: Resource,
 {
-    move |object: K| {
+    move |object: Arc<K>| {
         let meta = object.meta();
         match (meta.namespace.as_deref(), meta.uid.as_deref()) {
             (Some(namespace), Some(uid)) => {
-                let locks = locks_of_owner(&claims, kind, namespace, uid);
+                let locks = index.locks_of_owner(&claims, kind, namespace, uid);
                 if !locks.is_empty() {
                     tracing::debug!(
                         namespace,
@@ -116,12 +87,15 @@ mod tests {
         .expect("claim")
     }
 
-    fn store(claims: Vec<LockClaim>) -> Store<LockClaim> {
+    fn cache(claims: Vec<LockClaim>) -> (Store<LockClaim>, ClaimIndex) {
         let mut writer = Writer::default();
+        let index = ClaimIndex::new();
         for claim in claims {
-            writer.apply_watcher_event(&Event::Apply(claim));
+            let event = Event::Apply(claim);
+            index.observe(&event);
+            writer.apply_watcher_event(&event);
         }
-        writer.as_reader()
+        (writer.as_reader(), index)
     }
 
     fn names(refs: Vec<ObjectRef<DistributedLock>>) -> Vec<String> {
@@ -130,7 +104,7 @@ mod tests {
 
     #[test]
     fn an_owner_maps_to_the_locks_of_its_live_claims_only() {
-        let claims = store(vec![
+        let (claims, index) = cache(vec![
             claim("a", "db", "Pod", "p1", "Held"),
             claim("b", "cache", "Pod", "p1", "Pending"),
             claim("c", "db", "Pod", "p1", "Held"),
@@ -139,14 +113,18 @@ mod tests {
             claim("f", "jobs", "Job", "p1", "Held"),
         ]);
         assert_eq!(
-            names(locks_of_owner(&claims, WorkloadKind::Pod, "ns", "p1")),
+            names(index.locks_of_owner(&claims, WorkloadKind::Pod, "ns", "p1")),
             vec!["cache", "db"]
         );
         assert_eq!(
-            names(locks_of_owner(&claims, WorkloadKind::Job, "ns", "p1")),
+            names(index.locks_of_owner(&claims, WorkloadKind::Job, "ns", "p1")),
             vec!["jobs"]
         );
-        assert!(locks_of_owner(&claims, WorkloadKind::Pod, "elsewhere", "p1").is_empty());
-        assert!(locks_of_owner(&claims, WorkloadKind::Pod, "ns", "nobody").is_empty());
+        assert!(index
+            .locks_of_owner(&claims, WorkloadKind::Pod, "elsewhere", "p1")
+            .is_empty());
+        assert!(index
+            .locks_of_owner(&claims, WorkloadKind::Pod, "ns", "nobody")
+            .is_empty());
     }
 }

@@ -17,10 +17,8 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
-use futures::channel::mpsc;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::{Config as ControllerRuntimeConfig, Controller};
@@ -31,6 +29,7 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 
 use super::backends::{Backends, MongoSettings};
+use super::claim_index::ClaimIndex;
 use super::claim_reconciler::{claim_error_policy, reconcile_claim};
 use super::context::{cache_filled, Context, LeadershipGate};
 use super::core::WorkloadKind;
@@ -45,8 +44,8 @@ use turnstile_api::{BackendKind, DistributedLock, LockClaim};
 /// Name the controller reports Events under.
 pub const CONTROLLER_NAME: &str = "turnstile";
 
-/// Collapse bursts of triggers for one lock into one pass.
-const DEBOUNCE: Duration = Duration::from_millis(50);
+/// Events a shared cache buffers for its slowest consumer before the watch waits for it.
+const SHARED_BUFFER: usize = 1024;
 
 /// How `turnstile run` is configured.
 #[derive(Debug, Clone)]
@@ -105,6 +104,41 @@ where
     match namespace {
         Some(namespace) => Api::namespaced(client.clone(), namespace),
         None => Api::all(client.clone()),
+    }
+}
+
+/// A consumer's copy of a shared cache's events.
+fn subscribe<K>(writer: &reflector::store::Writer<K>) -> reflector::ReflectHandle<K>
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Default,
+{
+    // A writer made by `store_shared` always hands out subscriptions.
+    writer
+        .subscribe()
+        .expect("store_shared writers accept subscribers")
+}
+
+/// Drops what no decision reads from a cached object: the server's field-ownership records and
+/// kubectl's copy of the last applied object (together often larger than the object itself).
+fn trim<K: kube::Resource>(object: &mut K) {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
+/// Polls a shared watch (which feeds its cache and subscribers) until it ends.
+async fn drive<K>(
+    events: impl futures::Stream<Item = watcher::Result<watcher::Event<K>>>,
+    kind: &str,
+) {
+    let mut events = std::pin::pin!(events);
+    while let Some(event) = events.next().await {
+        if let Err(error) = event {
+            tracing::warn!(%error, kind, "watch error (retrying)");
+        }
     }
 }
 
@@ -239,53 +273,81 @@ async fn run_controllers(
         let _ = stop_tx.send(true);
     });
     let namespace = config.namespace.as_deref();
-    let locks: Api<DistributedLock> = api(client, namespace);
-    let claims: Api<LockClaim> = api(client, namespace);
 
-    // One claim watch → one cache → both controllers.
-    let (claim_store, claim_writer) = reflector::store::<LockClaim>();
-    let claim_events = reflector::reflector(
-        claim_writer,
-        watcher(claims, watcher::Config::default()).default_backoff(),
-    )
-    .touched_objects();
-    let (to_locks, for_locks) = mpsc::unbounded();
-    let (to_claims, for_claims) = mpsc::unbounded();
-    let (to_gate, for_gate) = mpsc::unbounded();
-    let fan_out = async move {
-        let mut claim_events = std::pin::pin!(claim_events);
-        while let Some(event) = claim_events.next().await {
-            match event {
-                Ok(claim) => {
-                    let _ = to_locks.unbounded_send(Ok(claim.clone()));
-                    let _ = to_gate.unbounded_send(Ok(claim.clone()));
-                    let _ = to_claims.unbounded_send(Ok(claim));
-                }
-                Err(error) => tracing::warn!(%error, "claim watch error (retrying)"),
-            }
-        }
+    // One watch per kind, each into one cache that every consumer shares (kube-runtime's
+    // shared reflectors): claims feed the lock controller, the orphan-claim controller and
+    // the Job gate; Jobs feed the Job gate and the owner trigger. Cached objects are trimmed
+    // of what no decision reads (managedFields, the last-applied annotation).
+    let (claim_store, claim_writer) = reflector::store_shared::<LockClaim>(SHARED_BUFFER);
+    let claims_for_locks = subscribe(&claim_writer);
+    let claims_for_orphans = subscribe(&claim_writer);
+    let claims_for_gate = subscribe(&claim_writer);
+    let claim_index = ClaimIndex::new();
+    let claim_watch = {
+        let index = claim_index.clone();
+        watcher(
+            api::<LockClaim>(client, namespace),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .modify(trim)
+        // The index learns of a claim before the store does (see `claim_index`).
+        .map_ok(move |event| {
+            index.observe(&event);
+            event
+        })
+        .reflect_shared(claim_writer)
     };
 
-    let runtime_config = ControllerRuntimeConfig::default().debounce(DEBOUNCE);
-    let lock_controller = Controller::new(locks, watcher::Config::default())
-        .watches_stream(for_locks, |claim: LockClaim| {
+    let (job_store, job_writer) = reflector::store_shared::<Job>(SHARED_BUFFER);
+    let jobs_for_owners = subscribe(&job_writer);
+    let jobs_for_gate = subscribe(&job_writer);
+    let job_watch = watcher(api::<Job>(client, namespace), watcher::Config::default())
+        .default_backoff()
+        .modify(trim)
+        .reflect_shared(job_writer);
+
+    let (lock_store, lock_writer) = reflector::store::<DistributedLock>();
+    let lock_events = watcher(
+        api::<DistributedLock>(client, namespace),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(trim)
+    .reflect(lock_writer)
+    .applied_objects();
+
+    // No debounce: a lone event is handled at once, and events arriving while a lock's pass
+    // runs are merged into one follow-up pass by the controller's scheduler.
+    let runtime_config = ControllerRuntimeConfig::default();
+    let lock_controller = Controller::for_stream(lock_events, lock_store.clone())
+        .watches_shared_stream(claims_for_locks, |claim: Arc<LockClaim>| {
             let namespace = claim.namespace()?;
             Some(ObjectRef::<DistributedLock>::new(&claim.spec.lock_name).within(&namespace))
         })
         // A claim owner's finish or deletion wakes its locks at once (see `owner_watch`).
-        .watches(
-            api::<Pod>(client, namespace),
-            watcher::Config::default().fields(FINISHED_PODS),
-            owner_trigger::<Pod>(claim_store.clone(), WorkloadKind::Pod),
+        .watches_stream(
+            watcher(
+                api::<Pod>(client, namespace),
+                watcher::Config::default().fields(FINISHED_PODS),
+            )
+            .default_backoff()
+            .touched_objects(),
+            {
+                let trigger = owner_trigger::<Pod>(
+                    claim_store.clone(),
+                    claim_index.clone(),
+                    WorkloadKind::Pod,
+                );
+                move |pod: Pod| trigger(Arc::new(pod))
+            },
         )
-        .watches(
-            api::<Job>(client, namespace),
-            watcher::Config::default(),
-            owner_trigger::<Job>(claim_store.clone(), WorkloadKind::Job),
+        .watches_shared_stream(
+            jobs_for_owners,
+            owner_trigger::<Job>(claim_store.clone(), claim_index.clone(), WorkloadKind::Job),
         )
         .with_config(runtime_config.clone())
         .graceful_shutdown_on(raised(&stop_rx));
-    let lock_store = lock_controller.store();
 
     let recorder = Recorder::new(
         client.clone(),
@@ -299,6 +361,7 @@ async fn run_controllers(
             client.clone(),
             lock_store.clone(),
             claim_store.clone(),
+            claim_index,
             Backends::new(config.default_backend, config.redis_url.clone())
                 .with_mongo(config.mongo.clone()),
             recorder,
@@ -307,17 +370,18 @@ async fn run_controllers(
         .with_leadership(leadership),
     );
     let gate_done = run_gate(
-        api::<Job>(client, namespace),
+        job_store,
+        jobs_for_gate,
         GateContext {
             client: client.clone(),
             claims: claim_store.clone(),
             leadership: ctx.leadership.clone(),
             recorder: ctx.recorder.clone(),
         },
-        for_gate,
+        claims_for_gate,
         raised(&stop_rx),
     );
-    let claim_controller = Controller::for_stream(for_claims, claim_store.clone())
+    let claim_controller = Controller::for_shared_stream(claims_for_orphans, claim_store.clone())
         .with_config(runtime_config)
         .graceful_shutdown_on(raised(&stop_rx));
 
@@ -357,7 +421,8 @@ async fn run_controllers(
     let controllers = futures::future::join3(locks_done, claims_done, gate_done);
     tokio::select! {
         _ = controllers => {}
-        () = fan_out => {}
+        () = drive(claim_watch, "claim") => {}
+        () = drive(job_watch, "job") => {}
     }
     synced.abort();
     relay.abort();

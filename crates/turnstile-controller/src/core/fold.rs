@@ -536,6 +536,51 @@ fn observations_for(
     }
 }
 
+/// Waiters whose `status.position` is always exact: the head of the queue, where a user
+/// waits for "am I next?". Behind them a hand-off would otherwise rewrite every waiter.
+pub const EXACT_POSITIONS: i32 = 3;
+
+/// How many positions behind [`EXACT_POSITIONS`] a pass that moves the queue (a grant, an end,
+/// a new waiter) refreshes at most, the most out of date first, so that a hand-off costs a
+/// constant number of writes at any queue depth.
+pub const POSITION_REFRESHES_PER_PASS: usize = 2;
+
+/// The position a waiter's status shows: exact in the first [`EXACT_POSITIONS`] places and for
+/// a claim that joins the queue; further back, the position last written, which stays an upper
+/// bound (waiters only move forward) until a pass refreshes it.
+fn shown_position(claim: &ClaimView, exact: i32) -> i32 {
+    let written = claim
+        .status
+        .position
+        .filter(|_| claim.phase() == ClaimPhase::Pending);
+    match written {
+        Some(written) if exact > EXACT_POSITIONS && written >= exact => written,
+        _ => exact,
+    }
+}
+
+/// Brings up to [`POSITION_REFRESHES_PER_PASS`] stale positions up to date: the ones whose
+/// shown position is the largest multiple of the truth first (ties: nearest the head).
+fn refresh_stale_positions(
+    statuses: &mut [(usize, Option<LockClaimStatus>)],
+    stale: &[(usize, i32)],
+) {
+    let mut candidates: Vec<(i64, i64, usize, i32)> = stale
+        .iter()
+        .filter_map(|&(slot, exact)| {
+            let shown = statuses[slot].1.as_ref()?.position?;
+            Some((i64::from(shown), i64::from(exact), slot, exact))
+        })
+        .collect();
+    // shown_a / exact_a > shown_b / exact_b, compared without division.
+    candidates.sort_by(|a, b| (b.0 * a.1).cmp(&(a.0 * b.1)).then(a.2.cmp(&b.2)));
+    for &(_, _, slot, exact) in candidates.iter().take(POSITION_REFRESHES_PER_PASS) {
+        if let Some(status) = statuses[slot].1.as_mut() {
+            status.position = Some(exact);
+        }
+    }
+}
+
 /// Step two of a pass (pure): folds the answers to [`Plan::ops`] (`outcomes[i]` answers
 /// `ops[i]`; missing answers count as skipped) into the writes, Events and requeue time.
 pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision {
@@ -560,6 +605,7 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
     }
     let mut position = 0i32;
     let mut statuses: Vec<(usize, Option<LockClaimStatus>)> = Vec::with_capacity(nexts.len());
+    let mut stale: Vec<(usize, i32)> = Vec::new();
     for (index, next) in nexts {
         let claim = &input.claims[index];
         let status = match next {
@@ -567,10 +613,24 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
             Next::Status(status) => Some(status),
             Next::Queued { reason, message } => {
                 position += 1;
-                Some(status::pending(claim, Some(position), reason, message, now))
+                let shown = shown_position(claim, position);
+                if shown != position {
+                    stale.push((statuses.len(), position));
+                }
+                Some(status::pending(claim, Some(shown), reason, message, now))
             }
         };
         statuses.push((index, status));
+    }
+    // Only a pass that moves the queue anyway refreshes: the passes its own writes trigger
+    // then write nothing, so a hand-off stays a constant number of writes.
+    let queue_moved = statuses.iter().any(|(index, status)| {
+        status
+            .as_ref()
+            .is_some_and(|status| status.phase != input.claims[*index].status.phase)
+    });
+    if queue_moved {
+        refresh_stale_positions(&mut statuses, &stale);
     }
     let waiting = position;
 

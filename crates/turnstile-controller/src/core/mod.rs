@@ -26,7 +26,7 @@ mod tests;
 
 pub use fold::{
     fold, ClaimChange, Decision, EventSeverity, EventSubject, FinalizerChange, GrantEnd,
-    Observation, PlannedEvent, RESYNC_INTERVAL,
+    Observation, PlannedEvent, EXACT_POSITIONS, POSITION_REFRESHES_PER_PASS, RESYNC_INTERVAL,
 };
 pub use model::{
     seconds_of, time_at, BackendView, ClaimView, IncompleteClaim, LockInput, LockView, OwnerState,

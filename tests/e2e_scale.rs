@@ -1,0 +1,153 @@
+//! The operator's cost shape, counted on the fake API server (counts, not timings): a hand-off
+//! costs the same small number of API writes whether 50 or 400 claims wait behind it, the
+//! head of the queue shows exact positions, and every waiter's position stays an upper bound.
+
+mod e2e_support;
+
+use std::time::{Duration, Instant};
+
+use e2e_support::actor::{requests_of, tagged_client};
+use e2e_support::{phase_of, position_of, Env, WAIT};
+use fake_apiserver::RecordedRequest;
+use kube::api::{DeleteParams, PostParams};
+use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
+use turnstile_controller::core::EXACT_POSITIONS;
+use turnstile_controller::ControllerConfig;
+
+const CONTROLLER: &str = "controller";
+/// Hand-offs measured per queue depth.
+const HAND_OFFS: usize = 3;
+
+fn claim_name(index: usize) -> String {
+    format!("c{index:04}")
+}
+
+fn is_write(request: &RecordedRequest) -> bool {
+    matches!(
+        request.verb.as_str(),
+        "create" | "update" | "patch" | "delete"
+    )
+}
+
+/// The controller's writes (Events included) in the fake's log so far.
+fn controller_writes(env: &Env) -> Vec<RecordedRequest> {
+    requests_of(&env.server().request_log(), CONTROLLER)
+        .into_iter()
+        .filter(is_write)
+        .collect()
+}
+
+/// Waits until the controller has written nothing for `quiet`, then returns its writes.
+async fn settled_writes(env: &Env, quiet: Duration) -> Vec<RecordedRequest> {
+    let deadline = Instant::now() + WAIT;
+    let mut last = controller_writes(env).len();
+    let mut since = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = controller_writes(env).len();
+        if now != last {
+            last = now;
+            since = Instant::now();
+        } else if since.elapsed() >= quiet {
+            return controller_writes(env);
+        }
+        assert!(Instant::now() < deadline, "the controller never settled");
+    }
+}
+
+/// A lock with one holder and `waiters` claims queued behind it; returns the controller's
+/// writes for each of [`HAND_OFFS`] hand-offs (the holder's claim deleted, the next one `Held`).
+async fn writes_per_hand_off(waiters: usize) -> Option<Vec<usize>> {
+    let env = Env::fake_only("writes_per_hand_off").await?;
+    let controller = env.spawn_controller_with(
+        tagged_client(env.server(), CONTROLLER),
+        ControllerConfig::default(),
+    );
+    let lock: DistributedLock = serde_json::from_value(serde_json::json!({
+        "apiVersion": "turnstile.dev/v1alpha1", "kind": "DistributedLock",
+        "metadata": {"name": "db"},
+        "spec": {"leaseDurationSeconds": 300}
+    }))
+    .expect("lock");
+    env.locks()
+        .create(&PostParams::default(), &lock)
+        .await
+        .expect("create lock");
+    for index in 0..=waiters {
+        let claim: LockClaim = serde_json::from_value(serde_json::json!({
+            "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
+            "metadata": {"name": claim_name(index)},
+            "spec": {"lockName": "db"}
+        }))
+        .expect("claim");
+        env.claims()
+            .create(&PostParams::default(), &claim)
+            .await
+            .expect("create claim");
+    }
+    env.wait_phase(&claim_name(0), ClaimPhase::Held).await;
+    env.wait_lock("db", |lock| {
+        lock.status.as_ref().map(|status| status.waiting) == Some(waiters as i32)
+    })
+    .await;
+    settled_writes(&env, Duration::from_millis(500)).await;
+
+    let mut counts = Vec::new();
+    for hand_off in 0..HAND_OFFS {
+        let before = controller_writes(&env).len();
+        env.claims()
+            .delete(&claim_name(hand_off), &DeleteParams::default())
+            .await
+            .expect("delete holder");
+        env.wait_phase(&claim_name(hand_off + 1), ClaimPhase::Held)
+            .await;
+        let after = settled_writes(&env, Duration::from_millis(500)).await;
+        counts.push(after.len() - before);
+    }
+
+    // Positions: exact at the head, never below the truth further back.
+    let lock = env.lock("db").await;
+    assert_eq!(
+        lock.status.as_ref().map(|status| status.waiting),
+        Some((waiters - HAND_OFFS) as i32),
+        "status.waiting stays exact"
+    );
+    for (place, index) in (HAND_OFFS + 1..=waiters).enumerate() {
+        let claim = env.claim(&claim_name(index)).await;
+        assert_eq!(phase_of(&claim), Some(ClaimPhase::Pending));
+        let exact = place as i32 + 1;
+        let shown = position_of(&claim).expect("a waiter shows a position");
+        if exact <= EXACT_POSITIONS {
+            assert_eq!(shown, exact, "{} at the head", claim_name(index));
+        } else {
+            assert!(
+                shown >= exact,
+                "{} shows {shown}, is {exact}",
+                claim_name(index)
+            );
+        }
+    }
+    controller.stop().await;
+    Some(counts)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_per_hand_off_do_not_grow_with_the_queue() {
+    let Some(shallow) = writes_per_hand_off(50).await else {
+        return;
+    };
+    let Some(deep) = writes_per_hand_off(400).await else {
+        return;
+    };
+    println!("controller writes per hand-off: 50 waiters {shallow:?}, 400 waiters {deep:?}");
+    let most = |counts: &[usize]| counts.iter().copied().max().unwrap_or(0);
+    // Before positions were bounded a hand-off rewrote every waiter: ~N writes.
+    assert!(
+        most(&deep) <= 12,
+        "400 waiters: {deep:?} writes per hand-off"
+    );
+    assert!(
+        most(&deep).abs_diff(most(&shallow)) <= 2,
+        "50 waiters: {shallow:?}, 400 waiters: {deep:?}"
+    );
+}
