@@ -1,11 +1,12 @@
 //! `turnstile run`: its flags, logging set-up and signal handling around [`turnstile_controller::run`].
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use turnstile_api::BackendKind;
 use turnstile_controller::leader::LeaderConfig;
 
-use turnstile_controller::backends::MongoSettings;
+use turnstile_controller::backends::{MongoSettings, RedisTlsFiles};
 use turnstile_controller::{run, ControllerConfig};
 
 /// Log line format.
@@ -20,10 +21,20 @@ pub enum LogFormat {
 /// Flags of `turnstile run`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
-    /// Redis URL (`redis://host:6379/0`) serving locks with `spec.backend: redis`. Without it
-    /// such locks report `Ready=False` (BackendNotConfigured).
+    /// Redis URL serving locks with `spec.backend: redis`: `redis://[user:password@]host:6379/0`,
+    /// or `rediss://…` for TLS. Without it such locks report `Ready=False` (BackendNotConfigured).
     #[arg(long, env = "TURNSTILE_REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
+    /// PEM file of the CA that signed the Redis server's certificate (`rediss://` only;
+    /// default: Mozilla's roots).
+    #[arg(long, env = "TURNSTILE_REDIS_CA_FILE")]
+    pub redis_ca_file: Option<PathBuf>,
+    /// PEM client certificate for mutual TLS with Redis (with `--redis-client-key`).
+    #[arg(long, env = "TURNSTILE_REDIS_CLIENT_CERT")]
+    pub redis_client_cert: Option<PathBuf>,
+    /// PEM private key of `--redis-client-cert`.
+    #[arg(long, env = "TURNSTILE_REDIS_CLIENT_KEY")]
+    pub redis_client_key: Option<PathBuf>,
     /// MongoDB URL (`mongodb://host:27017/db?replicaSet=rs0`) serving locks with
     /// `spec.backend: mongo`. Without it such locks report `Ready=False` (BackendNotConfigured).
     #[arg(long, env = "TURNSTILE_MONGO_URL", hide_env_values = true)]
@@ -90,6 +101,13 @@ async fn termination() {
 /// Runs `turnstile run` until SIGINT/SIGTERM.
 pub async fn run_command(args: RunArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
+    // Checked before anything starts; the controller's backends pick the files up from here.
+    RedisTlsFiles::new(
+        args.redis_ca_file,
+        args.redis_client_cert,
+        args.redis_client_key,
+    )?
+    .install_for_process();
     let client = kube::Client::try_default().await?;
     let instance = std::env::var("POD_NAME")
         .ok()

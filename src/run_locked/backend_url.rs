@@ -3,14 +3,16 @@
 use std::fmt;
 use std::sync::Arc;
 
+use turnstile_controller::backends::RedisTlsFiles;
 use turnstile_lock::backend::{MongoBackend, MongoBackendConfig};
-use turnstile_lock::{Backend, LockResult, RedisBackend, RedisBackendConfig};
+use turnstile_lock::{Backend, LockError, LockResult, RedisBackend, RedisBackendConfig};
 
 /// A backend URL accepted by `turnstile lock`. Its `Debug` output hides the URL, which may
 /// carry a password.
 #[derive(Clone, PartialEq, Eq)]
 pub enum BackendUrl {
-    /// `redis://`, `rediss://`, `redis+unix://` or `unix://`: a [`RedisBackend`].
+    /// `redis://`, `rediss://`, `redis+unix://`, `unix://`, or a Redis Cluster's
+    /// `redis+cluster://h1:p1,h2:p2` / `rediss+cluster://…`: a [`RedisBackend`].
     Redis(String),
     /// `mongodb://` or `mongodb+srv://`: a [`MongoBackend`].
     Mongo(String),
@@ -33,7 +35,8 @@ pub enum BackendUrlError {
     Memory,
     /// Any other scheme, or no scheme at all.
     #[error(
-        "unsupported backend URL {0:?}: expected redis://, rediss://, mongodb:// or mongodb+srv://"
+        "unsupported backend URL {0:?}: expected redis://, rediss://, redis+cluster://, \
+         rediss+cluster://, mongodb:// or mongodb+srv://"
     )]
     Unsupported(String),
 }
@@ -46,7 +49,9 @@ impl BackendUrl {
             .map_or(url, |(scheme, _)| scheme)
             .to_ascii_lowercase();
         match scheme.as_str() {
-            "redis" | "rediss" | "redis+unix" | "unix" => Ok(BackendUrl::Redis(url.to_owned())),
+            "redis" | "rediss" | "redis+unix" | "unix" | "redis+cluster" | "rediss+cluster" => {
+                Ok(BackendUrl::Redis(url.to_owned()))
+            }
             "mongodb" | "mongodb+srv" => Ok(BackendUrl::Mongo(url.to_owned())),
             "memory" => Err(BackendUrlError::Memory),
             // Only the scheme: the rest may hold credentials.
@@ -62,11 +67,15 @@ impl BackendUrl {
         }
     }
 
-    /// Connects to the backend.
+    /// Connects to the backend. Redis TLS files come from `TURNSTILE_REDIS_CA_FILE`,
+    /// `TURNSTILE_REDIS_CLIENT_CERT` and `TURNSTILE_REDIS_CLIENT_KEY`.
     pub async fn connect(&self) -> LockResult<Arc<dyn Backend>> {
         Ok(match self {
             BackendUrl::Redis(url) => {
-                Arc::new(RedisBackend::connect(RedisBackendConfig::new(url.as_str())).await?)
+                let tls = RedisTlsFiles::from_env()
+                    .map_err(|error| LockError::backend("redis", "configure TLS", error))?;
+                let config = tls.apply(RedisBackendConfig::new(url.as_str()));
+                Arc::new(RedisBackend::connect(config).await?)
             }
             BackendUrl::Mongo(url) => {
                 Arc::new(MongoBackend::connect(url, MongoBackendConfig::new()).await?)
@@ -86,6 +95,8 @@ mod tests {
             "REDIS://h",
             "rediss://h:6380",
             "unix:///tmp/r.sock",
+            "redis+cluster://a:7000,b:7001",
+            "rediss+cluster://user:pw@a:7000",
         ] {
             assert_eq!(
                 BackendUrl::parse(url).map(|b| b.kind()),

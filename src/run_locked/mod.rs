@@ -64,8 +64,10 @@ Exit codes:
 #[derive(Debug, Clone, clap::Args)]
 #[command(after_help = EXIT_CODES_HELP)]
 pub struct LockArgs {
-    /// Backend holding the lock: redis://HOST:PORT[/DB], rediss://…, mongodb://… or
-    /// mongodb+srv://… (memory is refused: no other process could see the lock).
+    /// Backend holding the lock: redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://… (TLS; CA
+    /// and client certificate from TURNSTILE_REDIS_CA_FILE, TURNSTILE_REDIS_CLIENT_CERT,
+    /// TURNSTILE_REDIS_CLIENT_KEY), redis+cluster://HOST1:PORT1,HOST2:PORT2 (Redis Cluster),
+    /// mongodb://… or mongodb+srv://… (memory is refused: no other process could see the lock).
     #[arg(
         long,
         env = "TURNSTILE_BACKEND_URL",

@@ -5,7 +5,9 @@
 //! that loses a port race (another process bound the port between our probe and the
 //! server's bind) is retried on a fresh port.
 //!
-//! - [`RedisServer`]: a `redis-server` without persistence.
+//! - [`RedisServer`]: a `redis-server` without persistence; [`RedisOptions`] adds TLS
+//!   (certificates generated per run, [`TlsFiles`]) and a password.
+//! - [`RedisCluster`]: 3 primaries + 3 replicas, created with `redis-cli --cluster create`.
 //! - [`MongoServer`]: a MongoDB-wire-compatible server (SecantusDB), or `MONGODB_URI`'s.
 //!
 //! New launchers (MongoDB-compatible servers, ...) go in their own module and reuse
@@ -14,7 +16,9 @@
 mod mongo;
 mod process;
 mod redis;
+mod redis_cluster;
 
 pub use self::mongo::{MongoFlavor, MongoServer, Unavailable};
 pub use self::process::{free_port, wait_until, ServerProcess};
-pub use self::redis::RedisServer;
+pub use self::redis::{RedisOptions, RedisServer, TlsClientAuth, TlsFiles};
+pub use self::redis_cluster::{ClusterNode, RedisCluster};

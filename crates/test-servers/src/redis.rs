@@ -1,8 +1,9 @@
-//! A real `redis-server` for tests.
+//! A real `redis-server` for tests: plain, with TLS (certificates generated per server with
+//! `openssl`), and/or with a password.
 
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -15,6 +16,197 @@ const START_ATTEMPTS: usize = 8;
 /// How long a started server may take to answer PING.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Whether a TLS server asks clients for a certificate (`--tls-auth-clients`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsClientAuth {
+    /// `--tls-auth-clients optional`: a client certificate is checked if one is sent.
+    Optional,
+    /// `--tls-auth-clients yes`: mutual TLS, clients without a certificate are refused.
+    Required,
+}
+
+/// How to start a [`RedisServer`].
+#[derive(Debug, Clone, Default)]
+pub struct RedisOptions {
+    tls: Option<TlsClientAuth>,
+    password: Option<String>,
+    extra_args: Vec<String>,
+}
+
+impl RedisOptions {
+    /// A plain server (what [`RedisServer::start`] starts).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Serve TLS only (`--port 0 --tls-port P`), with certificates generated for this server.
+    pub fn tls(mut self, client_auth: TlsClientAuth) -> Self {
+        self.tls = Some(client_auth);
+        self
+    }
+
+    /// `--requirepass PASSWORD` (the `default` user's password).
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.password = Some(password.into());
+        self
+    }
+
+    /// More `redis-server` arguments, appended as given.
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.extra_args.extend(args.into_iter().map(Into::into));
+        self
+    }
+}
+
+/// Certificates generated with `openssl` for one test run (ECDSA P-256, valid 2 days): a CA,
+/// a server certificate for `127.0.0.1`/`localhost` signed by it, a client certificate signed
+/// by it, and an unrelated CA that signed nothing here (to test a rejected server certificate).
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The CA that signed the server and client certificates.
+    pub ca_cert: PathBuf,
+    /// The server's certificate and key.
+    pub server_cert: PathBuf,
+    /// The server's private key.
+    pub server_key: PathBuf,
+    /// A client certificate signed by [`TlsFiles::ca_cert`] (for mutual TLS).
+    pub client_cert: PathBuf,
+    /// The client certificate's private key.
+    pub client_key: PathBuf,
+    /// A CA that did not sign the server's certificate.
+    pub other_ca_cert: PathBuf,
+}
+
+impl TlsFiles {
+    /// Generates the certificates into `dir` (existing files are overwritten).
+    pub fn generate(dir: &Path) -> io::Result<Self> {
+        let files = TlsFiles {
+            ca_cert: dir.join("ca.crt"),
+            server_cert: dir.join("server.crt"),
+            server_key: dir.join("server.key"),
+            client_cert: dir.join("client.crt"),
+            client_key: dir.join("client.key"),
+            other_ca_cert: dir.join("other-ca.crt"),
+        };
+        let ca_key = dir.join("ca.key");
+        let other_ca_key = dir.join("other-ca.key");
+        self_signed_ca(&ca_key, &files.ca_cert, "turnstile test CA")?;
+        self_signed_ca(&other_ca_key, &files.other_ca_cert, "unrelated test CA")?;
+        let server_ext = dir.join("server.ext");
+        std::fs::write(
+            &server_ext,
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+        )?;
+        signed_certificate(
+            dir,
+            (&ca_key, &files.ca_cert),
+            (&files.server_key, &files.server_cert),
+            "127.0.0.1",
+            &server_ext,
+        )?;
+        let client_ext = dir.join("client.ext");
+        std::fs::write(&client_ext, "extendedKeyUsage=clientAuth\n")?;
+        signed_certificate(
+            dir,
+            (&ca_key, &files.ca_cert),
+            (&files.client_key, &files.client_cert),
+            "turnstile test client",
+            &client_ext,
+        )?;
+        Ok(files)
+    }
+}
+
+fn openssl(args: &[&std::ffi::OsStr]) -> io::Result<()> {
+    let output = Command::new("openssl").args(args).output()?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "openssl {:?} failed: {}",
+            args.first(),
+            String::from_utf8_lossy(&output.stderr)
+        )))
+    }
+}
+
+fn new_key(key: &Path) -> io::Result<()> {
+    openssl(&[
+        "genpkey".as_ref(),
+        "-algorithm".as_ref(),
+        "EC".as_ref(),
+        "-pkeyopt".as_ref(),
+        "ec_paramgen_curve:P-256".as_ref(),
+        "-out".as_ref(),
+        key.as_os_str(),
+    ])
+}
+
+fn self_signed_ca(key: &Path, cert: &Path, name: &str) -> io::Result<()> {
+    new_key(key)?;
+    let subject = format!("/CN={name}");
+    openssl(&[
+        "req".as_ref(),
+        "-x509".as_ref(),
+        "-new".as_ref(),
+        "-key".as_ref(),
+        key.as_os_str(),
+        "-subj".as_ref(),
+        subject.as_ref(),
+        "-days".as_ref(),
+        "2".as_ref(),
+        "-addext".as_ref(),
+        "basicConstraints=critical,CA:TRUE".as_ref(),
+        "-addext".as_ref(),
+        "keyUsage=critical,keyCertSign,cRLSign".as_ref(),
+        "-out".as_ref(),
+        cert.as_os_str(),
+    ])
+}
+
+fn signed_certificate(
+    dir: &Path,
+    (ca_key, ca_cert): (&Path, &Path),
+    (key, cert): (&Path, &Path),
+    common_name: &str,
+    extensions: &Path,
+) -> io::Result<()> {
+    new_key(key)?;
+    let request = dir.join(format!("{common_name}.csr").replace(' ', "-"));
+    let subject = format!("/CN={common_name}");
+    openssl(&[
+        "req".as_ref(),
+        "-new".as_ref(),
+        "-key".as_ref(),
+        key.as_os_str(),
+        "-subj".as_ref(),
+        subject.as_ref(),
+        "-out".as_ref(),
+        request.as_os_str(),
+    ])?;
+    openssl(&[
+        "x509".as_ref(),
+        "-req".as_ref(),
+        "-in".as_ref(),
+        request.as_os_str(),
+        "-CA".as_ref(),
+        ca_cert.as_os_str(),
+        "-CAkey".as_ref(),
+        ca_key.as_os_str(),
+        "-CAcreateserial".as_ref(),
+        "-days".as_ref(),
+        "2".as_ref(),
+        "-extfile".as_ref(),
+        extensions.as_os_str(),
+        "-out".as_ref(),
+        cert.as_os_str(),
+    ])
+}
+
 /// A `redis-server` on a free 127.0.0.1 port with no persistence (`--save "" --appendonly
 /// no`) in its own temporary directory. Stopped by PID, and the directory removed, on drop.
 ///
@@ -25,18 +217,23 @@ pub struct RedisServer {
     process: ServerProcess,
     port: u16,
     url: String,
+    tls: Option<TlsFiles>,
+    password: Option<String>,
     _dir: TempDir,
 }
 
 impl RedisServer {
-    /// Starts a server and waits until it answers PING.
+    /// Starts a plain server and waits until it answers PING.
     pub fn start() -> io::Result<Self> {
-        let binary = std::env::var_os("TURNSTILE_REDIS_SERVER")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("redis-server"));
+        Self::start_with(&RedisOptions::new())
+    }
+
+    /// Starts a server as `options` say and waits until it is ready.
+    pub fn start_with(options: &RedisOptions) -> io::Result<Self> {
+        let binary = redis_server_binary();
         let mut last_error = None;
         for _ in 0..START_ATTEMPTS {
-            match Self::try_start(&binary) {
+            match Self::try_start(&binary, options) {
                 Ok(server) => return Ok(server),
                 Err(error) => last_error = Some(error),
             }
@@ -44,46 +241,83 @@ impl RedisServer {
         Err(last_error.unwrap_or_else(|| io::Error::other("redis-server did not start")))
     }
 
-    fn try_start(binary: &PathBuf) -> io::Result<Self> {
+    fn try_start(binary: &PathBuf, options: &RedisOptions) -> io::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("turnstile-redis-")
             .tempdir()?;
         let port = free_port()?;
         let mut command = Command::new(binary);
+        let tls = match options.tls {
+            None => {
+                command.arg("--port").arg(port.to_string());
+                None
+            }
+            Some(client_auth) => {
+                let files = TlsFiles::generate(dir.path())?;
+                command
+                    .args(["--port", "0"])
+                    .arg("--tls-port")
+                    .arg(port.to_string())
+                    .arg("--tls-cert-file")
+                    .arg(&files.server_cert)
+                    .arg("--tls-key-file")
+                    .arg(&files.server_key)
+                    .arg("--tls-ca-cert-file")
+                    .arg(&files.ca_cert)
+                    .arg("--tls-auth-clients")
+                    .arg(match client_auth {
+                        TlsClientAuth::Optional => "optional",
+                        TlsClientAuth::Required => "yes",
+                    });
+                Some(files)
+            }
+        };
+        if let Some(password) = &options.password {
+            command.arg("--requirepass").arg(password);
+        }
         command
-            .arg("--port")
-            .arg(port.to_string())
             .args(["--bind", "127.0.0.1"])
             .args(["--save", ""])
             .args(["--appendonly", "no"])
             .args(["--daemonize", "no"])
             .args(["--loglevel", "warning"])
             .arg("--dir")
-            .arg(dir.path());
+            .arg(dir.path())
+            .args(&options.extra_args);
         let mut process = ServerProcess::spawn(command)?;
         let ready = wait_until(READY_TIMEOUT, || {
             // A server that lost the port race exits at once: stop waiting, try another port.
-            process.has_exited() || ping(port).is_ok()
+            process.has_exited()
+                || match (&tls, &options.password) {
+                    // No TLS client here: a listening TLS port is ready (nothing to load).
+                    (Some(_), _) => TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok(),
+                    (None, Some(_)) => command_on(port, options.password.as_deref(), &["PING"])
+                        .is_ok_and(|reply| reply == "+PONG\r\n"),
+                    (None, None) => ping(port).is_ok(),
+                }
         });
         if !ready || process.has_exited() {
             return Err(io::Error::other(format!(
                 "redis-server on port {port} did not become ready"
             )));
         }
+        let scheme = if tls.is_some() { "rediss" } else { "redis" };
         Ok(RedisServer {
             process,
             port,
-            url: format!("redis://127.0.0.1:{port}/"),
+            url: format!("{scheme}://127.0.0.1:{port}/"),
+            tls,
+            password: options.password.clone(),
             _dir: dir,
         })
     }
 
-    /// `redis://127.0.0.1:PORT/`.
+    /// `redis://127.0.0.1:PORT/` (`rediss://` with TLS), without credentials.
     pub fn url(&self) -> &str {
         &self.url
     }
 
-    /// The server's port.
+    /// The server's port (the TLS port in TLS mode).
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -93,23 +327,57 @@ impl RedisServer {
         self.process.pid()
     }
 
-    /// Runs one command over a fresh connection and returns the raw RESP reply (for
-    /// assertions on `INFO commandstats`, `DBSIZE`, ...; errors come back as `-ERR ...`).
+    /// The certificates of a TLS server.
+    pub fn tls_files(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
+    }
+
+    /// Runs one command over a fresh plain connection (authenticating first if the server
+    /// has a password) and returns the raw RESP reply (for assertions on `INFO
+    /// commandstats`, `DBSIZE`, ...; errors come back as `-ERR ...`). Not available in TLS
+    /// mode.
     pub fn command(&self, args: &[&str]) -> io::Result<String> {
-        let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port))?;
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-        let mut request = format!("*{}\r\n", args.len());
-        for arg in args {
-            request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+        if self.tls.is_some() {
+            return Err(io::Error::other(
+                "command() speaks plain TCP; this server is TLS-only",
+            ));
         }
-        stream.write_all(request.as_bytes())?;
-        read_reply(&mut stream)
+        command_on(self.port, self.password.as_deref(), args)
     }
 
     /// Stops the server now (dropping does the same).
     pub fn stop(mut self) {
         self.process.stop();
     }
+}
+
+pub(crate) fn redis_server_binary() -> PathBuf {
+    std::env::var_os("TURNSTILE_REDIS_SERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("redis-server"))
+}
+
+fn encode(args: &[&str]) -> String {
+    let mut request = format!("*{}\r\n", args.len());
+    for arg in args {
+        request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+    }
+    request
+}
+
+/// One command on 127.0.0.1:`port` over a fresh connection, after `AUTH password` if given.
+pub(crate) fn command_on(port: u16, password: Option<&str>, args: &[&str]) -> io::Result<String> {
+    let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    if let Some(password) = password {
+        stream.write_all(encode(&["AUTH", password]).as_bytes())?;
+        let reply = read_reply(&mut stream)?;
+        if reply != "+OK\r\n" {
+            return Err(io::Error::other(format!("AUTH failed: {reply}")));
+        }
+    }
+    stream.write_all(encode(args).as_bytes())?;
+    read_reply(&mut stream)
 }
 
 fn ping(port: u16) -> io::Result<()> {
@@ -210,6 +478,37 @@ mod tests {
         for server in &servers {
             assert_eq!(server.command(&["PING"]).expect("ping"), "+PONG\r\n");
         }
+    }
+
+    #[test]
+    fn tls_server_listens_with_generated_certificates() {
+        let server = RedisServer::start_with(&RedisOptions::new().tls(TlsClientAuth::Required))
+            .expect("TLS redis-server starts");
+        assert!(server.url().starts_with("rediss://127.0.0.1:"));
+        let files = server.tls_files().expect("certificates");
+        for path in [
+            &files.ca_cert,
+            &files.client_cert,
+            &files.client_key,
+            &files.other_ca_cert,
+        ] {
+            assert!(path.is_file(), "{path:?}");
+        }
+        assert!(
+            server.command(&["PING"]).is_err(),
+            "no plain TCP on a TLS server"
+        );
+    }
+
+    #[test]
+    fn password_server_authenticates_commands() {
+        let server = RedisServer::start_with(&RedisOptions::new().password("s3cret"))
+            .expect("redis-server starts");
+        assert_eq!(server.command(&["PING"]).expect("ping"), "+PONG\r\n");
+        assert!(
+            ping(server.port()).is_err(),
+            "unauthenticated PING must be refused"
+        );
     }
 
     #[test]

@@ -27,12 +27,15 @@
 
 mod pubsub;
 
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::Script;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{ClientTlsConfig, RedisFuture, Script, TlsCertificates, Value};
 
 use self::pubsub::WakeChannels;
 
@@ -46,6 +49,9 @@ use crate::error::{LockError, LockResult};
 const BACKEND: &str = "redis";
 /// Reconnect attempts per failed command before it reports the backend unavailable.
 const RECONNECT_RETRIES: usize = 2;
+/// Cluster: retries of one command on `MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN` or a lost
+/// node connection (with backoff of 20–500 ms between them).
+const CLUSTER_RETRIES: u32 = 6;
 
 /// Helpers shared by every script. Scripts touch as few keys as the common case needs:
 /// every `redis.call` costs server time on the path every lock operation takes.
@@ -157,7 +163,9 @@ keep_alive(KEYS[7], lease)
 return {2, rank + 1, retry_after}
 "#;
 
-/// KEYS: holders tokens fence queue beats ttls. ARGV: owner max_holders channel.
+/// KEYS: holders tokens fence queue beats ttls. ARGV: owner max_holders channel publish
+/// (`PUBLISH`, or `SPUBLISH` on a cluster: the channel shares the lock's hash tag, so the
+/// message stays on the lock's shard).
 /// Returns 1 if `owner` held a live lease. Then hands the free slots to the head of the
 /// queue (lease = min(its ttl, its remaining heartbeat), token issued here) and publishes one
 /// line `owner token lease_ms` per hand-off.
@@ -194,7 +202,7 @@ if redis.call('EXISTS', KEYS[4]) == 1 then
       end
     end
     if #lines > 0 then
-      redis.call('PUBLISH', ARGV[3], table.concat(lines, '\n'))
+      redis.call(ARGV[4], ARGV[3], table.concat(lines, '\n'))
     end
   end
 end
@@ -289,23 +297,55 @@ impl Scripts {
 }
 
 /// Connection settings of a [`RedisBackend`].
-#[derive(Debug, Clone)]
+///
+/// Its `Debug` output hides the URL's password.
+#[derive(Clone)]
 pub struct RedisBackendConfig {
     url: String,
     key_prefix: String,
     response_timeout: Duration,
     connect_timeout: Duration,
+    ca_file: Option<PathBuf>,
+    client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+impl std::fmt::Debug for RedisBackendConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackendConfig")
+            .field("url", &redact_url(&self.url))
+            .field("key_prefix", &self.key_prefix)
+            .field("response_timeout", &self.response_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("ca_file", &self.ca_file)
+            .field("client_cert", &self.client_cert)
+            .finish()
+    }
+}
+
+/// `url` with the userinfo (user name and password) replaced by `<redacted>`.
+fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://<redacted>@{}", &rest[at + 1..]),
+        None => url.to_owned(),
+    }
 }
 
 impl RedisBackendConfig {
-    /// Settings for `url` (`redis://host:port/db`), key prefix `turnstile:`, response
-    /// timeout 5 s, connect timeout 1 s.
+    /// Settings for `url`, key prefix `turnstile:`, response timeout 5 s, connect timeout
+    /// 1 s. URL forms: `redis://[user:password@]host:port[/db]`, and `rediss://…` for TLS
+    /// (server certificate checked against Mozilla's roots, or [`Self::ca_file`]).
     pub fn new(url: impl Into<String>) -> Self {
         RedisBackendConfig {
             url: url.into(),
             key_prefix: "turnstile:".to_owned(),
             response_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(1),
+            ca_file: None,
+            client_cert: None,
         }
     }
 
@@ -325,6 +365,183 @@ impl RedisBackendConfig {
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
+    }
+
+    /// Trust only the CA certificate(s) in this PEM file for the server's certificate
+    /// (instead of Mozilla's roots). Needs a `rediss://` URL.
+    pub fn ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca_file = Some(path.into());
+        self
+    }
+
+    /// Present this client certificate (PEM chain) and private key (PEM) to the server:
+    /// mutual TLS, for servers started with `--tls-auth-clients yes`. Needs a `rediss://` URL.
+    pub fn client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.client_cert = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// The URL's scheme in lower case.
+    fn scheme(&self) -> String {
+        self.url
+            .split_once("://")
+            .map_or("", |(scheme, _)| scheme)
+            .to_ascii_lowercase()
+    }
+
+    /// Reads the TLS files, if any were given.
+    fn tls_certificates(&self) -> Result<Option<TlsCertificates>, RedisConnectError> {
+        if self.ca_file.is_none() && self.client_cert.is_none() {
+            return Ok(None);
+        }
+        if !self.scheme().starts_with("rediss") {
+            return Err(RedisConnectError::TlsSettingsWithoutTls);
+        }
+        let read = |what: &'static str, path: &PathBuf| {
+            std::fs::read(path).map_err(|source| RedisConnectError::ReadFile {
+                what,
+                path: path.clone(),
+                source,
+            })
+        };
+        let root_cert = match &self.ca_file {
+            Some(path) => Some(read("CA file", path)?),
+            None => None,
+        };
+        let client_tls = match &self.client_cert {
+            Some((cert, key)) => Some(ClientTlsConfig {
+                client_cert: read("client certificate", cert)?,
+                client_key: read("client key", key)?,
+            }),
+            None => None,
+        };
+        Ok(Some(TlsCertificates {
+            client_tls,
+            root_cert,
+        }))
+    }
+
+    /// A client for the URL and TLS settings.
+    fn client(&self) -> Result<redis::Client, RedisConnectError> {
+        let client = match self.tls_certificates()? {
+            Some(certificates) => redis::Client::build_with_tls(self.url.as_str(), certificates),
+            None => redis::Client::open(self.url.as_str()),
+        };
+        client.map_err(RedisConnectError::InvalidUrl)
+    }
+}
+
+/// Why [`RedisBackend::connect`] failed, when the cause is one a person has to fix: kept as
+/// the `source` of [`LockError::BackendUnavailable`] (find it with
+/// [`RedisConnectError::find`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RedisConnectError {
+    /// TLS: the server's certificate is not signed by a trusted CA, expired, or does not name
+    /// the host of the URL.
+    #[error(
+        "the Redis server's TLS certificate was rejected: {reason} (is the CA file \
+         (ca_file, TURNSTILE_REDIS_CA_FILE) the CA that signed it, and does it name the URL's host?)"
+    )]
+    CertificateRejected {
+        /// What rustls objected to (`UnknownIssuer`, `NotValidForName`, `Expired`, ...).
+        reason: String,
+        /// The client library's error.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// The server refused the user name / password of the URL, or wants one.
+    #[error("the Redis server refused the credentials (user name and password in the URL)")]
+    AuthenticationFailed {
+        /// The client library's error.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// A TLS file could not be read.
+    #[error("cannot read the {what} {path:?}")]
+    ReadFile {
+        /// `CA file`, `client certificate` or `client key`.
+        what: &'static str,
+        /// The path given.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A CA file or client certificate was given for a URL without TLS.
+    #[error("a CA file or client certificate needs a rediss:// URL (TLS)")]
+    TlsSettingsWithoutTls,
+    /// The URL (or a PEM file) could not be used.
+    #[error("invalid Redis URL or TLS material")]
+    InvalidUrl(#[source] redis::RedisError),
+}
+
+impl RedisConnectError {
+    /// The `RedisConnectError` in `error`'s source chain, if any.
+    pub fn find<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a Self> {
+        let mut current = Some(error);
+        while let Some(error) = current {
+            if let Some(found) = error.downcast_ref::<Self>() {
+                return Some(found);
+            }
+            current = error.source();
+        }
+        None
+    }
+
+    /// Sorts a connect-time client error into a typed cause, or `None` for the ordinary
+    /// "cannot reach the server" kind.
+    fn classify(error: redis::RedisError) -> Result<Self, redis::RedisError> {
+        if error.kind() == redis::ErrorKind::AuthenticationFailed
+            || matches!(error.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"))
+        {
+            return Ok(RedisConnectError::AuthenticationFailed { source: error });
+        }
+        match rejected_certificate(&error) {
+            Some(reason) => Ok(RedisConnectError::CertificateRejected {
+                reason,
+                source: error,
+            }),
+            None => Err(error),
+        }
+    }
+}
+
+/// The rustls certificate complaint somewhere in `error`'s chain. rustls' error travels inside
+/// an `io::Error` (whose own `source` skips it, hence the `get_ref`), which redis keeps in an
+/// `Arc` (a type of its own for `downcast_ref`).
+fn rejected_certificate(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+    type Shared = Arc<dyn std::error::Error + Send + Sync>;
+    let mut current = Some(error);
+    while let Some(error) = current {
+        let unshared: &(dyn std::error::Error + 'static) = match error.downcast_ref::<Shared>() {
+            Some(shared) => shared.as_ref(),
+            None => error,
+        };
+        let tls = unshared.downcast_ref::<rustls::Error>().or_else(|| {
+            unshared
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        match tls {
+            Some(rustls::Error::InvalidCertificate(reason)) => return Some(format!("{reason:?}")),
+            Some(
+                other @ (rustls::Error::NoCertificatesPresented
+                | rustls::Error::UnsupportedNameType),
+            ) => return Some(other.to_string()),
+            _ => {}
+        }
+        current = error.source();
+    }
+    None
+}
+
+/// Wraps a connect-time client error, typed when a person has to fix its cause.
+fn connect_error(operation: &'static str) -> impl FnOnce(redis::RedisError) -> LockError {
+    move |error| match RedisConnectError::classify(error) {
+        Ok(typed) => LockError::backend(BACKEND, operation, typed),
+        Err(error) => LockError::backend(BACKEND, operation, error),
     }
 }
 
@@ -366,7 +583,9 @@ impl LockKeys {
 }
 
 struct Shared {
-    connection: ConnectionManager,
+    connection: Commands,
+    /// `PUBLISH`, or `SPUBLISH` (sharded pub/sub) on a cluster.
+    publish: &'static str,
     prefix: String,
     scripts: Scripts,
     wake_channels: WakeChannels,
@@ -387,6 +606,18 @@ impl std::fmt::Debug for RedisBackend {
     }
 }
 
+/// Makes `ring` the process' rustls crypto provider unless one was installed already (redis'
+/// rustls has none of its own; without one, the first TLS handshake would panic).
+fn install_crypto_provider() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        if rustls::crypto::CryptoProvider::get_default().is_none() {
+            // An error means another thread installed one first: that one is used.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+    });
+}
+
 fn redis_error(operation: &'static str) -> impl FnOnce(redis::RedisError) -> LockError {
     move |error| LockError::backend(BACKEND, operation, error)
 }
@@ -403,32 +634,28 @@ impl RedisBackend {
     /// Connects the command connection and the pub/sub connection and loads the scripts.
     /// Must be called inside a tokio runtime (it spawns the pub/sub listener).
     pub async fn connect(config: RedisBackendConfig) -> LockResult<Self> {
-        let client = redis::Client::open(config.url.as_str()).map_err(redis_error("open"))?;
-        // Fail fast while the server is down: a lock call should report BackendUnavailable
-        // within about a second rather than sit in the client's reconnect backoff.
-        let manager_config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(config.response_timeout))
-            .set_connection_timeout(Some(config.connect_timeout))
-            .set_number_of_retries(RECONNECT_RETRIES)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_millis(200));
-        let mut connection = client
-            .get_connection_manager_with_config(manager_config)
-            .await
-            .map_err(redis_error("connect"))?;
+        install_crypto_provider();
+        let open = |error| LockError::backend(BACKEND, "open", error);
+        let (mut connection, wake_channels) = match cluster_nodes(&config.url).map_err(open)? {
+            None => connect_single(&config).await?,
+            Some(nodes) => connect_cluster(&config, nodes).await?,
+        };
         let scripts = Scripts::new();
+        // In a cluster `SCRIPT LOAD` goes to every primary; a node that joins later gets the
+        // script from the `EVALSHA` → `NOSCRIPT` → load fallback.
         for script in scripts.all() {
             script
                 .prepare_invoke()
                 .load_async(&mut connection)
                 .await
-                .map_err(redis_error("load scripts"))?;
+                .map_err(connect_error("load scripts"))?;
         }
-        let wake_channels = WakeChannels::connect(client)
-            .await
-            .map_err(redis_error("connect pub/sub"))?;
         Ok(RedisBackend {
             shared: Arc::new(Shared {
+                publish: match connection {
+                    Commands::Single(_) => "PUBLISH",
+                    Commands::Cluster(_) => "SPUBLISH",
+                },
                 connection,
                 prefix: config.key_prefix,
                 scripts,
@@ -441,8 +668,153 @@ impl RedisBackend {
         LockKeys::new(&self.shared.prefix, key)
     }
 
-    fn connection(&self) -> ConnectionManager {
+    fn connection(&self) -> Commands {
         self.shared.connection.clone()
+    }
+}
+
+/// One server (or a replica set behind it): a reconnecting multiplexed connection and a
+/// dedicated pub/sub connection.
+async fn connect_single(config: &RedisBackendConfig) -> LockResult<(Commands, WakeChannels)> {
+    let client = config
+        .client()
+        .map_err(|error| LockError::backend(BACKEND, "open", error))?;
+    // Fail fast while the server is down: a lock call should report BackendUnavailable
+    // within about a second rather than sit in the client's reconnect backoff.
+    let manager_config = ConnectionManagerConfig::new()
+        .set_response_timeout(Some(config.response_timeout))
+        .set_connection_timeout(Some(config.connect_timeout))
+        .set_number_of_retries(RECONNECT_RETRIES)
+        .set_min_delay(Duration::from_millis(50))
+        .set_max_delay(Duration::from_millis(200));
+    let connection = client
+        .get_connection_manager_with_config(manager_config)
+        .await
+        .map_err(connect_error("connect"))?;
+    let wake_channels = WakeChannels::connect(client)
+        .await
+        .map_err(connect_error("connect pub/sub"))?;
+    Ok((Commands::Single(connection), wake_channels))
+}
+
+/// Redis Cluster: the crate's cluster connection (slot map, `MOVED`/`ASK` followed, each
+/// script routed by its first key, hence by the lock's hash tag), plus a second cluster
+/// connection speaking RESP3 for the sharded wake-up channels (`SSUBSCRIBE`).
+async fn connect_cluster(
+    config: &RedisBackendConfig,
+    nodes: Vec<String>,
+) -> LockResult<(Commands, WakeChannels)> {
+    let tls = config
+        .tls_certificates()
+        .map_err(|error| LockError::backend(BACKEND, "open", error))?;
+    let builder = |nodes: &[String]| {
+        let mut builder = ClusterClientBuilder::new(nodes.to_vec())
+            .connection_timeout(config.connect_timeout)
+            .response_timeout(config.response_timeout)
+            // Bounded: while a slot moves, TRYAGAIN and ASK are retried a few times, but a
+            // cluster that is down must still fail a call within seconds.
+            .retries(CLUSTER_RETRIES)
+            .min_retry_wait(20)
+            .max_retry_wait(500);
+        if let Some(certificates) = tls.clone() {
+            builder = builder.certs(certificates);
+        }
+        builder
+    };
+    let open = |error| {
+        let error = RedisConnectError::InvalidUrl(error);
+        LockError::backend(BACKEND, "open", error)
+    };
+    let client = builder(&nodes).build().map_err(open)?;
+    let connection = client
+        .get_async_connection()
+        .await
+        .map_err(connect_error("connect"))?;
+    let (pushes, received) = tokio::sync::mpsc::unbounded_channel();
+    let pubsub_client = builder(&nodes)
+        .use_protocol(redis::ProtocolVersion::RESP3)
+        .push_sender(pushes)
+        .build()
+        .map_err(open)?;
+    let pubsub = pubsub_client
+        .get_async_connection()
+        .await
+        .map_err(connect_error("connect pub/sub"))?;
+    let wake_channels = WakeChannels::connect_cluster(pubsub, received);
+    Ok((Commands::Cluster(connection), wake_channels))
+}
+
+/// The node URLs of a `redis+cluster://` / `rediss+cluster://` URL (`None` for any other
+/// scheme): `redis+cluster://[user:password@]host1:port1,host2:port2[/]` becomes
+/// `redis://[user:password@]host1:port1`, … (the credentials apply to every node).
+fn cluster_nodes(url: &str) -> Result<Option<Vec<String>>, RedisConnectError> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Ok(None);
+    };
+    let node_scheme = match scheme.to_ascii_lowercase().as_str() {
+        "redis+cluster" => "redis",
+        "rediss+cluster" => "rediss",
+        _ => return Ok(None),
+    };
+    let invalid = |detail: &'static str| {
+        RedisConnectError::InvalidUrl(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            detail,
+        )))
+    };
+    let (authority, path) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    if !matches!(path, "" | "/" | "/0") {
+        return Err(invalid("a Redis Cluster URL takes no database or options"));
+    }
+    let (userinfo, hosts) = match authority.rfind('@') {
+        Some(at) => (&authority[..=at], &authority[at + 1..]),
+        None => ("", authority),
+    };
+    let nodes: Vec<String> = hosts
+        .split(',')
+        .filter(|host| !host.is_empty())
+        .map(|host| format!("{node_scheme}://{userinfo}{host}"))
+        .collect();
+    if nodes.is_empty() {
+        return Err(invalid("a Redis Cluster URL needs at least one host:port"));
+    }
+    Ok(Some(nodes))
+}
+
+/// The command connection: one server, or a cluster.
+#[derive(Clone)]
+enum Commands {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Commands {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Commands::Single(connection) => connection.req_packed_command(cmd),
+            Commands::Cluster(connection) => connection.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Commands::Single(connection) => connection.req_packed_commands(pipeline, offset, count),
+            Commands::Cluster(connection) => {
+                connection.req_packed_commands(pipeline, offset, count)
+            }
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Commands::Single(connection) => connection.get_db(),
+            Commands::Cluster(connection) => connection.get_db(),
+        }
     }
 }
 
@@ -517,6 +889,7 @@ impl Backend for RedisBackend {
             .arg(owner)
             .arg(max_holders)
             .arg(&keys.channel)
+            .arg(self.shared.publish)
             .invoke_async(&mut self.connection())
             .await
             .map_err(redis_error("release"))?;

@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use test_servers::{MongoServer, RedisServer, Unavailable};
+use test_servers::{
+    MongoServer, RedisCluster, RedisOptions, RedisServer, TlsClientAuth, Unavailable,
+};
 use turnstile_lock::backend::{
     AcquireOutcome, AcquireRequest, LockSnapshot, MongoBackend, MongoBackendConfig,
     WakeSubscription,
@@ -57,6 +59,46 @@ pub async fn redis() -> Harness {
     Harness {
         backend: Arc::new(CountingBackend::new(Arc::new(backend))),
         _server: Some(Box::new(server)),
+    }
+}
+
+/// Starts a TLS-only redis-server (mutual TLS, certificates generated for it) and connects a
+/// backend with the CA file and a client certificate.
+pub async fn redis_tls() -> Harness {
+    let server = tokio::task::spawn_blocking(|| {
+        RedisServer::start_with(&RedisOptions::new().tls(TlsClientAuth::Required))
+    })
+    .await
+    .expect("launcher thread")
+    .expect("TLS redis-server starts");
+    let files = server.tls_files().expect("certificates").clone();
+    let backend = RedisBackend::connect(
+        RedisBackendConfig::new(server.url())
+            .ca_file(&files.ca_cert)
+            .client_cert(&files.client_cert, &files.client_key),
+    )
+    .await
+    .expect("connect to redis over TLS");
+    Harness {
+        backend: Arc::new(CountingBackend::new(Arc::new(backend))),
+        _server: Some(Box::new(server)),
+    }
+}
+
+/// Connects a backend to a Redis Cluster (3 primaries, 3 replicas) shared by this binary's
+/// tests, under a key prefix of its own.
+pub async fn redis_cluster() -> Harness {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::shared)
+        .await
+        .expect("launcher thread")
+        .expect("Redis Cluster starts");
+    let prefix = format!("t{}:", uuid::Uuid::new_v4().simple());
+    let backend = RedisBackend::connect(RedisBackendConfig::new(cluster.url()).key_prefix(prefix))
+        .await
+        .expect("connect to the cluster");
+    Harness {
+        backend: Arc::new(CountingBackend::new(Arc::new(backend))),
+        _server: Some(Box::new(cluster)),
     }
 }
 

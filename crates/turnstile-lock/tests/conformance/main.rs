@@ -60,6 +60,8 @@ macro_rules! conformance_suite {
 
 conformance_suite!(memory);
 conformance_suite!(redis);
+conformance_suite!(redis_tls);
+conformance_suite!(redis_cluster);
 conformance_suite!(mongo);
 
 /// Against a remote backend the cancellation trials must really cut acquires short, or

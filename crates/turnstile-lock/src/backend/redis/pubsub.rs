@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use redis::aio::{PubSub, PubSubSink};
+use redis::cluster_async::ClusterConnection;
+use redis::{PushInfo, PushKind, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::backend::{Handoff, WakeRegistry, WakeSubscription};
@@ -70,6 +72,35 @@ impl WakeChannels {
             commands,
             wakes,
         })
+    }
+
+    /// Starts the listener of a cluster's sharded wake-up channels on `connection` (a RESP3
+    /// cluster connection whose pushes arrive on `pushes`). The cluster connection follows the
+    /// slots and re-subscribes after reconnects itself; the listener re-subscribes a channel
+    /// the server dropped (its slot moved) and wakes every local waiter to re-poll whenever a
+    /// subscription may have missed messages.
+    pub(super) fn connect_cluster(
+        connection: ClusterConnection,
+        pushes: mpsc::UnboundedReceiver<PushInfo>,
+    ) -> Self {
+        let (commands, receiver) = mpsc::unbounded_channel();
+        let table = Table::default();
+        let wakes = WakeRegistry::new();
+        let listener = ClusterListener {
+            connection,
+            pushes,
+            commands: receiver,
+            table: Arc::clone(&table),
+            wakes: wakes.clone(),
+            subscribed: HashSet::new(),
+            resubscribe: Vec::new(),
+        };
+        tokio::spawn(listener.run());
+        WakeChannels {
+            table,
+            commands,
+            wakes,
+        }
     }
 
     /// Registers `owner` on `channel` and waits until the server confirmed the subscription
@@ -138,6 +169,40 @@ enum Disconnect {
     Shutdown,
 }
 
+/// Routes one wake-up message (`owner token lease_ms` lines: hand-offs; a bare owner: wake)
+/// to the local waiters of `channel`.
+fn route(wakes: &WakeRegistry, channel: &str, payload: &[u8]) {
+    let Ok(payload) = std::str::from_utf8(payload) else {
+        return;
+    };
+    for line in payload.split('\n') {
+        let mut fields = line.split(' ');
+        let (Some(owner), token, lease) = (fields.next(), fields.next(), fields.next()) else {
+            continue;
+        };
+        let handoff = token
+            .and_then(|token| token.parse().ok())
+            .zip(lease.and_then(|lease| lease.parse().ok()));
+        match handoff {
+            Some((fencing_token, lease_ms)) => {
+                wakes.hand_off(
+                    channel,
+                    owner,
+                    Handoff {
+                        fencing_token,
+                        lease: Duration::from_millis(lease_ms),
+                    },
+                );
+            }
+            // A bare owner: it may be its turn, it should look again.
+            None if !owner.is_empty() => {
+                wakes.wake(channel, owner);
+            }
+            None => {}
+        }
+    }
+}
+
 /// The listener task: owns the pub/sub connection.
 struct Listener {
     client: redis::Client,
@@ -185,36 +250,11 @@ impl Listener {
     }
 
     fn route(&self, message: &redis::Msg) {
-        let channel = message.get_channel_name();
-        let Ok(payload) = std::str::from_utf8(message.get_payload_bytes()) else {
-            return;
-        };
-        for line in payload.split('\n') {
-            let mut fields = line.split(' ');
-            let (Some(owner), token, lease) = (fields.next(), fields.next(), fields.next()) else {
-                continue;
-            };
-            let handoff = token
-                .and_then(|token| token.parse().ok())
-                .zip(lease.and_then(|lease| lease.parse().ok()));
-            match handoff {
-                Some((fencing_token, lease_ms)) => {
-                    self.wakes.hand_off(
-                        channel,
-                        owner,
-                        Handoff {
-                            fencing_token,
-                            lease: Duration::from_millis(lease_ms),
-                        },
-                    );
-                }
-                // A bare owner: it may be its turn, it should look again.
-                None if !owner.is_empty() => {
-                    self.wakes.wake(channel, owner);
-                }
-                None => {}
-            }
-        }
+        route(
+            &self.wakes,
+            message.get_channel_name(),
+            message.get_payload_bytes(),
+        );
     }
 
     /// Serves one connection until it drops or everything is dropped.
@@ -299,6 +339,116 @@ impl Listener {
             }
             if !self.pause(backoff).await {
                 return;
+            }
+        }
+    }
+}
+
+/// The listener of a cluster's sharded wake-up channels.
+struct ClusterListener {
+    connection: ClusterConnection,
+    pushes: mpsc::UnboundedReceiver<PushInfo>,
+    commands: mpsc::UnboundedReceiver<Reconcile>,
+    table: Table,
+    wakes: WakeRegistry,
+    /// Channels we asked the cluster to follow.
+    subscribed: HashSet<String>,
+    /// Channels the server dropped while still wanted: subscribe again.
+    resubscribe: Vec<String>,
+}
+
+/// The text of a bulk-string push field.
+fn push_text(value: &Value) -> Option<&[u8]> {
+    match value {
+        Value::BulkString(bytes) => Some(bytes),
+        Value::SimpleString(text) => Some(text.as_bytes()),
+        _ => None,
+    }
+}
+
+impl ClusterListener {
+    /// Makes the cluster's subscription of `channel` match the table.
+    async fn reconcile(&mut self, channel: &str) {
+        let wanted = locked(&self.table)
+            .get(channel)
+            .is_some_and(|entry| entry.refs > 0);
+        if wanted && !self.subscribed.contains(channel) {
+            match self.connection.ssubscribe(channel).await {
+                Ok(()) => {
+                    self.subscribed.insert(channel.to_owned());
+                }
+                // Not live: its waiters poll (and a later subscriber tries again).
+                Err(error) => tracing::warn!(%channel, %error, "redis SSUBSCRIBE failed"),
+            }
+        } else if !wanted && self.subscribed.remove(channel) {
+            if let Err(error) = self.connection.sunsubscribe(channel).await {
+                tracing::debug!(%channel, %error, "redis SUNSUBSCRIBE failed");
+            }
+        }
+        if self.subscribed.contains(channel) {
+            if let Some(entry) = locked(&self.table).get_mut(channel) {
+                entry.live = true;
+            }
+        }
+    }
+
+    fn on_push(&mut self, push: PushInfo) {
+        match push.kind {
+            PushKind::SMessage | PushKind::Message => {
+                if let [channel, payload, ..] = push.data.as_slice() {
+                    let channel = push_text(channel).and_then(|c| std::str::from_utf8(c).ok());
+                    if let (Some(channel), Some(payload)) = (channel, push_text(payload)) {
+                        route(&self.wakes, channel, payload);
+                    }
+                }
+            }
+            // The server drops shard subscriptions whose slot moved to another node.
+            PushKind::SUnsubscribe => {
+                let channel = push
+                    .data
+                    .first()
+                    .and_then(push_text)
+                    .and_then(|c| std::str::from_utf8(c).ok())
+                    .map(str::to_owned);
+                if let Some(channel) = channel {
+                    if self.subscribed.remove(&channel) {
+                        tracing::debug!(%channel, "redis dropped a shard subscription; subscribing again");
+                        if let Some(entry) = locked(&self.table).get_mut(&channel) {
+                            entry.live = false;
+                        }
+                        self.resubscribe.push(channel);
+                    }
+                }
+            }
+            // A node connection dropped: the client re-subscribes on its own, but messages
+            // published meanwhile are gone.
+            PushKind::Disconnection => {
+                tracing::warn!("redis cluster pub/sub connection lost; waiters re-poll");
+                self.wakes.wake_all();
+            }
+            _ => {}
+        }
+    }
+
+    async fn run(mut self) {
+        loop {
+            while let Some(channel) = self.resubscribe.pop() {
+                self.reconcile(&channel).await;
+                // Whatever was published between the drop and now is lost: everyone re-polls.
+                self.wakes.wake_all();
+            }
+            tokio::select! {
+                command = self.commands.recv() => {
+                    let Some(Reconcile { channel, done }) = command else { return };
+                    self.reconcile(&channel).await;
+                    if let Some(done) = done {
+                        let _ = done.send(());
+                    }
+                }
+                push = self.pushes.recv() => {
+                    let Some(push) = push else { return };
+                    self.on_push(push);
+                }
             }
         }
     }

@@ -1,0 +1,209 @@
+//! A real Redis Cluster for tests: 3 primaries and 3 replicas on free 127.0.0.1 ports, created
+//! with `redis-cli --cluster create … --cluster-replicas 1`.
+
+use std::io;
+use std::net::{Ipv4Addr, TcpStream};
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tempfile::TempDir;
+
+use crate::process::{free_port, wait_until, ServerProcess};
+use crate::redis::{command_on, redis_server_binary};
+
+/// How many nodes: 3 primaries, each with one replica.
+const NODES: usize = 6;
+/// How long the cluster may take to agree on its slots after `--cluster create`.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One node of a [`RedisCluster`].
+#[derive(Debug)]
+pub struct ClusterNode {
+    // Field order matters: the process stops before its directory is removed.
+    process: ServerProcess,
+    port: u16,
+    _dir: TempDir,
+}
+
+impl ClusterNode {
+    /// The node's client port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The node's process id.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// Runs one command on this node and returns the raw RESP reply.
+    pub fn command(&self, args: &[&str]) -> io::Result<String> {
+        command_on(self.port, None, args)
+    }
+}
+
+/// A Redis Cluster of 3 primaries and 3 replicas (`--cluster-enabled yes`, no persistence,
+/// node timeout 2 s), each node in its own temporary directory, stopped by PID on drop.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<ClusterNode>,
+    url: String,
+}
+
+impl RedisCluster {
+    /// Starts six nodes, creates the cluster and waits until every node reports
+    /// `cluster_state:ok` and knows all six nodes, three of them as replicas.
+    pub fn start() -> io::Result<Self> {
+        let binary = redis_server_binary();
+        let mut nodes = Vec::with_capacity(NODES);
+        while nodes.len() < NODES {
+            // A node that lost a port race is simply started again on fresh ports.
+            let mut attempts = 0;
+            loop {
+                attempts += 1;
+                match start_node(&binary) {
+                    Ok(node) => {
+                        nodes.push(node);
+                        break;
+                    }
+                    Err(error) if attempts >= 8 => return Err(error),
+                    Err(_) => {}
+                }
+            }
+        }
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|node| format!("127.0.0.1:{}", node.port))
+            .collect();
+        let output = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()?;
+        if !output.status.success() {
+            return Err(io::Error::other(format!(
+                "redis-cli --cluster create failed: {}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            )));
+        }
+        let ready = wait_until(READY_TIMEOUT, || {
+            nodes.iter().all(|node| {
+                node.command(&["CLUSTER", "INFO"]).is_ok_and(|info| {
+                    info.contains("cluster_state:ok")
+                        && info.contains(&format!("cluster_known_nodes:{NODES}"))
+                }) && node
+                    .command(&["CLUSTER", "NODES"])
+                    .is_ok_and(|nodes| nodes.matches("slave").count() == NODES / 2)
+            })
+        });
+        if !ready {
+            return Err(io::Error::other("the Redis Cluster did not become ready"));
+        }
+        let url = format!("redis+cluster://{}", addresses.join(","));
+        Ok(RedisCluster { nodes, url })
+    }
+
+    /// A cluster shared by the tests of this binary: started on first use, stopped when the
+    /// last user drops it (give each test its own key prefix).
+    pub fn shared() -> io::Result<Arc<RedisCluster>> {
+        static SHARED: Mutex<Weak<RedisCluster>> = Mutex::new(Weak::new());
+        let mut shared = SHARED
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(cluster) = shared.upgrade() {
+            return Ok(cluster);
+        }
+        let cluster = Arc::new(Self::start()?);
+        *shared = Arc::downgrade(&cluster);
+        Ok(cluster)
+    }
+
+    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,…` (every node).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// All six nodes.
+    pub fn nodes(&self) -> &[ClusterNode] {
+        &self.nodes
+    }
+
+    /// The node on `port`.
+    pub fn node(&self, port: u16) -> Option<&ClusterNode> {
+        self.nodes.iter().find(|node| node.port == port)
+    }
+
+    /// Runs one command on any node that answers (for cluster-wide questions such as
+    /// `CLUSTER KEYSLOT`).
+    pub fn command(&self, args: &[&str]) -> io::Result<String> {
+        let mut last = None;
+        for node in &self.nodes {
+            match node.command(args) {
+                Ok(reply) => return Ok(reply),
+                Err(error) => last = Some(error),
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::other("no cluster node")))
+    }
+}
+
+fn start_node(binary: &Path) -> io::Result<ClusterNode> {
+    let dir = tempfile::Builder::new()
+        .prefix("turnstile-redis-cluster-")
+        .tempdir()?;
+    let port = free_port()?;
+    // The cluster bus needs a port of its own; the default (port + 10000) may not be free.
+    let bus_port = free_port()?;
+    let mut command = Command::new(binary);
+    command
+        .arg("--port")
+        .arg(port.to_string())
+        .arg("--cluster-port")
+        .arg(bus_port.to_string())
+        .args(["--cluster-enabled", "yes"])
+        .args(["--cluster-config-file", "nodes.conf"])
+        .args(["--cluster-node-timeout", "2000"])
+        .args(["--bind", "127.0.0.1"])
+        .args(["--save", ""])
+        .args(["--appendonly", "no"])
+        .args(["--daemonize", "no"])
+        .args(["--loglevel", "warning"])
+        .arg("--dir")
+        .arg(dir.path());
+    let mut process = ServerProcess::spawn(command)?;
+    let ready = wait_until(Duration::from_secs(10), || {
+        process.has_exited()
+            || (TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok()
+                && command_on(port, None, &["PING"]).is_ok_and(|reply| reply == "+PONG\r\n"))
+    });
+    if !ready || process.has_exited() {
+        return Err(io::Error::other(format!(
+            "cluster node on port {port} did not become ready"
+        )));
+    }
+    Ok(ClusterNode {
+        process,
+        port,
+        _dir: dir,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn six_nodes_form_a_cluster_with_replicas() {
+        let cluster = RedisCluster::start().expect("cluster starts");
+        assert!(cluster.url().starts_with("redis+cluster://127.0.0.1:"));
+        let nodes = cluster
+            .command(&["CLUSTER", "NODES"])
+            .expect("CLUSTER NODES");
+        assert_eq!(nodes.matches("master").count(), 3, "{nodes}");
+        assert_eq!(nodes.matches("slave").count(), 3, "{nodes}");
+    }
+}

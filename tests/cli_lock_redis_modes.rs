@@ -1,0 +1,227 @@
+//! `turnstile lock` end to end against Redis as production runs it: the built binary over TLS
+//! (CA file and client certificate from `TURNSTILE_REDIS_*`), a rejected server certificate
+//! reported clearly (exit 69), an ACL user in the URL, a `redis+cluster://` URL, and the
+//! controller's Redis settings (`Backends`) over TLS.
+
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use test_servers::{RedisOptions, RedisServer, TlsClientAuth, TlsFiles};
+use tokio::process::Command;
+use turnstile_api::BackendKind;
+use turnstile_controller::backends::{Backends, RedisTlsFiles};
+use turnstile_lock::Locker;
+
+/// Upper bound on anything that should finish in a few seconds, even on a loaded box.
+const PATIENCE: Duration = Duration::from_secs(60);
+const BACKEND_UNAVAILABLE: i32 = 69;
+
+async fn start(options: RedisOptions) -> RedisServer {
+    tokio::task::spawn_blocking(move || RedisServer::start_with(&options))
+        .await
+        .expect("launcher thread")
+        .expect("redis-server starts")
+}
+
+/// `turnstile lock --backend URL KEY -- sh -c SCRIPT` with exactly the `TURNSTILE_REDIS_*`
+/// variables given.
+async fn lock(url: &str, key: &str, env: &[(&str, &std::path::Path)], script: &str) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
+    command
+        .arg("lock")
+        .args(["--backend", url, key, "--wait", "10s"])
+        .args(["--", "sh", "-c", script])
+        .env_remove("TURNSTILE_BACKEND_URL")
+        .env_remove("TURNSTILE_REDIS_CA_FILE")
+        .env_remove("TURNSTILE_REDIS_CLIENT_CERT")
+        .env_remove("TURNSTILE_REDIS_CLIENT_KEY")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    tokio::time::timeout(PATIENCE, command.output())
+        .await
+        .expect("turnstile lock finishes")
+        .expect("run turnstile")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn mtls_env(files: &TlsFiles) -> Vec<(&'static str, &std::path::Path)> {
+    vec![
+        ("TURNSTILE_REDIS_CA_FILE", files.ca_cert.as_path()),
+        ("TURNSTILE_REDIS_CLIENT_CERT", files.client_cert.as_path()),
+        ("TURNSTILE_REDIS_CLIENT_KEY", files.client_key.as_path()),
+    ]
+}
+
+#[tokio::test]
+async fn lock_over_mutual_tls_runs_the_command_with_increasing_tokens() {
+    let server = start(RedisOptions::new().tls(TlsClientAuth::Required)).await;
+    let files = server.tls_files().expect("certificates").clone();
+    let env = mtls_env(&files);
+    let mut tokens = Vec::new();
+    for _ in 0..2 {
+        let output = lock(
+            server.url(),
+            "tls-job",
+            &env,
+            "echo $TURNSTILE_FENCING_TOKEN",
+        )
+        .await;
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        let token: u64 = stdout(&output).trim().parse().expect("a fencing token");
+        tokens.push(token);
+    }
+    assert!(tokens[1] > tokens[0], "{tokens:?}");
+}
+
+#[tokio::test]
+async fn a_rejected_server_certificate_is_reported_and_exits_69() {
+    let server = start(RedisOptions::new().tls(TlsClientAuth::Optional)).await;
+    let files = server.tls_files().expect("certificates").clone();
+    let output = lock(
+        server.url(),
+        "tls-job",
+        &[("TURNSTILE_REDIS_CA_FILE", files.other_ca_cert.as_path())],
+        "echo ran",
+    )
+    .await;
+    assert_eq!(
+        output.status.code(),
+        Some(BACKEND_UNAVAILABLE),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!stdout(&output).contains("ran"));
+    let message = stderr(&output);
+    assert!(
+        message.contains("TLS certificate was rejected") && message.contains("UnknownIssuer"),
+        "{message}"
+    );
+
+    // Half a client certificate pair is refused before connecting.
+    let output = lock(
+        server.url(),
+        "tls-job",
+        &[("TURNSTILE_REDIS_CLIENT_CERT", files.client_cert.as_path())],
+        "echo ran",
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(BACKEND_UNAVAILABLE));
+    assert!(
+        stderr(&output).contains("TURNSTILE_REDIS_CLIENT_KEY"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[tokio::test]
+async fn lock_as_an_acl_user_and_a_wrong_password_is_reported() {
+    let server = start(RedisOptions::new().password("admin-secret")).await;
+    let reply = server
+        .command(&[
+            "ACL",
+            "SETUSER",
+            "ci",
+            "on",
+            ">ci-secret",
+            "~turnstile:*",
+            "&turnstile:*",
+            "+@all",
+        ])
+        .expect("ACL SETUSER");
+    assert_eq!(reply, "+OK\r\n");
+    let port = server.port();
+    let output = lock(
+        &format!("redis://ci:ci-secret@127.0.0.1:{port}/"),
+        "acl-job",
+        &[],
+        "echo $TURNSTILE_FENCING_TOKEN",
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+
+    let output = lock(
+        &format!("redis://ci:not-it@127.0.0.1:{port}/"),
+        "acl-job",
+        &[],
+        "echo ran",
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(BACKEND_UNAVAILABLE));
+    let message = stderr(&output);
+    assert!(message.contains("refused the credentials"), "{message}");
+    assert!(!message.contains("not-it"), "password leaked: {message}");
+}
+
+#[tokio::test]
+async fn controller_backends_serve_redis_over_mutual_tls() {
+    let server = start(RedisOptions::new().tls(TlsClientAuth::Required)).await;
+    let files = server.tls_files().expect("certificates").clone();
+    let tls = RedisTlsFiles::new(
+        Some(files.ca_cert.clone()),
+        Some(files.client_cert.clone()),
+        Some(files.client_key.clone()),
+    );
+    let backends =
+        Backends::with_redis_tls(BackendKind::Memory, Some(server.url().to_owned()), tls);
+    let backend = backends.get(BackendKind::Redis).await.expect("connected");
+    let locker = Locker::from_arc(backend);
+    let lock = locker
+        .lock("controller/tls", Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("acquire over TLS");
+    lock.release().await.expect("release");
+
+    // Without the CA file the server's certificate is rejected, on every attempt.
+    let backends = Backends::with_redis_tls(
+        BackendKind::Memory,
+        Some(server.url().to_owned()),
+        Ok(RedisTlsFiles::default()),
+    );
+    let error = backends
+        .get(BackendKind::Redis)
+        .await
+        .expect_err("untrusted certificate");
+    assert!(
+        format!("{:?}", anyhow_chain(&error)).contains("certificate was rejected"),
+        "{error:?}"
+    );
+}
+
+fn anyhow_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![error.to_string()];
+    let mut current = error.source();
+    while let Some(source) = current {
+        parts.push(source.to_string());
+        current = source.source();
+    }
+    parts.join(": ")
+}
+
+#[tokio::test]
+async fn lock_on_a_redis_cluster_url() {
+    let cluster = tokio::task::spawn_blocking(test_servers::RedisCluster::start)
+        .await
+        .expect("launcher thread")
+        .expect("Redis Cluster starts");
+    let mut tokens = Vec::new();
+    // Keys on different slots: each is served by the primary that owns it.
+    for key in ["cluster-a", "cluster-b", "cluster-a"] {
+        let output = lock(cluster.url(), key, &[], "echo $TURNSTILE_FENCING_TOKEN").await;
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        tokens.push(stdout(&output).trim().parse::<u64>().expect("token"));
+    }
+    assert_eq!(tokens, [1, 1, 2]);
+}
