@@ -6,9 +6,15 @@
 //!   `CLUSTER=...` names the cluster and the kubectl context. The `kubectl` stand-in renders
 //!   `apply -k` with the real `kubectl kustomize`, so the manifest checked is what would be
 //!   applied.
+//! - The playground path (forced with `TURNSTILE_QUICKSTART=playground`, so the result does
+//!   not depend on what is installed), given the built binaries so it builds nothing: it
+//!   ends on a `kubectl get locks` table where job-a holds db-migrations, prints the
+//!   `export KUBECONFIG=` line, leaves both processes serving after it exits, and `stop` ends
+//!   them by PID.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::Deserialize as _;
 
@@ -179,4 +185,243 @@ fn kind_path_rolls_out_the_image_it_built_and_loaded() {
             );
         }
     }
+}
+
+/// The fake API server's binary. `cargo test --workspace` builds it next to `turnstile`; when
+/// it is missing there or older than the fake's sources (`cargo test -p turnstile` alone), it
+/// is built here with `cargo build -p fake-apiserver`.
+fn fake_apiserver_bin() -> PathBuf {
+    let sibling = Path::new(env!("CARGO_BIN_EXE_turnstile")).with_file_name("fake-apiserver");
+    let sources = repo().join("crates/fake-apiserver");
+    if modified(&sibling).is_some_and(|built| newest(&sources) <= built) {
+        return sibling;
+    }
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let output = Command::new(cargo)
+        .args(["build", "-p", "fake-apiserver", "--bin", "fake-apiserver"])
+        .arg("--message-format=json-render-diagnostics")
+        .current_dir(repo())
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run cargo build -p fake-apiserver");
+    assert!(
+        output.status.success(),
+        "cargo build -p fake-apiserver failed"
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter_map(|message| message["executable"].as_str().map(PathBuf::from))
+        .find(|path| {
+            path.file_name()
+                .is_some_and(|name| name == "fake-apiserver")
+        })
+        .expect("cargo names the fake-apiserver executable")
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path)
+        .and_then(|meta| meta.modified())
+        .ok()
+}
+
+/// The latest modification time of a file under `dir`.
+fn newest(dir: &Path) -> SystemTime {
+    let mut latest = SystemTime::UNIX_EPOCH;
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if let Some(time) = modified(&path) {
+                latest = latest.max(time);
+            }
+        }
+    }
+    latest
+}
+
+/// A playground's state directory; dropping it runs the script's `stop`, so that a failing
+/// test leaves no processes behind.
+struct Playground {
+    dir: tempfile::TempDir,
+    fake_apiserver: PathBuf,
+}
+
+impl Playground {
+    fn state(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    /// `bash scripts/quickstart.sh ARGS…` for this playground, its output in files (the
+    /// processes it leaves running must not hold a pipe of ours open), within `limit`.
+    fn script(&self, args: &[&str], limit: Duration) -> Output {
+        let stdout = self.dir.path().join("script.out");
+        let stderr = self.dir.path().join("script.err");
+        let mut child = Command::new("bash")
+            .arg(repo().join("scripts/quickstart.sh"))
+            .args(args)
+            .env("TURNSTILE_QUICKSTART", "playground")
+            .env("TURNSTILE_QUICKSTART_DIR", self.state())
+            .env("TURNSTILE_BIN", env!("CARGO_BIN_EXE_turnstile"))
+            .env("FAKE_APISERVER_BIN", &self.fake_apiserver)
+            .env_remove("KUBECONFIG")
+            .env_remove("PLAYGROUND_PORT")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&stdout).expect("stdout file"))
+            .stderr(std::fs::File::create(&stderr).expect("stderr file"))
+            .spawn()
+            .expect("run quickstart.sh");
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait for quickstart.sh") {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "quickstart.sh {args:?} did not finish within {limit:?}:\n{}",
+                    std::fs::read_to_string(&stdout).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        Output {
+            status,
+            stdout: std::fs::read(&stdout).unwrap_or_default(),
+            stderr: std::fs::read(&stderr).unwrap_or_default(),
+        }
+    }
+
+    /// The `name pid` lines of the script's PID file.
+    fn pids(&self) -> Vec<(String, i32)> {
+        std::fs::read_to_string(self.state().join("pids"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| {
+                let (name, pid) = line.split_once(' ')?;
+                Some((name.to_owned(), pid.trim().parse().ok()?))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Playground {
+    fn drop(&mut self) {
+        if !self.pids().is_empty() {
+            let _ = self.script(&["stop"], Duration::from_secs(60));
+        }
+    }
+}
+
+/// Whether process `pid` runs (a zombie does not: nobody may reap it in a container).
+fn running(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // `pid (comm) state …`: the state follows the last `)`.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next());
+    state.is_some_and(|state| state != "Z" && state != "X")
+}
+
+/// The row of `name` in a `kubectl get` table, as `column header -> cell`.
+fn table_row(table: &str, name: &str) -> Option<Vec<(String, String)>> {
+    let mut header: Option<Vec<&str>> = None;
+    for line in table.lines() {
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        if cells.first() == Some(&"NAME") {
+            header = Some(cells);
+        } else if cells.first() == Some(&name) {
+            let header = header.as_ref()?;
+            return Some(
+                header
+                    .iter()
+                    .zip(cells)
+                    .map(|(column, cell)| ((*column).to_owned(), cell.to_owned()))
+                    .collect(),
+            );
+        }
+    }
+    None
+}
+
+fn cell<'a>(row: &'a [(String, String)], column: &str) -> &'a str {
+    row.iter()
+        .find(|(name, _)| name == column)
+        .map_or("", |(_, cell)| cell.as_str())
+}
+
+#[test]
+fn playground_ends_on_a_held_lock_and_stops_by_pid() {
+    let playground = Playground {
+        dir: tempfile::tempdir().expect("tempdir"),
+        fake_apiserver: fake_apiserver_bin(),
+    };
+    let output = playground.script(&[], Duration::from_secs(180));
+    let out = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{}", text(&output));
+
+    // The table after the last step is what the user sees last.
+    let (_, last_table) = out
+        .rsplit_once("==> kubectl get locks")
+        .unwrap_or_else(|| panic!("no kubectl get locks step:\n{out}"));
+    let lock = table_row(last_table, "distributedlock.turnstile.dev/db-migrations")
+        .unwrap_or_else(|| panic!("no db-migrations row:\n{last_table}"));
+    assert_eq!(cell(&lock, "BACKEND"), "memory", "{last_table}");
+    assert_eq!(cell(&lock, "HOLDER"), "job-a", "{last_table}");
+    assert_eq!(cell(&lock, "TOKEN"), "1", "{last_table}");
+    assert_eq!(cell(&lock, "WAITING"), "2", "{last_table}");
+    let claim = table_row(last_table, "lockclaim.turnstile.dev/job-a")
+        .unwrap_or_else(|| panic!("no job-a row:\n{last_table}"));
+    assert_eq!(cell(&claim, "PHASE"), "Held", "{last_table}");
+
+    let kubeconfig = playground.state().join("kubeconfig");
+    assert!(
+        out.contains(&format!("export KUBECONFIG={}", kubeconfig.display())),
+        "{out}"
+    );
+    assert!(
+        out.contains("not Kubernetes"),
+        "says what it is not:\n{out}"
+    );
+
+    // Both processes outlive the script, and the API answers through the printed kubeconfig.
+    let pids = playground.pids();
+    let names: Vec<&str> = pids.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names, ["fake-apiserver", "turnstile"], "{pids:?}");
+    for (name, pid) in &pids {
+        assert!(running(*pid), "{name} (PID {pid}) is not running");
+    }
+    let phase = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .arg("--cache-dir")
+        .arg(playground.dir.path().join("kube-cache"))
+        .args([
+            "get",
+            "lockclaim",
+            "job-b",
+            "-o",
+            "jsonpath={.status.phase}",
+        ])
+        .output()
+        .expect("kubectl");
+    assert_eq!(
+        String::from_utf8_lossy(&phase.stdout),
+        "Pending",
+        "{}",
+        text(&phase)
+    );
+
+    let stopped = playground.script(&["stop"], Duration::from_secs(60));
+    assert!(stopped.status.success(), "{}", text(&stopped));
+    for (name, pid) in &pids {
+        assert!(!running(*pid), "{name} (PID {pid}) still runs after stop");
+    }
+    assert!(playground.pids().is_empty(), "the PID file is gone");
 }
