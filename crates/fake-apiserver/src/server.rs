@@ -215,6 +215,41 @@ impl FakeApiServer {
         self.state.hooks.inject(path_prefix, count, status);
     }
 
+    /// Stores `object` as it is, bypassing admission, the schema and every other check, and
+    /// emits ADDED (or MODIFIED when the object exists) to the watches: the way an object
+    /// written under an older or newer CRD schema looks to a client whose types disagree.
+    /// `group` is the API group ("" for core), `resource` the plural, `namespace` "" when
+    /// cluster-scoped; the name is the object's `metadata.name`. Returns the new
+    /// resourceVersion.
+    pub fn store_unvalidated(
+        &self,
+        group: &str,
+        resource: &str,
+        namespace: &str,
+        object: serde_json::Value,
+    ) -> u64 {
+        let name = object
+            .pointer("/metadata/name")
+            .and_then(|name| name.as_str())
+            .unwrap_or_default()
+            .to_owned();
+        let key = crate::store::ObjectKey {
+            group: group.to_owned(),
+            resource: resource.to_owned(),
+            namespace: namespace.to_owned(),
+            name,
+        };
+        self.state.store.with(|inner| {
+            let event_type = if inner.get(&key).is_some() {
+                crate::store::EventType::Modified
+            } else {
+                crate::store::EventType::Added
+            };
+            inner.put(key, object, event_type);
+            inner.current_rv()
+        })
+    }
+
     /// Every request served so far, in order.
     pub fn request_log(&self) -> Vec<RecordedRequest> {
         self.state.hooks.log()

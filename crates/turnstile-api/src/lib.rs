@@ -15,9 +15,10 @@ pub use lock::{
     BackendKind, DistributedLock, DistributedLockSpec, DistributedLockStatus, LockHolder,
 };
 pub use vocabulary::{
-    event_reasons, job_event_reasons, reasons, DEFAULT_LEASE_DURATION_SECONDS, FINALIZER,
-    HELD_CONDITION, LOCK_ANNOTATION, MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_HOLDERS,
-    MAX_LEASE_DURATION_SECONDS, READY_CONDITION, TOKEN_ANNOTATION,
+    event_reasons, job_event_reasons, object_event_reasons, reasons,
+    DEFAULT_LEASE_DURATION_SECONDS, FINALIZER, HELD_CONDITION, LOCK_ANNOTATION,
+    MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_HOLDERS, MAX_LEASE_DURATION_SECONDS, READY_CONDITION,
+    TOKEN_ANNOTATION,
 };
 
 /// The API group of both custom resources.

@@ -60,6 +60,13 @@ pub mod event_reasons {
     pub const FAILED: &str = "Failed";
 }
 
+/// Event reasons on objects the controller cannot read.
+pub mod object_event_reasons {
+    /// The stored object does not match the controller's schema (a field of the wrong type,
+    /// e.g. across a CRD upgrade): it is skipped until fixed.
+    pub const INVALID_OBJECT: &str = "InvalidObject";
+}
+
 /// Event reasons on suspended Jobs gated by [`LOCK_ANNOTATION`](super::LOCK_ANNOTATION).
 pub mod job_event_reasons {
     /// The Job's claim is queued: the Job stays suspended.

@@ -111,6 +111,6 @@ pub fn claim_error_policy(
         claim.name_any()
     );
     let delay = ctx.retry_delay(&key, error);
-    tracing::warn!(claim = %claim.name_any(), %error, retry_in = ?delay, "claim reconcile failed");
+    error.log_failed_pass(&key, delay);
     Action::requeue(delay)
 }

@@ -66,4 +66,15 @@ impl ControllerError {
             } if status.code == 409
         )
     }
+
+    /// Logs a failed pass over `object` (`kind/namespace/name`) that is retried in `retry_in`:
+    /// optimistic-concurrency conflicts are routine (the retry reads fresh state) and go to
+    /// debug; everything else to warn.
+    pub fn log_failed_pass(&self, object: &str, retry_in: std::time::Duration) {
+        if self.is_conflict() {
+            tracing::debug!(object, error = %self, ?retry_in, "pass conflicted; retrying");
+        } else {
+            tracing::warn!(object, error = %self, ?retry_in, "pass failed; retrying");
+        }
+    }
 }

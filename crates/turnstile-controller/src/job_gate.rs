@@ -288,12 +288,12 @@ pub fn job_error_policy(job: Arc<Job>, error: &ControllerError, _ctx: Arc<GateCo
         // The controllers are stopping; the next leader takes over.
         return Action::await_change();
     }
-    tracing::warn!(
-        namespace = job.namespace().unwrap_or_default(),
-        job = %job.name_any(),
-        %error,
-        "gated Job pass failed"
+    let object = format!(
+        "job/{}/{}",
+        job.namespace().unwrap_or_default(),
+        job.name_any()
     );
+    error.log_failed_pass(&object, RETRY);
     Action::requeue(RETRY)
 }
 

@@ -7,6 +7,7 @@
 //! - [`owner_watch`]: Pod/Job events wake the locks of the claims they own.
 //! - [`job_gate`]: Jobs created suspended with `turnstile.dev/lock` run once their claim is held.
 //! - [`backend_ops`]: performs the core's backend calls on the lock engine.
+//! - [`tolerant_watch`]: lock and claim watches that skip (and report) objects they cannot read.
 //! - [`runtime`]: the watches, caches and controllers (`turnstile run`).
 //! - [`leader`]: leader election on a `coordination.k8s.io` Lease.
 //! - [`metrics`]: the Prometheus series, and the `/metrics`, `/healthz`, `/readyz` endpoints.
@@ -27,6 +28,7 @@ pub mod owner_watch;
 pub mod owners;
 pub mod patch;
 pub mod runtime;
+pub mod tolerant_watch;
 
 pub use error::ControllerError;
 pub use runtime::{run, ControllerConfig};

@@ -180,13 +180,7 @@ pub fn lock_error_policy(
         _ => ReconcileErrorKind::Other,
     });
     let delay = ctx.retry_delay(&backoff_key(&view), error);
-    tracing::warn!(
-        namespace = %view.namespace,
-        lock = %view.name,
-        %error,
-        retry_in = ?delay,
-        "reconcile failed"
-    );
+    error.log_failed_pass(&backoff_key(&view), delay);
     Action::requeue(delay)
 }
 

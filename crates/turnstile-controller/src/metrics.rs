@@ -19,6 +19,7 @@
 //! | `turnstile_backend_errors_total` | counter | `backend`, `operation` | failed backend calls |
 //! | `turnstile_reconcile_errors_total` | counter | `kind` | failed reconciliations: `api`, `backend`, `other` |
 //! | `turnstile_leader` | gauge | | 1 while this replica leads |
+//! | `turnstile_invalid_objects` | gauge | | locks and claims the controller cannot read (skipped; each has a Warning Event) |
 //!
 //! The reconciler calls the `record_*`/`set_*` methods of a shared [`Metrics`] (cheap to
 //! clone); [`serve`] exposes it:
@@ -261,6 +262,7 @@ struct Inner {
     backend_errors: Family<BackendErrorLabels, Counter>,
     reconcile_errors: Family<ReconcileErrorLabels, Counter>,
     leader: Gauge,
+    invalid_objects: Gauge,
     /// Each lock's last reported queue, so `queue_depth` stays a sum over locks without a
     /// per-lock label.
     queues: Mutex<HashMap<String, (BackendKind, i64)>>,
@@ -345,6 +347,12 @@ impl Metrics {
             "1 while this replica is the leader",
             Gauge::default(),
         );
+        let invalid_objects = register(
+            registry,
+            "invalid_objects",
+            "Locks and claims the controller cannot read (skipped until fixed)",
+            Gauge::default(),
+        );
         let metrics = Self {
             inner: Arc::new(Inner {
                 registry: root,
@@ -360,6 +368,7 @@ impl Metrics {
                 backend_errors,
                 reconcile_errors,
                 leader,
+                invalid_objects,
                 queues: Mutex::new(HashMap::new()),
             }),
         };
@@ -559,6 +568,13 @@ impl Metrics {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let previous = queues.remove(lock);
         self.shift_queue_depth(previous, None);
+    }
+
+    /// How many locks and claims cannot be read (`turnstile_invalid_objects`).
+    pub fn set_invalid_objects(&self, count: usize) {
+        self.inner
+            .invalid_objects
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
     /// Whether this replica leads (`turnstile_leader`).

@@ -37,6 +37,7 @@ use super::error::ControllerError;
 use super::job_gate::{run_gate, GateContext};
 use super::lock_reconciler::{lock_error_policy, reconcile_lock};
 use super::owner_watch::{owner_trigger, FINISHED_PODS};
+use super::tolerant_watch::{tolerant_watcher, InvalidObjects};
 use crate::leader::{self, LeaderConfig};
 use crate::metrics::{self, Metrics, Readiness};
 use turnstile_api::{BackendKind, DistributedLock, LockClaim};
@@ -278,6 +279,15 @@ async fn run_controllers(
     // shared reflectors): claims feed the lock controller, the orphan-claim controller and
     // the Job gate; Jobs feed the Job gate and the owner trigger. Cached objects are trimmed
     // of what no decision reads (managedFields, the last-applied annotation).
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: CONTROLLER_NAME.to_owned(),
+            instance: config.instance.clone(),
+        },
+    );
+    // One bad object must not stop the watch of all the others (see `tolerant_watch`).
+    let invalid = InvalidObjects::new(metrics.clone(), recorder.clone(), leadership.clone());
     let (claim_store, claim_writer) = reflector::store_shared::<LockClaim>(SHARED_BUFFER);
     let claims_for_locks = subscribe(&claim_writer);
     let claims_for_orphans = subscribe(&claim_writer);
@@ -285,9 +295,11 @@ async fn run_controllers(
     let claim_index = ClaimIndex::new();
     let claim_watch = {
         let index = claim_index.clone();
-        watcher(
-            api::<LockClaim>(client, namespace),
+        tolerant_watcher::<LockClaim>(
+            client,
+            namespace,
             watcher::Config::default(),
+            invalid.clone(),
         )
         .default_backoff()
         .modify(trim)
@@ -308,14 +320,12 @@ async fn run_controllers(
         .reflect_shared(job_writer);
 
     let (lock_store, lock_writer) = reflector::store::<DistributedLock>();
-    let lock_events = watcher(
-        api::<DistributedLock>(client, namespace),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(trim)
-    .reflect(lock_writer)
-    .applied_objects();
+    let lock_events =
+        tolerant_watcher::<DistributedLock>(client, namespace, watcher::Config::default(), invalid)
+            .default_backoff()
+            .modify(trim)
+            .reflect(lock_writer)
+            .applied_objects();
 
     // No debounce: a lone event is handled at once, and events arriving while a lock's pass
     // runs are merged into one follow-up pass by the controller's scheduler.
@@ -349,13 +359,6 @@ async fn run_controllers(
         .with_config(runtime_config.clone())
         .graceful_shutdown_on(raised(&stop_rx));
 
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: CONTROLLER_NAME.to_owned(),
-            instance: config.instance.clone(),
-        },
-    );
     let ctx = Arc::new(
         Context::new(
             client.clone(),

@@ -19,6 +19,7 @@ mod fold;
 mod model;
 mod orphan;
 mod plan;
+mod queue;
 mod status;
 
 #[cfg(test)]
@@ -34,3 +35,4 @@ pub use model::{
 };
 pub use orphan::{decide_orphan, OrphanDecision};
 pub use plan::{plan, AcquirePurpose, BackendOp, ExecutionGate, OpOutcome, Plan, PlannedOp};
+pub use queue::queue_order;

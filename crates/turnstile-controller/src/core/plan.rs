@@ -583,12 +583,7 @@ pub fn plan(input: &LockInput) -> Plan {
         .filter_map(ClaimView::fencing_token)
         .fold(input.lock.fencing_high_water(), u64::max);
 
-    let mut order: Vec<usize> = (0..input.claims.len()).collect();
-    order.sort_by(|a, b| {
-        input.claims[*a]
-            .queue_order()
-            .cmp(&input.claims[*b].queue_order())
-    });
+    let order = super::queue::queue_order(&input.claims);
 
     let mut builder = Builder {
         input,

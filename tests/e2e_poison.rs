@@ -1,0 +1,128 @@
+//! No poison pills: a stored claim that does not match the controller's types (written under
+//! another schema, stored here through the fake's hook that bypasses validation) is skipped and
+//! reported; every other claim keeps being granted; once fixed, it is picked up.
+
+mod e2e_support;
+
+use std::net::{SocketAddr, TcpListener};
+use std::time::{Duration, Instant};
+
+use e2e_support::scrape::{get, sample};
+use e2e_support::{Env, WAIT};
+use k8s_openapi::api::events::v1::Event;
+use kube::Api;
+use serde_json::json;
+use turnstile_api::{object_event_reasons, ClaimPhase};
+use turnstile_controller::ControllerConfig;
+
+fn bad_claim(namespace: &str, release: serde_json::Value, label: usize) -> serde_json::Value {
+    json!({
+        "apiVersion": "turnstile.dev/v1alpha1",
+        "kind": "LockClaim",
+        "metadata": {
+            "name": "bad", "namespace": namespace, "uid": "bad-claim-uid",
+            "creationTimestamp": "2026-01-01T00:00:00Z", "generation": 1,
+            "labels": {"edit": label.to_string()}
+        },
+        "spec": {"lockName": "db", "release": release}
+    })
+}
+
+async fn invalid_objects(addr: SocketAddr) -> Option<f64> {
+    sample(
+        &get(addr, "/metrics").await.body,
+        "turnstile_invalid_objects",
+    )
+}
+
+/// Polls `check` until it holds; panics after [`WAIT`].
+async fn eventually<F, Fut>(what: &str, check: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + WAIT;
+    while !check().await {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_does_not_decode_stops_nothing_and_is_picked_up_once_fixed() {
+    let Some(mut env) = Env::fake_only("a_claim_that_does_not_decode_stops_nothing").await else {
+        return;
+    };
+    let metrics_addr: SocketAddr = TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("free port");
+    env.start_controller(ControllerConfig {
+        metrics_addr: Some(metrics_addr),
+        ..ControllerConfig::default()
+    });
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.apply_lock("other", "leaseDurationSeconds: 300");
+
+    // The bad claim, then five more edits of it: before the fix each event failed the shared
+    // claim watch and stalled every grant for seconds (about 59 s after six events).
+    for edit in 0..6 {
+        env.server().store_unvalidated(
+            "turnstile.dev",
+            "lockclaims",
+            &env.namespace,
+            bad_claim(&env.namespace, json!("maybe"), edit),
+        );
+    }
+    let created = Instant::now();
+    env.apply_claim("good", "other", "");
+    env.wait_phase("good", ClaimPhase::Held).await;
+    let granted_in = created.elapsed();
+    assert!(
+        granted_in < Duration::from_secs(3),
+        "another lock's claim took {granted_in:?} behind the bad object"
+    );
+
+    // The bad object is named, with its field, in a Warning Event, a log line and the gauge.
+    env.wait_event("bad", object_event_reasons::INVALID_OBJECT)
+        .await;
+    let events: Api<Event> = Api::namespaced(env.client.clone(), &env.namespace);
+    let notes: Vec<String> = events
+        .list(&Default::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|event| event.reason.as_deref() == Some(object_event_reasons::INVALID_OBJECT))
+        .filter_map(|event| event.note)
+        .collect();
+    assert!(
+        notes.iter().any(|note| note.contains("spec.release")),
+        "{notes:?}"
+    );
+    assert!(
+        notes
+            .iter()
+            .all(|note| note.contains("maybe") || note.contains("boolean")),
+        "{notes:?}"
+    );
+    eventually("turnstile_invalid_objects is 1", || async {
+        invalid_objects(metrics_addr).await == Some(1.0)
+    })
+    .await;
+    let raw = env.kubectl(&["get", "lockclaim", "bad", "-o", "jsonpath={.status}"]);
+    assert_eq!(raw.trim(), "", "the bad claim was never reconciled");
+
+    // Fixed (as a corrected schema or object would be): decoded, reconciled, no longer counted.
+    env.server().store_unvalidated(
+        "turnstile.dev",
+        "lockclaims",
+        &env.namespace,
+        bad_claim(&env.namespace, json!(false), 99),
+    );
+    env.wait_phase("bad", ClaimPhase::Held).await;
+    eventually("turnstile_invalid_objects is 0", || async {
+        invalid_objects(metrics_addr).await == Some(0.0)
+    })
+    .await;
+    env.stop_controller().await;
+}
