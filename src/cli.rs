@@ -81,6 +81,8 @@ pub enum Command {
     Wait(crate::wait::WaitArgs),
     /// Run a command while holding a lock on a Redis or MongoDB backend (like flock).
     Lock(crate::run_locked::LockArgs),
+    /// Show who holds a DistributedLock and who waits for it, in grant order.
+    Queue(crate::queue::QueueArgs),
 }
 
 /// For a usage error of `turnstile wait`: the one-line outcome to exit with. `None` for
@@ -137,6 +139,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         // These end the process with their own exit codes (documented per command).
         Command::Wait(args) => crate::wait::wait_command(args).await.exit(),
         Command::Lock(args) => crate::run_locked::lock_command(args).await.exit(),
+        Command::Queue(args) => crate::queue::queue_command(args).await.exit(),
     }
 }
 

@@ -14,6 +14,7 @@
 
 pub mod cli;
 pub mod oneshot;
+pub mod queue;
 pub mod run;
 pub mod run_locked;
 pub mod wait;

@@ -1,0 +1,482 @@
+//! `turnstile queue LOCK`: who holds a DistributedLock and who waits for it, in the order
+//! the controller will grant it.
+//!
+//! ```text
+//! turnstile queue db-migrations [-n NS] [-o wide|json]
+//! kubectl turnstile queue db-migrations      # the same, as a kubectl plugin
+//! ```
+//!
+//! It reads the lock and its claims from the API (one get, one list) and orders them with
+//! [`turnstile_controller::core::queue_order`], the function the controller's reconcile pass
+//! grants by, so the waiters are listed exactly in grant order. Nothing is written.
+
+use std::fmt::Write as _;
+
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+use serde::Serialize;
+
+use crate::oneshot::{error_chain, init_logging, Outcome};
+use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
+use turnstile_controller::core::{queue_order, seconds_of, ClaimView, Seconds};
+
+/// The exit codes of `turnstile queue`.
+pub mod exit_code {
+    /// The queue was printed.
+    pub const OK: u8 = 0;
+    /// The API server could not be reached or refused a request (kubeconfig, RBAC).
+    pub const ERROR: u8 = 1;
+    /// The DistributedLock does not exist (the same code as `turnstile wait`'s).
+    pub const LOCK_NOT_FOUND: u8 = 6;
+}
+
+/// Output formats besides the default table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// The table with more columns (times as RFC 3339, the controller's position and reason).
+    Wide,
+    /// One JSON object: the lock, `holders[]` and `waiters[]` in grant order.
+    Json,
+}
+
+/// Flags of `turnstile queue`.
+#[derive(Debug, Clone, clap::Args)]
+#[command(
+    after_help = "Exit codes:\n  0    printed\n  1    API server unreachable or \
+                        request refused (kubeconfig, RBAC)\n  6    the DistributedLock does \
+                        not exist"
+)]
+pub struct QueueArgs {
+    /// The DistributedLock.
+    pub lock: String,
+    /// Namespace of the lock; default: the kubeconfig's.
+    #[arg(long, short = 'n')]
+    pub namespace: Option<String>,
+    /// Output format: wide or json (default: a table).
+    #[arg(long, short = 'o', value_enum)]
+    pub output: Option<OutputFormat>,
+}
+
+/// A lock's queue at one moment: what `turnstile queue` prints.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueView {
+    /// The lock's name.
+    pub lock: String,
+    /// The lock's namespace.
+    pub namespace: String,
+    /// `spec.backend`, or `default` (the controller's `--default-backend`).
+    pub backend: String,
+    /// `spec.maxHolders`.
+    pub max_holders: i32,
+    /// The claims holding the lock, oldest grant (lowest fencing token) first.
+    pub holders: Vec<Holder>,
+    /// The claims waiting for it, in the order they will be granted.
+    pub waiters: Vec<Waiter>,
+}
+
+/// A claim holding the lock.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Holder {
+    /// The claim's name.
+    pub claim: String,
+    /// The grant's fencing token.
+    pub fencing_token: Option<i64>,
+    /// `status.holderIdentity` (else what the controller would write there).
+    pub holder_identity: String,
+    /// The owning object as `Kind/name`, if any.
+    pub owner: Option<String>,
+    /// `status.acquiredAt` (RFC 3339).
+    pub acquired_at: Option<String>,
+    /// `status.expiresAt` (RFC 3339).
+    pub expires_at: Option<String>,
+    /// Seconds since the grant.
+    pub held_for_seconds: Option<i64>,
+    /// Seconds until the lease runs out unless renewed (negative: overdue).
+    pub expires_in_seconds: Option<i64>,
+}
+
+/// A claim waiting for the lock.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Waiter {
+    /// 1-based place in grant order.
+    pub position: usize,
+    /// The claim's name.
+    pub claim: String,
+    /// Who will hold the grant (`spec.holderIdentity`, else the owner's name, else the claim's).
+    pub holder_identity: String,
+    /// The owning object as `Kind/name`, if any.
+    pub owner: Option<String>,
+    /// `metadata.creationTimestamp` (RFC 3339): the claim's place in the queue.
+    pub created_at: Option<String>,
+    /// Seconds since the claim was created.
+    pub waiting_for_seconds: i64,
+    /// `status.position` as the controller last wrote it (it may lag behind).
+    pub reported_position: Option<i32>,
+    /// `status.reason` (for example `Queued`, `LockBusy`, `BackendUnavailable`).
+    pub reason: Option<String>,
+}
+
+/// The queue of `lock` from its claims (any order, any lock: others are skipped), at `now`
+/// (Unix seconds). Holders are the `Held` claims, oldest grant first; waiters the `Pending`
+/// ones that are neither being deleted nor withdrawn (`spec.release`), in the controller's
+/// grant order ([`queue_order`]).
+pub fn queue_view(lock: &DistributedLock, claims: &[LockClaim], now: Seconds) -> QueueView {
+    let name = lock.name_any();
+    let mut resources = Vec::new();
+    let mut views = Vec::new();
+    for claim in claims.iter().filter(|claim| claim.spec.lock_name == name) {
+        match ClaimView::from_resource(claim) {
+            Ok(view) => {
+                resources.push(claim);
+                views.push(view);
+            }
+            // The API server always sets these; a claim without them cannot be placed.
+            Err(error) => tracing::warn!(%error, "claim skipped"),
+        }
+    }
+    let mut holders = Vec::new();
+    let mut waiters = Vec::new();
+    for index in queue_order(&views) {
+        let (claim, view) = (resources[index], &views[index]);
+        let owner = owner_of(claim);
+        match view.phase() {
+            ClaimPhase::Held if !view.deleting => {
+                let acquired = view.status.acquired_at.as_ref().map(seconds_of);
+                let expires = view.status.expires_at.as_ref().map(seconds_of);
+                holders.push(Holder {
+                    claim: view.name.clone(),
+                    fencing_token: view.status.fencing_token,
+                    holder_identity: view
+                        .status
+                        .holder_identity
+                        .clone()
+                        .unwrap_or_else(|| view.holder_identity()),
+                    owner,
+                    acquired_at: view.status.acquired_at.as_ref().map(|t| t.0.to_string()),
+                    expires_at: view.status.expires_at.as_ref().map(|t| t.0.to_string()),
+                    held_for_seconds: acquired.map(|at| now.saturating_sub(at).max(0)),
+                    expires_in_seconds: expires.map(|at| at.saturating_sub(now)),
+                });
+            }
+            ClaimPhase::Pending if !view.deleting && !view.release_requested() => {
+                waiters.push(Waiter {
+                    position: waiters.len() + 1,
+                    claim: view.name.clone(),
+                    holder_identity: view.holder_identity(),
+                    owner,
+                    created_at: claim
+                        .metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .map(|t| t.0.to_string()),
+                    waiting_for_seconds: now.saturating_sub(view.created).max(0),
+                    reported_position: view.status.position,
+                    reason: view.status.reason.clone(),
+                });
+            }
+            _ => {}
+        }
+    }
+    // Holders in the order they were granted: by fencing token (the queue order breaks ties).
+    holders.sort_by_key(|holder| holder.fencing_token.unwrap_or(i64::MAX));
+    QueueView {
+        lock: name,
+        namespace: lock.namespace().unwrap_or_default(),
+        backend: lock
+            .spec
+            .backend
+            .map_or_else(|| "default".to_owned(), |backend| backend.to_string()),
+        max_holders: lock.spec.max_holders,
+        holders,
+        waiters,
+    }
+}
+
+/// The claim's owner as `Kind/name`: the controlling owner reference, else the first.
+fn owner_of(claim: &LockClaim) -> Option<String> {
+    let owners = claim.owner_references();
+    owners
+        .iter()
+        .find(|owner| owner.controller == Some(true))
+        .or_else(|| owners.first())
+        .map(|owner| format!("{}/{}", owner.kind, owner.name))
+}
+
+/// A number of seconds as kubectl writes ages: `45s`, `5m3s`, `2h5m`, `3d4h`; negative as
+/// `-5s`.
+pub fn short_duration(seconds: i64) -> String {
+    if seconds < 0 {
+        return format!("-{}", short_duration(seconds.saturating_neg()));
+    }
+    let (days, hours, minutes, secs) = (
+        seconds / 86_400,
+        seconds % 86_400 / 3_600,
+        seconds % 3_600 / 60,
+        seconds % 60,
+    );
+    match (days, hours, minutes) {
+        (0, 0, 0) => format!("{secs}s"),
+        (0, 0, _) => format!("{minutes}m{secs}s"),
+        (0, _, _) => format!("{hours}h{minutes}m"),
+        _ => format!("{days}d{hours}h"),
+    }
+}
+
+/// Left-aligned columns separated by three spaces, as kubectl prints them.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|cell| cell.len()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.len());
+        }
+    }
+    let mut out = String::new();
+    let header: Vec<String> = header.iter().map(|cell| (*cell).to_owned()).collect();
+    for row in std::iter::once(&header).chain(rows) {
+        let mut line = String::new();
+        for (i, (cell, width)) in row.iter().zip(&widths).enumerate() {
+            if i + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                let _ = write!(line, "{cell:<width$}   ");
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn or_dash(value: Option<impl ToString>) -> String {
+    value.map_or_else(|| "-".to_owned(), |value| value.to_string())
+}
+
+/// The queue as tables: a summary line, the holders, the waiters in grant order. `wide`
+/// adds the times as RFC 3339, the holder identity of waiters, and the controller's own
+/// position and reason.
+pub fn render_table(view: &QueueView, wide: bool) -> String {
+    let mut out = format!(
+        "DistributedLock {}/{} (backend {}, maxHolders {}): {} holding, {} waiting\n\nHOLDERS\n",
+        view.namespace,
+        view.lock,
+        view.backend,
+        view.max_holders,
+        view.holders.len(),
+        view.waiters.len()
+    );
+    if view.holders.is_empty() {
+        out.push_str("(none)\n");
+    } else {
+        let mut header = vec![
+            "CLAIM",
+            "TOKEN",
+            "HOLDER",
+            "OWNER",
+            "HELD-FOR",
+            "EXPIRES-IN",
+        ];
+        if wide {
+            header.extend(["ACQUIRED", "EXPIRES"]);
+        }
+        let rows: Vec<Vec<String>> = view
+            .holders
+            .iter()
+            .map(|holder| {
+                let mut row = vec![
+                    holder.claim.clone(),
+                    or_dash(holder.fencing_token),
+                    holder.holder_identity.clone(),
+                    or_dash(holder.owner.as_ref()),
+                    or_dash(holder.held_for_seconds.map(short_duration)),
+                    or_dash(holder.expires_in_seconds.map(short_duration)),
+                ];
+                if wide {
+                    row.push(or_dash(holder.acquired_at.as_ref()));
+                    row.push(or_dash(holder.expires_at.as_ref()));
+                }
+                row
+            })
+            .collect();
+        out.push_str(&table(&header, &rows));
+    }
+    out.push_str("\nWAITERS (grant order)\n");
+    if view.waiters.is_empty() {
+        out.push_str("(none)\n");
+    } else {
+        let mut header = vec!["#", "CLAIM", "OWNER", "WAITING-FOR"];
+        if wide {
+            header.extend(["HOLDER", "CREATED", "STATUS-POSITION", "REASON"]);
+        }
+        let rows: Vec<Vec<String>> = view
+            .waiters
+            .iter()
+            .map(|waiter| {
+                let mut row = vec![
+                    waiter.position.to_string(),
+                    waiter.claim.clone(),
+                    or_dash(waiter.owner.as_ref()),
+                    short_duration(waiter.waiting_for_seconds),
+                ];
+                if wide {
+                    row.push(waiter.holder_identity.clone());
+                    row.push(or_dash(waiter.created_at.as_ref()));
+                    row.push(or_dash(waiter.reported_position));
+                    row.push(or_dash(waiter.reason.as_ref()));
+                }
+                row
+            })
+            .collect();
+        out.push_str(&table(&header, &rows));
+    }
+    out
+}
+
+/// Runs `turnstile queue` and says how it ended.
+pub async fn queue_command(args: QueueArgs) -> Outcome {
+    init_logging();
+    let client = match Client::try_default().await {
+        Ok(client) => client,
+        Err(error) => {
+            return Outcome::with_reason(
+                exit_code::ERROR,
+                format!(
+                    "cannot configure a Kubernetes client (in-cluster or KUBECONFIG): {}",
+                    error_chain(&error)
+                ),
+            )
+        }
+    };
+    let namespace = args
+        .namespace
+        .clone()
+        .filter(|namespace| !namespace.is_empty())
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &namespace);
+    let claims: Api<LockClaim> = Api::namespaced(client, &namespace);
+    let lock = match locks.get_opt(&args.lock).await {
+        Ok(Some(lock)) => lock,
+        Ok(None) => {
+            return Outcome::with_reason(
+                exit_code::LOCK_NOT_FOUND,
+                format!(
+                    "DistributedLock {} does not exist in namespace {namespace}",
+                    args.lock
+                ),
+            )
+        }
+        Err(error) => {
+            return Outcome::with_reason(
+                exit_code::ERROR,
+                format!(
+                    "cannot read DistributedLock {} in namespace {namespace}: {}",
+                    args.lock,
+                    error_chain(&error)
+                ),
+            )
+        }
+    };
+    // Every claim of the namespace, filtered here: a field selector on spec.lockName needs
+    // the CRD's selectableFields, which older API servers ignore.
+    let claims = match claims.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        Err(error) => {
+            return Outcome::with_reason(
+                exit_code::ERROR,
+                format!(
+                    "cannot list LockClaims in namespace {namespace}: {}",
+                    error_chain(&error)
+                ),
+            )
+        }
+    };
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    let view = queue_view(&lock, &claims, now);
+    let text = match args.output {
+        None => render_table(&view, false),
+        Some(OutputFormat::Wide) => render_table(&view, true),
+        Some(OutputFormat::Json) => match serde_json::to_string_pretty(&view) {
+            Ok(json) => format!("{json}\n"),
+            Err(error) => {
+                return Outcome::with_reason(
+                    exit_code::ERROR,
+                    format!("cannot render the queue as JSON: {error}"),
+                )
+            }
+        },
+    };
+    print!("{text}");
+    Outcome::quiet(exit_code::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn lock(max_holders: i32) -> DistributedLock {
+        serde_json::from_value(json!({
+            "apiVersion": "turnstile.dev/v1alpha1", "kind": "DistributedLock",
+            "metadata": {"name": "pool", "namespace": "ns"},
+            "spec": {"maxHolders": max_holders, "backend": "memory"}
+        }))
+        .expect("lock")
+    }
+
+    fn claim(name: &str, created: &str, status: serde_json::Value) -> LockClaim {
+        serde_json::from_value(json!({
+            "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                         "creationTimestamp": created},
+            "spec": {"lockName": "pool"},
+            "status": status
+        }))
+        .expect("claim")
+    }
+
+    const T0: &str = "2026-01-01T00:00:00Z";
+    const T1: &str = "2026-01-01T00:00:01Z";
+
+    #[test]
+    fn waiters_come_in_grant_order_creation_second_then_name() {
+        let now = 1_767_225_660; // 2026-01-01T00:01:00Z
+        let claims = [
+            claim("zed", T1, json!({"phase": "Pending"})),
+            claim("bob", T1, json!({"phase": "Pending"})),
+            claim("yan", T0, json!({"phase": "Pending"})),
+            claim(
+                "holder",
+                T0,
+                json!({"phase": "Held", "fencingToken": 4, "holderIdentity": "h",
+                       "acquiredAt": T1, "expiresAt": "2026-01-01T00:05:00Z"}),
+            ),
+            claim("done", T0, json!({"phase": "Released"})),
+        ];
+        let view = queue_view(&lock(1), &claims, now);
+        let waiters: Vec<_> = view.waiters.iter().map(|w| w.claim.as_str()).collect();
+        assert_eq!(waiters, ["yan", "bob", "zed"]);
+        assert_eq!(view.waiters[2].position, 3);
+        assert_eq!(view.waiters[0].waiting_for_seconds, 60);
+        let holder = &view.holders[0];
+        assert_eq!(
+            (
+                holder.claim.as_str(),
+                holder.fencing_token,
+                holder.held_for_seconds
+            ),
+            ("holder", Some(4), Some(59))
+        );
+        assert_eq!(holder.expires_in_seconds, Some(240));
+    }
+
+    #[test]
+    fn durations_read_like_kubectl_ages() {
+        assert_eq!(short_duration(45), "45s");
+        assert_eq!(short_duration(303), "5m3s");
+        assert_eq!(short_duration(7_500), "2h5m");
+        assert_eq!(short_duration(273_600), "3d4h");
+        assert_eq!(short_duration(-5), "-5s");
+    }
+}
