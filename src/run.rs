@@ -101,13 +101,12 @@ async fn termination() {
 /// Runs `turnstile run` until SIGINT/SIGTERM.
 pub async fn run_command(args: RunArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
-    // Checked before anything starts; the controller's backends pick the files up from here.
-    RedisTlsFiles::new(
+    // Checked before anything starts.
+    let redis_tls = RedisTlsFiles::new(
         args.redis_ca_file,
         args.redis_client_cert,
         args.redis_client_key,
-    )?
-    .install_for_process();
+    )?;
     let client = kube::Client::try_default().await?;
     let instance = std::env::var("POD_NAME")
         .ok()
@@ -121,6 +120,7 @@ pub async fn run_command(args: RunArgs) -> anyhow::Result<()> {
         namespace: args.namespace,
         default_backend: args.default_backend,
         redis_url: args.redis_url,
+        redis_tls,
         mongo: args.mongo_url.map(|url| MongoSettings {
             url,
             database: args.mongo_database,

@@ -4,7 +4,7 @@
 //! (a failed connect makes that lock's pass retry with the reconciler's exponential backoff).
 
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Mutex;
@@ -42,10 +42,6 @@ pub enum RedisTlsFilesError {
     IncompleteClientCert,
 }
 
-/// Set by `turnstile run` from its flags (which fall back to the same environment variables),
-/// read by [`Backends::new`]. The controller's configuration carries only the URL.
-static PROCESS_REDIS_TLS: OnceLock<RedisTlsFiles> = OnceLock::new();
-
 impl RedisTlsFiles {
     /// From explicit paths (empty values count as unset).
     pub fn new(
@@ -74,20 +70,6 @@ impl RedisTlsFiles {
             var(REDIS_CLIENT_CERT_ENV),
             var(REDIS_CLIENT_KEY_ENV),
         )
-    }
-
-    /// Makes these the files [`Backends::new`] uses in this process (first call wins; meant
-    /// for `turnstile run`, once, before the controller starts).
-    pub fn install_for_process(self) {
-        let _ = PROCESS_REDIS_TLS.set(self);
-    }
-
-    /// The files installed for this process, else the environment's.
-    fn for_process() -> Result<Self, RedisTlsFilesError> {
-        match PROCESS_REDIS_TLS.get() {
-            Some(files) => Ok(files.clone()),
-            None => Self::from_env(),
-        }
     }
 
     /// Adds these files to `config`.
@@ -171,13 +153,10 @@ pub enum BackendLookupError {
 }
 
 impl Backends {
-    /// Backends for a controller: memory always, Redis when `redis_url` is given, with the
-    /// TLS files of [`RedisTlsFiles::install_for_process`], else of the environment
-    /// (`TURNSTILE_REDIS_CA_FILE`, `TURNSTILE_REDIS_CLIENT_CERT`, `TURNSTILE_REDIS_CLIENT_KEY`).
-    /// `default` serves locks that do not name a backend.
+    /// Backends for a controller: memory always, Redis when `redis_url` is given (no TLS
+    /// files: system roots for `rediss://`). `default` serves locks that do not name a backend.
     pub fn new(default: BackendKind, redis_url: Option<String>) -> Self {
-        let tls = RedisTlsFiles::for_process();
-        Self::with_redis_tls(default, redis_url, tls)
+        Self::with_redis_tls(default, redis_url, Ok(RedisTlsFiles::default()))
     }
 
     /// [`Backends::new`] with explicit Redis TLS files.

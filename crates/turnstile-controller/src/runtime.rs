@@ -28,7 +28,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 
-use super::backends::{Backends, MongoSettings};
+use super::backends::{Backends, MongoSettings, RedisTlsFiles};
 use super::claim_index::ClaimIndex;
 use super::claim_reconciler::{claim_error_policy, reconcile_claim};
 use super::context::{cache_filled, Context, LeadershipGate};
@@ -57,6 +57,8 @@ pub struct ControllerConfig {
     pub default_backend: BackendKind,
     /// Redis connection URL; locks with `backend: redis` are served only when given.
     pub redis_url: Option<String>,
+    /// CA file and client certificate for `rediss://` (`--redis-ca-file`, ...).
+    pub redis_tls: RedisTlsFiles,
     /// MongoDB connection settings; locks with `backend: mongo` are served only when given.
     pub mongo: Option<MongoSettings>,
     /// Where to serve `/metrics`, `/healthz` and `/readyz`.
@@ -73,6 +75,7 @@ impl Default for ControllerConfig {
             namespace: None,
             default_backend: BackendKind::Memory,
             redis_url: None,
+            redis_tls: RedisTlsFiles::default(),
             mongo: None,
             metrics_addr: None,
             instance: None,
@@ -365,8 +368,12 @@ async fn run_controllers(
             lock_store.clone(),
             claim_store.clone(),
             claim_index,
-            Backends::new(config.default_backend, config.redis_url.clone())
-                .with_mongo(config.mongo.clone()),
+            Backends::with_redis_tls(
+                config.default_backend,
+                config.redis_url.clone(),
+                Ok(config.redis_tls.clone()),
+            )
+            .with_mongo(config.mongo.clone()),
             recorder,
             metrics.clone(),
         )
