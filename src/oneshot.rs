@@ -74,6 +74,28 @@ pub fn init_logging() {
         .try_init();
 }
 
+/// A client from the environment (in-cluster or `KUBECONFIG`) and the namespace to work in:
+/// `namespace` when given and not empty, else the client's default. On failure, the outcome
+/// to end with (`error_exit`, one line naming the cause).
+pub async fn client_in_namespace(
+    namespace: Option<&str>,
+    error_exit: u8,
+) -> Result<(kube::Client, String), Outcome> {
+    let client = kube::Client::try_default().await.map_err(|error| {
+        Outcome::with_reason(
+            error_exit,
+            format!(
+                "cannot configure a Kubernetes client (in-cluster or KUBECONFIG): {}",
+                error_chain(&error)
+            ),
+        )
+    })?;
+    let namespace = namespace
+        .filter(|namespace| !namespace.is_empty())
+        .map_or_else(|| client.default_namespace().to_owned(), str::to_owned);
+    Ok((client, namespace))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

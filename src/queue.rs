@@ -13,10 +13,10 @@
 use std::fmt::Write as _;
 
 use kube::api::{Api, ListParams};
-use kube::{Client, ResourceExt};
+use kube::ResourceExt;
 use serde::Serialize;
 
-use crate::oneshot::{error_chain, init_logging, Outcome};
+use crate::oneshot::{client_in_namespace, error_chain, init_logging, Outcome};
 use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
 use turnstile_controller::core::{queue_order, seconds_of, ClaimView, Seconds};
 
@@ -337,23 +337,11 @@ pub fn render_table(view: &QueueView, wide: bool) -> String {
 /// Runs `turnstile queue` and says how it ended.
 pub async fn queue_command(args: QueueArgs) -> Outcome {
     init_logging();
-    let client = match Client::try_default().await {
-        Ok(client) => client,
-        Err(error) => {
-            return Outcome::with_reason(
-                exit_code::ERROR,
-                format!(
-                    "cannot configure a Kubernetes client (in-cluster or KUBECONFIG): {}",
-                    error_chain(&error)
-                ),
-            )
-        }
-    };
-    let namespace = args
-        .namespace
-        .clone()
-        .filter(|namespace| !namespace.is_empty())
-        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let (client, namespace) =
+        match client_in_namespace(args.namespace.as_deref(), exit_code::ERROR).await {
+            Ok(found) => found,
+            Err(outcome) => return outcome,
+        };
     let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &namespace);
     let claims: Api<LockClaim> = Api::namespaced(client, &namespace);
     let lock = match locks.get_opt(&args.lock).await {

@@ -24,10 +24,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::watcher;
-use kube::Client;
 use tokio::time::Instant;
 
-use crate::oneshot::{error_chain, init_logging, Outcome, EXIT_USAGE};
+use crate::oneshot::{client_in_namespace, error_chain, init_logging, Outcome, EXIT_USAGE};
 use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
 
 pub use self::create::{
@@ -173,23 +172,11 @@ async fn wait_for_claim(
     owner: Option<&PodIdentity>,
     last_seen: &mut Option<LockClaim>,
 ) -> Outcome {
-    let client = match Client::try_default().await {
-        Ok(client) => client,
-        Err(error) => {
-            return Outcome::with_reason(
-                exit_code::ERROR,
-                format!(
-                    "cannot configure a Kubernetes client (in-cluster or KUBECONFIG): {}",
-                    error_chain(&error)
-                ),
-            )
-        }
-    };
-    let namespace = args
-        .namespace
-        .clone()
-        .filter(|namespace| !namespace.is_empty())
-        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let (client, namespace) =
+        match client_in_namespace(args.namespace.as_deref(), exit_code::ERROR).await {
+            Ok(found) => found,
+            Err(outcome) => return outcome,
+        };
     let claims: Api<LockClaim> = Api::namespaced(client.clone(), &namespace);
     let locks: Api<DistributedLock> = Api::namespaced(client, &namespace);
     let target = Target {

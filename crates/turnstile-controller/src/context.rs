@@ -14,6 +14,7 @@ use super::backends::Backends;
 use super::error::ControllerError;
 use crate::claim_index::ClaimIndex;
 use crate::metrics::Metrics;
+use crate::own_writes::OwnWrites;
 use turnstile_api::{DistributedLock, LockClaim};
 
 /// First retry delay after a failed pass or an unavailable backend.
@@ -97,6 +98,8 @@ pub struct Context {
     pub metrics: Metrics,
     /// Closed once this replica is no longer the leader.
     pub leadership: LeadershipGate,
+    /// What each lock's last pass wrote, so the next one waits for the cache to show it.
+    pub own_writes: OwnWrites,
     failures: Mutex<HashMap<String, u32>>,
 }
 
@@ -120,6 +123,7 @@ impl Context {
             recorder,
             metrics,
             leadership: LeadershipGate::always_open(),
+            own_writes: OwnWrites::default(),
             failures: Mutex::new(HashMap::new()),
         }
     }

@@ -4,6 +4,7 @@
 //! - [`lock_reconciler`]: one pass over a `DistributedLock` and all its claims.
 //! - [`claim_reconciler`]: claims whose lock does not exist.
 //! - [`claim_index`]: the claim cache's names by lock and by owner (no whole-cache scans).
+//! - [`own_writes`]: a lock's pass waits until the cache shows its previous pass's writes.
 //! - [`owner_watch`]: Pod/Job events wake the locks of the claims they own.
 //! - [`job_gate`]: Jobs created suspended with `turnstile.dev/lock` run once their claim is held.
 //! - [`backend_ops`]: performs the core's backend calls on the lock engine.
@@ -24,6 +25,7 @@ pub mod job_gate;
 pub mod leader;
 pub mod lock_reconciler;
 pub mod metrics;
+pub mod own_writes;
 pub mod owner_watch;
 pub mod owners;
 pub mod patch;

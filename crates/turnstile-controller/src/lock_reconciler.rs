@@ -52,6 +52,18 @@ async fn reconcile_inner(
 ) -> Result<Action, ControllerError> {
     // A pass over a half-filled cache would miss claims.
     cache_filled(&ctx.claims).await;
+    let key = backoff_key(&view);
+    if let Some(wait) =
+        ctx.own_writes
+            .pending(&key, &view.namespace, &view.name, &ctx.locks, &ctx.claims)
+    {
+        // The events of the last pass's writes are on their way and will wake this lock.
+        tracing::trace!(
+            ?wait,
+            "waiting for the cache to show the last pass's writes"
+        );
+        return Ok(Action::requeue(wait));
+    }
     let objects = claims_of(ctx, &view);
     let mut claims: Vec<ClaimView> = objects
         .values()
@@ -130,9 +142,15 @@ async fn reconcile_inner(
     };
     let decision = fold(&input, &planned, &outcomes);
     record_failed_calls(&ctx.metrics, kind, &planned.ops, &outcomes);
-    writer.apply(&input, &decision).await?;
+    let applied = writer.apply(&input, &decision).await;
+    ctx.own_writes.record(
+        &key,
+        writer.lock_written.take(),
+        std::mem::take(&mut writer.written),
+    );
+    applied?;
 
-    let metrics_key = backoff_key(&input.lock);
+    let metrics_key = key;
     if input.lock.deleting {
         ctx.metrics.forget_lock(&metrics_key);
     } else {
@@ -263,6 +281,9 @@ struct Writer<'a> {
     objects: &'a HashMap<String, Arc<LockClaim>>,
     versions: HashMap<String, Option<String>>,
     finalizers: HashMap<String, Vec<String>>,
+    /// The resourceVersion of every claim this pass wrote, and of the lock if it wrote it.
+    written: HashMap<String, String>,
+    lock_written: Option<String>,
 }
 
 impl<'a> Writer<'a> {
@@ -285,6 +306,8 @@ impl<'a> Writer<'a> {
                 .iter()
                 .map(|(name, claim)| (name.clone(), claim.finalizers().to_vec()))
                 .collect(),
+            written: HashMap::new(),
+            lock_written: None,
         }
     }
 
@@ -294,6 +317,9 @@ impl<'a> Writer<'a> {
 
     fn remember(&mut self, claim: &LockClaim) {
         let name = claim.name_any();
+        if let Some(version) = claim.resource_version() {
+            self.written.insert(name.clone(), version);
+        }
         self.versions.insert(name.clone(), claim.resource_version());
         self.finalizers.insert(name, claim.finalizers().to_vec());
     }
@@ -418,6 +444,7 @@ impl<'a> Writer<'a> {
                         ControllerError::kube(format!("writing status of lock {name}"), e)
                     })?;
                 version = updated.resource_version();
+                self.lock_written = version.clone();
             }
         }
         if decision.add_lock_finalizer || decision.remove_lock_finalizer {
@@ -430,12 +457,13 @@ impl<'a> Writer<'a> {
                 .leadership
                 .check(&format!("setting finalizers of lock {name}"))?;
             let patch = finalizers_patch(&finalizers, version.as_deref());
-            locks
+            let updated = locks
                 .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
                 .map_err(|e| {
                     ControllerError::kube(format!("setting finalizers of lock {name}"), e)
                 })?;
+            self.lock_written = updated.resource_version();
         }
         Ok(())
     }

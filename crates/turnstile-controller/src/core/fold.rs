@@ -622,12 +622,12 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
         };
         statuses.push((index, status));
     }
-    // Only a pass that moves the queue anyway refreshes: the passes its own writes trigger
-    // then write nothing, so a hand-off stays a constant number of writes.
+    // Only a pass that moves the queue refreshes: the passes its own writes trigger then write
+    // nothing, so a hand-off stays a constant number of writes.
+    // A claim joining the queue moves nobody; one leaving the queue or the holders does.
     let queue_moved = statuses.iter().any(|(index, status)| {
-        status
-            .as_ref()
-            .is_some_and(|status| status.phase != input.claims[*index].status.phase)
+        let old = input.claims[*index].status.phase;
+        old.is_some() && status.as_ref().is_some_and(|status| status.phase != old)
     });
     if queue_moved {
         refresh_stale_positions(&mut statuses, &stale);
