@@ -1,7 +1,7 @@
 //! The reconciler of one `DistributedLock`: gathers the lock, all its claims and a backend
 //! snapshot, lets the core decide, performs the backend calls, and writes only what changed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
@@ -148,7 +148,13 @@ async fn reconcile_inner(
         writer.lock_written.take(),
         std::mem::take(&mut writer.written),
     );
-    applied?;
+    if let Err(error) = applied {
+        // The statuses already written changed for good (the next pass sees them as they are
+        // now): their Events would never be planned again, so they go out before the retry.
+        let written = std::mem::take(&mut writer.statuses_written);
+        publish_events(ctx, lock, &objects, &input, &decision, Some(&written)).await;
+        return Err(error);
+    }
 
     let metrics_key = key;
     if input.lock.deleting {
@@ -166,7 +172,7 @@ async fn reconcile_inner(
             .record_reconcile_error(ReconcileErrorKind::Backend);
     }
     record_observations(&ctx.metrics, kind, &decision.observations);
-    publish_events(ctx, lock, &objects, &input, &decision).await;
+    publish_events(ctx, lock, &objects, &input, &decision, None).await;
 
     Ok(match &decision.backend_failure {
         Some(_) => Action::requeue(ctx.backoff(&metrics_key).min(decision.requeue_after)),
@@ -243,18 +249,22 @@ fn record_observations(metrics: &Metrics, backend: BackendKind, observations: &[
     }
 }
 
+/// Publishes the pass's Events; with `only`, just those about the claims named there.
 async fn publish_events(
     ctx: &Context,
     lock: &DistributedLock,
     objects: &HashMap<String, Arc<LockClaim>>,
     input: &LockInput,
     decision: &Decision,
+    only: Option<&HashSet<String>>,
 ) {
     for event in &decision.events {
         if !ctx.leadership.is_open() {
             return;
         }
         let regarding = match &event.subject {
+            EventSubject::Lock if only.is_some() => continue,
+            EventSubject::Claim(name) if only.is_some_and(|only| !only.contains(name)) => continue,
             EventSubject::Lock => lock.object_ref(&()),
             EventSubject::Claim(name) => match objects.get(name) {
                 Some(claim) => claim.object_ref(&()),
@@ -284,6 +294,8 @@ struct Writer<'a> {
     /// The resourceVersion of every claim this pass wrote, and of the lock if it wrote it.
     written: HashMap<String, String>,
     lock_written: Option<String>,
+    /// The claims whose status this pass wrote.
+    statuses_written: HashSet<String>,
 }
 
 impl<'a> Writer<'a> {
@@ -308,6 +320,7 @@ impl<'a> Writer<'a> {
                 .collect(),
             written: HashMap::new(),
             lock_written: None,
+            statuses_written: HashSet::new(),
         }
     }
 
@@ -388,6 +401,7 @@ impl<'a> Writer<'a> {
                             )
                         })?;
                     self.remember(&updated);
+                    self.statuses_written.insert(change.name.clone());
                     // Phase changes are the story of a lock; other status updates are not.
                     if old.and_then(|old| old.phase) != status.phase {
                         let phase = status.phase.unwrap_or_default();

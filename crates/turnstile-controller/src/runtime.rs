@@ -45,6 +45,9 @@ use turnstile_api::{BackendKind, DistributedLock, LockClaim};
 /// Name the controller reports Events under.
 pub const CONTROLLER_NAME: &str = "turnstile";
 
+/// Collapse bursts of triggers for one lock into one pass.
+const DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Events a shared cache buffers for its slowest consumer before the watch waits for it.
 const SHARED_BUFFER: usize = 1024;
 
@@ -330,9 +333,10 @@ async fn run_controllers(
             .reflect(lock_writer)
             .applied_objects();
 
-    // No debounce: a lone event is handled at once, and events arriving while a lock's pass
-    // runs are merged into one follow-up pass by the controller's scheduler.
-    let runtime_config = ControllerRuntimeConfig::default();
+    // Bursts of triggers for one lock collapse into one pass. Without this debounce the e2e
+    // suite showed rare fencing-token gaps (a grant made twice in the backend for one claim,
+    // still strictly increasing) that are not yet understood, so it stays until they are.
+    let runtime_config = ControllerRuntimeConfig::default().debounce(DEBOUNCE);
     let lock_controller = Controller::for_stream(lock_events, lock_store.clone())
         .watches_shared_stream(claims_for_locks, |claim: Arc<LockClaim>| {
             let namespace = claim.namespace()?;
