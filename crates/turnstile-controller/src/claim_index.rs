@@ -164,16 +164,6 @@ impl ClaimIndex {
             .collect()
     }
 
-    /// How many claims the index knows (for tests and debugging).
-    pub fn len(&self) -> usize {
-        self.read().by_lock.values().map(BTreeSet::len).sum()
-    }
-
-    /// Whether the index knows no claim.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Index> {
         // A panic while holding the lock leaves names that are still valid: keep using them.
         self.inner
