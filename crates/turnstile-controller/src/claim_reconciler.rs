@@ -6,17 +6,16 @@
 use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 
 use super::context::{cache_filled, Context};
-use turnstile_api::FINALIZER;
 
-use super::core::{decide_orphan, ClaimView};
+use super::core::{decide_orphan, ClaimChange, ClaimView, FinalizerChange};
 use super::error::ControllerError;
 use super::events::publish;
-use super::patch::{finalizers_patch, status_patch};
+use super::pass_writes::PassWrites;
+use super::writer::Write;
 use crate::metrics::ReconcileErrorKind;
 use turnstile_api::LockClaim;
 
@@ -40,32 +39,27 @@ pub async fn reconcile_claim(
     };
     let decision = decide_orphan(&view, Timestamp::now());
     let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+    let writer = ctx.writer();
     let name = claim.name_any();
     let mut version = claim.resource_version();
     if let Some(status) = &decision.status {
-        if let Some(patch) = status_patch(claim.status.as_ref(), status, version.as_deref())? {
-            ctx.leadership
-                .check(&format!("writing status of claim {name}"))?;
-            let updated = api
-                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .map_err(|e| ControllerError::kube(format!("writing status of claim {name}"), e))?;
-            version = updated.resource_version();
+        if let Some(write) = Write::status(&name, claim.status.as_ref(), status)? {
+            version = writer
+                .apply(&api, &write, version.as_deref())
+                .await?
+                .resource_version();
         }
     }
     if decision.remove_finalizer {
-        let finalizers: Vec<String> = claim
-            .finalizers()
-            .iter()
-            .filter(|f| *f != FINALIZER)
-            .cloned()
-            .collect();
-        ctx.leadership
-            .check(&format!("removing finalizer of claim {name}"))?;
-        let patch = finalizers_patch(&finalizers, version.as_deref());
-        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(|e| ControllerError::kube(format!("removing finalizer of claim {name}"), e))?;
+        let mut writes = PassWrites::new([claim.as_ref()]);
+        let removal = ClaimChange {
+            name: name.clone(),
+            status: None,
+            finalizer: FinalizerChange::Remove,
+        };
+        for write in writes.claim_change(None, &removal)? {
+            writer.apply(&api, &write, version.as_deref()).await?;
+        }
     }
     if decision
         .status
@@ -76,7 +70,7 @@ pub async fn reconcile_claim(
     }
     let regarding = claim.object_ref(&());
     for event in &decision.events {
-        if !ctx.leadership.is_open() {
+        if !writer.may_write() {
             break;
         }
         publish(

@@ -15,6 +15,7 @@ use super::error::ControllerError;
 use crate::claim_index::ClaimIndex;
 use crate::metrics::Metrics;
 use crate::own_writes::OwnWrites;
+use crate::writer::ApiWriter;
 use turnstile_api::{DistributedLock, LockClaim};
 
 /// First retry delay after a failed pass or an unavailable backend.
@@ -132,6 +133,11 @@ impl Context {
     pub fn with_leadership(mut self, leadership: LeadershipGate) -> Self {
         self.leadership = leadership;
         self
+    }
+
+    /// The writer every API write of a pass goes through (gated by [`Context::leadership`]).
+    pub fn writer(&self) -> ApiWriter {
+        ApiWriter::new(self.leadership.clone())
     }
 
     /// Whether the lock exists in the cache.

@@ -16,7 +16,6 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Config as ControllerRuntimeConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -26,6 +25,7 @@ use super::context::LeadershipGate;
 use super::core::{WorkloadKind, WorkloadOwner};
 use super::error::ControllerError;
 use super::owners::job_finished;
+use super::writer::{ApiWriter, Created, Write};
 use turnstile_api::{
     job_event_reasons, ClaimPhase, LockClaim, LockClaimSpec, LOCK_ANNOTATION, TOKEN_ANNOTATION,
 };
@@ -163,14 +163,14 @@ pub fn claim_for(job: &Job, claim: &str, lock: &str) -> LockClaim {
     object
 }
 
-/// The merge patch that records `token` and un-suspends the Job (conditional on the Job's
-/// resourceVersion). The Pod template gets the annotation too: Kubernetes allows changing a
-/// never-started suspended Job's template annotations, and the Pods read it from there.
-pub fn release_patch(job: &Job, token: i64) -> serde_json::Value {
+/// The merge patch that records `token` and un-suspends the Job (made conditional on the
+/// Job's resourceVersion by the writer). The Pod template gets the annotation too: Kubernetes
+/// allows changing a never-started suspended Job's template annotations, and the Pods read it
+/// from there.
+pub fn release_patch(token: i64) -> serde_json::Value {
     serde_json::json!({
         "metadata": {
             "annotations": {TOKEN_ANNOTATION: token.to_string()},
-            "resourceVersion": job.resource_version(),
         },
         "spec": {
             "suspend": false,
@@ -223,11 +223,10 @@ pub async fn reconcile_job(
     let cached = ctx.claims.get(&ObjectRef::new(&name).within(&namespace));
     let claims: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut step = decide(&job, cached.as_deref());
+    let writer = ApiWriter::new(ctx.leadership.clone());
     if let GateStep::CreateClaim { claim, lock } = &step {
-        let object = claim_for(&job, claim, lock);
-        ctx.leadership.check("creating a gated Job's claim")?;
-        match claims.create(&PostParams::default(), &object).await {
-            Ok(_) => {
+        match writer.create(&claims, &claim_for(&job, claim, lock)).await? {
+            Created::New(_) => {
                 tracing::info!(%namespace, job = %job.name_any(), %lock, %claim, "gated Job: claim created");
                 ctx.event(
                     &job,
@@ -238,34 +237,22 @@ pub async fn reconcile_job(
                 return Ok(Action::await_change());
             }
             // The cache lags behind: decide again on the claim as it is.
-            Err(kube::Error::Api(status)) if status.code == 409 => {
+            Created::AlreadyExists => {
                 let existing = claims
                     .get(claim)
                     .await
                     .map_err(|e| ControllerError::kube(format!("reading claim {claim}"), e))?;
                 step = decide(&job, Some(&existing));
             }
-            Err(error) => {
-                return Err(ControllerError::kube(
-                    format!("creating claim {claim}"),
-                    error,
-                ));
-            }
         }
     }
     match step {
         GateStep::Release { token } => {
             let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
-            ctx.leadership.check("un-suspending a gated Job")?;
-            jobs.patch(
-                &job.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&release_patch(&job, token)),
-            )
-            .await
-            .map_err(|e| {
-                ControllerError::kube(format!("un-suspending Job {}", job.name_any()), e)
-            })?;
+            let write = Write::object(&job.name_any(), release_patch(token));
+            writer
+                .apply(&jobs, &write, job.resource_version().as_deref())
+                .await?;
             tracing::info!(%namespace, job = %job.name_any(), %lock, token, "gated Job: lock held, Job un-suspended");
             ctx.event(
                 &job,
@@ -393,7 +380,8 @@ mod tests {
         );
         let held = claim_of(&job, json!({"phase": "Held", "fencingToken": 42}));
         assert_eq!(decide(&job, Some(&held)), GateStep::Release { token: 42 });
-        let patch = release_patch(&job, 42);
+        let write = Write::object("job", release_patch(42));
+        let patch = write.conditional_patch(job.resource_version().as_deref());
         assert_eq!(patch["spec"]["suspend"], json!(false));
         assert_eq!(patch["metadata"]["annotations"][TOKEN_ANNOTATION], "42");
         assert_eq!(patch["metadata"]["resourceVersion"], "7");

@@ -7,6 +7,8 @@
 //! - [`own_writes`]: a lock's pass waits until the cache shows its previous pass's writes.
 //! - [`owner_watch`]: Pod/Job events wake the locks of the claims they own.
 //! - [`job_gate`]: Jobs created suspended with `turnstile.dev/lock` run once their claim is held.
+//! - [`pass_writes`]: a pass's API writes, decided from the core's decision (no I/O).
+//! - [`writer`]: the one way anything is written: leadership gate → conditional patch.
 //! - [`backend_ops`]: performs the core's backend calls on the lock engine.
 //! - [`tolerant_watch`]: lock and claim watches that skip (and report) objects they cannot read.
 //! - [`runtime`]: the watches, caches and controllers (`turnstile run`).
@@ -28,9 +30,11 @@ pub mod metrics;
 pub mod own_writes;
 pub mod owner_watch;
 pub mod owners;
+pub mod pass_writes;
 pub mod patch;
 pub mod runtime;
 pub mod tolerant_watch;
+pub mod writer;
 
 pub use error::ControllerError;
 pub use runtime::{run, ControllerConfig};

@@ -5,7 +5,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use tracing::Instrument;
@@ -14,15 +13,16 @@ use super::backend_ops::{describe, execute_while};
 use super::backends::BackendLookupError;
 use super::context::{cache_filled, Context};
 use super::core::{
-    fold, plan, BackendOp, BackendView, ClaimView, Decision, EventSubject, FinalizerChange,
-    GrantEnd, LockInput, LockView, Observation, OpOutcome, PlannedOp,
+    fold, plan, BackendOp, BackendView, ClaimChange, ClaimView, Decision, EventSubject,
+    FinalizerChange, GrantEnd, LockInput, LockView, Observation, OpOutcome, PlannedOp,
 };
 use super::error::ControllerError;
 use super::events::publish;
 use super::owners::fill_owner_states;
-use super::patch::{finalizers_patch, status_patch};
+use super::pass_writes::PassWrites;
+use super::writer::{ApiWriter, Part, Write};
 use crate::metrics::{BackendOperation, LockLostCause, Metrics, ReconcileErrorKind};
-use turnstile_api::{BackendKind, DistributedLock, LockClaim, FINALIZER};
+use turnstile_api::{BackendKind, DistributedLock, LockClaim};
 use turnstile_lock::Backend;
 
 /// The claims of `lock` in the cache, with their objects by name (read through the index: a
@@ -124,9 +124,9 @@ async fn reconcile_inner(
     let planned = plan(&input);
 
     let mut writer = Writer::new(ctx, lock, &objects);
-    for name in &planned.finalizers_to_add {
-        writer.add_claim_finalizer(name).await?;
-    }
+    writer
+        .add_claim_finalizers(&planned.finalizers_to_add)
+        .await?;
     let outcomes = match &backend {
         Some(backend) => {
             execute_while(
@@ -282,15 +282,16 @@ async fn publish_events(
     }
 }
 
-/// Writes one pass's decision, each write conditional on the resourceVersion the pass read
-/// (or the one its own previous write produced).
+/// Makes one pass's writes (decided by [`PassWrites`]), each conditional on the
+/// resourceVersion the pass read or the one its own previous write produced.
 struct Writer<'a> {
-    ctx: &'a Context,
+    api: ApiWriter,
     lock: &'a DistributedLock,
     claims: Api<LockClaim>,
+    locks: Api<DistributedLock>,
     objects: &'a HashMap<String, Arc<LockClaim>>,
+    writes: PassWrites,
     versions: HashMap<String, Option<String>>,
-    finalizers: HashMap<String, Vec<String>>,
     /// The resourceVersion of every claim this pass wrote, and of the lock if it wrote it.
     written: HashMap<String, String>,
     lock_written: Option<String>,
@@ -306,17 +307,15 @@ impl<'a> Writer<'a> {
     ) -> Self {
         let namespace = lock.namespace().unwrap_or_default();
         Self {
-            ctx,
+            api: ctx.writer(),
             lock,
             claims: Api::namespaced(ctx.client.clone(), &namespace),
+            locks: Api::namespaced(ctx.client.clone(), &namespace),
             objects,
+            writes: PassWrites::new(objects.values().map(Arc::as_ref)),
             versions: objects
                 .iter()
                 .map(|(name, claim)| (name.clone(), claim.resource_version()))
-                .collect(),
-            finalizers: objects
-                .iter()
-                .map(|(name, claim)| (name.clone(), claim.finalizers().to_vec()))
                 .collect(),
             written: HashMap::new(),
             lock_written: None,
@@ -324,53 +323,28 @@ impl<'a> Writer<'a> {
         }
     }
 
-    fn version(&self, name: &str) -> Option<&str> {
-        self.versions.get(name).and_then(|v| v.as_deref())
-    }
-
-    fn remember(&mut self, claim: &LockClaim) {
-        let name = claim.name_any();
-        if let Some(version) = claim.resource_version() {
-            self.written.insert(name.clone(), version);
-        }
-        self.versions.insert(name.clone(), claim.resource_version());
-        self.finalizers.insert(name, claim.finalizers().to_vec());
-    }
-
-    async fn set_claim_finalizers(
-        &mut self,
-        name: &str,
-        finalizers: Vec<String>,
-    ) -> Result<(), ControllerError> {
-        self.ctx
-            .leadership
-            .check(&format!("setting finalizers of claim {name}"))?;
-        let patch = finalizers_patch(&finalizers, self.version(name));
+    async fn write_claim(&mut self, write: &Write) -> Result<(), ControllerError> {
+        let version = self.versions.get(&write.name).cloned().flatten();
         let updated = self
-            .claims
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(|e| ControllerError::kube(format!("setting finalizers of claim {name}"), e))?;
-        self.remember(&updated);
+            .api
+            .apply(&self.claims, write, version.as_deref())
+            .await?;
+        if let Some(version) = updated.resource_version() {
+            self.written.insert(write.name.clone(), version);
+        }
+        self.versions
+            .insert(write.name.clone(), updated.resource_version());
+        if write.part == Part::Status {
+            self.statuses_written.insert(write.name.clone());
+        }
         Ok(())
     }
 
-    async fn add_claim_finalizer(&mut self, name: &str) -> Result<(), ControllerError> {
-        let mut finalizers = self.finalizers.get(name).cloned().unwrap_or_default();
-        if finalizers.iter().any(|f| f == FINALIZER) {
-            return Ok(());
+    async fn add_claim_finalizers(&mut self, names: &[String]) -> Result<(), ControllerError> {
+        for write in self.writes.add_finalizers(names) {
+            self.write_claim(&write).await?;
         }
-        finalizers.push(FINALIZER.to_owned());
-        self.set_claim_finalizers(name, finalizers).await
-    }
-
-    async fn remove_claim_finalizer(&mut self, name: &str) -> Result<(), ControllerError> {
-        let mut finalizers = self.finalizers.get(name).cloned().unwrap_or_default();
-        if !finalizers.iter().any(|f| f == FINALIZER) {
-            return Ok(());
-        }
-        finalizers.retain(|f| f != FINALIZER);
-        self.set_claim_finalizers(name, finalizers).await
+        Ok(())
     }
 
     /// Writes claims in the decided order (claims leaving `Held` first), then the lock.
@@ -381,104 +355,56 @@ impl<'a> Writer<'a> {
         decision: &Decision,
     ) -> Result<(), ControllerError> {
         for change in &decision.claims {
-            if let Some(status) = &change.status {
-                let old = self
-                    .objects
-                    .get(&change.name)
-                    .and_then(|claim| claim.status.as_ref());
-                if let Some(patch) = status_patch(old, status, self.version(&change.name))? {
-                    self.ctx
-                        .leadership
-                        .check(&format!("writing status of claim {}", change.name))?;
-                    let updated = self
-                        .claims
-                        .patch_status(&change.name, &PatchParams::default(), &Patch::Merge(&patch))
-                        .await
-                        .map_err(|e| {
-                            ControllerError::kube(
-                                format!("writing status of claim {}", change.name),
-                                e,
-                            )
-                        })?;
-                    self.remember(&updated);
-                    self.statuses_written.insert(change.name.clone());
-                    // Phase changes are the story of a lock; other status updates are not.
-                    if old.and_then(|old| old.phase) != status.phase {
-                        let phase = status.phase.unwrap_or_default();
-                        tracing::info!(
-                            namespace = %input.lock.namespace,
-                            lock = %input.lock.name,
-                            claim = %change.name,
-                            %phase,
-                            token = status.fencing_token.unwrap_or_default(),
-                            position = status.position.unwrap_or_default(),
-                            reason = status.reason.as_deref().unwrap_or(""),
-                            "claim is {phase}"
-                        );
-                    }
-                }
+            let object = self.objects.get(&change.name);
+            let old = object.and_then(|claim| claim.status.as_ref());
+            for write in self.writes.claim_change(old, change)? {
+                self.write_claim(&write).await?;
             }
-            if change.finalizer == FinalizerChange::Remove {
-                self.remove_claim_finalizer(&change.name).await?;
-                if let Some(claim) = self
-                    .objects
-                    .get(&change.name)
-                    .filter(|claim| claim.metadata.deletion_timestamp.is_some())
-                {
-                    tracing::info!(
-                        namespace = %input.lock.namespace,
-                        lock = %input.lock.name,
-                        claim = %change.name,
-                        token = claim
-                            .status
-                            .as_ref()
-                            .and_then(|s| s.fencing_token)
-                            .unwrap_or_default(),
-                        "claim deleted; its grant is released"
-                    );
-                }
-            }
+            log_claim_change(input, change, object.map(Arc::as_ref));
         }
-
-        let namespace = input.lock.namespace.as_str();
-        let locks: Api<DistributedLock> = Api::namespaced(self.ctx.client.clone(), namespace);
-        let name = input.lock.name.as_str();
         let mut version = self.lock.resource_version();
-        if let Some(status) = &decision.lock_status {
-            if let Some(patch) =
-                status_patch(self.lock.status.as_ref(), status, version.as_deref())?
-            {
-                self.ctx
-                    .leadership
-                    .check(&format!("writing status of lock {name}"))?;
-                let updated = locks
-                    .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .map_err(|e| {
-                        ControllerError::kube(format!("writing status of lock {name}"), e)
-                    })?;
-                version = updated.resource_version();
-                self.lock_written = version.clone();
-            }
-        }
-        if decision.add_lock_finalizer || decision.remove_lock_finalizer {
-            let mut finalizers = self.lock.finalizers().to_vec();
-            finalizers.retain(|f| f != FINALIZER);
-            if decision.add_lock_finalizer {
-                finalizers.push(FINALIZER.to_owned());
-            }
-            self.ctx
-                .leadership
-                .check(&format!("setting finalizers of lock {name}"))?;
-            let patch = finalizers_patch(&finalizers, version.as_deref());
-            let updated = locks
-                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .map_err(|e| {
-                    ControllerError::kube(format!("setting finalizers of lock {name}"), e)
-                })?;
-            self.lock_written = updated.resource_version();
+        for write in PassWrites::lock(self.lock, decision)? {
+            let updated = self
+                .api
+                .apply(&self.locks, &write, version.as_deref())
+                .await?;
+            version = updated.resource_version();
+            self.lock_written = version.clone();
         }
         Ok(())
+    }
+}
+
+/// Logs a claim's phase change (the story of a lock; other status updates are not) and the
+/// release of a deleted claim's grant.
+fn log_claim_change(input: &LockInput, change: &ClaimChange, object: Option<&LockClaim>) {
+    let old = object.and_then(|claim| claim.status.as_ref());
+    if let Some(status) = change
+        .status
+        .as_ref()
+        .filter(|status| old.and_then(|old| old.phase) != status.phase)
+    {
+        let phase = status.phase.unwrap_or_default();
+        tracing::info!(
+            namespace = %input.lock.namespace,
+            lock = %input.lock.name,
+            claim = %change.name,
+            %phase,
+            token = status.fencing_token.unwrap_or_default(),
+            position = status.position.unwrap_or_default(),
+            reason = status.reason.as_deref().unwrap_or(""),
+            "claim is {phase}"
+        );
+    }
+    if change.finalizer == FinalizerChange::Remove
+        && object.is_some_and(|claim| claim.metadata.deletion_timestamp.is_some())
+    {
+        tracing::info!(
+            namespace = %input.lock.namespace,
+            lock = %input.lock.name,
+            claim = %change.name,
+            token = old.and_then(|s| s.fencing_token).unwrap_or_default(),
+            "claim deleted; its grant is released"
+        );
     }
 }

@@ -1,11 +1,7 @@
-//! JSON merge patches (RFC 7386) for status and finalizer writes: explicit nulls clear fields,
-//! and `metadata.resourceVersion` makes every write conditional on the state it was decided
-//! from (a stale write answers 409 and the pass is retried).
+//! JSON merge patches (RFC 7386): the diff a status write sends (explicit nulls clear fields)
+//! and, for the tests' simulation of the API server, applying one.
 
-use serde::Serialize;
 use serde_json::{Map, Value};
-
-use super::error::ControllerError;
 
 /// The merge patch turning `old` into `new`: changed members, `null` for removed ones,
 /// arrays replaced whole. `None` when they are equal.
@@ -37,41 +33,25 @@ pub fn merge_diff(old: &Value, new: &Value) -> Option<Value> {
     }
 }
 
-/// A status patch from `old` to `new` (either may be absent), conditional on
-/// `resource_version`. `None` when nothing changes.
-pub fn status_patch<S: Serialize>(
-    old: Option<&S>,
-    new: &S,
-    resource_version: Option<&str>,
-) -> Result<Option<Value>, ControllerError> {
-    let serialize = |status: &S| {
-        serde_json::to_value(status).map_err(|source| ControllerError::Serialize {
-            what: "status",
-            source,
-        })
+/// Applies the merge patch `patch` to `target` (RFC 7386): the API server's side of
+/// [`merge_diff`], for the tests' simulation of the server.
+pub fn apply_merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(members) = patch else {
+        *target = patch.clone();
+        return;
     };
-    let new = serialize(new)?;
-    let diff = match old {
-        Some(old) => merge_diff(&serialize(old)?, &new),
-        None => Some(new),
-    };
-    Ok(diff.map(|status| {
-        let mut patch = serde_json::json!({ "status": status });
-        if let Some(rv) = resource_version {
-            patch["metadata"] = serde_json::json!({ "resourceVersion": rv });
-        }
-        patch
-    }))
-}
-
-/// A patch setting `metadata.finalizers` to `finalizers`, conditional on `resource_version`
-/// (a merge patch replaces the whole list, so it must not race another writer).
-pub fn finalizers_patch(finalizers: &[String], resource_version: Option<&str>) -> Value {
-    let mut metadata = serde_json::json!({ "finalizers": finalizers });
-    if let Some(rv) = resource_version {
-        metadata["resourceVersion"] = Value::String(rv.to_owned());
+    if !target.is_object() {
+        *target = Value::Object(Map::new());
     }
-    serde_json::json!({ "metadata": metadata })
+    if let Value::Object(target) = target {
+        for (key, value) in members {
+            if value.is_null() {
+                target.remove(key);
+            } else {
+                apply_merge_patch(target.entry(key.clone()).or_insert(Value::Null), value);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -93,18 +73,23 @@ mod tests {
     }
 
     #[test]
-    fn status_patch_carries_the_resource_version() {
-        let patch = status_patch(Some(&json!({"a": 1})), &json!({"a": 2}), Some("42"))
-            .expect("serialize")
-            .expect("changed");
-        assert_eq!(
-            patch,
-            json!({"status": {"a": 2}, "metadata": {"resourceVersion": "42"}})
-        );
-        assert!(
-            status_patch(Some(&json!({"a": 1})), &json!({"a": 1}), Some("42"))
-                .expect("serialize")
-                .is_none()
-        );
+    fn applying_the_diff_of_old_to_new_gives_new() {
+        let cases = [
+            (json!({"a": 1, "b": {"c": 2, "d": 3}}), json!({"a": 1, "b": {"c": 4}})),
+            (json!({"a": [1, 2]}), json!({"a": [3], "e": {"f": null}})),
+            (json!({}), json!({"x": {"y": {"z": "deep"}}})),
+        ];
+        for (old, new) in cases {
+            let mut patched = old.clone();
+            if let Some(diff) = merge_diff(&old, &new) {
+                apply_merge_patch(&mut patched, &diff);
+            }
+            // A null member of `new` is the absence of that member once patched.
+            let mut expected = new.clone();
+            if let Some(e) = expected.get_mut("e") {
+                *e = json!({});
+            }
+            assert_eq!(patched, expected, "old {old}");
+        }
     }
 }

@@ -625,10 +625,18 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
     // Only a pass that moves the queue refreshes: the passes its own writes trigger then write
     // nothing, so a hand-off stays a constant number of writes.
     // A claim joining the queue moves nobody; one leaving the queue or the holders does.
-    let queue_moved = statuses.iter().any(|(index, status)| {
-        let old = input.claims[*index].status.phase;
-        old.is_some() && status.as_ref().is_some_and(|status| status.phase != old)
-    });
+    let queue_moved = statuses
+        .iter()
+        .zip(&plan.intents)
+        .any(|((index, status), (_, intent))| {
+            let old = input.claims[*index].status.phase;
+            let phase_changed =
+                old.is_some() && status.as_ref().is_some_and(|status| status.phase != old);
+            // A waiter or holder deleted leaves without a status write.
+            let deleted = matches!(intent, Intent::Delete { .. })
+                && matches!(old, Some(ClaimPhase::Pending | ClaimPhase::Held));
+            phase_changed || deleted
+        });
     if queue_moved {
         refresh_stale_positions(&mut statuses, &stale);
     }
