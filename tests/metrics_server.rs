@@ -41,23 +41,39 @@ async fn scrapes_show_what_was_recorded_and_probes_follow_readiness() {
     assert_eq!(get(addr, "/readyz").await.status, 200);
 
     for _ in 0..3 {
-        metrics.record_grant(BackendKind::Memory, Duration::from_millis(250));
+        metrics
+            .grants
+            .record_grant(BackendKind::Memory, Duration::from_millis(250));
     }
-    metrics.record_grant(BackendKind::Redis, Duration::from_secs(2));
-    metrics.record_release(BackendKind::Memory, Duration::from_secs(1));
-    metrics.record_release(BackendKind::Memory, Duration::from_secs(1));
-    metrics.record_expiry(BackendKind::Redis, Duration::from_secs(30));
-    metrics.record_lock_lost(
+    metrics
+        .grants
+        .record_grant(BackendKind::Redis, Duration::from_secs(2));
+    metrics
+        .grants
+        .record_release(BackendKind::Memory, Duration::from_secs(1));
+    metrics
+        .grants
+        .record_release(BackendKind::Memory, Duration::from_secs(1));
+    metrics
+        .grants
+        .record_expiry(BackendKind::Redis, Duration::from_secs(30));
+    metrics.grants.record_lock_lost(
         BackendKind::Memory,
         LockLostCause::BackendLost,
         Duration::from_secs(5),
     );
-    metrics.record_renewal(BackendKind::Memory);
-    metrics.record_backend_error(BackendKind::Redis, BackendOperation::Acquire);
-    metrics.record_reconcile_error(ReconcileErrorKind::Api);
-    metrics.set_queue_depth("team-a/db", BackendKind::Memory, 4);
-    metrics.set_queue_depth("team-b/db", BackendKind::Memory, 2);
-    metrics.set_leader(true);
+    metrics.grants.record_renewal(BackendKind::Memory);
+    metrics
+        .backends
+        .record_error(BackendKind::Redis, BackendOperation::Acquire);
+    metrics.reconciles.record_error(ReconcileErrorKind::Api);
+    metrics
+        .backends
+        .set_queue_depth("team-a/db", BackendKind::Memory, 4);
+    metrics
+        .backends
+        .set_queue_depth("team-b/db", BackendKind::Memory, 2);
+    metrics.replica.set_leader(true);
 
     let scrape = get(addr, "/metrics").await;
     assert_eq!(scrape.status, 200);

@@ -14,9 +14,8 @@ use super::context::{cache_filled, Context};
 use super::core::{decide_orphan, ClaimChange, ClaimView, FinalizerChange};
 use super::error::ControllerError;
 use super::events::publish;
-use super::pass_writes::PassWrites;
-use super::writer::Write;
-use crate::metrics::ReconcileErrorKind;
+use super::writer::{PassWrites, Write};
+use crate::metrics::{ControllerKind, ReconcileErrorKind};
 use turnstile_api::LockClaim;
 
 /// Reconciles one claim if its lock is missing (see the module docs).
@@ -24,6 +23,13 @@ pub async fn reconcile_claim(
     claim: Arc<LockClaim>,
     ctx: Arc<Context>,
 ) -> Result<Action, ControllerError> {
+    let mut timer = ctx.metrics.reconciles.start(ControllerKind::Claim);
+    let result = reconcile_orphan(&claim, &ctx).await;
+    timer.set_failed(result.is_err());
+    result
+}
+
+async fn reconcile_orphan(claim: &LockClaim, ctx: &Context) -> Result<Action, ControllerError> {
     // A claim must not be judged an orphan before the lock cache has been filled.
     cache_filled(&ctx.locks).await;
     let namespace = claim.namespace().unwrap_or_default();
@@ -51,7 +57,7 @@ pub async fn reconcile_claim(
         }
     }
     if decision.remove_finalizer {
-        let mut writes = PassWrites::new([claim.as_ref()]);
+        let mut writes = PassWrites::new([claim]);
         let removal = ClaimChange {
             name: name.clone(),
             status: None,
@@ -66,7 +72,9 @@ pub async fn reconcile_claim(
         .as_ref()
         .is_some_and(|status| status.phase == Some(turnstile_api::ClaimPhase::Failed))
     {
-        ctx.metrics.record_claim_failed(ctx.backends.default_kind());
+        ctx.metrics
+            .grants
+            .record_claim_failed(ctx.backends.default_kind());
     }
     let regarding = claim.object_ref(&());
     for event in &decision.events {
@@ -95,7 +103,7 @@ pub fn claim_error_policy(
         tracing::info!(claim = %claim.name_any(), %error, "pass stopped");
         return Action::await_change();
     }
-    ctx.metrics.record_reconcile_error(match error {
+    ctx.metrics.reconciles.record_error(match error {
         ControllerError::Kube { .. } => ReconcileErrorKind::Api,
         _ => ReconcileErrorKind::Other,
     });

@@ -26,6 +26,7 @@ use super::core::{WorkloadKind, WorkloadOwner};
 use super::error::ControllerError;
 use super::owners::job_finished;
 use super::writer::{ApiWriter, Created, Write};
+use crate::metrics::{ControllerKind, Metrics};
 use turnstile_api::{
     job_event_reasons, ClaimPhase, LockClaim, LockClaimSpec, LOCK_ANNOTATION, TOKEN_ANNOTATION,
 };
@@ -189,6 +190,8 @@ pub struct GateContext {
     pub leadership: LeadershipGate,
     /// Publishes Events about the Jobs (`kubectl describe job` tells why it waits).
     pub recorder: Recorder,
+    /// Counts and times the passes.
+    pub metrics: Metrics,
 }
 
 impl GateContext {
@@ -215,6 +218,13 @@ pub async fn reconcile_job(
     job: Arc<Job>,
     ctx: Arc<GateContext>,
 ) -> Result<Action, ControllerError> {
+    let mut timer = ctx.metrics.reconciles.start(ControllerKind::Job);
+    let result = gate_job(job, &ctx).await;
+    timer.set_failed(result.is_err());
+    result
+}
+
+async fn gate_job(job: Arc<Job>, ctx: &GateContext) -> Result<Action, ControllerError> {
     let Some(lock) = gate_lock(&job) else {
         return Ok(Action::await_change());
     };
@@ -225,7 +235,10 @@ pub async fn reconcile_job(
     let mut step = decide(&job, cached.as_deref());
     let writer = ApiWriter::new(ctx.leadership.clone());
     if let GateStep::CreateClaim { claim, lock } = &step {
-        match writer.create(&claims, &claim_for(&job, claim, lock)).await? {
+        match writer
+            .create(&claims, &claim_for(&job, claim, lock))
+            .await?
+        {
             Created::New(_) => {
                 tracing::info!(%namespace, job = %job.name_any(), %lock, %claim, "gated Job: claim created");
                 ctx.event(

@@ -1,21 +1,20 @@
 //! Turnstile's controller: reconcilers that are small I/O shells over a pure decision core.
 //!
 //! - [`core`]: the decisions (who holds, who waits, who is next), with no I/O.
-//! - [`lock_reconciler`]: one pass over a `DistributedLock` and all its claims.
+//! - [`lock_reconciler`]: one pass over a `DistributedLock` and all its claims, including its
+//!   backend calls on the lock engine.
 //! - [`claim_reconciler`]: claims whose lock does not exist.
 //! - [`claim_index`]: the claim cache's names by lock and by owner (no whole-cache scans).
 //! - [`own_writes`]: a lock's pass waits until the cache shows its previous pass's writes.
 //! - [`owner_watch`]: Pod/Job events wake the locks of the claims they own.
 //! - [`job_gate`]: Jobs created suspended with `turnstile.dev/lock` run once their claim is held.
-//! - [`pass_writes`]: a pass's API writes, decided from the core's decision (no I/O).
-//! - [`writer`]: the one way anything is written: leadership gate → conditional patch.
-//! - [`backend_ops`]: performs the core's backend calls on the lock engine.
+//! - [`writer`]: the one way anything is written (leadership gate → conditional patch), and a
+//!   pass's writes decided from the core's decision.
 //! - [`tolerant_watch`]: lock and claim watches that skip (and report) objects they cannot read.
 //! - [`runtime`]: the watches, caches and controllers (`turnstile run`).
 //! - [`leader`]: leader election on a `coordination.k8s.io` Lease.
 //! - [`metrics`]: the Prometheus series, and the `/metrics`, `/healthz`, `/readyz` endpoints.
 
-pub mod backend_ops;
 pub mod backends;
 pub mod claim_index;
 pub mod claim_reconciler;
@@ -30,7 +29,6 @@ pub mod metrics;
 pub mod own_writes;
 pub mod owner_watch;
 pub mod owners;
-pub mod pass_writes;
 pub mod patch;
 pub mod runtime;
 pub mod tolerant_watch;

@@ -1,5 +1,6 @@
 //! The reconciler of one `DistributedLock`: gathers the lock, all its claims and a backend
-//! snapshot, lets the core decide, performs the backend calls, and writes only what changed.
+//! snapshot, lets the core decide, performs the backend calls on the lock engine
+//! ([`execute`]), and writes only what changed.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -9,21 +10,22 @@ use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use tracing::Instrument;
 
-use super::backend_ops::{describe, execute_while};
 use super::backends::BackendLookupError;
 use super::context::{cache_filled, Context};
 use super::core::{
     fold, plan, BackendOp, BackendView, ClaimChange, ClaimView, Decision, EventSubject,
-    FinalizerChange, GrantEnd, LockInput, LockView, Observation, OpOutcome, PlannedOp,
+    ExecutionGate, FinalizerChange, GrantEnd, LockInput, LockView, Observation, OpOutcome,
+    PlannedOp,
 };
 use super::error::ControllerError;
 use super::events::publish;
 use super::owners::fill_owner_states;
-use super::pass_writes::PassWrites;
-use super::writer::{ApiWriter, Part, Write};
-use crate::metrics::{BackendOperation, LockLostCause, Metrics, ReconcileErrorKind};
+use super::writer::{ApiWriter, Part, PassWrites, Write};
+use crate::metrics::{
+    BackendOperation, ControllerKind, LockLostCause, Metrics, ReconcileErrorKind,
+};
 use turnstile_api::{BackendKind, DistributedLock, LockClaim};
-use turnstile_lock::Backend;
+use turnstile_lock::{AcquireMode, AcquireOutcome, AcquireRequest, Backend, LockError};
 
 /// The claims of `lock` in the cache, with their objects by name (read through the index: a
 /// pass costs its own claims, not the whole cache).
@@ -40,9 +42,12 @@ pub async fn reconcile_lock(
     lock: Arc<DistributedLock>,
     ctx: Arc<Context>,
 ) -> Result<Action, ControllerError> {
+    let mut timer = ctx.metrics.reconciles.start(ControllerKind::Lock);
     let view = LockView::from_resource(&lock);
     let span = tracing::info_span!("reconcile", namespace = %view.namespace, lock = %view.name);
-    reconcile_inner(&lock, view, &ctx).instrument(span).await
+    let result = reconcile_inner(&lock, view, &ctx).instrument(span).await;
+    timer.set_failed(result.is_err());
+    result
 }
 
 async fn reconcile_inner(
@@ -111,7 +116,8 @@ async fn reconcile_inner(
         };
     if let BackendView::Unavailable { message, .. } = &backend_view {
         ctx.metrics
-            .record_backend_error(kind, BackendOperation::Connect);
+            .backends
+            .record_error(kind, BackendOperation::Connect);
         tracing::warn!(backend = %kind, error = %message, "backend unavailable");
     }
 
@@ -158,18 +164,22 @@ async fn reconcile_inner(
 
     let metrics_key = key;
     if input.lock.deleting {
-        ctx.metrics.forget_lock(&metrics_key);
+        ctx.metrics.backends.forget_lock(&metrics_key);
     } else {
         let waiting = decision
             .lock_status
             .as_ref()
             .map_or(input.lock.status.waiting, |status| status.waiting);
-        ctx.metrics
-            .set_queue_depth(&metrics_key, kind, u64::try_from(waiting).unwrap_or(0));
+        ctx.metrics.backends.set_queue_depth(
+            &metrics_key,
+            kind,
+            u64::try_from(waiting).unwrap_or(0),
+        );
     }
     if decision.backend_failure.is_some() {
         ctx.metrics
-            .record_reconcile_error(ReconcileErrorKind::Backend);
+            .reconciles
+            .record_error(ReconcileErrorKind::Backend);
     }
     record_observations(&ctx.metrics, kind, &decision.observations);
     publish_events(ctx, lock, &objects, &input, &decision, None).await;
@@ -199,7 +209,7 @@ pub fn lock_error_policy(
         tracing::info!(namespace = %view.namespace, lock = %view.name, %error, "pass stopped");
         return Action::await_change();
     }
-    ctx.metrics.record_reconcile_error(match error {
+    ctx.metrics.reconciles.record_error(match error {
         ControllerError::Kube { .. } => ReconcileErrorKind::Api,
         _ => ReconcileErrorKind::Other,
     });
@@ -223,7 +233,7 @@ fn record_failed_calls(
                 BackendOp::Extend { .. } => BackendOperation::Extend,
                 BackendOp::Release { .. } => BackendOperation::Release,
             };
-            metrics.record_backend_error(backend, operation);
+            metrics.backends.record_error(backend, operation);
         }
     }
 }
@@ -232,19 +242,23 @@ fn record_failed_calls(
 fn record_observations(metrics: &Metrics, backend: BackendKind, observations: &[Observation]) {
     for observation in observations {
         match observation {
-            Observation::Granted { waited } => metrics.record_grant(backend, *waited),
-            Observation::Renewed => metrics.record_renewal(backend),
+            Observation::Granted { waited } => metrics.grants.record_grant(backend, *waited),
+            Observation::Renewed => metrics.grants.record_renewal(backend),
             Observation::GrantEnded { end, held_for } => match end {
-                GrantEnd::Released => metrics.record_release(backend, *held_for),
-                GrantEnd::Expired => metrics.record_expiry(backend, *held_for),
+                GrantEnd::Released => metrics.grants.record_release(backend, *held_for),
+                GrantEnd::Expired => metrics.grants.record_expiry(backend, *held_for),
                 GrantEnd::BackendLost => {
-                    metrics.record_lock_lost(backend, LockLostCause::BackendLost, *held_for)
+                    metrics
+                        .grants
+                        .record_lock_lost(backend, LockLostCause::BackendLost, *held_for)
                 }
                 GrantEnd::LockDeleted => {
-                    metrics.record_lock_lost(backend, LockLostCause::LockDeleted, *held_for)
+                    metrics
+                        .grants
+                        .record_lock_lost(backend, LockLostCause::LockDeleted, *held_for)
                 }
             },
-            Observation::Failed => metrics.record_claim_failed(backend),
+            Observation::Failed => metrics.grants.record_claim_failed(backend),
         }
     }
 }
@@ -405,6 +419,155 @@ fn log_claim_change(input: &LockInput, change: &ClaimChange, object: Option<&Loc
             claim = %change.name,
             token = old.and_then(|s| s.fencing_token).unwrap_or_default(),
             "claim deleted; its grant is released"
+        );
+    }
+}
+
+/// Performs `ops` in order on `backend` for the lock `key` (a semaphore of `max_holders`),
+/// honouring the [`ExecutionGate`]: nothing runs after a failure, no grant runs after a
+/// refused grant. Returns one outcome per op.
+pub async fn execute(
+    backend: &dyn Backend,
+    key: &str,
+    max_holders: u32,
+    ops: &[PlannedOp],
+) -> Vec<OpOutcome> {
+    execute_while(backend, key, max_holders, ops, || true).await
+}
+
+/// [`execute`], asking `may_write` right before each call: once it says no, that call and
+/// every later one is [`OpOutcome::Skipped`] (a replica that lost the leadership must not
+/// grant, even in a pass that was already running).
+pub async fn execute_while(
+    backend: &dyn Backend,
+    key: &str,
+    max_holders: u32,
+    ops: &[PlannedOp],
+    may_write: impl Fn() -> bool,
+) -> Vec<OpOutcome> {
+    let mut gate = ExecutionGate::default();
+    let mut outcomes = Vec::with_capacity(ops.len());
+    let mut stopped = false;
+    for planned in ops {
+        stopped = stopped || !may_write();
+        if stopped || !gate.admits(&planned.op) {
+            outcomes.push(OpOutcome::Skipped);
+            continue;
+        }
+        let outcome = perform(backend, key, max_holders, &planned.op)
+            .await
+            .unwrap_or_else(|error| OpOutcome::Failed {
+                message: describe(&error),
+            });
+        tracing::debug!(
+            key,
+            claim = planned.claim.as_deref().unwrap_or(""),
+            op = ?planned.op,
+            outcome = ?outcome,
+            "backend call"
+        );
+        gate.record(&planned.op, &outcome);
+        outcomes.push(outcome);
+    }
+    outcomes
+}
+
+/// An error with its chain of causes, for status messages (`a: b: c`).
+pub fn describe(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+async fn perform(
+    backend: &dyn Backend,
+    key: &str,
+    max_holders: u32,
+    op: &BackendOp,
+) -> Result<OpOutcome, LockError> {
+    Ok(match op {
+        BackendOp::RaiseFloor { floor } => OpOutcome::FloorRaised {
+            counter: backend.raise_fencing_floor(key, *floor).await?,
+        },
+        BackendOp::Acquire { owner, ttl, .. } => {
+            let request = AcquireRequest {
+                key,
+                owner,
+                ttl: *ttl,
+                max_holders,
+                mode: AcquireMode::Try,
+                waiter_lease: *ttl,
+            };
+            match backend.acquire(&request).await? {
+                AcquireOutcome::Granted {
+                    fencing_token,
+                    already_held,
+                    ..
+                } => OpOutcome::Granted {
+                    fencing_token,
+                    already_held,
+                },
+                AcquireOutcome::Busy { retry_after }
+                | AcquireOutcome::Waiting { retry_after, .. } => OpOutcome::Busy { retry_after },
+            }
+        }
+        BackendOp::Extend { owner, ttl } => OpOutcome::Extended {
+            still_held: backend.extend(key, owner, *ttl).await?,
+        },
+        BackendOp::Release { owner } => OpOutcome::Released {
+            was_held: backend.release(key, owner, max_holders).await?,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::core::AcquirePurpose;
+    use turnstile_lock::MemoryBackend;
+
+    fn grant(owner: &str) -> PlannedOp {
+        PlannedOp {
+            claim: Some(owner.to_owned()),
+            op: BackendOp::Acquire {
+                owner: owner.to_owned(),
+                ttl: Duration::from_secs(60),
+                purpose: AcquirePurpose::Grant,
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn calls_stop_once_writes_are_no_longer_allowed() {
+        let backend = MemoryBackend::new();
+        let ops = [grant("a"), grant("b"), grant("c")];
+        // Leadership is lost after the first call.
+        let asked = AtomicUsize::new(0);
+        let outcomes = execute_while(&backend, "ns/db", 3, &ops, || {
+            asked.fetch_add(1, Ordering::SeqCst) == 0
+        })
+        .await;
+        assert!(
+            matches!(outcomes[0], OpOutcome::Granted { .. }),
+            "{outcomes:?}"
+        );
+        assert_eq!(outcomes[1..], [OpOutcome::Skipped, OpOutcome::Skipped]);
+        let snapshot = backend.snapshot("ns/db").await.expect("snapshot");
+        assert_eq!(
+            snapshot.holders.len(),
+            1,
+            "only the call made before the loss"
         );
     }
 }

@@ -75,7 +75,10 @@ mod tests {
     #[test]
     fn applying_the_diff_of_old_to_new_gives_new() {
         let cases = [
-            (json!({"a": 1, "b": {"c": 2, "d": 3}}), json!({"a": 1, "b": {"c": 4}})),
+            (
+                json!({"a": 1, "b": {"c": 2, "d": 3}}),
+                json!({"a": 1, "b": {"c": 4}}),
+            ),
             (json!({"a": [1, 2]}), json!({"a": [3], "e": {"f": null}})),
             (json!({}), json!({"x": {"y": {"z": "deep"}}})),
         ];

@@ -218,7 +218,7 @@ pub async fn run(
                     }
                     _ = stopping.wait_for(|stop| *stop) => break,
                 }
-                metrics.set_leader(true);
+                metrics.replica.set_leader(true);
                 tracing::info!(identity = %identity, "leading: starting the controllers");
                 let mut lost = is_leader.clone();
                 let mut stop_now = stop.clone();
@@ -234,7 +234,7 @@ pub async fn run(
                     term_over.await;
                     // Reported at once: the gate already stops writes, the controllers
                     // take a moment to wind down.
-                    term_metrics.set_leader(false);
+                    term_metrics.replica.set_leader(false);
                     let _ = term_tx.send(true);
                 });
                 let leadership = LeadershipGate::following(is_leader.clone());
@@ -248,7 +248,7 @@ pub async fn run(
                 )
                 .await;
                 watcher_task.abort();
-                metrics.set_leader(false);
+                metrics.replica.set_leader(false);
                 if *stop.borrow() {
                     break;
                 }
@@ -391,6 +391,7 @@ async fn run_controllers(
             claims: claim_store.clone(),
             leadership: ctx.leadership.clone(),
             recorder: ctx.recorder.clone(),
+            metrics: ctx.metrics.clone(),
         },
         claims_for_gate,
         raised(&stop_rx),

@@ -96,7 +96,7 @@ impl InvalidObjects {
     fn forget(&self, object: &DynamicObject) {
         let mut entries = self.entries();
         if entries.remove(&Self::key(object)).is_some() {
-            self.metrics.set_invalid_objects(entries.len());
+            self.metrics.replica.set_invalid_objects(entries.len());
             tracing::info!(object = %Self::key(object), "object readable again");
         }
     }
@@ -107,7 +107,7 @@ impl InvalidObjects {
         {
             let mut entries = self.entries();
             entries.insert(key, problem.clone());
-            self.metrics.set_invalid_objects(entries.len());
+            self.metrics.replica.set_invalid_objects(entries.len());
         }
         if !self.leadership.is_open() {
             return;

@@ -15,14 +15,13 @@ use turnstile_api::{
     BackendKind, ClaimPhase, DistributedLock, DistributedLockSpec, LockClaim, LockClaimSpec,
     LockClaimStatus,
 };
-use turnstile_controller::backend_ops::execute;
-use turnstile_controller::pass_writes::{PassWrite, PassWrites, Target};
-use turnstile_controller::patch::apply_merge_patch;
-use turnstile_controller::writer::Write;
 use turnstile_controller::core::{
     decide_orphan, fold, plan, BackendOp, BackendView, ClaimView, Decision, EventSubject,
     LockInput, LockView, OwnerState, EXACT_POSITIONS,
 };
+use turnstile_controller::lock_reconciler::execute;
+use turnstile_controller::patch::apply_merge_patch;
+use turnstile_controller::writer::{PassWrite, PassWrites, Target, Write};
 use turnstile_lock::{Backend, MemoryBackend};
 
 const NS: &str = "team-a";
@@ -384,7 +383,10 @@ impl Sim {
         // order is the API's: whole seconds of creation (all it stores), then name.
         let order = |c: &LockClaim| {
             (
-                c.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second()),
+                c.metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| t.0.as_second()),
                 c.metadata.name.clone(),
             )
         };
@@ -409,7 +411,11 @@ impl Sim {
         // but only ever as an upper bound (waiters only move forward).
         for (index, claim) in queued.iter().enumerate() {
             let exact = i32::try_from(index + 1).expect("small queue");
-            let shown = claim.status.as_ref().and_then(|s| s.position).expect("queued");
+            let shown = claim
+                .status
+                .as_ref()
+                .and_then(|s| s.position)
+                .expect("queued");
             if exact <= EXACT_POSITIONS {
                 assert_eq!(shown, exact, "head of the queue");
             } else {
@@ -920,4 +926,3 @@ proptest! {
         });
     }
 }
-

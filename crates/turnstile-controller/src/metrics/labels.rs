@@ -1,0 +1,244 @@
+//! The label values: closed enums only, so the number of series is bounded by construction
+//! (no lock, claim or namespace name ever becomes a label).
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+
+use turnstile_api::BackendKind;
+
+/// Why a holder lost its grant (label `cause` of `turnstile_lock_lost_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LockLostCause {
+    /// The lease ran out without a renewal.
+    Expired,
+    /// The backend no longer had the grant (restart, data loss, eviction).
+    BackendLost,
+    /// The DistributedLock was deleted while the claim held it.
+    LockDeleted,
+}
+
+impl LockLostCause {
+    /// Every cause, for creating the series up front.
+    pub const ALL: [Self; 3] = [Self::Expired, Self::BackendLost, Self::LockDeleted];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Expired => "expired",
+            Self::BackendLost => "backend_lost",
+            Self::LockDeleted => "lock_deleted",
+        }
+    }
+}
+
+/// The backend call that failed (label `operation` of `turnstile_backend_errors_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BackendOperation {
+    /// Connecting or checking the connection.
+    Connect,
+    /// A grant attempt.
+    Acquire,
+    /// A lease extension.
+    Extend,
+    /// A release.
+    Release,
+    /// Raising the fencing counter to the lock's high-water mark.
+    RaiseFloor,
+}
+
+impl BackendOperation {
+    /// Every operation, for creating the series up front.
+    pub const ALL: [Self; 5] = [
+        Self::Connect,
+        Self::Acquire,
+        Self::Extend,
+        Self::Release,
+        Self::RaiseFloor,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Connect => "connect",
+            Self::Acquire => "acquire",
+            Self::Extend => "extend",
+            Self::Release => "release",
+            Self::RaiseFloor => "raise_floor",
+        }
+    }
+}
+
+/// What made a reconciliation fail (label `kind` of `turnstile_reconcile_errors_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReconcileErrorKind {
+    /// A Kubernetes API call failed (conflict, network, server error).
+    Api,
+    /// The lock backend failed.
+    Backend,
+    /// Anything else.
+    Other,
+}
+
+impl ReconcileErrorKind {
+    /// Every kind, for creating the series up front.
+    pub const ALL: [Self; 3] = [Self::Api, Self::Backend, Self::Other];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Api => "api",
+            Self::Backend => "backend",
+            Self::Other => "other",
+        }
+    }
+}
+
+/// Which reconciler a pass belongs to (label `controller` of `turnstile_reconcile_total` and
+/// `turnstile_reconcile_duration_seconds`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ControllerKind {
+    /// A lock and all its claims.
+    Lock,
+    /// A claim whose lock does not exist.
+    Claim,
+    /// A Job gated by `turnstile.dev/lock`.
+    Job,
+}
+
+impl ControllerKind {
+    /// Every controller, for creating the series up front.
+    pub const ALL: [Self; 3] = [Self::Lock, Self::Claim, Self::Job];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Lock => "lock",
+            Self::Claim => "claim",
+            Self::Job => "job",
+        }
+    }
+}
+
+/// How a pass ended (label `result` of `turnstile_reconcile_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReconcileResult {
+    /// The pass did what it decided.
+    Ok,
+    /// The pass failed and is retried.
+    Error,
+}
+
+impl ReconcileResult {
+    /// Both results, for creating the series up front.
+    pub const ALL: [Self; 2] = [Self::Ok, Self::Error];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// How a grant ended (label `outcome` of `turnstile_hold_seconds`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum HoldOutcome {
+    Released,
+    Expired,
+    Lost,
+}
+
+impl HoldOutcome {
+    pub(super) const ALL: [Self; 3] = [Self::Released, Self::Expired, Self::Lost];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Released => "released",
+            Self::Expired => "expired",
+            Self::Lost => "lost",
+        }
+    }
+}
+
+/// The `backend` label: [`BackendKind`] is the API crate's, so the label encoding wraps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct BackendLabel(pub(super) BackendKind);
+
+impl BackendLabel {
+    pub(super) const ALL: [Self; 3] = [
+        Self(BackendKind::Memory),
+        Self(BackendKind::Redis),
+        Self(BackendKind::Mongo),
+    ];
+
+    fn as_str(self) -> &'static str {
+        self.0.as_str()
+    }
+}
+
+/// Encodes any of the closed label enums by its `as_str`.
+macro_rules! label_value {
+    ($($kind:ty),*) => {$(
+        impl EncodeLabelValue for $kind {
+            fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+                EncodeLabelValue::encode(&self.as_str(), encoder)
+            }
+        }
+    )*};
+}
+label_value!(
+    BackendLabel,
+    LockLostCause,
+    BackendOperation,
+    ReconcileErrorKind,
+    ControllerKind,
+    ReconcileResult,
+    HoldOutcome
+);
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct BackendLabels {
+    pub(super) backend: BackendLabel,
+}
+
+impl BackendLabels {
+    pub(super) fn of(backend: BackendKind) -> Self {
+        Self {
+            backend: BackendLabel(backend),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct LostLabels {
+    pub(super) backend: BackendLabel,
+    pub(super) cause: LockLostCause,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct HoldLabels {
+    pub(super) backend: BackendLabel,
+    pub(super) outcome: HoldOutcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct BackendErrorLabels {
+    pub(super) backend: BackendLabel,
+    pub(super) operation: BackendOperation,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct ReconcileErrorLabels {
+    pub(super) kind: ReconcileErrorKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct ControllerLabels {
+    pub(super) controller: ControllerKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct ReconcileLabels {
+    pub(super) controller: ControllerKind,
+    pub(super) result: ReconcileResult,
+}
