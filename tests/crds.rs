@@ -120,13 +120,16 @@ fn lock_printer_columns_follow_the_design() {
             ("Token", "integer"),
             ("Waiting", "integer"),
             ("Expires", "string"),
+            // The issue for lock-delay asks for it in `kubectl get locks` (beyond DESIGN.md).
+            ("Delayed-Until", "string"),
             ("Age", "date"),
         ])
     );
     let paths: Vec<String> = columns(&crd).into_iter().map(|(_, _, p)| p).collect();
     assert_eq!(paths[2], ".status.fencingToken");
     assert_eq!(paths[3], ".status.waiting");
-    assert_eq!(paths[5], ".metadata.creationTimestamp");
+    assert_eq!(paths[5], ".status.lockedUntil");
+    assert_eq!(paths[6], ".metadata.creationTimestamp");
 }
 
 #[test]
@@ -182,6 +185,16 @@ fn lock_spec_bounds() {
     );
     // Omitted backend = the controller's default: no schema default may fill it in.
     assert!(props["backend"].get("default").is_none());
+    assert_eq!(props["maxHoldSeconds"]["minimum"].as_f64(), Some(1.0));
+    assert_eq!(
+        props["maxHoldSeconds"]["maximum"].as_f64(),
+        Some(31_536_000.0)
+    );
+    assert_eq!(props["lockDelaySeconds"]["minimum"].as_f64(), Some(0.0));
+    assert_eq!(
+        props["lockDelaySeconds"]["maximum"].as_f64(),
+        Some(86_400.0)
+    );
 }
 
 #[test]
@@ -200,6 +213,8 @@ fn claim_spec_bounds_and_required_lock_name() {
     }
     assert_eq!(props["renewTime"]["format"], "date-time");
     assert_eq!(props["release"]["type"], "boolean");
+    assert_eq!(props["priority"]["minimum"].as_f64(), Some(-1_000_000.0));
+    assert_eq!(props["priority"]["maximum"].as_f64(), Some(1_000_000.0));
 }
 
 #[test]

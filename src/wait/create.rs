@@ -97,6 +97,7 @@ pub fn claim_for_pod(name: &str, namespace: &str, lock: &str, pod: &PodIdentity)
             acquire_timeout_seconds: None,
             renew_time: None,
             release: None,
+            priority: None,
         },
     );
     claim.metadata.namespace = Some(namespace.to_owned());

@@ -83,6 +83,7 @@ mod tests {
                 acquire_timeout_seconds: None,
                 renew_time: None,
                 release: None,
+                priority: None,
             },
         );
         claim.status = status;

@@ -4,10 +4,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use crate::vocabulary::{MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_LEASE_DURATION_SECONDS};
+use crate::vocabulary::{MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_LEASE_DURATION_SECONDS, MAX_PRIORITY};
 
-/// A request for a `DistributedLock` in the same namespace. Claims are granted in order of
-/// `creationTimestamp`, then name; the status records the grant and its fencing token.
+/// A request for a `DistributedLock` in the same namespace. Claims are granted by `priority`
+/// (higher first), then in order of `creationTimestamp`, then name; the status records the
+/// grant and its fencing token.
 // clippy reads the repeated `type_` keys of separate `printcolumn(...)` groups as duplicates.
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
@@ -89,6 +90,11 @@ pub struct LockClaimSpec {
     /// `true` releases the lock but keeps the claim as a record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub release: Option<bool>,
+    /// Higher is granted first (default 0); FIFO within one priority. A holder is never
+    /// preempted. Stored in the spec, so a restart or a new leader keeps the order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = -MAX_PRIORITY, max = MAX_PRIORITY))]
+    pub priority: Option<i32>,
 }
 
 impl LockClaimSpec {
@@ -101,6 +107,7 @@ impl LockClaimSpec {
             acquire_timeout_seconds: None,
             renew_time: None,
             release: None,
+            priority: None,
         }
     }
 }

@@ -5,7 +5,10 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::vocabulary::{DEFAULT_LEASE_DURATION_SECONDS, MAX_HOLDERS, MAX_LEASE_DURATION_SECONDS};
+use crate::vocabulary::{
+    DEFAULT_LEASE_DURATION_SECONDS, MAX_HOLDERS, MAX_HOLD_SECONDS, MAX_LEASE_DURATION_SECONDS,
+    MAX_LOCK_DELAY_SECONDS,
+};
 
 /// A distributed lock: a mutex (`maxHolders: 1`) or a counting semaphore, granted to
 /// `LockClaim`s in the same namespace in FIFO order.
@@ -55,6 +58,12 @@ use crate::vocabulary::{DEFAULT_LEASE_DURATION_SECONDS, MAX_HOLDERS, MAX_LEASE_D
         description = "When the (first) holder's lease runs out (RFC 3339)"
     ),
     printcolumn(
+        name = "Delayed-Until",
+        type_ = "string",
+        json_path = ".status.lockedUntil",
+        description = "No grant before this time: the lock-delay after a grant ended involuntarily"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -79,6 +88,17 @@ pub struct DistributedLockSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub key: Option<String>,
+    /// A grant ends this many seconds after it was made, whatever its renewals or its owner
+    /// (claim `Expired`, reason `MaxHoldExceeded`). Omitted: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_HOLD_SECONDS))]
+    pub max_hold_seconds: Option<i64>,
+    /// After a grant ends involuntarily (its lease or `maxHoldSeconds` ran out, its owner
+    /// vanished) no claim is granted for this many seconds, so a stalled holder's last writes
+    /// drain first; a release hands on at once. Omitted or 0: no delay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = MAX_LOCK_DELAY_SECONDS))]
+    pub lock_delay_seconds: Option<i64>,
 }
 
 fn default_lease_duration_seconds() -> i64 {
@@ -153,6 +173,9 @@ pub struct DistributedLockStatus {
     /// `Ready`: False with reason `BackendUnavailable`, `BackendNotConfigured`, `InvalidSpec`, ….
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The end of the last lock-delay (`spec.lockDelaySeconds`): no grant is made before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locked_until: Option<Time>,
 }
 
 /// One current grant of a lock.

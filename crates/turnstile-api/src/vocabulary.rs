@@ -20,6 +20,8 @@ pub mod reasons {
     pub const WITHDRAWN: &str = "Withdrawn";
     /// The lease ran out without renewal.
     pub const LEASE_EXPIRED: &str = "LeaseExpired";
+    /// The grant reached the lock's `maxHoldSeconds`, renewed or not.
+    pub const MAX_HOLD_EXCEEDED: &str = "MaxHoldExceeded";
     /// The claim's owning Pod or Job finished.
     pub const OWNER_FINISHED: &str = "OwnerFinished";
     /// The claim's owning Pod or Job no longer exists.
@@ -97,3 +99,9 @@ pub const DEFAULT_LEASE_DURATION_SECONDS: i64 = 30;
 pub const MAX_LEASE_DURATION_SECONDS: i64 = 86_400;
 /// The longest acquire timeout the schema accepts (one year), in seconds.
 pub const MAX_ACQUIRE_TIMEOUT_SECONDS: i64 = 31_536_000;
+/// The longest `maxHoldSeconds` the schema accepts (one year), in seconds.
+pub const MAX_HOLD_SECONDS: i64 = 31_536_000;
+/// The longest `lockDelaySeconds` the schema accepts (one day), in seconds.
+pub const MAX_LOCK_DELAY_SECONDS: i64 = 86_400;
+/// The bound of a claim's `priority`, either way (higher is served first).
+pub const MAX_PRIORITY: i32 = 1_000_000;

@@ -48,6 +48,8 @@ impl Placeholder for DistributedLock {
             lease_duration_seconds: turnstile_api::DEFAULT_LEASE_DURATION_SECONDS,
             max_holders: 1,
             key: None,
+            max_hold_seconds: None,
+            lock_delay_seconds: None,
         };
         let mut lock = DistributedLock::new("", spec);
         lock.metadata = metadata;

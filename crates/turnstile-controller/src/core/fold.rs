@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::model::{seconds_of, BackendView, ClaimView, LockInput, OwnerState, Seconds};
+use super::model::{seconds_of, time_at, BackendView, ClaimView, LockInput, OwnerState, Seconds};
 use turnstile_api::{event_reasons, reasons};
 
 use super::plan::{Intent, LockMode, OpOutcome, Plan};
@@ -701,10 +701,13 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
             finalizer,
         };
         let was_held = claim.phase() == ClaimPhase::Held;
-        let stays_held = change
-            .status
-            .as_ref()
-            .map_or(was_held, |s| s.phase == Some(ClaimPhase::Held));
+        // A deleted holder leaves with its finalizer (its status stays as it was).
+        let goes_away = claim.deleting && change.finalizer == FinalizerChange::Remove;
+        let stays_held = !goes_away
+            && change
+                .status
+                .as_ref()
+                .map_or(was_held, |s| s.phase == Some(ClaimPhase::Held));
         if was_held && !stays_held {
             leaving_held.push(change);
         } else {
@@ -786,12 +789,22 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
                 note: message,
             });
         }
+        if let Some(until) = plan.locked_until.filter(|until| *until > now) {
+            // Wake up when the lock-delay ends, to grant.
+            folder.requeue = folder
+                .requeue
+                .min(Duration::from_secs(u64::try_from(until - now).unwrap_or(0)));
+        }
         let new_status = DistributedLockStatus {
             observed_generation: input.lock.generation,
             holders,
             waiting,
             fencing_token,
             conditions,
+            locked_until: plan
+                .locked_until
+                .map(time_at)
+                .or_else(|| input.lock.status.locked_until.clone()),
         };
         if new_status != input.lock.status {
             lock_status = Some(new_status);

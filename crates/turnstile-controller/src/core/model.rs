@@ -11,7 +11,7 @@ use kube::ResourceExt;
 use turnstile_api::{
     BackendKind, ClaimPhase, DistributedLock, DistributedLockSpec, DistributedLockStatus,
     LockClaim, LockClaimSpec, LockClaimStatus, FINALIZER, MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_HOLDERS,
-    MAX_LEASE_DURATION_SECONDS,
+    MAX_HOLD_SECONDS, MAX_LEASE_DURATION_SECONDS, MAX_LOCK_DELAY_SECONDS, MAX_PRIORITY,
 };
 use turnstile_lock::LockSnapshot;
 
@@ -105,6 +105,20 @@ impl LockView {
                 "maxHolders must be between 1 and {MAX_HOLDERS}, got {max}"
             ));
         }
+        if let Some(max_hold) = self.spec.max_hold_seconds {
+            if !(1..=MAX_HOLD_SECONDS).contains(&max_hold) {
+                return Some(format!(
+                    "maxHoldSeconds must be between 1 and {MAX_HOLD_SECONDS}, got {max_hold}"
+                ));
+            }
+        }
+        if let Some(delay) = self.spec.lock_delay_seconds {
+            if !(0..=MAX_LOCK_DELAY_SECONDS).contains(&delay) {
+                return Some(format!(
+                    "lockDelaySeconds must be between 0 and {MAX_LOCK_DELAY_SECONDS}, got {delay}"
+                ));
+            }
+        }
         let key = self.backend_key();
         if key.len() > MAX_BACKEND_KEY_LEN {
             return Some(format!(
@@ -118,6 +132,26 @@ impl LockView {
     /// `maxHolders`, clamped into the accepted range (used for releases even when invalid).
     pub fn max_holders(&self) -> u32 {
         u32::try_from(self.spec.max_holders.clamp(1, MAX_HOLDERS)).unwrap_or(1)
+    }
+
+    /// `maxHoldSeconds`, if set (clamped into the accepted range).
+    pub fn max_hold_seconds(&self) -> Option<Seconds> {
+        self.spec
+            .max_hold_seconds
+            .map(|seconds| seconds.clamp(1, MAX_HOLD_SECONDS))
+    }
+
+    /// `lockDelaySeconds` (0 when unset; clamped into the accepted range).
+    pub fn lock_delay_seconds(&self) -> Seconds {
+        self.spec
+            .lock_delay_seconds
+            .unwrap_or(0)
+            .clamp(0, MAX_LOCK_DELAY_SECONDS)
+    }
+
+    /// `status.lockedUntil`: no grant before it.
+    pub fn locked_until(&self) -> Option<Seconds> {
+        self.status.locked_until.as_ref().map(seconds_of)
     }
 
     /// The lock's lease in seconds, clamped into the accepted range.
@@ -286,9 +320,28 @@ impl ClaimView {
             .unwrap_or_else(|| self.name.clone())
     }
 
-    /// The FIFO order: `creationTimestamp`, then name.
-    pub fn queue_order(&self) -> (Seconds, &str) {
-        (self.created, &self.name)
+    /// `spec.priority` (0 when unset; clamped into the accepted range).
+    pub fn priority(&self) -> i32 {
+        self.spec
+            .priority
+            .unwrap_or(0)
+            .clamp(-MAX_PRIORITY, MAX_PRIORITY)
+    }
+
+    /// The queue order: higher `priority` first, then `creationTimestamp`, then name.
+    pub fn queue_order(&self) -> (std::cmp::Reverse<i32>, Seconds, &str) {
+        (std::cmp::Reverse(self.priority()), self.created, &self.name)
+    }
+
+    /// When a grant made at `acquired` must end under the lock's `maxHoldSeconds`.
+    pub fn hold_deadline(&self, lock: &LockView, acquired: Seconds) -> Option<Seconds> {
+        lock.max_hold_seconds()
+            .map(|max_hold| acquired.saturating_add(max_hold))
+    }
+
+    /// When the recorded grant was made, if it was.
+    pub fn acquired(&self) -> Option<Seconds> {
+        self.status.acquired_at.as_ref().map(seconds_of)
     }
 
     /// The recorded fencing token of the grant, if any.

@@ -252,6 +252,9 @@ pub struct Plan {
     pub(crate) intents: Vec<(usize, Intent)>,
     /// The fencing high-water mark known from the API (lock status and every claim's token).
     pub(crate) high_water: u64,
+    /// The end of the lock-delay (`lockDelaySeconds` after the latest involuntary end of a
+    /// grant, or the one the lock status records): no grant before it.
+    pub(crate) locked_until: Option<Seconds>,
 }
 
 impl Plan {
@@ -294,14 +297,23 @@ pub(crate) fn effective_expiry(input: &LockInput, claim: &ClaimView) -> (Seconds
     };
     // A live owner keeps the lease: renewed once half of it has passed (at the latest in its
     // last second: with whole-second times a one-second lease has no earlier moment).
-    if claim.owner_state == OwnerState::Alive
+    let (expiry, renewed) = if claim.owner_state == OwnerState::Alive
         && expiry >= now
         && now >= owner_renewal_due(expiry, lease)
         && now.saturating_add(lease) > expiry
     {
-        return (now.saturating_add(lease), true);
+        (now.saturating_add(lease), true)
+    } else {
+        (expiry, renewed)
+    };
+    // `maxHoldSeconds` caps every renewal; a renewal that cannot move the end is none.
+    match claim
+        .acquired()
+        .and_then(|acquired| claim.hold_deadline(&input.lock, acquired))
+    {
+        Some(deadline) if expiry > deadline => (deadline, renewed && deadline > recorded),
+        _ => (expiry, renewed),
     }
-    (expiry, renewed)
 }
 
 /// When the controller renews the lease (ending at `expiry`) of a claim whose owner runs:
@@ -544,10 +556,26 @@ fn held_draft(
     }
     let (expiry, renewed) = effective_expiry(input, claim);
     if expiry <= now {
+        let deadline = claim
+            .acquired()
+            .and_then(|acquired| claim.hold_deadline(&input.lock, acquired));
+        let (reason, message) = match deadline {
+            Some(deadline) if deadline <= expiry => (
+                reasons::MAX_HOLD_EXCEEDED,
+                format!(
+                    "held for maxHoldSeconds ({}s), renewed or not",
+                    input.lock.max_hold_seconds().unwrap_or_default()
+                ),
+            ),
+            _ => (
+                reasons::LEASE_EXPIRED,
+                "the lease ran out without renewal".to_owned(),
+            ),
+        };
         return Draft::End {
             phase: ClaimPhase::Expired,
-            reason: reasons::LEASE_EXPIRED,
-            message: "the lease ran out without renewal".to_owned(),
+            reason,
+            message,
             released_at: Some(expiry),
             release_op: builder.release_if_held(claim, true),
         };
@@ -640,9 +668,10 @@ pub fn plan(input: &LockInput) -> Plan {
         drafts.push((index, draft));
     }
 
-    // Grants: the head of the queue, as many as there are free slots.
+    let locked_until = lock_delay_end(input, &drafts);
+    // Grants: the head of the queue, as many as there are free slots (none in a lock-delay).
     let mut floor = None;
-    if mode == LockMode::Serving {
+    if mode == LockMode::Serving && locked_until.is_none_or(|until| until <= now) {
         let snapshot = input.backend.snapshot();
         if high_water > snapshot.map_or(0, |s| s.fencing_token) {
             floor = Some(high_water);
@@ -664,7 +693,10 @@ pub fn plan(input: &LockInput) -> Plan {
                 if backend_token.is_some_and(|token| token <= high_water) {
                     builder.release(claim);
                 }
-                let expiry = now.saturating_add(claim.lease_seconds(&input.lock));
+                let lease_end = now.saturating_add(claim.lease_seconds(&input.lock));
+                let expiry = claim
+                    .hold_deadline(&input.lock, now)
+                    .map_or(lease_end, |deadline| lease_end.min(deadline));
                 let ttl = backend_ttl(input, expiry);
                 drafts[slot].1 = Draft::Grant {
                     expiry,
@@ -709,5 +741,30 @@ pub fn plan(input: &LockInput) -> Plan {
         mode,
         intents,
         high_water,
+        locked_until,
     }
 }
+
+/// The end of the lock-delay: the one recorded in the lock's status, or `lockDelaySeconds`
+/// after a grant this pass ends involuntarily (its lease or maximum hold ran out, its owner
+/// vanished), whichever is later. A release, on request or by a finished owner, delays
+/// nothing.
+fn lock_delay_end(input: &LockInput, drafts: &[(usize, Draft)]) -> Option<Seconds> {
+    let delay = input.lock.lock_delay_seconds();
+    let ended_now = drafts.iter().filter_map(|(_, draft)| match draft {
+        Draft::End {
+            reason,
+            released_at: Some(ended),
+            ..
+        } if delay > 0 && INVOLUNTARY_ENDS.contains(reason) => Some(ended.saturating_add(delay)),
+        _ => None,
+    });
+    ended_now.chain(input.lock.locked_until()).max()
+}
+
+/// The reasons a grant ends without its holder asking: they start a lock-delay.
+const INVOLUNTARY_ENDS: [&str; 3] = [
+    reasons::LEASE_EXPIRED,
+    reasons::MAX_HOLD_EXCEEDED,
+    reasons::OWNER_GONE,
+];

@@ -26,6 +26,8 @@ fn lock() -> LockView {
             lease_duration_seconds: 10,
             max_holders: 1,
             key: None,
+            max_hold_seconds: None,
+            lock_delay_seconds: None,
         },
         status: DistributedLockStatus::default(),
     }
@@ -49,6 +51,7 @@ fn held_claim(expires: i64, renew: Option<i64>) -> ClaimView {
             acquire_timeout_seconds: None,
             renew_time: renew.map(time_at),
             release: None,
+            priority: None,
         },
         status: LockClaimStatus {
             phase: Some(ClaimPhase::Held),

@@ -1,0 +1,247 @@
+//! The lock semantics beyond FIFO, driven through whole passes of the simulation (the shell's
+//! own pass against the real in-memory engine): priority, a maximum hold time, the lock-delay
+//! after an involuntary end, and limits changed on a live lock. Scenario tests, then a property
+//! test mixing them all (the invariants are checked after every settled step, in `sim`).
+
+mod sim;
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use sim::{paused_runtime, Sim};
+use turnstile_api::{ClaimPhase, LockClaimSpec};
+use turnstile_controller::core::OwnerState;
+
+fn with_priority(priority: i32) -> LockClaimSpec {
+    LockClaimSpec {
+        priority: Some(priority),
+        ..Sim::claim_spec(None, None)
+    }
+}
+
+fn reason(sim: &Sim, name: &str) -> Option<String> {
+    sim.claims[name].status.as_ref()?.reason.clone()
+}
+
+#[tokio::test(start_paused = true)]
+async fn higher_priority_is_served_first_then_fifo() {
+    let mut sim = Sim::new(1, 30);
+    sim.create("holder", Sim::claim_spec(None, None));
+    sim.settle().await;
+    sim.advance(Duration::from_secs(1)).await;
+    sim.create("early-low", with_priority(0));
+    sim.advance(Duration::from_secs(1)).await;
+    sim.create("late-high", with_priority(5));
+    sim.advance(Duration::from_secs(1)).await;
+    sim.create("later-high", with_priority(5));
+    sim.settle().await;
+    assert_eq!(sim.position("late-high"), Some(1));
+    assert_eq!(sim.position("later-high"), Some(2));
+    assert_eq!(sim.position("early-low"), Some(3));
+
+    // No preemption: the holder keeps the lock until it lets go.
+    assert_eq!(sim.phase("holder"), Some(ClaimPhase::Held));
+    let order = ["late-high", "later-high", "early-low"];
+    let mut current = "holder";
+    for next in order {
+        sim.release(current);
+        sim.settle().await;
+        assert_eq!(
+            sim.phase(next),
+            Some(ClaimPhase::Held),
+            "{next} after {current}"
+        );
+        current = next;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_maximum_hold_ends_a_grant_whatever_its_renewals() {
+    let mut sim = Sim::new(1, 10);
+    sim.lock.spec.max_hold_seconds = Some(25);
+    sim.create_owned("a", Sim::claim_spec(None, None));
+    sim.create("b", Sim::claim_spec(None, None));
+    sim.settle().await;
+    assert_eq!(sim.phase("a"), Some(ClaimPhase::Held));
+    // The live owner renews every few seconds; the lease never runs past the max hold.
+    for _ in 0..12 {
+        sim.advance(Duration::from_secs(3)).await;
+        sim.settle().await;
+        if sim.phase("a") != Some(ClaimPhase::Held) {
+            break;
+        }
+    }
+    assert_eq!(sim.phase("a"), Some(ClaimPhase::Expired));
+    assert_eq!(reason(&sim, "a").as_deref(), Some("MaxHoldExceeded"));
+    assert!(sim.events.contains(&("a".to_owned(), "LockLost")));
+    assert_eq!(sim.phase("b"), Some(ClaimPhase::Held), "the lock moves on");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lock_delay_follows_an_expiry_but_not_a_release() {
+    let mut sim = Sim::new(1, 5);
+    sim.lock.spec.lock_delay_seconds = Some(20);
+    for name in ["a", "b", "c"] {
+        sim.create(name, Sim::claim_spec(None, None));
+    }
+    sim.settle().await;
+    // a releases: b is granted at once.
+    sim.release("a");
+    sim.settle().await;
+    assert_eq!(sim.phase("b"), Some(ClaimPhase::Held));
+
+    // b's lease runs out: nobody is granted for 20 s after the end of its lease.
+    sim.advance(Duration::from_secs(6)).await;
+    sim.settle().await;
+    assert_eq!(sim.phase("b"), Some(ClaimPhase::Expired));
+    assert_eq!(sim.phase("c"), Some(ClaimPhase::Pending));
+    let locked_until = sim
+        .lock
+        .status
+        .as_ref()
+        .and_then(|s| s.locked_until.clone())
+        .expect("status.lockedUntil");
+    let ended = sim.claims["b"]
+        .status
+        .as_ref()
+        .and_then(|s| s.released_at.clone())
+        .expect("releasedAt");
+    assert_eq!(locked_until.0.as_second() - ended.0.as_second(), 20);
+    assert!(
+        sim.requeue_after <= Duration::from_secs(20),
+        "the pass comes back when the delay ends, not at the resync: {:?}",
+        sim.requeue_after
+    );
+    sim.advance(Duration::from_secs(10)).await;
+    sim.settle().await;
+    assert_eq!(sim.phase("c"), Some(ClaimPhase::Pending), "still delayed");
+    sim.advance(Duration::from_secs(11)).await;
+    sim.settle().await;
+    assert_eq!(
+        sim.phase("c"),
+        Some(ClaimPhase::Held),
+        "granted once the delay is over"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_vanished_owner_starts_the_lock_delay() {
+    let mut sim = Sim::new(1, 30);
+    sim.lock.spec.lock_delay_seconds = Some(15);
+    sim.create_owned("a", Sim::claim_spec(None, None));
+    sim.create("b", Sim::claim_spec(None, None));
+    sim.settle().await;
+    sim.set_owner("a", OwnerState::Gone);
+    sim.settle().await;
+    assert_eq!(reason(&sim, "a").as_deref(), Some("OwnerGone"));
+    assert_eq!(sim.phase("b"), Some(ClaimPhase::Pending));
+    sim.advance(Duration::from_secs(16)).await;
+    sim.settle().await;
+    assert_eq!(sim.phase("b"), Some(ClaimPhase::Held));
+}
+
+#[tokio::test(start_paused = true)]
+async fn limits_changed_live_take_effect_at_the_next_grant_and_revoke_nobody() {
+    let mut sim = Sim::new(3, 30);
+    for name in ["a", "b", "c", "d", "e"] {
+        sim.create(name, Sim::claim_spec(None, None));
+    }
+    sim.settle().await;
+    assert_eq!(sim.position("d"), Some(1));
+
+    // Lowered below the holders: all three keep the lock, nobody new is granted.
+    sim.set_max_holders(1);
+    sim.settle().await;
+    for name in ["a", "b", "c"] {
+        assert_eq!(sim.phase(name), Some(ClaimPhase::Held), "{name} revoked");
+    }
+    sim.release("a");
+    sim.settle().await;
+    assert_eq!(sim.phase("d"), Some(ClaimPhase::Pending), "two still hold");
+    sim.release("b");
+    sim.release("c");
+    sim.settle().await;
+    assert_eq!(
+        sim.phase("d"),
+        Some(ClaimPhase::Held),
+        "below the limit again"
+    );
+    assert_eq!(sim.phase("e"), Some(ClaimPhase::Pending));
+
+    // Raised: the next pass fills the new slots; a new lease applies to the next grant.
+    sim.lock.spec.lease_duration_seconds = 7;
+    sim.set_max_holders(2);
+    sim.settle().await;
+    assert_eq!(sim.phase("e"), Some(ClaimPhase::Held));
+    let status = sim.claims["e"].status.clone().expect("status");
+    let lease = status.expires_at.expect("expiresAt").0.as_second()
+        - status.acquired_at.expect("acquiredAt").0.as_second();
+    assert_eq!(lease, 7);
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Create {
+        name: u8,
+        priority: i32,
+        owned: bool,
+    },
+    Release(u8),
+    Delete(u8),
+    OwnerGone(u8),
+    Advance(u64),
+    SetMaxHolders(i32),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (0u8..8, -2i32..3, any::<bool>())
+            .prop_map(|(name, priority, owned)| Step::Create { name, priority, owned }),
+        2 => (0u8..8).prop_map(Step::Release),
+        1 => (0u8..8).prop_map(Step::Delete),
+        1 => (0u8..8).prop_map(Step::OwnerGone),
+        3 => (0u64..12).prop_map(Step::Advance),
+        1 => (1i32..4).prop_map(Step::SetMaxHolders),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// Random workloads on a lock with a maximum hold and a lock-delay, with priorities and
+    /// live limit changes: after every step the invariants hold (never more holders than
+    /// allowed, priority-then-FIFO grants, strictly increasing tokens, no hold past the
+    /// maximum, no grant inside a lock-delay).
+    #[test]
+    fn semantics_hold_under_random_workloads(
+        max_holders in 1i32..4,
+        lease in 2i64..10,
+        max_hold in prop::option::of(3i64..20),
+        lock_delay in prop::option::of(0i64..8),
+        steps in prop::collection::vec(step(), 1..40),
+    ) {
+        paused_runtime().block_on(async {
+            let mut sim = Sim::new(max_holders, lease);
+            sim.lock.spec.max_hold_seconds = max_hold;
+            sim.lock.spec.lock_delay_seconds = lock_delay;
+            for step in steps {
+                match step {
+                    Step::Create { name, priority, owned } => {
+                        let spec = with_priority(priority);
+                        if owned {
+                            sim.create_owned(&format!("c{name}"), spec);
+                        } else {
+                            sim.create(&format!("c{name}"), spec);
+                        }
+                    }
+                    Step::Release(name) => sim.release(&format!("c{name}")),
+                    Step::Delete(name) => sim.delete(&format!("c{name}")),
+                    Step::OwnerGone(name) => sim.set_owner(&format!("c{name}"), OwnerState::Gone),
+                    Step::Advance(seconds) => sim.advance(Duration::from_secs(seconds)).await,
+                    Step::SetMaxHolders(max) => sim.set_max_holders(max),
+                }
+                sim.settle().await;
+            }
+        });
+    }
+}

@@ -1,0 +1,593 @@
+//! The simulation the core's tests drive: a simulated API server holding one lock and its
+//! claims, the real in-memory lock engine, a simulated clock, and the shell's own pass (plan →
+//! backend calls → fold → the writer's decided patches, applied as merge patches).
+// Each test binary uses a different part of this shared support.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use k8s_openapi::jiff::Timestamp;
+use turnstile_api::{
+    BackendKind, ClaimPhase, DistributedLock, DistributedLockSpec, LockClaim, LockClaimSpec,
+    LockClaimStatus,
+};
+use turnstile_controller::core::{
+    fold, plan, BackendView, ClaimView, Decision, EventSubject, LockInput, LockView, OwnerState,
+    EXACT_POSITIONS,
+};
+use turnstile_controller::lock_reconciler::execute;
+use turnstile_controller::patch::apply_merge_patch;
+use turnstile_controller::writer::{PassWrite, PassWrites, Target, Write};
+use turnstile_lock::{Backend, MemoryBackend};
+
+pub const NS: &str = "team-a";
+pub const LOCK: &str = "db";
+/// A change takes effect in one pass; the next pass confirms there is nothing left to do.
+pub const MAX_PASSES_TO_SETTLE: usize = 2;
+
+/// A simulated API server holding one lock and its claims, a real memory backend, and a
+/// clock shared by both (tokio's paused clock drives the backend's leases).
+pub struct Sim {
+    pub backend: Arc<dyn Backend>,
+    pub lock: DistributedLock,
+    pub claims: BTreeMap<String, LockClaim>,
+    pub start: Timestamp,
+    pub elapsed: Duration,
+    pub next_uid: u64,
+    /// API writes (status patches and finalizer changes) so far.
+    pub writes: usize,
+    /// Events so far, as (subject, reason).
+    pub events: Vec<(String, &'static str)>,
+    /// Every grant announced so far, in order: (claim, token).
+    pub grants: Vec<(String, i64)>,
+    /// Sequence numbers for FIFO checks: when each claim was created / last granted.
+    pub seq: u64,
+    pub created_seq: BTreeMap<String, u64>,
+    pub granted_seq: BTreeMap<String, u64>,
+    /// Phases once terminal.
+    pub terminal: BTreeMap<String, ClaimPhase>,
+    /// The state of each owned claim's Pod (what the shell would look up).
+    pub owners: BTreeMap<String, OwnerState>,
+    /// When the last settled pass asked to be woken up.
+    pub requeue_after: Duration,
+    /// Every grant's `acquiredAt` and every involuntary end's `releasedAt` (expiry, maximum
+    /// hold, owner gone), in whole seconds: for the lock-delay check.
+    pub grant_times: Vec<i64>,
+    /// With the number of grants made before each end: only later grants are checked.
+    pub involuntary_ends: Vec<(i64, usize)>,
+    /// How many held the lock when `maxHolders` was last lowered below that.
+    pub held_when_lowered: usize,
+}
+
+impl Sim {
+    pub fn new(max_holders: i32, lease: i64) -> Self {
+        let mut lock = DistributedLock::new(
+            LOCK,
+            DistributedLockSpec {
+                backend: Some(BackendKind::Memory),
+                lease_duration_seconds: lease,
+                max_holders,
+                key: None,
+                max_hold_seconds: None,
+                lock_delay_seconds: None,
+            },
+        );
+        lock.metadata.namespace = Some(NS.to_owned());
+        lock.metadata.uid = Some("lock-uid".to_owned());
+        lock.metadata.generation = Some(1);
+        Self {
+            backend: Arc::new(MemoryBackend::new()),
+            lock,
+            claims: BTreeMap::new(),
+            start: "2030-01-01T00:00:00Z".parse().expect("timestamp"),
+            elapsed: Duration::ZERO,
+            next_uid: 0,
+            writes: 0,
+            events: Vec::new(),
+            grants: Vec::new(),
+            seq: 0,
+            created_seq: BTreeMap::new(),
+            granted_seq: BTreeMap::new(),
+            terminal: BTreeMap::new(),
+            owners: BTreeMap::new(),
+            requeue_after: Duration::from_secs(300),
+            grant_times: Vec::new(),
+            involuntary_ends: Vec::new(),
+            held_when_lowered: 0,
+        }
+    }
+
+    pub fn now(&self) -> Timestamp {
+        self.start + self.elapsed
+    }
+
+    pub fn now_time(&self) -> Time {
+        Time(self.now())
+    }
+
+    /// Lets `by` pass with the controller running: it wakes up whenever its last pass asked
+    /// to (`requeue_after`), as the runtime would, and settles each time.
+    pub async fn advance(&mut self, by: Duration) {
+        let mut left = by;
+        while !left.is_zero() {
+            let step = left.min(self.requeue_after);
+            self.advance_while_down(step).await;
+            left -= step;
+            self.settle().await;
+        }
+    }
+
+    /// Lets `by` pass without any reconcile (the controller is down).
+    pub async fn advance_while_down(&mut self, by: Duration) {
+        self.elapsed += by;
+        tokio::time::advance(by).await;
+    }
+
+    pub fn create(&mut self, name: &str, spec: LockClaimSpec) {
+        if self.claims.contains_key(name) {
+            return;
+        }
+        // A new object under an old name.
+        self.terminal.remove(name);
+        self.owners.remove(name);
+        self.granted_seq.remove(name);
+        self.next_uid += 1;
+        self.seq += 1;
+        let mut claim = LockClaim::new(name, spec);
+        claim.metadata = ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(NS.to_owned()),
+            uid: Some(format!("uid-{}", self.next_uid)),
+            generation: Some(1),
+            creation_timestamp: Some(self.now_time()),
+            ..ObjectMeta::default()
+        };
+        self.created_seq.insert(name.to_owned(), self.seq);
+        self.claims.insert(name.to_owned(), claim);
+    }
+
+    /// Creates a claim owned by a running Pod of the same name.
+    pub fn create_owned(&mut self, name: &str, spec: LockClaimSpec) {
+        if self.claims.contains_key(name) {
+            return;
+        }
+        self.create(name, spec);
+        let claim = self.claims.get_mut(name).expect("created");
+        claim.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "v1".to_owned(),
+            kind: "Pod".to_owned(),
+            name: format!("pod-{name}"),
+            uid: format!("pod-uid-{name}"),
+            controller: Some(true),
+            ..OwnerReference::default()
+        }]);
+        self.owners.insert(name.to_owned(), OwnerState::Alive);
+    }
+
+    pub fn set_owner(&mut self, name: &str, state: OwnerState) {
+        if let Some(owner) = self.owners.get_mut(name) {
+            *owner = state;
+        }
+    }
+
+    pub fn claim_spec(lease: Option<i64>, timeout: Option<i64>) -> LockClaimSpec {
+        LockClaimSpec {
+            lock_name: LOCK.to_owned(),
+            holder_identity: None,
+            lease_duration_seconds: lease,
+            acquire_timeout_seconds: timeout,
+            renew_time: None,
+            release: None,
+            priority: None,
+        }
+    }
+
+    pub fn edit_spec(&mut self, name: &str, edit: impl FnOnce(&mut LockClaimSpec)) {
+        if let Some(claim) = self.claims.get_mut(name) {
+            let before = claim.spec.clone();
+            edit(&mut claim.spec);
+            if claim.spec != before {
+                claim.metadata.generation = claim.metadata.generation.map(|g| g + 1);
+            }
+        }
+    }
+
+    pub fn renew(&mut self, name: &str) {
+        let now = self.now_time();
+        self.edit_spec(name, |spec| spec.renew_time = Some(now));
+    }
+
+    pub fn release(&mut self, name: &str) {
+        self.edit_spec(name, |spec| spec.release = Some(true));
+    }
+
+    pub fn delete(&mut self, name: &str) {
+        let now = self.now_time();
+        let Some(claim) = self.claims.get_mut(name) else {
+            return;
+        };
+        if claim.metadata.finalizers.as_ref().is_none_or(Vec::is_empty) {
+            self.claims.remove(name);
+        } else {
+            claim.metadata.deletion_timestamp.get_or_insert(now);
+        }
+    }
+
+    /// Changes the lock's `maxHolders` live (a lowered limit revokes nobody).
+    pub fn set_max_holders(&mut self, max_holders: i32) {
+        let held = self
+            .claims
+            .values()
+            .filter(|c| c.status.as_ref().and_then(|s| s.phase) == Some(ClaimPhase::Held))
+            .count();
+        if held > usize::try_from(max_holders).expect("positive") {
+            self.held_when_lowered = self.held_when_lowered.max(held);
+        }
+        self.lock.spec.max_holders = max_holders;
+        self.lock.metadata.generation = self.lock.metadata.generation.map(|g| g + 1);
+    }
+
+    pub fn restart_backend(&mut self) {
+        self.backend = Arc::new(MemoryBackend::new());
+    }
+
+    pub fn phase(&self, name: &str) -> Option<ClaimPhase> {
+        self.claims
+            .get(name)
+            .and_then(|c| c.status.as_ref())
+            .and_then(|s| s.phase)
+    }
+
+    pub fn token(&self, name: &str) -> Option<i64> {
+        self.claims[name].status.as_ref()?.fencing_token
+    }
+
+    pub fn position(&self, name: &str) -> Option<i32> {
+        self.claims[name].status.as_ref()?.position
+    }
+
+    pub fn input(&self, backend: BackendView) -> LockInput {
+        LockInput {
+            lock: LockView::from_resource(&self.lock),
+            claims: self
+                .claims
+                .iter()
+                .map(|(name, claim)| {
+                    let mut view = ClaimView::from_resource(claim).expect("complete claim");
+                    if let Some(state) = self.owners.get(name) {
+                        view.owner_state = *state;
+                    }
+                    view
+                })
+                .collect(),
+            now: self.now(),
+            backend,
+        }
+    }
+
+    /// One reconcile pass, as the shell performs it. Returns the plan's op count and the
+    /// decision.
+    pub async fn pass(&mut self) -> (usize, Decision) {
+        let key = LockView::from_resource(&self.lock).backend_key();
+        let snapshot = self.backend.snapshot(&key).await.expect("snapshot");
+        let input = self.input(BackendView::Ready {
+            backend: BackendKind::Memory,
+            snapshot,
+        });
+        let planned = plan(&input);
+        // The shell's own write decisions, applied as the API server applies merge patches.
+        let mut writes = PassWrites::new(self.claims.values());
+        for write in writes.add_finalizers(&planned.finalizers_to_add) {
+            self.apply_to_claim(&write);
+        }
+        let max_holders = input.lock.max_holders();
+        let outcomes = execute(self.backend.as_ref(), &key, max_holders, &planned.ops).await;
+        let decision = fold(&input, &planned, &outcomes);
+        let statuses: BTreeMap<String, Option<LockClaimStatus>> = self
+            .claims
+            .iter()
+            .map(|(name, claim)| (name.clone(), claim.status.clone()))
+            .collect();
+        let pass_writes = writes
+            .decision(
+                &self.lock,
+                |name| statuses.get(name).and_then(Option::as_ref),
+                &decision,
+            )
+            .expect("serializable statuses");
+        for PassWrite { target, write } in &pass_writes {
+            match target {
+                Target::Claim => self.apply_to_claim(write),
+                Target::Lock => {
+                    self.lock = patched(&self.lock, write);
+                    self.writes += 1;
+                }
+            }
+        }
+        for event in &decision.events {
+            let subject = match &event.subject {
+                EventSubject::Lock => format!("lock/{LOCK}"),
+                EventSubject::Claim(name) => name.clone(),
+            };
+            self.events.push((subject, event.reason));
+        }
+        (planned.ops.len(), decision)
+    }
+
+    /// Applies one of the shell's claim writes as the API server would: a merge patch, then
+    /// the deletion of a deleted claim whose last finalizer went.
+    pub fn apply_to_claim(&mut self, write: &Write) {
+        let is_held = |claim: &LockClaim| {
+            claim.status.as_ref().and_then(|s| s.phase) == Some(ClaimPhase::Held)
+        };
+        let others_held = self
+            .claims
+            .iter()
+            .filter(|(name, claim)| **name != write.name && is_held(claim))
+            .count();
+        let before = self.claims.get(&write.name).expect("claim");
+        let was_held = is_held(before);
+        let claim = patched(before, write);
+        self.writes += 1;
+        let status = claim.status.clone().unwrap_or_default();
+        let now_held = is_held(&claim);
+        if now_held && !was_held {
+            // Grants go only to free slots (claims leaving Held are written first).
+            let max = usize::try_from(self.lock.spec.max_holders).expect("positive");
+            assert!(
+                others_held < max,
+                "granted with {others_held} holding, maxHolders {max}"
+            );
+            self.seq += 1;
+            self.granted_seq.insert(write.name.clone(), self.seq);
+            let token = status.fencing_token.expect("token");
+            self.grants.push((write.name.clone(), token));
+            let acquired = status.acquired_at.as_ref().expect("acquiredAt");
+            self.grant_times.push(acquired.0.as_second());
+        }
+        let involuntary = ["LeaseExpired", "MaxHoldExceeded", "OwnerGone"];
+        if was_held
+            && !now_held
+            && status
+                .reason
+                .as_deref()
+                .is_some_and(|reason| involuntary.contains(&reason))
+        {
+            let ended = status.released_at.as_ref().expect("releasedAt");
+            self.involuntary_ends
+                .push((ended.0.as_second(), self.grant_times.len()));
+        }
+        if claim.metadata.deletion_timestamp.is_some()
+            && claim.metadata.finalizers.as_ref().is_none_or(Vec::is_empty)
+        {
+            self.claims.remove(&write.name);
+        } else {
+            self.claims.insert(write.name.clone(), claim);
+        }
+    }
+
+    /// Passes until one changes nothing; asserts the idle pass plans no backend calls and
+    /// writes nothing, and checks the invariants.
+    pub async fn settle(&mut self) {
+        for _ in 0..MAX_PASSES_TO_SETTLE {
+            let (ops, decision) = self.pass().await;
+            if ops == 0 && !decision.writes_anything() {
+                assert!(
+                    decision.requeue_after > Duration::ZERO,
+                    "an idle pass asks to run again at once"
+                );
+                self.requeue_after = decision.requeue_after;
+                self.check_invariants().await;
+                return;
+            }
+        }
+        panic!(
+            "no fixed point after {MAX_PASSES_TO_SETTLE} passes: {:#?}",
+            self.claims
+        );
+    }
+
+    pub async fn check_invariants(&mut self) {
+        let max = usize::try_from(self.lock.spec.max_holders).expect("positive");
+        let held: Vec<&LockClaim> = self
+            .claims
+            .values()
+            .filter(|c| c.status.as_ref().and_then(|s| s.phase) == Some(ClaimPhase::Held))
+            .collect();
+        // A lowered maxHolders revokes nobody: more may hold until enough have let go.
+        assert!(
+            held.len() <= max.max(self.held_when_lowered),
+            "{} held > maxHolders {max}",
+            held.len()
+        );
+        if held.len() <= max {
+            self.held_when_lowered = 0;
+        }
+
+        // Terminal phases are final.
+        for (name, claim) in &self.claims {
+            let phase = claim.status.as_ref().and_then(|s| s.phase);
+            if let Some(terminal) = self.terminal.get(name) {
+                assert_eq!(
+                    phase,
+                    Some(*terminal),
+                    "terminal claim {name} changed phase"
+                );
+            } else if let Some(phase) = phase.filter(|p| p.is_terminal()) {
+                self.terminal.insert(name.clone(), phase);
+            }
+        }
+
+        // A claim whose owner runs never loses its lease (only the maximum hold ends it).
+        for (name, state) in &self.owners {
+            let max_hold = self.claims.get(name).is_some_and(|claim| {
+                claim.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("MaxHoldExceeded")
+            });
+            if *state == OwnerState::Alive && self.claims.contains_key(name) && !max_hold {
+                assert_ne!(
+                    self.phase(name),
+                    Some(ClaimPhase::Expired),
+                    "{name} expired although its owner runs"
+                );
+            }
+        }
+
+        // maxHoldSeconds: no claim is held past its hard deadline.
+        if let Some(max_hold) = self.lock.spec.max_hold_seconds {
+            let now = self.now().as_second();
+            for claim in &held {
+                let status = claim.status.as_ref().expect("status");
+                let acquired = status
+                    .acquired_at
+                    .as_ref()
+                    .expect("acquiredAt")
+                    .0
+                    .as_second();
+                assert!(
+                    now < acquired + max_hold,
+                    "held since {acquired}, past maxHoldSeconds {max_hold} at {now}"
+                );
+                let expires = status.expires_at.as_ref().expect("expiresAt").0.as_second();
+                assert!(expires <= acquired + max_hold, "lease beyond the max hold");
+            }
+        }
+        // lockDelaySeconds: no grant within the delay after an involuntary end.
+        let delay = self.lock.spec.lock_delay_seconds.unwrap_or(0);
+        for &(ended, grants_before) in &self.involuntary_ends {
+            for &granted in &self.grant_times[grants_before..] {
+                assert!(
+                    !(ended <= granted && granted < ended + delay),
+                    "granted at {granted}, within the lock-delay of an end at {ended}"
+                );
+            }
+        }
+
+        // Announced tokens strictly increase.
+        for pair in self.grants.windows(2) {
+            assert!(
+                pair[1].1 > pair[0].1,
+                "token of {} ({}) not above {} ({})",
+                pair[1].0,
+                pair[1].1,
+                pair[0].0,
+                pair[0].1
+            );
+        }
+
+        // FIFO: no queued claim that existed when a holder was granted is ahead of it. The
+        // order is the API's: whole seconds of creation (all it stores), then name.
+        let order = |c: &LockClaim| {
+            (
+                std::cmp::Reverse(c.spec.priority.unwrap_or(0)),
+                c.metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| t.0.as_second()),
+                c.metadata.name.clone(),
+            )
+        };
+        let mut queued: Vec<&LockClaim> = self
+            .claims
+            .values()
+            .filter(|c| c.status.as_ref().and_then(|s| s.position).is_some())
+            .collect();
+        queued.sort_by_key(|c| order(c));
+        for holder in &held {
+            let holder_name = holder.metadata.name.clone().expect("name");
+            for waiting in &queued {
+                let waiting_name = waiting.metadata.name.clone().expect("name");
+                let existed = self.created_seq[&waiting_name] < self.granted_seq[&holder_name];
+                assert!(
+                    !(existed && order(waiting) < order(holder)),
+                    "{waiting_name} waits although it is ahead of holder {holder_name}"
+                );
+            }
+        }
+        // Positions are exact at the head of the queue; behind it a shown position may lag,
+        // but only ever as an upper bound (waiters only move forward).
+        for (index, claim) in queued.iter().enumerate() {
+            let exact = i32::try_from(index + 1).expect("small queue");
+            let shown = claim
+                .status
+                .as_ref()
+                .and_then(|s| s.position)
+                .expect("queued");
+            if exact <= EXACT_POSITIONS {
+                assert_eq!(shown, exact, "head of the queue");
+            } else {
+                assert!(shown >= exact, "position {shown} shown for place {exact}");
+            }
+        }
+        // With a free slot nobody waits, unless a lock-delay runs.
+        let delayed = self
+            .lock
+            .status
+            .as_ref()
+            .and_then(|s| s.locked_until.as_ref())
+            .is_some_and(|until| until.0.as_second() > self.now().as_second());
+        if held.len() < max && !delayed {
+            assert!(queued.is_empty(), "free slot but {} queued", queued.len());
+        }
+
+        // The backend agrees with the API about every holder and its token.
+        let key = LockView::from_resource(&self.lock).backend_key();
+        let snapshot = self.backend.snapshot(&key).await.expect("snapshot");
+        for holder in &held {
+            let uid = holder.metadata.uid.clone().expect("uid");
+            let token = holder.status.as_ref().and_then(|s| s.fencing_token);
+            let backend = snapshot.holders.iter().find(|h| h.owner == uid);
+            assert_eq!(
+                backend.map(|h| i64::try_from(h.fencing_token).expect("token")),
+                token,
+                "backend disagrees about {:?}",
+                holder.metadata.name
+            );
+        }
+        // The backend's counter is back at (or above) the high-water mark: the next grant
+        // gets a larger token even after the backend lost its state.
+        let high_water = self
+            .lock
+            .status
+            .as_ref()
+            .and_then(|s| s.fencing_token)
+            .unwrap_or(0);
+        assert!(
+            i64::try_from(snapshot.fencing_token).expect("token") >= high_water,
+            "backend counter {} below the high-water mark {high_water}",
+            snapshot.fencing_token
+        );
+        // The lock status lists exactly the holders, and its token is the high-water mark.
+        let status = self.lock.status.clone().unwrap_or_default();
+        let mut listed: Vec<String> = status.holders.iter().map(|h| h.claim.clone()).collect();
+        listed.sort();
+        let mut actual: Vec<String> = held
+            .iter()
+            .map(|c| c.metadata.name.clone().expect("name"))
+            .collect();
+        actual.sort();
+        assert_eq!(listed, actual);
+        assert_eq!(status.waiting, i32::try_from(queued.len()).expect("small"));
+        let max_token = self.grants.iter().map(|(_, t)| *t).max();
+        if let Some(max_token) = max_token {
+            assert!(status.fencing_token >= Some(max_token));
+        }
+    }
+}
+
+/// `object` with `write`'s merge patch applied, as the API server stores it.
+pub fn patched<K: serde::Serialize + serde::de::DeserializeOwned>(object: &K, write: &Write) -> K {
+    let mut json = serde_json::to_value(object).expect("serializable object");
+    apply_merge_patch(&mut json, &write.patch);
+    serde_json::from_value(json).expect("a patched object of the same kind")
+}
+
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime")
+}
