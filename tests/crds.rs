@@ -116,7 +116,7 @@ fn lock_printer_columns_follow_the_design() {
         column_names_and_types(&crd),
         pairs(&[
             ("Backend", "string"),
-            ("Holder", "string"),
+            ("Holders", "string"),
             ("Token", "integer"),
             ("Waiting", "integer"),
             ("Expires", "string"),

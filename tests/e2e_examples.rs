@@ -10,7 +10,9 @@
 //! - `gated-job.yaml`: the Job is un-suspended only once its claim is `Held` (a sampler counts
 //!   violations), carries the token, and a second gated Job stays suspended until the first
 //!   completes; a suspended Job without the annotation is left alone;
-//! - `lock.yaml` and `claims.yaml`: the queue of three.
+//! - `lock.yaml` and `claims.yaml`: the queue of three;
+//! - `priority-and-limits.yaml`: the priority claim is granted first, the maximum hold and
+//!   lock-delay are on the lock.
 //!
 //! The fake serves no RBAC kinds, so `Role`/`RoleBinding` documents are skipped, and kubectl's
 //! client-side validation is off (`--validate=false`: it cannot validate the `batch` group
@@ -237,6 +239,28 @@ async fn the_claims_example_queues_three_claims() {
         .await;
     let b = env.wait_phase("job-b", ClaimPhase::Held).await;
     assert!(token_of(&b) > token_of(&a));
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_priority_example_serves_the_hotfix_first() {
+    let Some(mut env) = Env::fake_only("the_priority_example_serves_the_hotfix_first").await else {
+        return;
+    };
+    env.start_default_controller();
+    let scratch = Scratch::new(&env);
+    scratch
+        .apply(&env, &documents(&example("priority-and-limits.yaml")))
+        .await;
+    env.wait_phase("hotfix", ClaimPhase::Held).await;
+    env.wait_claim("nightly", |c| position_of(c) == Some(1))
+        .await;
+    env.wait_claim("weekly", |c| position_of(c) == Some(2))
+        .await;
+    let lock = env.kubectl(&["get", "distributedlock", "deploys", "-o", "json"]);
+    let lock: serde_json::Value = serde_json::from_str(&lock).expect("lock JSON");
+    assert_eq!(lock["spec"]["maxHoldSeconds"], 1800);
+    assert_eq!(lock["spec"]["lockDelaySeconds"], 15);
     env.stop_controller().await;
 }
 

@@ -89,7 +89,7 @@ async fn apply_get_locks_and_wait_for_the_next_holder() {
     let lock_header = header_with(&output, "BACKEND");
     assert_eq!(
         columns(lock_header),
-        ["NAME", "BACKEND", "HOLDER", "TOKEN", "WAITING", "EXPIRES", "AGE"]
+        ["NAME", "BACKEND", "HOLDERS", "TOKEN", "WAITING", "EXPIRES", "AGE"]
     );
     let claim_header = header_with(&output, "PHASE");
     assert_eq!(

@@ -72,6 +72,15 @@ async fn a_lowered_limit_revokes_nobody_and_stops_grants() {
     env.wait_phase("a", ClaimPhase::Held).await;
     env.wait_phase("b", ClaimPhase::Held).await;
     env.wait_claim("c", |c| position_of(c) == Some(1)).await;
+    // `kubectl get locks` names every holder of a semaphore, not only the first.
+    env.wait_lock("pool", |lock| {
+        lock.status
+            .as_ref()
+            .is_some_and(|s| s.holder_summary.as_deref() == Some("a, b"))
+    })
+    .await;
+    let table = env.kubectl(&["get", "distributedlock", "pool"]);
+    assert!(table.contains("a, b"), "{table}");
 
     env.apply_lock("pool", "maxHolders: 1\nleaseDurationSeconds: 300");
     env.delete_claim("a").await;

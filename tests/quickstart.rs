@@ -373,7 +373,7 @@ fn playground_ends_on_a_held_lock_and_stops_by_pid() {
     let lock = table_row(last_table, "distributedlock.turnstile.dev/db-migrations")
         .unwrap_or_else(|| panic!("no db-migrations row:\n{last_table}"));
     assert_eq!(cell(&lock, "BACKEND"), "memory", "{last_table}");
-    assert_eq!(cell(&lock, "HOLDER"), "job-a", "{last_table}");
+    assert_eq!(cell(&lock, "HOLDERS"), "job-a", "{last_table}");
     assert_eq!(cell(&lock, "TOKEN"), "1", "{last_table}");
     assert_eq!(cell(&lock, "WAITING"), "2", "{last_table}");
     let claim = table_row(last_table, "lockclaim.turnstile.dev/job-a")

@@ -12,7 +12,8 @@ pub mod vocabulary;
 pub use claim::{ClaimPhase, LockClaim, LockClaimSpec, LockClaimStatus};
 pub use crds::{crd_yaml, crds, crds_yaml, CrdRenderError};
 pub use lock::{
-    BackendKind, DistributedLock, DistributedLockSpec, DistributedLockStatus, LockHolder,
+    holder_summary, BackendKind, DistributedLock, DistributedLockSpec, DistributedLockStatus,
+    LockHolder, HOLDER_SUMMARY_NAMES,
 };
 pub use vocabulary::{
     event_reasons, job_event_reasons, object_event_reasons, reasons,

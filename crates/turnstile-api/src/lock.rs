@@ -34,10 +34,10 @@ use crate::vocabulary::{
         description = "The backend holding the lock (empty: the controller's default)"
     ),
     printcolumn(
-        name = "Holder",
+        name = "Holders",
         type_ = "string",
-        json_path = ".status.holders[0].holderIdentity",
-        description = "The (first) current holder"
+        json_path = ".status.holderSummary",
+        description = "Every current holder (a semaphore's too), in grant order"
     ),
     printcolumn(
         name = "Token",
@@ -61,7 +61,8 @@ use crate::vocabulary::{
         name = "Delayed-Until",
         type_ = "string",
         json_path = ".status.lockedUntil",
-        description = "No grant before this time: the lock-delay after a grant ended involuntarily"
+        description = "No grant before this time: the lock-delay after a grant ended involuntarily",
+        priority = 1
     ),
     printcolumn(
         name = "Age",
@@ -164,6 +165,11 @@ pub struct DistributedLockStatus {
     /// One entry per granted claim, in grant order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub holders: Vec<LockHolder>,
+    /// Every current holder's identity in grant order, comma-separated (the first
+    /// [`HOLDER_SUMMARY_NAMES`] and a count of the rest): a printer column shows one field
+    /// only, and a semaphore has many holders.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder_summary: Option<String>,
     /// Claims queued behind the holders.
     #[serde(default)]
     pub waiting: i32,
@@ -176,6 +182,30 @@ pub struct DistributedLockStatus {
     /// The end of the last lock-delay (`spec.lockDelaySeconds`): no grant is made before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub locked_until: Option<Time>,
+}
+
+/// How many holder identities [`DistributedLockStatus::holder_summary`] names before it
+/// counts the rest (`a, b, c, d, e (+95 more)`), so a wide semaphore's status stays small.
+pub const HOLDER_SUMMARY_NAMES: usize = 5;
+
+/// The value of [`DistributedLockStatus::holder_summary`] for `holders` (in grant order).
+pub fn holder_summary(holders: &[LockHolder]) -> Option<String> {
+    if holders.is_empty() {
+        return None;
+    }
+    let mut summary = holders
+        .iter()
+        .take(HOLDER_SUMMARY_NAMES)
+        .map(|holder| holder.holder_identity.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if holders.len() > HOLDER_SUMMARY_NAMES {
+        summary.push_str(&format!(
+            " (+{} more)",
+            holders.len() - HOLDER_SUMMARY_NAMES
+        ));
+    }
+    Some(summary)
 }
 
 /// One current grant of a lock.
@@ -194,4 +224,31 @@ pub struct LockHolder {
     /// When the grant lapses unless renewed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<Time>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder(identity: &str) -> LockHolder {
+        LockHolder {
+            claim: identity.to_owned(),
+            holder_identity: identity.to_owned(),
+            fencing_token: 1,
+            acquired_at: None,
+            expires_at: None,
+        }
+    }
+
+    #[test]
+    fn the_holder_summary_names_a_few_and_counts_the_rest() {
+        assert_eq!(holder_summary(&[]), None);
+        let two = [holder("a"), holder("b")];
+        assert_eq!(holder_summary(&two).as_deref(), Some("a, b"));
+        let many: Vec<LockHolder> = (0..8).map(|i| holder(&format!("h{i}"))).collect();
+        assert_eq!(
+            holder_summary(&many).as_deref(),
+            Some("h0, h1, h2, h3, h4 (+3 more)")
+        );
+    }
 }

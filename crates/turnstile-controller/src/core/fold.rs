@@ -797,6 +797,7 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
         }
         let new_status = DistributedLockStatus {
             observed_generation: input.lock.generation,
+            holder_summary: turnstile_api::holder_summary(&holders),
             holders,
             waiting,
             fencing_token,
