@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
+use std::time::Duration;
 
 /// One request as the server saw it, with its Kubernetes request attributes
 /// (what RBAC would authorise).
@@ -47,10 +48,20 @@ struct Fault {
     status: u16,
 }
 
+/// A delay to inject: the next `remaining` requests (reads and writes) whose path starts
+/// with `path_prefix` are answered `delay` late.
+#[derive(Debug, Clone)]
+struct Delay {
+    path_prefix: String,
+    remaining: usize,
+    delay: Duration,
+}
+
 /// The hooks' shared state.
 #[derive(Debug, Default)]
 pub(crate) struct Hooks {
     faults: Mutex<Vec<Fault>>,
+    delays: Mutex<Vec<Delay>>,
     log: Mutex<Vec<RecordedRequest>>,
 }
 
@@ -78,6 +89,27 @@ impl Hooks {
         let status = fault.status;
         faults.retain(|f| f.remaining > 0);
         Some(status)
+    }
+
+    /// Arms a delay.
+    pub(crate) fn inject_delay(&self, path_prefix: &str, count: usize, delay: Duration) {
+        lock(&self.delays).push(Delay {
+            path_prefix: path_prefix.to_string(),
+            remaining: count,
+            delay,
+        });
+    }
+
+    /// Consumes one delay matching `path`, returning how long to wait before answering.
+    pub(crate) fn take_delay(&self, path: &str) -> Option<Duration> {
+        let mut delays = lock(&self.delays);
+        let armed = delays
+            .iter_mut()
+            .find(|d| d.remaining > 0 && path.starts_with(&d.path_prefix))?;
+        armed.remaining -= 1;
+        let delay = armed.delay;
+        delays.retain(|d| d.remaining > 0);
+        Some(delay)
     }
 
     /// Records a request.
@@ -129,5 +161,19 @@ mod tests {
         assert_eq!(hooks.take_fault("/apis/x/v1/things"), Some(409));
         assert_eq!(hooks.take_fault("/apis/x/v1/things"), Some(409));
         assert_eq!(hooks.take_fault("/apis/x/v1/things"), None);
+    }
+
+    #[test]
+    fn delays_are_consumed_by_prefix_and_count() {
+        let hooks = Hooks::default();
+        hooks.inject_delay("/apis/x", 2, Duration::from_millis(300));
+        assert_eq!(hooks.take_delay("/api/v1/pods"), None);
+        for _ in 0..2 {
+            assert_eq!(
+                hooks.take_delay("/apis/x/v1/things"),
+                Some(Duration::from_millis(300))
+            );
+        }
+        assert_eq!(hooks.take_delay("/apis/x/v1/things"), None);
     }
 }
