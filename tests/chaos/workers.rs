@@ -156,13 +156,7 @@ impl Workload {
                 "spec": {"containers": [{"name": "job", "image": "busybox"}]}
             }))
             .expect("pod");
-            retry("create pod", already_exists, || async {
-                self.pods
-                    .create(&PostParams::default(), &pod)
-                    .await
-                    .map(|_| ())
-            })
-            .await?;
+            create(&self.pods, &pod).await?;
             let running = Patch::Merge(json!({"status": {"phase": "Running"}}));
             let params = PatchParams::default();
             let pod = retry("start pod", never, || {
@@ -181,13 +175,7 @@ impl Workload {
             claim["metadata"]["ownerReferences"] = owner;
         }
         let claim: LockClaim = serde_json::from_value(claim).expect("claim");
-        retry("create claim", already_exists, || async {
-            self.claims
-                .create(&PostParams::default(), &claim)
-                .await
-                .map(|_| ())
-        })
-        .await?;
+        create(&self.claims, &claim).await?;
         Some(name.to_owned())
     }
 
@@ -278,22 +266,32 @@ impl Workload {
     }
 
     async fn delete_claim(&self, claim: &str) {
-        retry("delete claim", not_found, || async {
-            self.claims
-                .delete(claim, &DeleteParams::default())
-                .await
-                .map(|_| ())
-        })
-        .await;
+        delete(&self.claims, claim).await;
     }
 
     async fn delete_pod(&self, pod: &str) {
-        retry("delete pod", not_found, || async {
-            self.pods
-                .delete(pod, &DeleteParams::default())
-                .await
-                .map(|_| ())
-        })
-        .await;
+        delete(&self.pods, pod).await;
     }
+}
+
+/// Deletes `name` (retrying; gone already is fine).
+async fn delete<K>(api: &Api<K>, name: &str)
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    retry("delete", not_found, || async {
+        api.delete(name, &DeleteParams::default()).await.map(|_| ())
+    })
+    .await;
+}
+
+/// Creates `object` (retrying; AlreadyExists after an attempt that got through is fine).
+async fn create<K>(api: &Api<K>, object: &K) -> Option<()>
+where
+    K: Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    retry("create", already_exists, || async {
+        api.create(&PostParams::default(), object).await.map(|_| ())
+    })
+    .await
 }
