@@ -102,7 +102,8 @@ struct ClaimFacts {
     released_at: Option<Millis>,
     ended_here: Option<Millis>,
     gone: Option<Millis>,
-    worker_saw_held: bool,
+    /// When the worker saw it `Held` (the grant was made before).
+    worker_saw_held: Option<Millis>,
 }
 
 impl ClaimFacts {
@@ -123,6 +124,7 @@ impl ClaimFacts {
     fn wait_end(&self) -> Option<Millis> {
         [
             self.acquired,
+            self.worker_saw_held,
             self.terminal_seen,
             self.ended_here,
             self.gone,
@@ -166,7 +168,11 @@ fn facts(entries: &[Entry]) -> BTreeMap<String, ClaimFacts> {
                 facts.created_here = Some(entry.at);
             }
             Event::SawHeld { claim, .. } => {
-                claims.entry(claim.clone()).or_default().worker_saw_held = true;
+                claims
+                    .entry(claim.clone())
+                    .or_default()
+                    .worker_saw_held
+                    .get_or_insert(entry.at);
             }
             Event::Ended { claim, .. } => {
                 claims
@@ -348,7 +354,18 @@ fn fifo(claims: &[(&String, &ClaimFacts)], found: &mut Found) {
             {
                 found.push((
                     Kind::FifoViolation,
-                    format!("{later} granted at {granted} while earlier {earlier} waited"),
+                    format!(
+                        "{later} granted at {granted} while earlier {earlier} waited \
+                         (created {:?}, created here {y_here}, acquired {:?}, seen Held by \
+                         its worker {:?}, terminal {:?} seen {:?}, ended {:?}, gone {:?})",
+                        y.created,
+                        y.acquired,
+                        y.worker_saw_held,
+                        y.terminal,
+                        y.terminal_seen,
+                        y.ended_here,
+                        y.gone
+                    ),
                 ));
             }
         }
@@ -357,7 +374,8 @@ fn fifo(claims: &[(&String, &ClaimFacts)], found: &mut Found) {
 
 fn never_served(claims: &[(&String, &ClaimFacts)], found: &mut Found) {
     for (name, facts) in claims {
-        let served = facts.acquired.is_some() || facts.worker_saw_held || facts.terminal.is_some();
+        let served =
+            facts.acquired.is_some() || facts.worker_saw_held.is_some() || facts.terminal.is_some();
         if facts.created_here.is_some() && !served {
             found.push((
                 Kind::NeverServed,

@@ -69,7 +69,7 @@ impl Targets<'_> {
     }
 
     fn log(&self, kind: &str, detail: String) {
-        println!("chaos fault: {kind}: {detail}");
+        println!("chaos fault at {}: {kind}: {detail}", super::history::now());
         self.history.record(Event::Fault {
             kind: kind.to_owned(),
             detail,
