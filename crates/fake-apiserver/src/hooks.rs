@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
+use std::time::Duration;
 
 /// One request as the server saw it, with its Kubernetes request attributes
 /// (what RBAC would authorise).
@@ -38,19 +39,41 @@ pub struct RecordedRequest {
     pub injected_fault: bool,
 }
 
-/// A fault to inject: the next `remaining` writes whose path starts with `path_prefix`
-/// answer `status`.
+/// Something armed for the next `remaining` requests whose path starts with `path_prefix`:
+/// a fault (the status to answer writes with) or a delay (how late to answer any request).
 #[derive(Debug, Clone)]
-struct Fault {
+struct Armed<T> {
     path_prefix: String,
     remaining: usize,
-    status: u16,
+    what: T,
+}
+
+/// Arms `what` for the next `count` requests under `path_prefix`.
+fn arm<T>(list: &Mutex<Vec<Armed<T>>>, path_prefix: &str, count: usize, what: T) {
+    lock(list).push(Armed {
+        path_prefix: path_prefix.to_string(),
+        remaining: count,
+        what,
+    });
+}
+
+/// Consumes one use of the first entry armed for `path`.
+fn take<T: Copy>(list: &Mutex<Vec<Armed<T>>>, path: &str) -> Option<T> {
+    let mut armed = lock(list);
+    let entry = armed
+        .iter_mut()
+        .find(|a| a.remaining > 0 && path.starts_with(&a.path_prefix))?;
+    entry.remaining -= 1;
+    let what = entry.what;
+    armed.retain(|a| a.remaining > 0);
+    Some(what)
 }
 
 /// The hooks' shared state.
 #[derive(Debug, Default)]
 pub(crate) struct Hooks {
-    faults: Mutex<Vec<Fault>>,
+    faults: Mutex<Vec<Armed<u16>>>,
+    delays: Mutex<Vec<Armed<Duration>>>,
     log: Mutex<Vec<RecordedRequest>>,
 }
 
@@ -59,25 +82,24 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Hooks {
-    /// Arms a fault.
+    /// Arms a fault: the next `count` writes under `path_prefix` answer `status`.
     pub(crate) fn inject(&self, path_prefix: &str, count: usize, status: u16) {
-        lock(&self.faults).push(Fault {
-            path_prefix: path_prefix.to_string(),
-            remaining: count,
-            status,
-        });
+        arm(&self.faults, path_prefix, count, status);
     }
 
     /// Consumes one fault matching `path`, returning the status to answer.
     pub(crate) fn take_fault(&self, path: &str) -> Option<u16> {
-        let mut faults = lock(&self.faults);
-        let fault = faults
-            .iter_mut()
-            .find(|f| f.remaining > 0 && path.starts_with(&f.path_prefix))?;
-        fault.remaining -= 1;
-        let status = fault.status;
-        faults.retain(|f| f.remaining > 0);
-        Some(status)
+        take(&self.faults, path)
+    }
+
+    /// Arms a delay: the next `count` requests under `path_prefix` are answered `delay` late.
+    pub(crate) fn inject_delay(&self, path_prefix: &str, count: usize, delay: Duration) {
+        arm(&self.delays, path_prefix, count, delay);
+    }
+
+    /// Consumes one delay matching `path`, returning how long to wait before answering.
+    pub(crate) fn take_delay(&self, path: &str) -> Option<Duration> {
+        take(&self.delays, path)
     }
 
     /// Records a request.
@@ -129,5 +151,19 @@ mod tests {
         assert_eq!(hooks.take_fault("/apis/x/v1/things"), Some(409));
         assert_eq!(hooks.take_fault("/apis/x/v1/things"), Some(409));
         assert_eq!(hooks.take_fault("/apis/x/v1/things"), None);
+    }
+
+    #[test]
+    fn delays_are_consumed_by_prefix_and_count() {
+        let hooks = Hooks::default();
+        hooks.inject_delay("/apis/x", 2, Duration::from_millis(300));
+        assert_eq!(hooks.take_delay("/api/v1/pods"), None);
+        for _ in 0..2 {
+            assert_eq!(
+                hooks.take_delay("/apis/x/v1/things"),
+                Some(Duration::from_millis(300))
+            );
+        }
+        assert_eq!(hooks.take_delay("/apis/x/v1/things"), None);
     }
 }

@@ -198,6 +198,9 @@ pub(crate) async fn handle(State(app): State<Arc<AppState>>, request: Request) -
         record.namespace = r.namespace.clone().unwrap_or_default();
         record.name = r.name.clone().unwrap_or_default();
     }
+    if let Some(delay) = app.hooks.take_delay(&path) {
+        tokio::time::sleep(delay).await;
+    }
     let is_write = matches!(
         method,
         Method::POST | Method::PUT | Method::PATCH | Method::DELETE
@@ -208,22 +211,34 @@ pub(crate) async fn handle(State(app): State<Arc<AppState>>, request: Request) -
     {
         Some(code) => {
             record.injected_fault = true;
-            let err = if code == 409 {
-                ApiError::conflict(
+            let err = match code {
+                409 => ApiError::conflict(
                     &record.api_group,
                     &record.resource,
                     &record.name,
                     ApiError::STALE,
-                )
-            } else {
-                ApiError {
+                ),
+                429 => ApiError {
+                    code,
+                    reason: "TooManyRequests",
+                    message: "Too many requests, please try again later (injected fault)".into(),
+                    details: None,
+                },
+                _ => ApiError {
                     code,
                     reason: "InternalError",
                     message: "Internal error occurred: injected fault".into(),
                     details: None,
-                }
+                },
             };
-            error_response(&err)
+            let mut response = error_response(&err);
+            if code == 429 {
+                // kube-apiserver's priority and fairness answers say when to come back.
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            response
         }
         None => match axum::body::to_bytes(body, MAX_BODY).await {
             Ok(bytes) => dispatch(&app, &method, &parts.headers, route, &query, bytes)

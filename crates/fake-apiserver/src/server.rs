@@ -210,9 +210,16 @@ impl FakeApiServer {
     }
 
     /// Makes the next `count` writes (POST, PUT, PATCH, DELETE) whose URL path starts with
-    /// `path_prefix` answer `status` (409 Conflict or 500 InternalError) without effect.
+    /// `path_prefix` answer `status` without effect: 409 Conflict, 429 TooManyRequests (with
+    /// `Retry-After: 1`, as priority and fairness answers), any other code InternalError.
     pub fn inject_faults(&self, path_prefix: &str, count: usize, status: u16) {
         self.state.hooks.inject(path_prefix, count, status);
+    }
+
+    /// Makes the next `count` requests (reads, watches and writes) whose URL path starts with
+    /// `path_prefix` wait `delay` before they are served: a slow or overloaded API server.
+    pub fn inject_delays(&self, path_prefix: &str, count: usize, delay: std::time::Duration) {
+        self.state.hooks.inject_delay(path_prefix, count, delay);
     }
 
     /// Stores `object` as it is, bypassing admission, the schema and every other check, and

@@ -60,6 +60,8 @@ pub mod event_reasons {
     pub const LOCK_LOST: &str = "LockLost";
     /// Never granted (timeout, invalid spec).
     pub const FAILED: &str = "Failed";
+    /// Waiting for a lock that does not exist (a Warning, once per wait).
+    pub const LOCK_NOT_FOUND: &str = "LockNotFound";
 }
 
 /// Event reasons on objects the controller cannot read.

@@ -331,11 +331,15 @@ fn orphan_claims_wait_with_a_reason_then_time_out() {
     assert_eq!(status.phase, Some(ClaimPhase::Pending));
     assert_eq!(status.reason.as_deref(), Some("LockNotFound"));
     assert!(decision.requeue_after <= Duration::from_secs(11));
+    let reasons: Vec<&str> = decision.events.iter().map(|e| e.reason).collect();
+    assert_eq!(reasons, ["LockNotFound"], "a Warning Event says so");
 
-    // Idempotent.
+    // Idempotent: no second status write, no second Event.
     sim.claims.get_mut("a").expect("a").status = Some(status);
     let view = ClaimView::from_resource(&sim.claims["a"]).expect("view");
-    assert!(decide_orphan(&view, sim.now()).status.is_none());
+    let again = decide_orphan(&view, sim.now());
+    assert!(again.status.is_none());
+    assert!(again.events.is_empty());
 
     let later = sim.now() + Duration::from_secs(11);
     let decision = decide_orphan(&view, later);

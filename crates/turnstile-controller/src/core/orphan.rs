@@ -114,6 +114,18 @@ pub fn decide_orphan(claim: &ClaimView, now: Timestamp) -> OrphanDecision {
                 reason: event_reasons::RELEASED,
                 note,
             }),
+            // A claim for a lock that does not exist (a typo, another namespace) says so
+            // where people look, once per wait.
+            ClaimPhase::Pending
+                if claim.status.reason.as_deref() != Some(reasons::LOCK_NOT_FOUND) =>
+            {
+                events.push(PlannedEvent {
+                    subject,
+                    severity: EventSeverity::Warning,
+                    reason: event_reasons::LOCK_NOT_FOUND,
+                    note,
+                })
+            }
             _ => {}
         }
     }

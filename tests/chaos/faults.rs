@@ -1,0 +1,189 @@
+//! The fault schedule: a seeded random sequence of faults, applied one at a time (each healed
+//! before the next is drawn), each logged and recorded in the history. The sequence of kinds
+//! and parameters depends only on the seed.
+
+use std::time::{Duration, Instant};
+
+use fake_apiserver::FakeApiServer;
+use kube::Client;
+use nix::sys::signal::Signal;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use test_servers::MongoServer;
+
+use super::history::{Event, History};
+use super::processes::{leader, Redis, Replica};
+
+/// How long the replicas need to elect a new leader after one was killed without releasing
+/// the Lease (the binary's 15 s leader lease, and a retry period).
+pub const LEADER_TAKEOVER: Duration = Duration::from_secs(17);
+
+/// What the faults act on.
+pub struct Targets<'a> {
+    pub fake: &'a FakeApiServer,
+    pub client: Client,
+    pub namespace: String,
+    pub replicas: Vec<Replica>,
+    pub redis: Redis,
+    pub mongo: Option<MongoServer>,
+    pub history: History,
+}
+
+/// The kinds of fault, by their names in the table.
+const KINDS: &[&str] = &[
+    "leader killed (SIGKILL) and restarted",
+    "leader stopped (SIGTERM) and restarted",
+    "standby killed and restarted",
+    "watches closed + 410 Gone on resume",
+    "injected 409 Conflict",
+    "injected 500 InternalError",
+    "injected 429 TooManyRequests",
+    "slow API responses",
+    "Redis restarted (data lost)",
+    "Redis FLUSHALL",
+    "Redis CLIENT PAUSE",
+    "Redis SIGSTOP then SIGCONT",
+    "MongoDB crashed and restarted",
+];
+
+fn blocking<T>(work: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(work)
+}
+
+impl Targets<'_> {
+    /// Draws and applies faults until `until`; every fault is healed when this returns.
+    pub async fn run_schedule(&mut self, seed: u64, until: Instant) {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0xfa17);
+        while Instant::now() < until {
+            let gap = rng.random_range(2_000..6_000);
+            tokio::time::sleep(Duration::from_millis(gap)).await;
+            if Instant::now() >= until {
+                break;
+            }
+            let mut kind = KINDS[rng.random_range(0..KINDS.len())];
+            if kind.starts_with("MongoDB") && self.mongo.is_none() {
+                kind = "Redis FLUSHALL";
+            }
+            self.apply(kind, &mut rng).await;
+        }
+    }
+
+    fn log(&self, kind: &str, detail: String) {
+        println!("chaos fault at {}: {kind}: {detail}", super::history::now());
+        self.history.record(Event::Fault {
+            kind: kind.to_owned(),
+            detail,
+        });
+    }
+
+    fn replica(&mut self, leading: bool, leader: Option<&str>) -> Option<&mut Replica> {
+        let leader = leader?;
+        self.replicas
+            .iter_mut()
+            .find(|replica| (replica.identity == leader) == leading)
+    }
+
+    async fn apply(&mut self, kind: &str, rng: &mut StdRng) {
+        let down = Duration::from_millis(rng.random_range(1_000..3_000));
+        let claims_path = format!(
+            "/apis/turnstile.dev/v1alpha1/namespaces/{}/",
+            self.namespace
+        );
+        match kind {
+            "leader killed (SIGKILL) and restarted"
+            | "leader stopped (SIGTERM) and restarted"
+            | "standby killed and restarted" => {
+                let current = leader(&self.client, &self.namespace).await;
+                let leading = !kind.starts_with("standby");
+                let signal = if kind.contains("SIGTERM") {
+                    Signal::SIGTERM
+                } else {
+                    Signal::SIGKILL
+                };
+                let Some(replica) = self.replica(leading, current.as_deref()) else {
+                    self.log(kind, "skipped: no leader yet".into());
+                    return;
+                };
+                let identity = replica.identity.clone();
+                self.log(kind, format!("{identity}, down {} ms", down.as_millis()));
+                let Some(replica) = self.replicas.iter_mut().find(|r| r.identity == identity)
+                else {
+                    return;
+                };
+                blocking(|| replica.stop(signal));
+                tokio::time::sleep(down).await;
+                replica.start();
+                if leading && signal == Signal::SIGKILL {
+                    // Let a leader be elected before anything else goes wrong.
+                    tokio::time::sleep(LEADER_TAKEOVER).await;
+                }
+            }
+            "watches closed + 410 Gone on resume" => {
+                self.fake.compact();
+                self.fake.close_watches();
+                self.log(kind, "every watch".into());
+            }
+            "injected 409 Conflict"
+            | "injected 500 InternalError"
+            | "injected 429 TooManyRequests" => {
+                let status = kind["injected ".len()..][..3].parse().expect("status");
+                let target = match rng.random_range(0..3) {
+                    0 => format!("{claims_path}lockclaims"),
+                    1 => format!("{claims_path}distributedlocks"),
+                    _ => claims_path.clone(),
+                };
+                let count = rng.random_range(2..8);
+                self.fake.inject_faults(&target, count, status);
+                self.log(kind, format!("next {count} writes under {target}"));
+            }
+            "slow API responses" => {
+                let delay = Duration::from_millis(rng.random_range(200..1_500));
+                let count = rng.random_range(5..30);
+                self.fake.inject_delays(&claims_path, count, delay);
+                self.log(
+                    kind,
+                    format!(
+                        "next {count} requests under {claims_path}, {} ms each",
+                        delay.as_millis()
+                    ),
+                );
+            }
+            "Redis restarted (data lost)" => {
+                blocking(|| self.redis.down());
+                tokio::time::sleep(down).await;
+                blocking(|| self.redis.up());
+                self.log(kind, format!("down {} ms", down.as_millis()));
+            }
+            "Redis FLUSHALL" => {
+                let answer = blocking(|| self.redis.cli(&["FLUSHALL"]));
+                self.log(kind, answer.trim().to_owned());
+            }
+            "Redis CLIENT PAUSE" => {
+                let ms = down.as_millis().to_string();
+                let answer = blocking(|| self.redis.cli(&["CLIENT", "PAUSE", &ms, "ALL"]));
+                tokio::time::sleep(down).await;
+                self.log(kind, format!("{ms} ms: {}", answer.trim()));
+            }
+            "Redis SIGSTOP then SIGCONT" => {
+                self.redis.signal(Signal::SIGSTOP);
+                tokio::time::sleep(down).await;
+                self.redis.signal(Signal::SIGCONT);
+                self.log(kind, format!("stopped {} ms", down.as_millis()));
+            }
+            "MongoDB crashed and restarted" => {
+                if let Some(mongo) = self.mongo.as_mut() {
+                    let result = blocking(|| mongo.crash_and_restart());
+                    self.log(kind, format!("{result:?}"));
+                }
+            }
+            other => unreachable!("unknown fault {other}"),
+        }
+    }
+
+    /// Stops every replica (SIGTERM) — the run is over.
+    pub fn stop_replicas(&mut self) {
+        for replica in &mut self.replicas {
+            blocking(|| replica.stop(Signal::SIGTERM));
+        }
+    }
+}
