@@ -3,9 +3,13 @@
 //!
 //! The index holds names only; the objects stay in the reflector's [`Store`]. It is fed the
 //! claim watch's events *before* the store is (see `runtime`), so a name the index returns may
-//! not be in the store yet (it is skipped: the store's own event wakes the lock again), but a
-//! claim in the store is always in the index. Names whose object has gone from the store are
-//! pruned when read, which also covers deletions a re-list never reports.
+//! not be in the store yet (it is skipped, never dropped: the store's own event wakes the lock
+//! again), but a claim in the store is always in the index. A re-list builds a new index next
+//! to the old one and swaps it in at its end, as the store does: so deletions the re-list never
+//! reports go, and a claim created during a watch outage — listed, but in the store only once
+//! the re-list ends — is not lost. (Pruning names missing from the store on read lost exactly
+//! those claims: their lock's passes never saw them again and later claims overtook them, as
+//! the chaos suite's FIFO check found.)
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
@@ -23,9 +27,57 @@ type LockKey = (String, String);
 type ClaimKey = (String, String);
 
 #[derive(Debug, Default)]
-struct Index {
+struct Names {
     by_lock: HashMap<LockKey, BTreeSet<String>>,
     by_owner: HashMap<String, BTreeSet<ClaimKey>>,
+}
+
+impl Names {
+    fn insert(&mut self, claim: &LockClaim) {
+        let (Some(namespace), name) = (claim.namespace(), claim.name_any()) else {
+            return;
+        };
+        if let Some(owner) = WorkloadOwner::of(claim.owner_references()) {
+            self.by_owner
+                .entry(owner.uid)
+                .or_default()
+                .insert((namespace.clone(), name.clone()));
+        }
+        // `spec.lockName` is immutable, so a claim never moves between locks.
+        self.by_lock
+            .entry((namespace, claim.spec.lock_name.clone()))
+            .or_default()
+            .insert(name);
+    }
+
+    fn remove(&mut self, claim: &LockClaim) {
+        let (Some(namespace), name) = (claim.namespace(), claim.name_any()) else {
+            return;
+        };
+        let key = (namespace.clone(), claim.spec.lock_name.clone());
+        if let Some(names) = self.by_lock.get_mut(&key) {
+            names.remove(&name);
+            if names.is_empty() {
+                self.by_lock.remove(&key);
+            }
+        }
+        if let Some(owner) = WorkloadOwner::of(claim.owner_references()) {
+            if let Some(claims) = self.by_owner.get_mut(&owner.uid) {
+                claims.remove(&(namespace, name));
+                if claims.is_empty() {
+                    self.by_owner.remove(&owner.uid);
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Index {
+    /// What the store holds (or is about to hold: events reach the index first).
+    current: Names,
+    /// During a re-list: what it has listed so far, swapped in when it ends.
+    relisting: Option<Names>,
 }
 
 /// Claim names by lock and by owner uid (see the module docs). Clones share one index.
@@ -40,52 +92,20 @@ impl ClaimIndex {
         Self::default()
     }
 
-    /// Records what a watch event says about claims (deletions are pruned on read too).
+    /// Records what a watch event says about claims.
     pub fn observe(&self, event: &watcher::Event<LockClaim>) {
+        let mut index = self.write();
         match event {
-            watcher::Event::Apply(claim) | watcher::Event::InitApply(claim) => self.insert(claim),
-            watcher::Event::Delete(claim) => self.remove(claim),
-            watcher::Event::Init | watcher::Event::InitDone => {}
-        }
-    }
-
-    fn insert(&self, claim: &LockClaim) {
-        let (Some(namespace), name) = (claim.namespace(), claim.name_any()) else {
-            return;
-        };
-        let mut index = self.write();
-        if let Some(owner) = WorkloadOwner::of(claim.owner_references()) {
-            index
-                .by_owner
-                .entry(owner.uid)
-                .or_default()
-                .insert((namespace.clone(), name.clone()));
-        }
-        // `spec.lockName` is immutable, so a claim never moves between locks.
-        index
-            .by_lock
-            .entry((namespace, claim.spec.lock_name.clone()))
-            .or_default()
-            .insert(name);
-    }
-
-    fn remove(&self, claim: &LockClaim) {
-        let (Some(namespace), name) = (claim.namespace(), claim.name_any()) else {
-            return;
-        };
-        let mut index = self.write();
-        let key = (namespace.clone(), claim.spec.lock_name.clone());
-        if let Some(names) = index.by_lock.get_mut(&key) {
-            names.remove(&name);
-            if names.is_empty() {
-                index.by_lock.remove(&key);
-            }
-        }
-        if let Some(owner) = WorkloadOwner::of(claim.owner_references()) {
-            if let Some(claims) = index.by_owner.get_mut(&owner.uid) {
-                claims.remove(&(namespace, name));
-                if claims.is_empty() {
-                    index.by_owner.remove(&owner.uid);
+            watcher::Event::Apply(claim) => index.current.insert(claim),
+            watcher::Event::Delete(claim) => index.current.remove(claim),
+            watcher::Event::Init => index.relisting = Some(Names::default()),
+            watcher::Event::InitApply(claim) => index
+                .relisting
+                .get_or_insert_with(Names::default)
+                .insert(claim),
+            watcher::Event::InitDone => {
+                if let Some(listed) = index.relisting.take() {
+                    index.current = listed;
                 }
             }
         }
@@ -99,33 +119,14 @@ impl ClaimIndex {
         name: &str,
     ) -> Vec<Arc<LockClaim>> {
         let key = (namespace.to_owned(), name.to_owned());
-        let names: Vec<String> = match self.read().by_lock.get(&key) {
+        let names: Vec<String> = match self.read().current.by_lock.get(&key) {
             Some(names) => names.iter().cloned().collect(),
             None => return Vec::new(),
         };
-        let mut found = Vec::with_capacity(names.len());
-        let mut gone = Vec::new();
-        for claim in names {
-            match store.get(&ObjectRef::new(&claim).within(namespace)) {
-                Some(object) => found.push(object),
-                None => gone.push(claim),
-            }
-        }
-        if !gone.is_empty() {
-            let mut index = self.write();
-            if let Some(names) = index.by_lock.get_mut(&key) {
-                for claim in &gone {
-                    // Only a name still absent is pruned: it may have arrived meanwhile.
-                    if store
-                        .get(&ObjectRef::new(claim).within(namespace))
-                        .is_none()
-                    {
-                        names.remove(claim);
-                    }
-                }
-            }
-        }
-        found
+        names
+            .iter()
+            .filter_map(|claim| store.get(&ObjectRef::new(claim).within(namespace)))
+            .collect()
     }
 
     /// The locks of the live (non-terminal) claims owned by the object `kind` with `uid` in
@@ -137,7 +138,7 @@ impl ClaimIndex {
         namespace: &str,
         uid: &str,
     ) -> Vec<ObjectRef<DistributedLock>> {
-        let claims: Vec<ClaimKey> = match self.read().by_owner.get(uid) {
+        let claims: Vec<ClaimKey> = match self.read().current.by_owner.get(uid) {
             Some(claims) => claims.iter().cloned().collect(),
             None => return Vec::new(),
         };
@@ -175,5 +176,59 @@ impl ClaimIndex {
         self.inner
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::runtime::reflector::store::Writer;
+
+    use super::*;
+    use turnstile_api::LockClaimSpec;
+
+    fn claim(name: &str) -> LockClaim {
+        let mut claim = LockClaim::new(name, LockClaimSpec::for_lock("db"));
+        claim.metadata.namespace = Some("ns".to_owned());
+        claim
+    }
+
+    fn names(index: &ClaimIndex, store: &Store<LockClaim>) -> Vec<String> {
+        index
+            .claims_of_lock(store, "ns", "db")
+            .iter()
+            .map(|claim| claim.name_any())
+            .collect()
+    }
+
+    /// The index is fed first, the store second, as in `runtime`.
+    fn feed(index: &ClaimIndex, writer: &mut Writer<LockClaim>, event: watcher::Event<LockClaim>) {
+        index.observe(&event);
+        writer.apply_watcher_event(&event);
+    }
+
+    #[test]
+    fn a_claim_created_during_a_watch_outage_survives_the_relist() {
+        let mut writer = Writer::default();
+        let store = writer.as_reader();
+        let index = ClaimIndex::new();
+        feed(&index, &mut writer, watcher::Event::Apply(claim("old")));
+        feed(
+            &index,
+            &mut writer,
+            watcher::Event::Apply(claim("deleted-meanwhile")),
+        );
+
+        // The re-list: the store keeps its old contents until InitDone.
+        feed(&index, &mut writer, watcher::Event::Init);
+        feed(&index, &mut writer, watcher::Event::InitApply(claim("old")));
+        feed(&index, &mut writer, watcher::Event::InitApply(claim("new")));
+        // A lock pass during the re-list sees the old contents, and forgets nothing.
+        assert_eq!(names(&index, &store), ["deleted-meanwhile", "old"]);
+        feed(&index, &mut writer, watcher::Event::InitDone);
+        assert_eq!(
+            names(&index, &store),
+            ["new", "old"],
+            "the re-list's view, whole"
+        );
     }
 }
