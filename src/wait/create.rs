@@ -98,6 +98,7 @@ pub fn claim_for_pod(name: &str, namespace: &str, lock: &str, pod: &PodIdentity)
             renew_time: None,
             release: None,
             priority: None,
+            mode: None,
         },
     );
     claim.metadata.namespace = Some(namespace.to_owned());

@@ -84,6 +84,7 @@ mod tests {
                 renew_time: None,
                 release: None,
                 priority: None,
+                mode: None,
             },
         );
         claim.status = status;

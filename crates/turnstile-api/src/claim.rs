@@ -37,6 +37,13 @@ use crate::vocabulary::{MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_LEASE_DURATION_SECONDS,
         description = "Pending, Held, Released, Expired or Failed"
     ),
     printcolumn(
+        name = "Mode",
+        type_ = "string",
+        json_path = ".spec.mode",
+        description = "Exclusive or Shared (omitted: Shared on a semaphore, Exclusive on a mutex)",
+        priority = 1
+    ),
+    printcolumn(
         name = "Holder",
         type_ = "string",
         json_path = ".status.holderIdentity",
@@ -95,6 +102,21 @@ pub struct LockClaimSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = -MAX_PRIORITY, max = MAX_PRIORITY))]
     pub priority: Option<i32>,
+    /// `Exclusive` holds alone; `Shared` holds together with other shared claims, up to the
+    /// lock's `maxHolders`. Omitted: `Shared` on a lock of several holders (a semaphore, as
+    /// ever) and `Exclusive` on a mutex, where the two are the same. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("mode is immutable"))]
+    pub mode: Option<ClaimMode>,
+}
+
+/// How a claim holds its lock (`spec.mode`).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash, schemars::JsonSchema)]
+pub enum ClaimMode {
+    /// Holds alone: granted only when nobody holds the lock.
+    Exclusive,
+    /// Holds together with other shared claims, up to `maxHolders`.
+    Shared,
 }
 
 impl LockClaimSpec {
@@ -108,6 +130,7 @@ impl LockClaimSpec {
             renew_time: None,
             release: None,
             priority: None,
+            mode: None,
         }
     }
 }

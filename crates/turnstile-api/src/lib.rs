@@ -9,7 +9,7 @@ mod crds;
 mod lock;
 pub mod vocabulary;
 
-pub use claim::{ClaimPhase, LockClaim, LockClaimSpec, LockClaimStatus};
+pub use claim::{ClaimMode, ClaimPhase, LockClaim, LockClaimSpec, LockClaimStatus};
 pub use crds::{crd_yaml, crds, crds_yaml, CrdRenderError};
 pub use lock::{
     holder_summary, BackendKind, DistributedLock, DistributedLockSpec, DistributedLockStatus,

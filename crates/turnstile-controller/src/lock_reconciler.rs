@@ -544,6 +544,7 @@ mod tests {
                 owner: owner.to_owned(),
                 ttl: Duration::from_secs(60),
                 purpose: AcquirePurpose::Grant,
+                shared: true,
             },
         }
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use sim::{paused_runtime, Sim};
-use turnstile_api::{ClaimPhase, LockClaimSpec};
+use turnstile_api::{ClaimMode, ClaimPhase, LockClaimSpec};
 use turnstile_controller::core::OwnerState;
 
 fn with_priority(priority: i32) -> LockClaimSpec {
@@ -185,6 +185,7 @@ enum Step {
         name: u8,
         priority: i32,
         owned: bool,
+        mode: Option<ClaimMode>,
     },
     Release(u8),
     Delete(u8),
@@ -195,8 +196,11 @@ enum Step {
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        4 => (0u8..8, -2i32..3, any::<bool>())
-            .prop_map(|(name, priority, owned)| Step::Create { name, priority, owned }),
+        4 => (0u8..8, -2i32..3, any::<bool>(), prop::option::of(prop_oneof![
+            Just(ClaimMode::Exclusive),
+            Just(ClaimMode::Shared),
+        ]))
+            .prop_map(|(name, priority, owned, mode)| Step::Create { name, priority, owned, mode }),
         2 => (0u8..8).prop_map(Step::Release),
         1 => (0u8..8).prop_map(Step::Delete),
         1 => (0u8..8).prop_map(Step::OwnerGone),
@@ -208,10 +212,11 @@ fn step() -> impl Strategy<Value = Step> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
-    /// Random workloads on a lock with a maximum hold and a lock-delay, with priorities and
-    /// live limit changes: after every step the invariants hold (never more holders than
-    /// allowed, priority-then-FIFO grants, strictly increasing tokens, no hold past the
-    /// maximum, no grant inside a lock-delay).
+    /// Random workloads on a lock with a maximum hold and a lock-delay, with priorities,
+    /// shared and exclusive claims and live limit changes: after every step the invariants
+    /// hold (never more holders than allowed, an exclusive holder alone, priority-then-FIFO
+    /// grants, strictly increasing tokens, no hold past the maximum, no grant inside a
+    /// lock-delay).
     #[test]
     fn semantics_hold_under_random_workloads(
         max_holders in 1i32..4,
@@ -226,8 +231,8 @@ proptest! {
             sim.lock.spec.lock_delay_seconds = lock_delay;
             for step in steps {
                 match step {
-                    Step::Create { name, priority, owned } => {
-                        let spec = with_priority(priority);
+                    Step::Create { name, priority, owned, mode } => {
+                        let spec = LockClaimSpec { mode, ..with_priority(priority) };
                         if owned {
                             sim.create_owned(&format!("c{name}"), spec);
                         } else {
@@ -244,4 +249,40 @@ proptest! {
             }
         });
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_exclusive_claim_holds_back_later_shared_ones() {
+    let mut sim = Sim::new(3, 30);
+    let mode = |mode| LockClaimSpec {
+        mode: Some(mode),
+        ..Sim::claim_spec(None, None)
+    };
+    sim.create("reader-1", mode(ClaimMode::Shared));
+    sim.create("reader-2", mode(ClaimMode::Shared));
+    sim.settle().await;
+    sim.advance(Duration::from_secs(1)).await;
+    sim.create("writer", mode(ClaimMode::Exclusive));
+    sim.advance(Duration::from_secs(1)).await;
+    sim.create("reader-3", mode(ClaimMode::Shared));
+    sim.settle().await;
+    assert_eq!(sim.phase("reader-1"), Some(ClaimPhase::Held));
+    assert_eq!(sim.phase("reader-2"), Some(ClaimPhase::Held));
+    // A slot is free, but the writer waits for the readers and reader-3 waits behind it.
+    assert_eq!(sim.position("writer"), Some(1));
+    assert_eq!(sim.position("reader-3"), Some(2));
+    sim.release("reader-1");
+    sim.settle().await;
+    assert_eq!(
+        sim.phase("writer"),
+        Some(ClaimPhase::Pending),
+        "reader-2 still holds"
+    );
+    sim.release("reader-2");
+    sim.settle().await;
+    assert_eq!(sim.phase("writer"), Some(ClaimPhase::Held), "alone");
+    assert_eq!(sim.phase("reader-3"), Some(ClaimPhase::Pending));
+    sim.release("writer");
+    sim.settle().await;
+    assert_eq!(sim.phase("reader-3"), Some(ClaimPhase::Held));
 }

@@ -9,9 +9,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use turnstile_api::{
-    BackendKind, ClaimPhase, DistributedLock, DistributedLockSpec, DistributedLockStatus,
-    LockClaim, LockClaimSpec, LockClaimStatus, FINALIZER, MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_HOLDERS,
-    MAX_HOLD_SECONDS, MAX_LEASE_DURATION_SECONDS, MAX_LOCK_DELAY_SECONDS, MAX_PRIORITY,
+    BackendKind, ClaimMode, ClaimPhase, DistributedLock, DistributedLockSpec,
+    DistributedLockStatus, LockClaim, LockClaimSpec, LockClaimStatus, FINALIZER,
+    MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_HOLDERS, MAX_HOLD_SECONDS, MAX_LEASE_DURATION_SECONDS,
+    MAX_LOCK_DELAY_SECONDS, MAX_PRIORITY,
 };
 use turnstile_lock::LockSnapshot;
 
@@ -331,6 +332,15 @@ impl ClaimView {
     /// The queue order: higher `priority` first, then `creationTimestamp`, then name.
     pub fn queue_order(&self) -> (std::cmp::Reverse<i32>, Seconds, &str) {
         (std::cmp::Reverse(self.priority()), self.created, &self.name)
+    }
+
+    /// Whether the claim holds together with other shared claims: `spec.mode`, and when it is
+    /// omitted, shared on a lock of several holders (a semaphore) and exclusive on a mutex.
+    pub fn shared(&self, lock: &LockView) -> bool {
+        match self.spec.mode {
+            Some(mode) => mode == ClaimMode::Shared,
+            None => lock.max_holders() > 1,
+        }
     }
 
     /// When a grant made at `acquired` must end under the lock's `maxHoldSeconds`.

@@ -25,6 +25,8 @@ pub enum BackendOp {
         ttl: Duration,
         /// A new grant, or re-attaching a grant the backend lost.
         purpose: AcquirePurpose,
+        /// Holds together with other shared holders (else alone).
+        shared: bool,
     },
     /// Extend `owner`'s lease to `ttl` from now.
     Extend {
@@ -369,8 +371,8 @@ fn mode_of(input: &LockInput) -> LockMode {
 struct Builder<'a> {
     input: &'a LockInput,
     releases: Vec<PlannedOp>,
-    /// `(recorded token, claim name, owner, ttl)` of grants to take back.
-    reattaches: Vec<(u64, String, String, Duration)>,
+    /// `(recorded token, claim name, owner, ttl, shared)` of grants to take back.
+    reattaches: Vec<(u64, String, String, Duration, bool)>,
     extends: Vec<PlannedOp>,
     grants: Vec<PlannedOp>,
 }
@@ -426,6 +428,7 @@ impl<'a> Builder<'a> {
                 owner: claim.uid.clone(),
                 ttl,
                 purpose: AcquirePurpose::Grant,
+                shared: claim.shared(&self.input.lock),
             },
         });
         OpRef::Grant(self.grants.len() - 1)
@@ -433,8 +436,13 @@ impl<'a> Builder<'a> {
 
     fn reattach(&mut self, claim: &ClaimView, ttl: Duration) -> OpRef {
         let token = claim.fencing_token().unwrap_or(0);
-        self.reattaches
-            .push((token, claim.name.clone(), claim.uid.clone(), ttl));
+        self.reattaches.push((
+            token,
+            claim.name.clone(),
+            claim.uid.clone(),
+            ttl,
+            claim.shared(&self.input.lock),
+        ));
         OpRef::Reattach
     }
 
@@ -448,7 +456,7 @@ impl<'a> Builder<'a> {
         let release_base = 0;
         self.reattaches.sort_by_key(|(token, ..)| *token);
         let mut reattach_at = std::collections::HashMap::new();
-        for (token, claim, owner, ttl) in self.reattaches {
+        for (token, claim, owner, ttl, shared) in self.reattaches {
             ops.push(PlannedOp {
                 claim: None,
                 op: BackendOp::RaiseFloor {
@@ -462,6 +470,7 @@ impl<'a> Builder<'a> {
                     owner,
                     ttl,
                     purpose: AcquirePurpose::Reattach,
+                    shared,
                 },
             });
         }
@@ -624,6 +633,7 @@ pub fn plan(input: &LockInput) -> Plan {
     let mut finalizers_to_add = Vec::new();
     let mut queue: Vec<usize> = Vec::new();
     let mut held = 0usize;
+    let mut held_exclusive = false;
 
     for &index in &order {
         let claim = &input.claims[index];
@@ -647,6 +657,7 @@ pub fn plan(input: &LockInput) -> Plan {
                 let draft = held_draft(&mut builder, &mode, claim, now);
                 if !matches!(draft, Draft::End { .. }) {
                     held += 1;
+                    held_exclusive |= !claim.shared(&input.lock);
                 }
                 draft
             } else if mode == LockMode::Deleting {
@@ -676,8 +687,12 @@ pub fn plan(input: &LockInput) -> Plan {
         if high_water > snapshot.map_or(0, |s| s.fencing_token) {
             floor = Some(high_water);
         }
-        let free = (input.lock.max_holders() as usize).saturating_sub(held);
-        for (position, &slot) in queue.iter().enumerate() {
+        // Admission walks the queue and stops at the first claim that does not fit: shared
+        // claims hold together up to maxHolders, an exclusive one alone, and a waiting
+        // exclusive claim keeps later shared ones from overtaking it.
+        let max = input.lock.max_holders() as usize;
+        let (mut holding, mut exclusive, mut blocked) = (held, held_exclusive, false);
+        for &slot in &queue {
             let claim = &input.claims[drafts[slot].0];
             let backend_token = snapshot.and_then(|snapshot| {
                 snapshot
@@ -686,7 +701,17 @@ pub fn plan(input: &LockInput) -> Plan {
                     .find(|holder| holder.owner == claim.uid)
                     .map(|holder| holder.fencing_token)
             });
-            if position < free {
+            let shared = claim.shared(&input.lock);
+            let fits = !blocked
+                && if shared {
+                    !exclusive && holding < max
+                } else {
+                    holding == 0
+                };
+            blocked |= !fits;
+            if fits {
+                holding += 1;
+                exclusive |= !shared;
                 // A grant the backend made in an earlier pass whose status write failed is
                 // re-used, unless a later grant was announced meanwhile: then it is taken
                 // again, so announced tokens keep increasing.

@@ -52,6 +52,7 @@ fn held_claim(expires: i64, renew: Option<i64>) -> ClaimView {
             renew_time: renew.map(time_at),
             release: None,
             priority: None,
+            mode: None,
         },
         status: LockClaimStatus {
             phase: Some(ClaimPhase::Held),
@@ -127,11 +128,13 @@ fn gate_stops_later_grants_after_a_refused_grant_only() {
         owner: "x".to_owned(),
         ttl: Duration::from_secs(1),
         purpose: AcquirePurpose::Grant,
+        shared: false,
     };
     let reattach = BackendOp::Acquire {
         owner: "y".to_owned(),
         ttl: Duration::from_secs(1),
         purpose: AcquirePurpose::Reattach,
+        shared: false,
     };
     gate.record(&reattach, &OpOutcome::Busy { retry_after: None });
     assert!(

@@ -182,6 +182,7 @@ impl Sim {
             renew_time: None,
             release: None,
             priority: None,
+            mode: None,
         }
     }
 
@@ -528,8 +529,38 @@ impl Sim {
             .as_ref()
             .and_then(|s| s.locked_until.as_ref())
             .is_some_and(|until| until.0.as_second() > self.now().as_second());
-        if held.len() < max && !delayed {
-            assert!(queued.is_empty(), "free slot but {} queued", queued.len());
+        // Shared/exclusive: an exclusive holder holds alone, and the head of the queue waits
+        // only if it does not fit beside the holders.
+        let lock_view = LockView::from_resource(&self.lock);
+        let shared = |claim: &LockClaim| {
+            ClaimView::from_resource(claim)
+                .expect("complete claim")
+                .shared(&lock_view)
+        };
+        let held_exclusive = held.iter().any(|claim| !shared(claim));
+        // (An omitted mode follows the lock's maxHolders, which may have been lowered under
+        // its holders: only a claim asking for Exclusive must hold alone.)
+        let asked_exclusive = held
+            .iter()
+            .any(|claim| claim.spec.mode == Some(turnstile_api::ClaimMode::Exclusive));
+        assert!(
+            !(asked_exclusive && held.len() > 1),
+            "an exclusive holder beside {} others",
+            held.len() - 1
+        );
+        let served = self.lock.status.as_ref().is_some_and(|status| {
+            status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        });
+        if let Some(head) = queued.first().filter(|_| !delayed && served) {
+            let fits = if shared(head) {
+                !held_exclusive && held.len() < max
+            } else {
+                held.is_empty()
+            };
+            assert!(!fits, "the head of the queue fits but waits");
         }
 
         // The backend agrees with the API about every holder and its token.
