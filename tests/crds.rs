@@ -140,6 +140,8 @@ fn claim_printer_columns_follow_the_design() {
         pairs(&[
             ("Lock", "string"),
             ("Phase", "string"),
+            // Shown with -o wide only (priority 1); the issue asks for the mode.
+            ("Mode", "string"),
             ("Holder", "string"),
             ("Token", "integer"),
             ("Position", "integer"),
@@ -153,6 +155,7 @@ fn claim_printer_columns_follow_the_design() {
         [
             ".spec.lockName",
             ".status.phase",
+            ".spec.mode",
             ".status.holderIdentity",
             ".status.fencingToken",
             ".status.position",
