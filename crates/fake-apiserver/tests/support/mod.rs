@@ -420,6 +420,20 @@ pub fn api_code<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, Str
     }
 }
 
+/// Asserts that `result` is a 422 Invalid whose message contains every one of `needles`;
+/// returns the message.
+pub fn expect_invalid<T: std::fmt::Debug>(
+    result: Result<T, kube::Error>,
+    needles: &[&str],
+) -> String {
+    let (code, reason, message) = api_code(result);
+    assert_eq!((code, reason.as_str()), (422, "Invalid"), "{message}");
+    for needle in needles {
+        assert!(message.contains(needle), "{needle:?} not in {message:?}");
+    }
+    message
+}
+
 impl Env {
     /// Creates one more namespace for a test (deleted with the env on a real cluster is not
     /// guaranteed; it carries the same random prefix).

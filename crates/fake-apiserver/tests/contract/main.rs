@@ -1,0 +1,78 @@
+//! Contract tests: each behaviour kube-apiserver has and the operator relies on, checked
+//! against the fake (default) or a real cluster (`TURNSTILE_E2E_KUBECONFIG`). Tests of the
+//! fake's hooks (compaction, faults, closing watches, the request log) are fake-only.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod deletion;
+mod faults;
+mod reads;
+mod schema;
+mod server;
+mod watch;
+mod writes;
+
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Namespace, Pod, Secret};
+use k8s_openapi::api::events::v1::Event as EventV1;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{json, Value};
+use support::{api_code, expect_invalid, type_and_name, widget, Env, WIDGET_GROUP};
+
+const T: Duration = Duration::from_secs(10);
+
+fn rv(o: &DynamicObject) -> String {
+    o.metadata.resource_version.clone().unwrap_or_default()
+}
+
+/// Creates a Widget (panics on failure).
+async fn create(api: &Api<DynamicObject>, name: &str, spec: Value) -> DynamicObject {
+    api.create(&PostParams::default(), &widget(name, spec))
+        .await
+        .unwrap()
+}
+
+/// A JSON merge patch of the main resource.
+async fn merge(
+    api: &Api<DynamicObject>,
+    name: &str,
+    patch: Value,
+) -> Result<DynamicObject, kube::Error> {
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+}
+
+/// A JSON merge patch of `/status`.
+async fn merge_status(
+    api: &Api<DynamicObject>,
+    name: &str,
+    patch: Value,
+) -> Result<DynamicObject, kube::Error> {
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+}
+
+fn names(list: kube::api::ObjectList<DynamicObject>) -> Vec<String> {
+    list.items
+        .into_iter()
+        .map(|o| o.metadata.name.unwrap_or_default())
+        .collect()
+}
+
+fn widget_path(env: &Env, name: &str) -> String {
+    format!(
+        "/apis/{WIDGET_GROUP}/v1/namespaces/{}/widgets/{name}",
+        env.namespace
+    )
+}
+
+fn widgets_path(env: &Env) -> String {
+    format!(
+        "/apis/{WIDGET_GROUP}/v1/namespaces/{}/widgets",
+        env.namespace
+    )
+}

@@ -1,0 +1,107 @@
+//! Reads: list selectors and paging, and table output with printer columns.
+
+use super::*;
+
+#[tokio::test]
+async fn list_filters_by_label_and_field_selectors_and_pages() {
+    // (spec.color is a CRD selectableField.)
+    let env = Env::with_widgets().await;
+    let api = env.widgets();
+    for (name, tier) in [("a", "front"), ("b", "back"), ("c", "front")] {
+        let color = if name == "b" { "red" } else { "blue" };
+        let mut w = widget(name, json!({"size": 1, "color": color}));
+        w.metadata.labels = Some([("tier".to_string(), tier.to_string())].into());
+        api.create(&PostParams::default(), &w).await.unwrap();
+    }
+    for (params, want) in [
+        (ListParams::default().labels("tier=front"), vec!["a", "c"]),
+        (ListParams::default().labels("tier in (back)"), vec!["b"]),
+        (ListParams::default().labels("tier!=front"), vec!["b"]),
+        (ListParams::default().fields("metadata.name=c"), vec!["c"]),
+        (ListParams::default().fields("spec.color=red"), vec!["b"]),
+    ] {
+        assert_eq!(names(api.list(&params).await.unwrap()), want, "{params:?}");
+    }
+    let all: Api<DynamicObject> = Api::all_with(env.client.clone(), &support::widget_resource());
+    let in_ns = all
+        .list(&ListParams::default().fields(&format!("metadata.namespace={}", env.namespace)))
+        .await
+        .unwrap();
+    assert_eq!(in_ns.items.len(), 3);
+    let listed = api.list(&ListParams::default()).await.unwrap();
+    let list_rv: u64 = listed.metadata.resource_version.unwrap().parse().unwrap();
+    assert!(
+        listed
+            .items
+            .iter()
+            .all(|o| rv(o).parse::<u64>().unwrap() <= list_rv),
+        "the list RV is at least every item's"
+    );
+    let page = api.list(&ListParams::default().limit(2)).await.unwrap();
+    assert_eq!(page.items.len(), 2);
+    let token = page.metadata.continue_.clone().unwrap();
+    let rest = api
+        .list(&ListParams::default().limit(2).continue_token(&token))
+        .await
+        .unwrap();
+    assert_eq!(names(rest), ["c"]);
+}
+
+#[tokio::test]
+async fn table_output_has_the_printer_columns() {
+    let env = Env::with_widgets().await;
+    let api = env.widgets();
+    create(&api, "w", json!({"size": 7})).await;
+    let future = (chrono::Utc::now() + chrono::Duration::hours(1))
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    merge_status(
+        &api,
+        "w",
+        json!({"status": {"phase": "Ready", "expiresAt": future}}),
+    )
+    .await
+    .unwrap();
+    let accept = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
+    let (code, _, body) = env
+        .raw("GET", &widgets_path(&env), &[("accept", accept)], None)
+        .await;
+    assert_eq!(code, 200);
+    let table: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(table["kind"], "Table");
+    let columns: Vec<&str> = table["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        columns,
+        ["Name", "Size", "Phase", "Until", "Expires", "Age"]
+    );
+    let cells = table["rows"][0]["cells"].as_array().unwrap();
+    assert_eq!(cells[0], "w");
+    assert_eq!(cells[1], 7);
+    assert_eq!(cells[2], "Ready");
+    assert_eq!(cells[3], "<invalid>", "a future date renders as <invalid>");
+    assert_eq!(
+        cells[4],
+        json!(future),
+        "a string column shows the RFC 3339 time"
+    );
+    assert!(
+        cells[5].as_str().unwrap().ends_with('s'),
+        "age like 0s: {}",
+        cells[5]
+    );
+    assert_eq!(table["rows"][0]["object"]["kind"], "PartialObjectMetadata");
+    let (_, _, body) = env
+        .raw("GET", &widget_path(&env, "w"), &[("accept", accept)], None)
+        .await;
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["rows"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+}
