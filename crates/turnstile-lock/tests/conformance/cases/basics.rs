@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use turnstile_lock::backend::{AcquireMode, AcquireOutcome, AcquireRequest};
-use turnstile_lock::{Lock, LockError};
+use turnstile_lock::{Lock, LockError, ShareMode};
 
 use super::{no_holders, no_polling, spawn_waiter, LONG};
 use crate::harness::{until_queued, Harness};
@@ -46,6 +46,10 @@ pub async fn invalid_arguments_are_typed_errors(h: Harness) {
         max_holders: 0,
         mode: AcquireMode::Wait,
         waiter_lease: LONG,
+        share: ShareMode::Exclusive,
+        priority: 0,
+        max_hold: None,
+        lock_delay: Duration::ZERO,
     };
     assert!(matches!(
         backend.acquire(&bad).await,
@@ -218,10 +222,13 @@ pub async fn expired_lease_is_lost_even_without_a_successor(h: Harness) {
         .is_held("lapse", lock.owner())
         .await
         .expect("is_held"));
-    assert!(!backend
-        .extend("lapse", lock.owner(), LONG)
-        .await
-        .expect("extend"));
+    assert_eq!(
+        backend
+            .extend("lapse", lock.owner(), LONG)
+            .await
+            .expect("extend"),
+        None
+    );
     assert!(matches!(
         lock.extend(LONG).await,
         Err(LockError::LockLost { .. })
@@ -256,6 +263,10 @@ pub async fn explicit_owner_reacquire_is_idempotent(h: Harness) {
             max_holders: 1,
             mode: AcquireMode::Try,
             waiter_lease: LONG,
+            share: ShareMode::Exclusive,
+            priority: 0,
+            max_hold: None,
+            lock_delay: Duration::ZERO,
         })
         .await
         .expect("acquire");
@@ -278,7 +289,7 @@ pub async fn explicit_owner_reacquire_is_idempotent(h: Harness) {
 
 pub async fn semaphore_admits_max_holders(h: Harness) {
     let locker = h.locker();
-    let request = locker.lock("sem", LONG).max_holders(3);
+    let request = locker.lock("sem", LONG).max_holders(3).shared();
     let mut held = Vec::new();
     for _ in 0..3 {
         held.push(

@@ -50,6 +50,7 @@ pub async fn try_acquire_never_jumps_the_queue_and_dead_waiters_age_out(h: Harne
         max_holders: 1,
         mode: AcquireMode::Wait,
         waiter_lease: lease,
+        ..AcquireRequest::new("queue", owner, LONG, 1, AcquireMode::Wait, lease)
     };
     // A waiter that never comes back: its place survives for its lease.
     let outcome = backend

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use turnstile_lock::backend::{AcquireMode, AcquireOutcome, AcquireRequest};
-use turnstile_lock::RetryPolicy;
+use turnstile_lock::{RetryPolicy, ShareMode};
 
 use super::{no_polling, spawn_waiter, LONG, NO_POLLING};
 use crate::harness::{eventually, until_queued, Harness};
@@ -70,6 +70,10 @@ pub async fn a_vanished_waiter_holds_a_handed_over_lock_no_longer_than_its_heart
             max_holders: 1,
             mode: AcquireMode::Wait,
             waiter_lease: Duration::from_millis(200),
+            share: ShareMode::Exclusive,
+            priority: 0,
+            max_hold: None,
+            lock_delay: Duration::ZERO,
         })
         .await
         .expect("enqueue");

@@ -10,6 +10,11 @@ mod fairness;
 mod fencing;
 mod handoff;
 mod lifecycle;
+mod live_limits;
+mod lock_delay;
+mod max_hold;
+mod priority;
+mod shared;
 mod stress;
 
 pub use self::basics::*;
@@ -17,6 +22,11 @@ pub use self::fairness::*;
 pub use self::fencing::*;
 pub use self::handoff::*;
 pub use self::lifecycle::*;
+pub use self::live_limits::*;
+pub use self::lock_delay::*;
+pub use self::max_hold::*;
+pub use self::priority::*;
+pub use self::shared::*;
 pub use self::stress::*;
 
 pub(crate) const LONG: Duration = Duration::from_secs(60);
