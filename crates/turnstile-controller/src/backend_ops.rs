@@ -1,7 +1,9 @@
 //! Performing the core's planned backend calls on a lock engine [`Backend`].
 
+use std::time::Duration;
+
 use crate::core::{BackendOp, ExecutionGate, OpOutcome, PlannedOp};
-use turnstile_lock::{AcquireMode, AcquireOutcome, AcquireRequest, Backend, LockError};
+use turnstile_lock::{AcquireMode, AcquireOutcome, AcquireRequest, Backend, LockError, ShareMode};
 
 /// Performs `ops` in order on `backend` for the lock `key` (a semaphore of `max_holders`),
 /// honouring the [`ExecutionGate`]: nothing runs after a failure, no grant runs after a
@@ -85,6 +87,16 @@ async fn perform(
                 max_holders,
                 mode: AcquireMode::Try,
                 waiter_lease: *ttl,
+                // Until claims carry a mode, a lock of several holders stays what it was: a
+                // semaphore whose claims all hold together (an exclusive claim holds alone).
+                share: if max_holders > 1 {
+                    ShareMode::Shared
+                } else {
+                    ShareMode::Exclusive
+                },
+                priority: 0,
+                max_hold: None,
+                lock_delay: Duration::ZERO,
             };
             match backend.acquire(&request).await? {
                 AcquireOutcome::Granted {
@@ -100,7 +112,7 @@ async fn perform(
             }
         }
         BackendOp::Extend { owner, ttl } => OpOutcome::Extended {
-            still_held: backend.extend(key, owner, *ttl).await?,
+            still_held: backend.extend(key, owner, *ttl).await?.is_some(),
         },
         BackendOp::Release { owner } => OpOutcome::Released {
             was_held: backend.release(key, owner, max_holders).await?,
