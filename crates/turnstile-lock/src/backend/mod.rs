@@ -207,12 +207,6 @@ impl<'a> AcquireRequest<'a> {
             lock_delay: Duration::ZERO,
         }
     }
-
-    /// The lease a first grant at this moment gets: the ttl capped by `max_hold`.
-    pub fn first_lease(&self) -> Duration {
-        self.max_hold
-            .map_or(self.ttl, |max_hold| self.ttl.min(max_hold))
-    }
 }
 
 /// What an acquire attempt achieved.
