@@ -150,6 +150,13 @@ async fn finish(child: Child) -> Output {
         .expect("turnstile output")
 }
 
+/// Every run exited 0.
+fn assert_succeeded(outputs: &[&Output]) {
+    for output in outputs {
+        assert_eq!(code(output), 0, "{}", stderr(output));
+    }
+}
+
 /// The command was stopped for a lost lock: exit code 76, and `reason` in the message.
 fn assert_lost(output: &Output, reason: &str) {
     assert_eq!(code(output), LOCK_LOST, "{}", stderr(output));
@@ -299,13 +306,7 @@ async fn max_holders_admits_that_many_at_once() {
     fx.until_exists("b.in").await;
     fx.go();
     let (a, b) = (finish(a).await, finish(b).await);
-    assert_eq!(
-        (code(&a), code(&b)),
-        (0, 0),
-        "{} {}",
-        stderr(&a),
-        stderr(&b)
-    );
+    assert_succeeded(&[&a, &b]);
     assert_ne!(
         read_token(fx.path("a.token")),
         read_token(fx.path("b.token"))
@@ -342,14 +343,7 @@ async fn shared_holders_run_together_and_an_exclusive_one_waits_for_them() {
     );
     fx.go();
     let (a, b, writer) = (finish(a).await, finish(b).await, finish(writer).await);
-    assert_eq!(
-        (code(&a), code(&b)),
-        (0, 0),
-        "{} {}",
-        stderr(&a),
-        stderr(&b)
-    );
-    assert_eq!(code(&writer), 0, "{}", stderr(&writer));
+    assert_succeeded(&[&a, &b, &writer]);
     assert!(fx.path("w.ok").exists(), "the writer overlapped a reader");
 }
 
