@@ -3,7 +3,10 @@
 //! - the command runs with its fencing token and key in the environment, its exit status is
 //!   passed through like a shell's, and the lock is released afterwards;
 //! - a second `turnstile lock` on the key waits for the first and gets a larger token;
-//!   `--max-holders 2` admits two at once; `--wait 1s` on a held key exits 75;
+//!   `--max-holders 2` admits two at once (shared, a semaphore), and an `--exclusive` one
+//!   waits for every shared holder;
+//!   `--wait 1s` on a held key exits 75;
+//! - `--max-hold` stops the command when the hold time is up, renewals notwithstanding (76);
 //! - SIGTERM is passed on to the command; SIGTERM while waiting leaves the queue;
 //! - a lost lock (holder keys deleted, or Redis gone until the lease runs out) stops the
 //!   command and everything it started (SIGKILL after `--grace` if SIGTERM is ignored) and
@@ -148,6 +151,19 @@ async fn finish(child: Child) -> Output {
         .expect("turnstile output")
 }
 
+/// Every run exited 0.
+fn assert_succeeded(outputs: &[&Output]) {
+    for output in outputs {
+        assert_eq!(code(output), 0, "{}", stderr(output));
+    }
+}
+
+/// The command was stopped for a lost lock: exit code 76, and `reason` in the message.
+fn assert_lost(output: &Output, reason: &str) {
+    assert_eq!(code(output), LOCK_LOST, "{}", stderr(output));
+    assert!(stderr(output).contains(reason), "{}", stderr(output));
+}
+
 fn code(output: &Output) -> i32 {
     output
         .status
@@ -284,6 +300,7 @@ async fn max_holders_admits_that_many_at_once() {
     let script = |name: &str| {
         format!("touch {name}.in; {AWAIT_GO}; echo $TURNSTILE_FENCING_TOKEN > {name}.token")
     };
+    // Without a mode, a lock of several holders is a counting semaphore (shared).
     let a = fx.lock("pool", &["--max-holders", "2"], &script("a"));
     let b = fx.lock("pool", &["--max-holders", "2"], &script("b"));
     // Both inside at once: neither can leave before `go`.
@@ -291,17 +308,64 @@ async fn max_holders_admits_that_many_at_once() {
     fx.until_exists("b.in").await;
     fx.go();
     let (a, b) = (finish(a).await, finish(b).await);
-    assert_eq!(
-        (code(&a), code(&b)),
-        (0, 0),
-        "{} {}",
-        stderr(&a),
-        stderr(&b)
-    );
+    assert_succeeded(&[&a, &b]);
     assert_ne!(
         read_token(fx.path("a.token")),
         read_token(fx.path("b.token"))
     );
+}
+
+#[tokio::test]
+async fn shared_holders_run_together_and_an_exclusive_one_waits_for_them() {
+    let fx = Fixture::start().await;
+    let shared = |name: &str| {
+        fx.lock(
+            "rw",
+            &["--max-holders", "3", "--shared"],
+            &format!("touch {name}.in; {AWAIT_GO}; touch {name}.out"),
+        )
+    };
+    let (a, b) = (shared("a"), shared("b"));
+    fx.until_exists("a.in").await;
+    fx.until_exists("b.in").await;
+    // Both readers hold the lock: the writer must not get in, not even with a bounded wait.
+    let writer = fx
+        .run(
+            "rw",
+            &["--max-holders", "3", "--exclusive", "--wait", "1s"],
+            "touch w.in",
+        )
+        .await;
+    assert_eq!(code(&writer), NOT_ACQUIRED, "{}", stderr(&writer));
+    assert!(
+        !fx.path("w.in").exists(),
+        "the writer ran beside the readers"
+    );
+    // A patient writer gets in once both readers are done, and finds both finished.
+    let writer = fx.lock(
+        "rw",
+        &["--max-holders", "3", "--exclusive"],
+        "test -e a.out && test -e b.out && touch w.ok",
+    );
+    fx.go();
+    let (a, b, writer) = (finish(a).await, finish(b).await, finish(writer).await);
+    assert_succeeded(&[&a, &b, &writer]);
+    assert!(fx.path("w.ok").exists(), "the writer overlapped a reader");
+}
+
+#[tokio::test]
+async fn max_hold_stops_the_command_as_a_lost_lock_does() {
+    let fx = Fixture::start().await;
+    // Renewed every 200 ms, yet held for 1.5 s at most.
+    let holder = fx
+        .run(
+            "bounded",
+            &["--ttl", "600ms", "--max-hold", "1.5"],
+            "sleep 30; touch survived",
+        )
+        .await;
+    assert_lost(&holder, "lost lock \"bounded\"");
+    assert!(!fx.path("survived").exists());
 }
 
 #[tokio::test]
@@ -407,12 +471,7 @@ async fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {
     fx.until_exists("ready").await;
     fx.delete_holders("stubborn").await;
     let holder = finish(holder).await;
-    assert_eq!(code(&holder), LOCK_LOST, "{}", stderr(&holder));
-    assert!(
-        stderr(&holder).contains("SIGKILL after 1s grace"),
-        "{}",
-        stderr(&holder)
-    );
+    assert_lost(&holder, "SIGKILL after 1s grace");
     assert!(!fx.path("survived").exists());
 }
 
@@ -427,12 +486,7 @@ async fn a_backend_outage_stops_the_command_once_the_lease_runs_out() {
     fx.until_exists("ready").await;
     fx.stop_server(); // renewals now fail
     let holder = finish(holder).await;
-    assert_eq!(code(&holder), LOCK_LOST, "{}", stderr(&holder));
-    assert!(
-        stderr(&holder).contains("lease ran out"),
-        "{}",
-        stderr(&holder)
-    );
+    assert_lost(&holder, "lease ran out");
     assert!(!fx.path("survived").exists());
 }
 

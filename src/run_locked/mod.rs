@@ -84,15 +84,43 @@ pub struct LockArgs {
     /// How long to wait for the lock (e.g. 0s, 10s, 5m); default: forever.
     #[arg(long, value_parser = humantime::parse_duration)]
     pub wait: Option<Duration>,
-    /// Holders admitted at once (a counting semaphore); every user of the key must agree.
+    /// Holders admitted at once, of any mode (with --shared: a counting semaphore or the
+    /// readers of a read/write lock). A new value takes effect at the next grant.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_holders: u32,
+    /// Hold the lock shared: together with other shared holders, up to --max-holders (the
+    /// default when --max-holders is above 1: a counting semaphore).
+    #[arg(long, conflicts_with = "exclusive")]
+    pub shared: bool,
+    /// Hold the lock alone, whatever --max-holders says (the writer of a read/write lock;
+    /// the default for a mutex).
+    #[arg(long)]
+    pub exclusive: bool,
+    /// Queue priority: higher is served first, first come first served within one priority.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub priority: i32,
+    /// Longest the lock may be held, renewals included (seconds, or e.g. 90s, 5m); the
+    /// command is stopped when it runs out, as on a lost lock.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+    pub max_hold: Option<Duration>,
+    /// If the lease is lost (expiry, max hold), nobody gets the lock for this long after
+    /// (seconds, or e.g. 500ms); a normal release hands it on at once.
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+    pub lock_delay: Option<Duration>,
     /// After a lost lock, how long the command has between SIGTERM and SIGKILL.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub grace: Duration,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
+}
+
+/// A duration in seconds (`90`, `1.5`) or humantime form (`90s`, `500ms`, `5m`).
+fn parse_seconds(value: &str) -> Result<Duration, String> {
+    match value.parse::<f64>() {
+        Ok(seconds) => Duration::try_from_secs_f64(seconds).map_err(|error| error.to_string()),
+        Err(_) => humantime::parse_duration(value).map_err(|error| error.to_string()),
+    }
 }
 
 /// The retry policy for `--wait`: forever when absent, a single attempt for zero.
@@ -151,11 +179,21 @@ async fn acquire(
 ) -> Result<Lock, Outcome> {
     // An explicit owner token, so that the queue place can be cleaned up here if we give up.
     let owner = uuid::Uuid::new_v4().simple().to_string();
-    let request = Locker::from_arc(Arc::clone(&backend))
+    let mut request = Locker::from_arc(Arc::clone(&backend))
         .lock(args.key.as_str(), args.ttl)
         .max_holders(args.max_holders)
+        .priority(args.priority)
+        .lock_delay(args.lock_delay.unwrap_or_default())
         .owner(owner.as_str())
         .retry(retry_policy(args.wait));
+    if args.shared {
+        request = request.shared();
+    } else if args.exclusive {
+        request = request.exclusive();
+    }
+    if let Some(max_hold) = args.max_hold {
+        request = request.max_hold(max_hold);
+    }
     let result = tokio::select! {
         result = request.acquire() => result,
         signal = signals.recv() => {
@@ -312,6 +350,45 @@ mod tests {
         assert_eq!(args.max_holders, 3);
         assert_eq!(args.grace, Duration::from_secs(10));
         assert_eq!(args.command, ["sh", "-c", "echo --ttl"]);
+    }
+
+    #[test]
+    fn parses_the_lock_semantics_flags() {
+        let args = parse(&[
+            "--backend",
+            "redis://h",
+            "k",
+            "--shared",
+            "--priority",
+            "-3",
+            "--max-hold",
+            "1.5",
+            "--lock-delay",
+            "500ms",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        assert!(args.shared);
+        assert_eq!(args.priority, -3);
+        assert_eq!(args.max_hold, Some(Duration::from_millis(1500)));
+        assert_eq!(args.lock_delay, Some(Duration::from_millis(500)));
+        let defaults = parse(&["--backend", "redis://h", "k", "--", "true"]).unwrap();
+        assert!(!defaults.shared);
+        assert_eq!(
+            (defaults.priority, defaults.max_hold, defaults.lock_delay),
+            (0, None, None)
+        );
+        assert!(parse(&[
+            "--backend",
+            "redis://h",
+            "k",
+            "--max-hold",
+            "-1",
+            "--",
+            "true"
+        ])
+        .is_err());
     }
 
     #[test]

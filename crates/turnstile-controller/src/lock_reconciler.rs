@@ -25,7 +25,7 @@ use crate::metrics::{
     BackendOperation, ControllerKind, LockLostCause, Metrics, ReconcileErrorKind,
 };
 use turnstile_api::{BackendKind, DistributedLock, LockClaim};
-use turnstile_lock::{AcquireMode, AcquireOutcome, AcquireRequest, Backend, LockError};
+use turnstile_lock::{AcquireMode, AcquireOutcome, AcquireRequest, Backend, LockError, ShareMode};
 
 /// The claims of `lock` in the cache, with their objects by name (read through the index: a
 /// pass costs its own claims, not the whole cache).
@@ -497,14 +497,16 @@ async fn perform(
         BackendOp::RaiseFloor { floor } => OpOutcome::FloorRaised {
             counter: backend.raise_fencing_floor(key, *floor).await?,
         },
-        BackendOp::Acquire { owner, ttl, .. } => {
+        BackendOp::Acquire {
+            owner, ttl, shared, ..
+        } => {
             let request = AcquireRequest {
-                key,
-                owner,
-                ttl: *ttl,
-                max_holders,
-                mode: AcquireMode::Try,
-                waiter_lease: *ttl,
+                share: if *shared {
+                    ShareMode::Shared
+                } else {
+                    ShareMode::Exclusive
+                },
+                ..AcquireRequest::new(key, owner, *ttl, max_holders, AcquireMode::Try, *ttl)
             };
             match backend.acquire(&request).await? {
                 AcquireOutcome::Granted {
@@ -520,7 +522,7 @@ async fn perform(
             }
         }
         BackendOp::Extend { owner, ttl } => OpOutcome::Extended {
-            still_held: backend.extend(key, owner, *ttl).await?,
+            still_held: backend.extend(key, owner, *ttl).await?.is_some(),
         },
         BackendOp::Release { owner } => OpOutcome::Released {
             was_held: backend.release(key, owner, max_holders).await?,

@@ -13,6 +13,11 @@
 //!   (and the 99th percentile) against the fair share (tasks × mean time per acquisition). The
 //!   critical section is one `yield_now`.
 //!
+//! - shared/exclusive: W readers (shared, `max_holders` W) loop acquire → release on one key
+//!   while 1 writer (exclusive) loops acquire → release → 10 ms pause: the writer's wait p50 /
+//!   p99 (also in floor round trips: it must outwait the readers inside, never the stream),
+//!   and the readers' acquire+release pairs per second against the floor rate.
+//!
 //! The same rows run on the memory backend (no floor there). Bounded in count and time: the
 //! whole run takes well under a minute.
 
@@ -38,6 +43,8 @@ const MAX_OPS: u64 = 1_000_000;
 const SAMPLE_CAPACITY: usize = 1_500_000;
 const LEASE: Duration = Duration::from_secs(30);
 const WAITER_COUNTS: [usize; 3] = [2, 8, 32];
+/// Readers beside the one writer of the shared/exclusive row.
+const READERS: usize = 8;
 
 // Targets from the issue.
 const TARGET_PAIR_RATIO: f64 = 0.45;
@@ -235,12 +242,6 @@ async fn contended(locker: &Locker, tasks: usize) -> Contended {
     handoffs.sort_unstable();
     let mut waits = log.waits.clone();
     waits.sort_unstable();
-    let percentile = |sorted: &[Duration], p: f64| {
-        sorted
-            .get(((sorted.len() as f64 * p) as usize).min(sorted.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or_default()
-    };
     let count = acquisitions.load(Ordering::Relaxed).max(1);
     let mean_cycle = elapsed / u32::try_from(count).unwrap_or(u32::MAX);
     let fair_share = mean_cycle * u32::try_from(tasks).unwrap_or(u32::MAX);
@@ -253,6 +254,88 @@ async fn contended(locker: &Locker, tasks: usize) -> Contended {
             / fair_share.as_secs_f64(),
         p99_wait_in_fair_shares: percentile(&waits, 0.99).as_secs_f64() / fair_share.as_secs_f64(),
     }
+}
+
+struct ReadWrite {
+    reader_pairs_per_sec: f64,
+    writer_p50: Duration,
+    writer_p99: Duration,
+    writes: usize,
+}
+
+/// W shared readers and one exclusive writer on one key (see the module docs).
+async fn read_write(locker: &Locker, readers: usize) -> ReadWrite {
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicU64::new(0));
+    let max_holders = u32::try_from(readers).unwrap_or(u32::MAX);
+    let mut handles = Vec::new();
+    for _ in 0..readers {
+        let (locker, stop, reads) = (locker.clone(), stop.clone(), reads.clone());
+        handles.push(tokio::spawn(async move {
+            let request = locker
+                .lock("bench-rw", LEASE)
+                .max_holders(max_holders)
+                .shared()
+                .retry(RetryPolicy::forever());
+            while !stop.load(Ordering::Relaxed) && reads.load(Ordering::Relaxed) < MAX_OPS {
+                let lock = request.acquire().await.expect("reader");
+                tokio::task::yield_now().await;
+                lock.release().await.expect("release");
+                reads.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let writer = {
+        let (locker, stop) = (locker.clone(), stop.clone());
+        tokio::spawn(async move {
+            let request = locker
+                .lock("bench-rw", LEASE)
+                .max_holders(max_holders)
+                .retry(RetryPolicy::forever());
+            let mut waits = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let asked = Instant::now();
+                let lock = request.acquire().await.expect("writer");
+                waits.push(asked.elapsed());
+                tokio::task::yield_now().await;
+                lock.release().await.expect("release");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            waits
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (started, reads_before) = (Instant::now(), reads.load(Ordering::Relaxed));
+    tokio::time::sleep(CONTENDED_TIME).await;
+    let reader_pairs = reads.load(Ordering::Relaxed) - reads_before;
+    let elapsed = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for handle in handles {
+        handle.await.expect("reader task");
+    }
+    let mut waits = writer.await.expect("writer task");
+    waits.sort_unstable();
+    ReadWrite {
+        reader_pairs_per_sec: reader_pairs as f64 / elapsed.as_secs_f64(),
+        writer_p50: percentile(&waits, 0.50),
+        writer_p99: percentile(&waits, 0.99),
+        writes: waits.len(),
+    }
+}
+
+/// The `p` quantile of sorted samples (zero without samples).
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted
+        .get(((sorted.len() as f64 * p) as usize).min(sorted.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or_default()
+}
+
+/// ` (N.N)`: `latency` in floor round trips, or nothing without a floor.
+fn in_rtts(latency: Duration, floor: Option<&Floor>) -> String {
+    floor.map_or(String::new(), |floor| {
+        format!(" ({:.1})", latency.as_secs_f64() / floor.rtt.as_secs_f64())
+    })
 }
 
 fn micros(duration: Duration) -> String {
@@ -376,11 +459,6 @@ async fn backend_rows(
         let floor = adjacent_floor(probe).await;
         let floor = floor.as_ref();
         let result = contended(&locker, tasks).await;
-        let rtts = |latency: Duration| {
-            floor.map_or(String::new(), |floor| {
-                format!(" ({:.1})", latency.as_secs_f64() / floor.rtt.as_secs_f64())
-            })
-        };
         let mut targets = vec![format!(
             "wait ≤4× fair: {}",
             verdict(result.longest_wait_in_fair_shares <= TARGET_LONGEST_WAIT_SHARES)
@@ -409,8 +487,8 @@ async fn backend_rows(
             micros(Duration::from_secs_f64(1.0 / result.acquisitions_per_sec)),
             floor_cell(floor),
             "-".into(),
-            format!("{}{}", micros(result.p50), rtts(result.p50)),
-            format!("{}{}", micros(result.p99), rtts(result.p99)),
+            format!("{}{}", micros(result.p50), in_rtts(result.p50, floor)),
+            format!("{}{}", micros(result.p99), in_rtts(result.p99, floor)),
             format!("{:.1}%", result.to_other_share * 100.0),
             format!(
                 "{:.2} ({:.2})",
@@ -419,6 +497,32 @@ async fn backend_rows(
             targets.join(", "),
         ]);
     }
+    eprintln!("{name}: shared/exclusive, {READERS} readers + 1 writer");
+    let floor = adjacent_floor(probe).await;
+    let floor = floor.as_ref();
+    let result = read_write(&locker, READERS).await;
+    let ratio = floor.map(|floor| result.reader_pairs_per_sec / floor.ops_per_sec);
+    table.rows.push([
+        name.into(),
+        format!("shared/exclusive: {READERS} readers + 1 writer (writer wait)"),
+        format!("{:.0}", result.reader_pairs_per_sec),
+        micros(Duration::from_secs_f64(1.0 / result.reader_pairs_per_sec)),
+        floor_cell(floor),
+        ratio.map_or("-".into(), |r| format!("{:.0}%", r * 100.0)),
+        format!(
+            "{}{}",
+            micros(result.writer_p50),
+            in_rtts(result.writer_p50, floor)
+        ),
+        format!(
+            "{}{}",
+            micros(result.writer_p99),
+            in_rtts(result.writer_p99, floor)
+        ),
+        "-".into(),
+        "-".into(),
+        format!("writer served {} times", result.writes),
+    ]);
 }
 
 fn redis_version() -> String {

@@ -150,8 +150,10 @@ impl Lock {
         Ok(held)
     }
 
-    /// Sets the lease to `ttl` from now. Fails with [`LockError::LockLost`] if the lock was
-    /// released, expired or taken over: an old holder can never extend someone else's lease.
+    /// Sets the lease to `ttl` from now, capped at the grant's max-hold deadline (see
+    /// [`LockRequest::max_hold`](crate::LockRequest::max_hold)). Fails with
+    /// [`LockError::LockLost`] if the lock was released, expired (also at that deadline) or
+    /// taken over: an old holder can never extend someone else's lease.
     pub async fn extend(&self, ttl: Duration) -> LockResult<()> {
         validate_ttl(ttl)?;
         if self.is_released() || self.inner.lost.load(Ordering::Acquire) {
@@ -163,12 +165,13 @@ impl Lock {
             .backend
             .extend(&self.inner.key, &self.inner.owner, ttl)
             .await?;
-        if !extended {
+        let Some(lease) = extended else {
             self.mark_lost();
             return Err(self.lost_error());
-        }
-        *self.deadline_guard() = local_lease_deadline(sent_at, ttl);
-        tracing::debug!(key = %self.inner.key, fencing_token = self.inner.fencing_token, ttl_ms = ttl.as_millis() as u64, "lock extended");
+        };
+        // The backend may have granted less (max hold): the local deadline follows it.
+        *self.deadline_guard() = local_lease_deadline(sent_at, lease);
+        tracing::debug!(key = %self.inner.key, fencing_token = self.inner.fencing_token, lease_ms = lease.as_millis() as u64, "lock extended");
         Ok(())
     }
 

@@ -24,7 +24,7 @@
 //! assert!(next > token);
 //!
 //! // A counting semaphore admitting two holders; try_acquire never waits.
-//! let jobs = locker.lock("jobs", Duration::from_secs(30)).max_holders(2);
+//! let jobs = locker.lock("jobs", Duration::from_secs(30)).max_holders(2).shared();
 //! let first = jobs.try_acquire().await?.expect("a free slot");
 //! let second = jobs.try_acquire().await?.expect("a free slot");
 //! assert!(jobs.try_acquire().await?.is_none());
@@ -78,8 +78,8 @@ pub mod retry;
 
 pub use self::backend::{
     AcquireMode, AcquireOutcome, AcquireRequest, Backend, Handoff, HolderInfo, LockSnapshot,
-    MemoryBackend, WakeRegistry, WakeSubscription, WakeUp, MAX_HOLDERS, MAX_KEY_LEN, MAX_OWNER_LEN,
-    MAX_TTL,
+    MemoryBackend, ShareMode, WakeRegistry, WakeSubscription, WakeUp, MAX_HOLDERS, MAX_KEY_LEN,
+    MAX_OWNER_LEN, MAX_TTL,
 };
 #[cfg(feature = "mongo")]
 pub use self::backend::{MongoBackend, MongoBackendConfig};

@@ -11,8 +11,9 @@ use futures::FutureExt;
 use tokio::time::Instant;
 
 use crate::backend::{
-    validate_key, validate_max_holders, validate_owner, validate_ttl, AcquireMode, AcquireOutcome,
-    AcquireRequest, Backend, Handoff, LockSnapshot, WakeSubscription, WakeUp,
+    validate_key, validate_lock_delay, validate_max_holders, validate_owner, validate_ttl,
+    AcquireMode, AcquireOutcome, AcquireRequest, Backend, Handoff, LockSnapshot, ShareMode,
+    WakeSubscription, WakeUp,
 };
 use crate::error::{LockError, LockResult};
 use crate::handle::{local_lease_deadline, GrantParts, Lock};
@@ -72,6 +73,10 @@ impl Locker {
             retry: self.retry.clone(),
             max_holders: 1,
             owner: None,
+            share: None,
+            priority: 0,
+            max_hold: None,
+            lock_delay: Duration::ZERO,
         }
     }
 
@@ -99,6 +104,12 @@ pub struct LockRequest {
     retry: RetryPolicy,
     max_holders: u32,
     owner: Option<String>,
+    /// `None`: shared with more than one holder allowed (a counting semaphore, as before
+    /// modes existed), else exclusive; the two are the same for a mutex.
+    share: Option<ShareMode>,
+    priority: i32,
+    max_hold: Option<Duration>,
+    lock_delay: Duration,
 }
 
 impl LockRequest {
@@ -108,10 +119,61 @@ impl LockRequest {
         self
     }
 
-    /// Admits up to `max_holders` holders at once (a counting semaphore); default 1.
-    /// All requests on one key should agree on it.
+    /// Admits up to `max_holders` holders at once, of any mode (with
+    /// [`shared`](LockRequest::shared): a counting semaphore or a read/write lock); default 1.
+    /// A different value takes effect at the next grant: lowering it never revokes a holder,
+    /// it only stops grants until the holders drop below it.
     pub fn max_holders(mut self, max_holders: u32) -> Self {
         self.max_holders = max_holders;
+        self
+    }
+
+    /// Holds together with other shared holders, up to `max_holders` at once (a reader of a
+    /// read/write lock, a slot of a semaphore). A waiting exclusive request stops later
+    /// shared ones from overtaking it.
+    pub fn shared(mut self) -> Self {
+        self.share = Some(ShareMode::Shared);
+        self
+    }
+
+    /// Holds alone: granted only when nobody else holds the lock (the writer of a read/write
+    /// lock). Without [`shared`](LockRequest::shared) or `exclusive`, a request with
+    /// `max_holders` above 1 is shared (a counting semaphore, as before modes existed) and a
+    /// mutex request exclusive (for a mutex the two are the same).
+    pub fn exclusive(mut self) -> Self {
+        self.share = Some(ShareMode::Exclusive);
+        self
+    }
+
+    /// The mode this request holds in (see [`exclusive`](LockRequest::exclusive)).
+    pub fn share_mode(&self) -> ShareMode {
+        self.share.unwrap_or(if self.max_holders > 1 {
+            ShareMode::Shared
+        } else {
+            ShareMode::Exclusive
+        })
+    }
+
+    /// Queue priority (default 0): a waiter of higher priority is served first, first come
+    /// first served within one priority. A holder is never preempted.
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// A hard limit on how long one grant lasts: it ends at (backend clock at the grant) +
+    /// `max_hold`, whatever its renewals or re-acquires; `extend` after that fails with
+    /// [`LockError::LockLost`]. Validated like a ttl.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// If this grant ends involuntarily (its lease runs out, also at the max-hold deadline),
+    /// nobody is granted the key until `lease_end + lock_delay`, so a stalled holder's last
+    /// writes drain first. A release hands off at once. Default zero.
+    pub fn lock_delay(mut self, lock_delay: Duration) -> Self {
+        self.lock_delay = lock_delay;
         self
     }
 
@@ -199,6 +261,10 @@ impl LockRequest {
         validate_key(&self.key)?;
         validate_ttl(self.ttl)?;
         validate_max_holders(self.max_holders)?;
+        if let Some(max_hold) = self.max_hold {
+            validate_ttl(max_hold)?;
+        }
+        validate_lock_delay(self.lock_delay)?;
         let owner = match &self.owner {
             Some(owner) => owner.clone(),
             None => uuid::Uuid::new_v4().simple().to_string(),
@@ -221,6 +287,10 @@ impl LockRequest {
                 max_holders: self.max_holders,
                 mode,
                 waiter_lease,
+                share: self.share_mode(),
+                priority: self.priority,
+                max_hold: self.max_hold,
+                lock_delay: self.lock_delay,
             })
             .await
     }
@@ -326,7 +396,7 @@ impl LockRequest {
             handoff.fencing_token,
             local_lease_deadline(last_attempt_sent_at, handoff.lease),
         );
-        if handoff.lease < self.ttl {
+        if handoff.lease < self.ttl && self.max_hold.is_none_or(|max| handoff.lease < max) {
             let background = lock.clone();
             tokio::spawn(async move {
                 match background.refresh().await {
@@ -417,5 +487,41 @@ impl Drop for CancelGuard {
                 tracing::warn!(%key, %error, "cleanup of a cancelled acquire failed; its lease and queue place will age out");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryBackend;
+
+    #[tokio::test]
+    async fn without_a_mode_a_semaphore_is_shared_and_a_mutex_exclusive() {
+        let locker = Locker::new(MemoryBackend::new());
+        let ttl = Duration::from_secs(30);
+        let slots = locker.lock("jobs", ttl).max_holders(2);
+        assert_eq!(slots.share_mode(), ShareMode::Shared);
+        let first = slots.try_acquire().await.expect("acquire").expect("a slot");
+        let second = slots.try_acquire().await.expect("acquire").expect("a slot");
+        assert!(
+            slots.try_acquire().await.expect("acquire").is_none(),
+            "full"
+        );
+        first.release().await.expect("release");
+        // An explicit exclusive request on the same key waits for every holder to go.
+        let writer = locker.lock("jobs", ttl).max_holders(2).exclusive();
+        assert!(writer.try_acquire().await.expect("acquire").is_none());
+        second.release().await.expect("release");
+        let alone = writer.try_acquire().await.expect("acquire").expect("alone");
+        assert!(
+            slots.try_acquire().await.expect("acquire").is_none(),
+            "held alone"
+        );
+        alone.release().await.expect("release");
+        assert_eq!(
+            locker.lock("m", ttl).share_mode(),
+            ShareMode::Exclusive,
+            "a mutex"
+        );
     }
 }

@@ -258,6 +258,7 @@ async fn names_are_configurable_and_one_document_holds_the_lock() {
     let lock = locker(backend)
         .lock("jobs/nightly", Duration::from_secs(30))
         .max_holders(2)
+        .shared()
         .owner("worker-1")
         .acquire()
         .await
@@ -386,6 +387,7 @@ async fn a_semaphore_raced_by_several_clients_counts_zero_violations() {
                     let lock = locker
                         .lock("raced", Duration::from_secs(10))
                         .max_holders(MAX_HOLDERS)
+                        .shared()
                         .acquire()
                         .await
                         .expect("acquire");

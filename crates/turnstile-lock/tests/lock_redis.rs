@@ -90,8 +90,8 @@ async fn keys_share_one_hash_tag_use_the_prefix_and_expire() {
         assert!(keys.iter().all(|name| name.starts_with("app:")), "{keys:?}");
         assert_eq!(
             keys.len(),
-            7,
-            "holders tokens fence queue beats seq ttls: {keys:?}"
+            8,
+            "holders tokens meta fence queue beats seq waits: {keys:?}"
         );
         let tags: Vec<&str> = keys.iter().map(|name| hash_slot_input(name)).collect();
         assert!(

@@ -11,9 +11,9 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::{
-    validate_key, validate_max_holders, validate_owner, validate_request, validate_ttl,
-    AcquireMode, AcquireOutcome, AcquireRequest, Backend, Handoff, HolderInfo, LockSnapshot,
-    WakeRegistry, WakeSubscription,
+    admits, admitted_prefix, validate_key, validate_max_holders, validate_owner, validate_request,
+    validate_ttl, AcquireMode, AcquireOutcome, AcquireRequest, Backend, Handoff, HolderInfo,
+    LockSnapshot, ShareMode, WakeRegistry, WakeSubscription,
 };
 use crate::error::LockResult;
 
@@ -21,29 +21,67 @@ use crate::error::LockResult;
 struct Holder {
     fencing_token: u64,
     expires_at: Instant,
+    share: ShareMode,
+    lock_delay: Duration,
+    /// The max-hold deadline, if any: no lease reaches past it.
+    hold_until: Option<Instant>,
 }
+
+impl Holder {
+    /// A lease of `ttl` from `now`, capped at the max-hold deadline.
+    fn lease(&self, ttl: Duration, now: Instant) -> Duration {
+        self.hold_until
+            .map_or(ttl, |until| ttl.min(until.saturating_duration_since(now)))
+    }
+}
+
+/// Queue order: priority descending (stored negated), then arrival.
+type Place = (i64, u64);
 
 #[derive(Debug)]
 struct Waiter {
-    seq: u64,
+    place: Place,
     heartbeat_expires_at: Instant,
-    /// The lease it asked for, granted to it on hand-off.
+    /// What it asked for, granted to it on hand-off.
     ttl: Duration,
+    share: ShareMode,
+    max_hold: Option<Duration>,
+    lock_delay: Duration,
 }
 
 #[derive(Debug, Default)]
 struct KeyState {
     holders: HashMap<String, Holder>,
     fence: u64,
-    /// Arrival sequence → owner: iteration order is queue order.
-    queue: BTreeMap<u64, String>,
+    /// Place → owner: iteration order is queue order.
+    queue: BTreeMap<Place, String>,
     waiters: HashMap<String, Waiter>,
     next_seq: u64,
+    /// No grant before this (a lock-delay after an involuntary end).
+    delay_until: Option<Instant>,
+}
+
+/// What a new grant records.
+struct GrantTerms {
+    ttl: Duration,
+    share: ShareMode,
+    max_hold: Option<Duration>,
+    lock_delay: Duration,
 }
 
 impl KeyState {
     fn prune(&mut self, now: Instant) {
+        // A lease that ran out ended involuntarily: its lock-delay starts at its end.
+        for holder in self.holders.values() {
+            if holder.expires_at <= now && !holder.lock_delay.is_zero() {
+                let until = holder.expires_at + holder.lock_delay;
+                self.delay_until = Some(self.delay_until.map_or(until, |d| d.max(until)));
+            }
+        }
         self.holders.retain(|_, holder| holder.expires_at > now);
+        if self.delay_until.is_some_and(|until| until <= now) {
+            self.delay_until = None;
+        }
         let dead: Vec<String> = self
             .waiters
             .iter()
@@ -57,57 +95,88 @@ impl KeyState {
 
     fn leave_queue(&mut self, owner: &str) {
         if let Some(waiter) = self.waiters.remove(owner) {
-            self.queue.remove(&waiter.seq);
+            self.queue.remove(&waiter.place);
         }
     }
 
-    /// 0-based place of `owner` in the queue, if queued.
-    fn rank(&self, owner: &str) -> Option<usize> {
-        let seq = self.waiters.get(owner)?.seq;
-        Some(self.queue.range(..seq).count())
-    }
-
-    fn earliest_expiry(&self, now: Instant) -> Option<Duration> {
+    fn held_exclusive(&self) -> bool {
         self.holders
             .values()
+            .any(|holder| holder.share.is_exclusive())
+    }
+
+    /// Modes of the waiters queued before `place`.
+    fn modes_before(&self, place: Place) -> impl Iterator<Item = ShareMode> + '_ {
+        self.queue
+            .range(..place)
+            .filter_map(|(_, owner)| self.waiters.get(owner).map(|waiter| waiter.share))
+    }
+
+    /// When a grant could next happen without a release: the earliest lease end or the end
+    /// of the lock-delay, whichever is later.
+    fn retry_after(&self, now: Instant) -> Option<Duration> {
+        let expiry = self
+            .holders
+            .values()
             .map(|holder| holder.expires_at.saturating_duration_since(now))
-            .min()
+            .min();
+        let delay = self
+            .delay_until
+            .map(|until| until.saturating_duration_since(now));
+        expiry.max(delay)
     }
 
-    fn free_slots(&self, max_holders: u32) -> usize {
-        (max_holders as usize).saturating_sub(self.holders.len())
+    fn insert_holder(&mut self, owner: &str, terms: &GrantTerms, now: Instant) -> (u64, Duration) {
+        self.fence += 1;
+        let lease = terms.max_hold.map_or(terms.ttl, |max| terms.ttl.min(max));
+        self.holders.insert(
+            owner.to_owned(),
+            Holder {
+                fencing_token: self.fence,
+                expires_at: now + lease,
+                share: terms.share,
+                lock_delay: terms.lock_delay,
+                hold_until: terms.max_hold.map(|max| now + max),
+            },
+        );
+        (self.fence, lease)
     }
 
-    /// Grants free slots to the head of the queue and tells those waiters. Each hand-off
+    /// Grants the compatible head of the queue and tells those waiters. Each hand-off
     /// lease is capped by the waiter's remaining heartbeat, so a waiter that vanished blocks
     /// the lock no longer than its queue place would have.
     fn hand_off(&mut self, key: &str, max_holders: u32, now: Instant, wakes: &WakeRegistry) {
-        let admitted: Vec<String> = self
+        if self.delay_until.is_some() {
+            return;
+        }
+        let modes = self
             .queue
             .values()
-            .take(self.free_slots(max_holders))
-            .cloned()
-            .collect();
+            .filter_map(|owner| self.waiters.get(owner).map(|waiter| waiter.share));
+        let count = admitted_prefix(
+            self.holders.len(),
+            self.held_exclusive(),
+            modes,
+            max_holders,
+        );
+        let admitted: Vec<String> = self.queue.values().take(count).cloned().collect();
         for owner in admitted {
-            let Some(waiter) = self.waiters.get(&owner) else {
+            let Some(waiter) = self.waiters.remove(&owner) else {
                 continue;
             };
-            let lease = waiter
-                .ttl
-                .min(waiter.heartbeat_expires_at.saturating_duration_since(now));
-            self.leave_queue(&owner);
-            if lease.is_zero() {
+            self.queue.remove(&waiter.place);
+            let terms = GrantTerms {
+                ttl: waiter
+                    .ttl
+                    .min(waiter.heartbeat_expires_at.saturating_duration_since(now)),
+                share: waiter.share,
+                max_hold: waiter.max_hold,
+                lock_delay: waiter.lock_delay,
+            };
+            if terms.ttl.is_zero() {
                 continue;
             }
-            self.fence += 1;
-            let fencing_token = self.fence;
-            self.holders.insert(
-                owner.clone(),
-                Holder {
-                    fencing_token,
-                    expires_at: now + lease,
-                },
-            );
+            let (fencing_token, lease) = self.insert_holder(&owner, &terms, now);
             wakes.hand_off(
                 key,
                 &owner,
@@ -165,61 +234,73 @@ impl Backend for MemoryBackend {
         state.prune(now);
 
         if let Some(holder) = state.holders.get_mut(request.owner) {
-            holder.expires_at = now + request.ttl;
+            // Idempotent re-acquire: the lease is refreshed, the max-hold deadline is not.
+            let lease = holder.lease(request.ttl, now);
+            holder.expires_at = now + lease;
             return Ok(AcquireOutcome::Granted {
                 fencing_token: holder.fencing_token,
-                ttl: request.ttl,
+                ttl: lease,
                 already_held: true,
             });
         }
 
-        let free = state.free_slots(request.max_holders);
-        let rank = state.rank(request.owner);
-        let ahead = rank.unwrap_or(state.queue.len());
-        if ahead < free {
-            state.fence += 1;
-            let fencing_token = state.fence;
-            state.holders.insert(
-                request.owner.to_owned(),
-                Holder {
-                    fencing_token,
-                    expires_at: now + request.ttl,
-                },
+        let queued_place = state.waiters.get(request.owner).map(|waiter| waiter.place);
+        // Not queued: judged at the place it would join (after its priority and higher).
+        let place = queued_place.unwrap_or((-i64::from(request.priority), u64::MAX));
+        let granted = state.delay_until.is_none()
+            && admits(
+                state.holders.len(),
+                state.held_exclusive(),
+                state.modes_before(place),
+                request.share,
+                request.max_holders,
             );
+        if granted {
             state.leave_queue(request.owner);
+            let terms = GrantTerms {
+                ttl: request.ttl,
+                share: request.share,
+                max_hold: request.max_hold,
+                lock_delay: request.lock_delay,
+            };
+            let (fencing_token, lease) = state.insert_holder(request.owner, &terms, now);
             return Ok(AcquireOutcome::Granted {
                 fencing_token,
-                ttl: request.ttl,
+                ttl: lease,
                 already_held: false,
             });
         }
 
-        let retry_after = state.earliest_expiry(now);
+        let retry_after = state.retry_after(now);
         if request.mode == AcquireMode::Try {
             return Ok(AcquireOutcome::Busy { retry_after });
         }
         let heartbeat_expires_at = now + request.waiter_lease;
-        let position = match state.waiters.get_mut(request.owner) {
+        let place = match state.waiters.get_mut(request.owner) {
             Some(waiter) => {
                 waiter.heartbeat_expires_at = heartbeat_expires_at;
                 waiter.ttl = request.ttl;
-                ahead + 1
+                waiter.place
             }
             None => {
                 state.next_seq += 1;
-                let seq = state.next_seq;
-                state.queue.insert(seq, request.owner.to_owned());
+                let place = (-i64::from(request.priority), state.next_seq);
+                state.queue.insert(place, request.owner.to_owned());
                 state.waiters.insert(
                     request.owner.to_owned(),
                     Waiter {
-                        seq,
+                        place,
                         heartbeat_expires_at,
                         ttl: request.ttl,
+                        share: request.share,
+                        max_hold: request.max_hold,
+                        lock_delay: request.lock_delay,
                     },
                 );
-                state.queue.len()
+                place
             }
         };
+        let position = state.queue.range(..=place).count();
         Ok(AcquireOutcome::Waiting {
             position: u32::try_from(position).unwrap_or(u32::MAX),
             retry_after,
@@ -250,23 +331,21 @@ impl Backend for MemoryBackend {
         Ok(was_held)
     }
 
-    async fn extend(&self, key: &str, owner: &str, ttl: Duration) -> LockResult<bool> {
+    async fn extend(&self, key: &str, owner: &str, ttl: Duration) -> LockResult<Option<Duration>> {
         validate_key(key)?;
         validate_owner(owner)?;
         validate_ttl(ttl)?;
         let now = Instant::now();
         let mut locks = self.locks();
         let Some(state) = locks.get_mut(key) else {
-            return Ok(false);
+            return Ok(None);
         };
         state.prune(now);
-        match state.holders.get_mut(owner) {
-            Some(holder) => {
-                holder.expires_at = now + ttl;
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        Ok(state.holders.get_mut(owner).map(|holder| {
+            let lease = holder.lease(ttl, now);
+            holder.expires_at = now + lease;
+            lease
+        }))
     }
 
     async fn is_held(&self, key: &str, owner: &str) -> LockResult<bool> {
@@ -295,6 +374,7 @@ impl Backend for MemoryBackend {
                 owner: owner.clone(),
                 fencing_token: holder.fencing_token,
                 expires_in: holder.expires_at.saturating_duration_since(now),
+                share: holder.share,
             })
             .collect();
         holders.sort_by_key(|holder| holder.fencing_token);
@@ -302,6 +382,9 @@ impl Backend for MemoryBackend {
             holders,
             waiters: state.queue.values().cloned().collect(),
             fencing_token: state.fence,
+            delayed_for: state
+                .delay_until
+                .map(|until| until.saturating_duration_since(now)),
         })
     }
 

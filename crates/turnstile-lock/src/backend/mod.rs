@@ -9,9 +9,17 @@
 //! - **fence counter**: the highest fencing token ever issued (or the floor it was raised to).
 //!   It never decreases and never expires. A grant increments it *in the same atomic step* that
 //!   records the holder, so tokens strictly increase in grant order.
-//! - **wait queue**: owner tokens in arrival order, each with a heartbeat expiry so a crashed
-//!   waiter ages out. A requester is granted only when a slot is free *and* fewer waiters are
-//!   ahead of it than there are free slots (FIFO; a `Try` request never jumps the queue).
+//!   Each holder also records its [`ShareMode`], its lock-delay and its max-hold deadline.
+//! - **wait queue**: owner tokens by priority (higher first), then arrival order, each with a
+//!   heartbeat expiry so a crashed waiter ages out. Admission walks the queue in order and
+//!   stops at the first request that is not compatible (see [`admits`]): an exclusive request
+//!   holds alone, shared ones hold together up to `max_holders` (of the request deciding the
+//!   grant), and a waiting exclusive request stops later shared ones from overtaking it. A
+//!   request that is not queued is judged at the place it would join (after every waiter of
+//!   its priority or higher); a `Try` request never jumps the queue.
+//! - **delay-until**: when a lease runs out (including at its max-hold deadline), the prune
+//!   that notices it sets "no grant before `lease_end + lock_delay`"; a voluntary release
+//!   sets nothing.
 //!
 //! Expiry is judged by the backend's own clock (Redis `TIME`, the Mongo server's `$$NOW`, the
 //! process clock in memory), never by the clients' clocks.
@@ -81,6 +89,71 @@ pub enum AcquireMode {
     Wait,
 }
 
+/// How a holder shares the lock with other holders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ShareMode {
+    /// Holds alone: granted only when nobody else (of any mode) holds the lock.
+    #[default]
+    Exclusive,
+    /// Holds together with other shared holders, up to `max_holders` at once.
+    Shared,
+}
+
+impl ShareMode {
+    /// True for [`ShareMode::Exclusive`].
+    pub fn is_exclusive(self) -> bool {
+        self == ShareMode::Exclusive
+    }
+}
+
+/// Would a request of mode `share` be granted now, given `held` live holders (`held_exclusive`:
+/// one of them is exclusive) and the modes of the waiters queued ahead of it?
+///
+/// Admission walks the queue in order and stops at the first request that is not compatible,
+/// so the request is granted exactly when it and everyone ahead of it fit together: at most
+/// `max_holders` in all, and either it is alone or everyone is shared.
+pub fn admits(
+    held: usize,
+    held_exclusive: bool,
+    ahead: impl IntoIterator<Item = ShareMode>,
+    share: ShareMode,
+    max_holders: u32,
+) -> bool {
+    let mut total = held + 1;
+    let mut all_shared = !held_exclusive && !share.is_exclusive();
+    for mode in ahead {
+        total += 1;
+        all_shared &= !mode.is_exclusive();
+    }
+    total <= max_holders as usize && (total == 1 || all_shared)
+}
+
+/// How many of the waiters at the head of the queue (modes in queue order) a hand-off admits
+/// next to `held` live holders: the longest compatible prefix (see [`admits`]).
+pub fn admitted_prefix(
+    held: usize,
+    held_exclusive: bool,
+    queue: impl IntoIterator<Item = ShareMode>,
+    max_holders: u32,
+) -> usize {
+    let (mut count, mut exclusive) = (held, held_exclusive);
+    let mut admitted = 0;
+    for mode in queue {
+        let fits = if mode.is_exclusive() {
+            count == 0
+        } else {
+            !exclusive && count < max_holders as usize
+        };
+        if !fits {
+            break;
+        }
+        count += 1;
+        exclusive |= mode.is_exclusive();
+        admitted += 1;
+    }
+    admitted
+}
+
 /// One acquire attempt, as sent to a [`Backend`].
 #[derive(Debug, Clone, Copy)]
 pub struct AcquireRequest<'a> {
@@ -97,6 +170,43 @@ pub struct AcquireRequest<'a> {
     /// In [`AcquireMode::Wait`]: how long the queue entry survives without another attempt.
     /// The engine sets it comfortably above its polling delay.
     pub waiter_lease: Duration,
+    /// Exclusive (alone) or shared (with other shared holders, up to `max_holders`).
+    pub share: ShareMode,
+    /// Queue order: higher first, first come first served within one priority. Never
+    /// preempts a holder.
+    pub priority: i32,
+    /// The grant ends at (backend clock at the first grant) + this, whatever its renewals:
+    /// every lease is capped at that deadline. `None`: no limit.
+    pub max_hold: Option<Duration>,
+    /// Recorded with the grant: when it ends involuntarily (its lease ran out, also at the
+    /// max-hold deadline), nobody is granted the key until `lease_end + lock_delay`.
+    pub lock_delay: Duration,
+}
+
+impl<'a> AcquireRequest<'a> {
+    /// A request with the defaults of the newer fields: exclusive, priority 0, no maximum
+    /// hold time, no lock-delay.
+    pub fn new(
+        key: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+        max_holders: u32,
+        mode: AcquireMode,
+        waiter_lease: Duration,
+    ) -> Self {
+        AcquireRequest {
+            key,
+            owner,
+            ttl,
+            max_holders,
+            mode,
+            waiter_lease,
+            share: ShareMode::Exclusive,
+            priority: 0,
+            max_hold: None,
+            lock_delay: Duration::ZERO,
+        }
+    }
 }
 
 /// What an acquire attempt achieved.
@@ -106,7 +216,7 @@ pub enum AcquireOutcome {
     Granted {
         /// The fencing token of this grant.
         fencing_token: u64,
-        /// The lease now granted (equals the requested ttl).
+        /// The lease now granted: the requested ttl, capped by the grant's max-hold deadline.
         ttl: Duration,
         /// The owner already held the lock: the lease was refreshed and the existing token
         /// returned (idempotent re-acquire by the same owner token).
@@ -116,13 +226,13 @@ pub enum AcquireOutcome {
     Waiting {
         /// 1-based place in the queue.
         position: u32,
-        /// When the earliest current lease runs out, if any: the next moment a grant could
-        /// happen without a release.
+        /// When the earliest current lease runs out, or the lock-delay ends, whichever is
+        /// later, if any: the next moment a grant could happen without a release.
         retry_after: Option<Duration>,
     },
     /// Not granted and not enqueued ([`AcquireMode::Try`]).
     Busy {
-        /// When the earliest current lease runs out, if any.
+        /// As in [`AcquireOutcome::Waiting`].
         retry_after: Option<Duration>,
     },
 }
@@ -136,6 +246,8 @@ pub struct HolderInfo {
     pub fencing_token: u64,
     /// Remaining lease by the backend's clock.
     pub expires_in: Duration,
+    /// Whether it holds alone or shared.
+    pub share: ShareMode,
 }
 
 /// A point-in-time view of one lock.
@@ -147,6 +259,9 @@ pub struct LockSnapshot {
     pub waiters: Vec<String>,
     /// The fence counter: the highest token ever issued or the floor it was raised to.
     pub fencing_token: u64,
+    /// While a lock-delay after an involuntary end is running: how much of it remains (no
+    /// grant until then).
+    pub delayed_for: Option<Duration>,
 }
 
 /// A lock store. Object safe: the controller picks one at runtime as `Arc<dyn Backend>`.
@@ -169,9 +284,10 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// of theirs.
     async fn release(&self, key: &str, owner: &str, max_holders: u32) -> LockResult<bool>;
 
-    /// Compare-and-expire: sets `owner`'s lease to `ttl` from now if it still holds a live
-    /// lease. Returns false (and changes nothing) otherwise.
-    async fn extend(&self, key: &str, owner: &str, ttl: Duration) -> LockResult<bool>;
+    /// Compare-and-expire: sets `owner`'s lease to `ttl` from now, capped at its max-hold
+    /// deadline, if it still holds a live lease, and returns the lease granted. Returns `None`
+    /// (and changes nothing) otherwise.
+    async fn extend(&self, key: &str, owner: &str, ttl: Duration) -> LockResult<Option<Duration>>;
 
     /// Does `owner` hold a live lease?
     async fn is_held(&self, key: &str, owner: &str) -> LockResult<bool>;
@@ -210,7 +326,7 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     async fn release(&self, key: &str, owner: &str, max_holders: u32) -> LockResult<bool> {
         (**self).release(key, owner, max_holders).await
     }
-    async fn extend(&self, key: &str, owner: &str, ttl: Duration) -> LockResult<bool> {
+    async fn extend(&self, key: &str, owner: &str, ttl: Duration) -> LockResult<Option<Duration>> {
         (**self).extend(key, owner, ttl).await
     }
     async fn is_held(&self, key: &str, owner: &str) -> LockResult<bool> {
@@ -298,6 +414,19 @@ pub fn validate_request(request: &AcquireRequest<'_>) -> LockResult<()> {
     validate_max_holders(request.max_holders)?;
     if request.mode == AcquireMode::Wait {
         validate_ttl(request.waiter_lease)?;
+    }
+    if let Some(max_hold) = request.max_hold {
+        validate_ttl(max_hold)?;
+    }
+    validate_lock_delay(request.lock_delay)
+}
+
+/// Rejects a lock-delay longer than [`MAX_TTL`] (zero is allowed: no delay).
+pub fn validate_lock_delay(lock_delay: Duration) -> LockResult<()> {
+    if lock_delay > MAX_TTL {
+        return Err(LockError::invalid(format!(
+            "lock-delay must be at most {MAX_TTL:?}, got {lock_delay:?}"
+        )));
     }
     Ok(())
 }

@@ -27,6 +27,7 @@
 //! Release, extend and the fencing floor are single-document writes filtered by key (and, for
 //! extend, by the owner's live lease).
 
+mod document;
 mod pipelines;
 mod sequencer;
 mod wakes;
@@ -46,9 +47,10 @@ use mongodb::{Client, Collection};
 
 pub use self::wakes::MongoWakeSource;
 
+use self::document::{read_now, LockDocument};
 use self::pipelines::{
-    acquire_pipeline, extend_pipeline, holds_live_lease, millis, read_now, read_with_now,
-    release_pipeline, AcquireParams, LockDocument,
+    acquire_pipeline, extend_pipeline, holds_live_lease, millis, read_with_now, release_pipeline,
+    AcquireParams,
 };
 use self::sequencer::KeySequencer;
 use self::wakes::{open_change_stream, Wakes};
@@ -161,7 +163,7 @@ fn mongo_error(operation: &'static str) -> impl FnOnce(mongodb::error::Error) ->
     move |error| LockError::backend(BACKEND, operation, error)
 }
 
-fn malformed(operation: &'static str) -> impl FnOnce(pipelines::Malformed) -> LockError {
+fn malformed(operation: &'static str) -> impl FnOnce(document::Malformed) -> LockError {
     move |error| LockError::backend(BACKEND, operation, error)
 }
 
@@ -440,16 +442,20 @@ impl Backend for MongoBackend {
             max_holders: i64::from(request.max_holders),
             mode: request.mode,
             waiter_lease_ms: millis(request.waiter_lease).max(1),
+            share: request.share,
+            priority: i64::from(request.priority),
+            max_hold_ms: request.max_hold.map_or(-1, millis),
+            lock_delay_ms: millis(request.lock_delay),
         };
         let collection = self.shared.collection.clone();
-        let (key, ttl) = (request.key.to_owned(), request.ttl);
+        let key = request.key.to_owned();
         self.write_in_turn("acquire", request.key, async move {
             let pipeline = acquire_pipeline(&params);
             let document =
                 upsert_returning_new(&collection, "acquire", &key, || pipeline.clone().into())
                     .await?;
             LockDocument::parse(&document)
-                .and_then(|parsed| parsed.acquire_outcome(&params.owner, ttl))
+                .and_then(|parsed| parsed.acquire_outcome(&params.owner))
                 .map_err(malformed("acquire"))
         })
         .await
@@ -477,20 +483,27 @@ impl Backend for MongoBackend {
         .await
     }
 
-    async fn extend(&self, key: &str, owner: &str, ttl: Duration) -> LockResult<bool> {
+    async fn extend(&self, key: &str, owner: &str, ttl: Duration) -> LockResult<Option<Duration>> {
         validate_key(key)?;
         validate_owner(owner)?;
         validate_ttl(ttl)?;
         // Not an upsert, so the live-lease condition may use `$expr` (with the server's now).
         let filter = doc! { "_id": key, "$expr": holds_live_lease(owner) };
         let update = extend_pipeline(owner, millis(ttl));
-        let collection = self.shared.collection.clone();
+        let (collection, owner) = (self.shared.collection.clone(), owner.to_owned());
         self.write_in_turn("extend", key, async move {
-            let result = collection
-                .update_one(filter, update)
+            let document = collection
+                .find_one_and_update(filter, update)
+                .return_document(ReturnDocument::After)
                 .await
                 .map_err(mongo_error("extend"))?;
-            Ok(result.matched_count == 1)
+            match document {
+                None => Ok(None),
+                Some(document) => LockDocument::parse(&document)
+                    .and_then(|parsed| parsed.extend_outcome(&owner))
+                    .map(Some)
+                    .map_err(malformed("extend")),
+            }
         })
         .await
     }

@@ -181,7 +181,7 @@ impl Backend for CountingBackend {
         self.releases.fetch_add(1, Ordering::SeqCst);
         self.inner.release(key, owner, max_holders).await
     }
-    async fn extend(&self, key: &str, owner: &str, ttl: Duration) -> LockResult<bool> {
+    async fn extend(&self, key: &str, owner: &str, ttl: Duration) -> LockResult<Option<Duration>> {
         self.inner.extend(key, owner, ttl).await
     }
     async fn is_held(&self, key: &str, owner: &str) -> LockResult<bool> {

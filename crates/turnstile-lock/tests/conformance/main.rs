@@ -39,6 +39,15 @@ macro_rules! conformance_suite {
                 stress_mutex_counts_zero_violations,
                 stress_semaphore_counts_zero_violations,
                 stress_with_stalled_holders_counts_zero_violations,
+                shared_holders_coexist_up_to_the_limit,
+                exclusive_holds_alone,
+                a_waiting_exclusive_blocks_later_shared_and_shared_are_admitted_together,
+                priority_orders_the_queue_then_first_come_first_served,
+                max_hold_ends_a_renewed_grant,
+                lock_delay_follows_an_expiry_but_not_a_release,
+                lowering_max_holders_revokes_nobody,
+                stress_mixed_shared_exclusive_counts_zero_violations,
+                exclusive_waiter_is_not_starved_by_a_stream_of_shared_claims,
             );
         }
     };

@@ -22,7 +22,8 @@ use mongodb::change_stream::ChangeStream;
 use mongodb::Collection;
 use tokio::sync::{mpsc, oneshot};
 
-use super::pipelines::{field, woken_owners};
+use super::document::woken_owners;
+use super::pipelines::field;
 use crate::backend::{WakeRegistry, WakeSubscription};
 
 /// How a [`MongoBackend`](super::MongoBackend) learns about releases.
