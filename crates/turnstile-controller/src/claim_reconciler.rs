@@ -36,7 +36,7 @@ async fn reconcile_orphan(claim: &LockClaim, ctx: &Context) -> Result<Action, Co
     if ctx.lock_exists(&namespace, &claim.spec.lock_name) {
         return Ok(Action::await_change());
     }
-    let view = match ClaimView::from_resource(&claim) {
+    let view = match ClaimView::from_resource(claim) {
         Ok(view) => view,
         Err(error) => {
             tracing::warn!(%error, "ignoring incomplete claim");
