@@ -109,19 +109,20 @@ async fn filled_stores(
         lock_writer.apply_watcher_event(&watcher::Event::InitApply(lock));
     }
     lock_writer.apply_watcher_event(&watcher::Event::InitDone);
+    // The index sees every event the store does, first (as in the runtime).
     let index = ClaimIndex::new();
-    claim_writer.apply_watcher_event(&watcher::Event::Init);
-    for claim in env
+    let listed = env
         .claims()
         .list(&Default::default())
         .await
-        .expect("claims")
-    {
-        let event = watcher::Event::InitApply(claim);
+        .expect("claims");
+    let events = std::iter::once(watcher::Event::Init)
+        .chain(listed.into_iter().map(watcher::Event::InitApply))
+        .chain(std::iter::once(watcher::Event::InitDone));
+    for event in events {
         index.observe(&event);
         claim_writer.apply_watcher_event(&event);
     }
-    claim_writer.apply_watcher_event(&watcher::Event::InitDone);
     (locks, claims, index)
 }
 

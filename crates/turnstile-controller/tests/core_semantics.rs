@@ -168,9 +168,17 @@ async fn limits_changed_live_take_effect_at_the_next_grant_and_revoke_nobody() {
     );
     assert_eq!(sim.phase("e"), Some(ClaimPhase::Pending));
 
-    // Raised: the next pass fills the new slots; a new lease applies to the next grant.
+    // Raised: d was granted on a mutex, so it holds alone until it lets go; then the new
+    // slots fill, and a new lease applies to the next grant.
     sim.lock.spec.lease_duration_seconds = 7;
     sim.set_max_holders(2);
+    sim.settle().await;
+    assert_eq!(
+        sim.phase("e"),
+        Some(ClaimPhase::Pending),
+        "d holds exclusively"
+    );
+    sim.release("d");
     sim.settle().await;
     assert_eq!(sim.phase("e"), Some(ClaimPhase::Held));
     let status = sim.claims["e"].status.clone().expect("status");

@@ -657,7 +657,14 @@ pub fn plan(input: &LockInput) -> Plan {
                 let draft = held_draft(&mut builder, &mode, claim, now);
                 if !matches!(draft, Draft::End { .. }) {
                     held += 1;
-                    held_exclusive |= !claim.shared(&input.lock);
+                    // The mode it was granted in, as the backend records it (an omitted mode
+                    // follows maxHolders, which may have changed since the grant).
+                    let granted_shared = input
+                        .backend
+                        .snapshot()
+                        .and_then(|s| s.holders.iter().find(|h| h.owner == claim.uid))
+                        .map(|h| h.share == turnstile_lock::ShareMode::Shared);
+                    held_exclusive |= !granted_shared.unwrap_or(claim.shared(&input.lock));
                 }
                 draft
             } else if mode == LockMode::Deleting {

@@ -537,7 +537,19 @@ impl Sim {
                 .expect("complete claim")
                 .shared(&lock_view)
         };
-        let held_exclusive = held.iter().any(|claim| !shared(claim));
+        // Holders count in the mode they were granted in, as the backend records it.
+        let key = lock_view.backend_key();
+        let granted = self.backend.snapshot(&key).await.expect("snapshot");
+        let held_exclusive = held.iter().any(|claim| {
+            let uid = claim.metadata.uid.as_deref().unwrap_or_default();
+            granted
+                .holders
+                .iter()
+                .find(|holder| holder.owner == uid)
+                .map_or(!shared(claim), |holder| {
+                    holder.share == turnstile_lock::ShareMode::Exclusive
+                })
+        });
         // (An omitted mode follows the lock's maxHolders, which may have been lowered under
         // its holders: only a claim asking for Exclusive must hold alone.)
         let asked_exclusive = held

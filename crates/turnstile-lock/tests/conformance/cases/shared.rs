@@ -61,7 +61,7 @@ pub async fn shared_holders_coexist_up_to_the_limit(h: Harness) {
         .holders
         .iter()
         .all(|holder| holder.share == ShareMode::Shared));
-    let writer = locker.lock("rw", LONG).max_holders(3);
+    let writer = locker.lock("rw", LONG).max_holders(3).exclusive();
     assert!(
         writer.try_acquire().await.expect("try").is_none(),
         "writer beside readers"

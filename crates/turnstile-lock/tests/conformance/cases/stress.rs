@@ -273,6 +273,7 @@ pub async fn exclusive_waiter_is_not_starved_by_a_stream_of_shared_claims(h: Har
     let writer = locker
         .lock("stream", Duration::from_secs(10))
         .max_holders(3)
+        .exclusive()
         .acquire()
         .await
         .expect("the writer is served");
