@@ -291,6 +291,7 @@ async fn read_write(locker: &Locker, readers: usize) -> ReadWrite {
             let request = locker
                 .lock("bench-rw", LEASE)
                 .max_holders(max_holders)
+                .exclusive()
                 .retry(RetryPolicy::forever());
             let mut waits = Vec::new();
             while !stop.load(Ordering::Relaxed) {
