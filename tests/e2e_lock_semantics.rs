@@ -1,6 +1,7 @@
 //! End to end with real kubectl against the fake API server and the controller: claim
 //! priority (kept across a controller restart), the lock's maximum hold time and its
-//! lock-delay after an involuntary end, and a semaphore limit lowered on a live lock.
+//! lock-delay after an involuntary end, a semaphore limit lowered on a live lock, and shared
+//! readers with an exclusive writer that later readers do not overtake.
 
 mod e2e_support;
 
@@ -95,5 +96,58 @@ async fn a_lowered_limit_revokes_nobody_and_stops_grants() {
     assert_eq!(phase_of(&env.claim("b").await), Some(ClaimPhase::Held));
     env.delete_claim("b").await;
     env.wait_phase("c", ClaimPhase::Held).await;
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_share_a_writer_holds_alone_and_is_not_overtaken() {
+    let mut env = Env::new().await;
+    env.start_default_controller();
+    env.apply_lock("table", "maxHolders: 3\nleaseDurationSeconds: 300");
+    env.apply_claim("reader-1", "table", "mode: Shared");
+    env.apply_claim("reader-2", "table", "mode: Shared");
+    env.wait_phase("reader-1", ClaimPhase::Held).await;
+    env.wait_phase("reader-2", ClaimPhase::Held).await;
+    env.apply_claim("writer", "table", "mode: Exclusive");
+    env.wait_claim("writer", |c| position_of(c) == Some(1))
+        .await;
+    env.apply_claim("reader-3", "table", "mode: Shared");
+    // A slot is free, but reader-3 waits behind the writer (no writer starvation).
+    env.wait_claim("reader-3", |c| position_of(c) == Some(2))
+        .await;
+    let wide = env.kubectl(&["get", "lockclaim", "writer", "-o", "wide"]);
+    assert!(wide.contains("Exclusive"), "{wide}");
+    let changed = env.kubectl_output(&[
+        "patch",
+        "lockclaim",
+        "writer",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"mode":"Shared"}}"#,
+    ]);
+    assert!(!changed.status.success(), "spec.mode is immutable");
+    assert!(
+        String::from_utf8_lossy(&changed.stderr).contains("mode is immutable"),
+        "{}",
+        String::from_utf8_lossy(&changed.stderr)
+    );
+
+    env.delete_claim("reader-1").await;
+    env.delete_claim("reader-2").await;
+    env.wait_phase("writer", ClaimPhase::Held).await;
+    let lock = env
+        .wait_lock("table", |lock| {
+            lock.status
+                .as_ref()
+                .is_some_and(|s| s.holder_summary.as_deref() == Some("writer"))
+        })
+        .await;
+    assert_eq!(lock.status.expect("status").holders.len(), 1, "alone");
+    assert_eq!(
+        phase_of(&env.claim("reader-3").await),
+        Some(ClaimPhase::Pending)
+    );
+    env.delete_claim("writer").await;
+    env.wait_phase("reader-3", ClaimPhase::Held).await;
     env.stop_controller().await;
 }
