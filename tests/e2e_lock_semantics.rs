@@ -111,6 +111,9 @@ async fn readers_share_a_writer_holds_alone_and_is_not_overtaken() {
     env.apply_claim("writer", "table", "mode: Exclusive");
     env.wait_claim("writer", |c| position_of(c) == Some(1))
         .await;
+    // The queue orders by whole creation seconds, then name: reader-3 comes a second later
+    // so that it is behind the writer.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     env.apply_claim("reader-3", "table", "mode: Shared");
     // A slot is free, but reader-3 waits behind the writer (no writer starvation).
     env.wait_claim("reader-3", |c| position_of(c) == Some(2))
