@@ -802,10 +802,8 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
             waiting,
             fencing_token,
             conditions,
-            locked_until: plan
-                .locked_until
-                .map(time_at)
-                .or_else(|| input.lock.status.locked_until.clone()),
+            // The plan's end already counts the one the status records.
+            locked_until: plan.locked_until.map(time_at),
         };
         if new_status != input.lock.status {
             lock_status = Some(new_status);

@@ -14,7 +14,7 @@ use turnstile_api::{
     MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_HOLDERS, MAX_HOLD_SECONDS, MAX_LEASE_DURATION_SECONDS,
     MAX_LOCK_DELAY_SECONDS, MAX_PRIORITY,
 };
-use turnstile_lock::LockSnapshot;
+use turnstile_lock::{HolderInfo, LockSnapshot};
 
 /// The backend lease outlives the lease shown in the API by this much: the controller, not the
 /// backend, ends grants (it releases at `expiresAt`), so a backend clock running slightly ahead
@@ -343,6 +343,11 @@ impl ClaimView {
         }
     }
 
+    /// When the recorded grant must end under the lock's `maxHoldSeconds`, if it must.
+    pub fn recorded_hold_deadline(&self, lock: &LockView) -> Option<Seconds> {
+        self.hold_deadline(lock, self.acquired()?)
+    }
+
     /// When a grant made at `acquired` must end under the lock's `maxHoldSeconds`.
     pub fn hold_deadline(&self, lock: &LockView, acquired: Seconds) -> Option<Seconds> {
         lock.max_hold_seconds()
@@ -448,10 +453,14 @@ impl BackendView {
         }
     }
 
+    /// `owner`'s live grant in the snapshot, if it has one.
+    pub fn holder(&self, owner: &str) -> Option<&HolderInfo> {
+        self.snapshot()?.holders.iter().find(|h| h.owner == owner)
+    }
+
     /// Whether `owner` is a live holder in the snapshot.
     pub fn holds(&self, owner: &str) -> bool {
-        self.snapshot()
-            .is_some_and(|snapshot| snapshot.holders.iter().any(|h| h.owner == owner))
+        self.holder(owner).is_some()
     }
 }
 

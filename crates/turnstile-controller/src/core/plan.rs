@@ -309,10 +309,7 @@ pub(crate) fn effective_expiry(input: &LockInput, claim: &ClaimView) -> (Seconds
         (expiry, renewed)
     };
     // `maxHoldSeconds` caps every renewal; a renewal that cannot move the end is none.
-    match claim
-        .acquired()
-        .and_then(|acquired| claim.hold_deadline(&input.lock, acquired))
-    {
+    match claim.recorded_hold_deadline(&input.lock) {
         Some(deadline) if expiry > deadline => (deadline, renewed && deadline > recorded),
         _ => (expiry, renewed),
     }
@@ -565,10 +562,7 @@ fn held_draft(
     }
     let (expiry, renewed) = effective_expiry(input, claim);
     if expiry <= now {
-        let deadline = claim
-            .acquired()
-            .and_then(|acquired| claim.hold_deadline(&input.lock, acquired));
-        let (reason, message) = match deadline {
+        let (reason, message) = match claim.recorded_hold_deadline(&input.lock) {
             Some(deadline) if deadline <= expiry => (
                 reasons::MAX_HOLD_EXCEEDED,
                 format!(
@@ -661,8 +655,7 @@ pub fn plan(input: &LockInput) -> Plan {
                     // follows maxHolders, which may have changed since the grant).
                     let granted_shared = input
                         .backend
-                        .snapshot()
-                        .and_then(|s| s.holders.iter().find(|h| h.owner == claim.uid))
+                        .holder(&claim.uid)
                         .map(|h| h.share == turnstile_lock::ShareMode::Shared);
                     held_exclusive |= !granted_shared.unwrap_or(claim.shared(&input.lock));
                 }
@@ -701,13 +694,10 @@ pub fn plan(input: &LockInput) -> Plan {
         let (mut holding, mut exclusive, mut blocked) = (held, held_exclusive, false);
         for &slot in &queue {
             let claim = &input.claims[drafts[slot].0];
-            let backend_token = snapshot.and_then(|snapshot| {
-                snapshot
-                    .holders
-                    .iter()
-                    .find(|holder| holder.owner == claim.uid)
-                    .map(|holder| holder.fencing_token)
-            });
+            let backend_token = input
+                .backend
+                .holder(&claim.uid)
+                .map(|holder| holder.fencing_token);
             let shared = claim.shared(&input.lock);
             let fits = !blocked
                 && if shared {
