@@ -13,9 +13,9 @@ use tracing::Instrument;
 use super::backends::BackendLookupError;
 use super::context::{cache_filled, Context};
 use super::core::{
-    fold, plan, BackendOp, BackendView, ClaimChange, ClaimView, Decision, EventSubject,
+    fold, plan, BackendOp, BackendView, CallTerms, ClaimChange, ClaimView, Decision, EventSubject,
     ExecutionGate, FinalizerChange, GrantEnd, LockInput, LockView, Observation, OpOutcome,
-    PlannedOp,
+    PlannedOp, LEASE_CUT,
 };
 use super::error::ControllerError;
 use super::events::publish;
@@ -135,13 +135,9 @@ async fn reconcile_inner(
         .await?;
     let outcomes = match &backend {
         Some(backend) => {
-            execute_while(
-                backend.as_ref(),
-                &key,
-                input.lock.max_holders(),
-                &planned.ops,
-                || ctx.leadership.is_open(),
-            )
+            execute_while(backend.as_ref(), &key, planned.terms, &planned.ops, || {
+                ctx.leadership.is_open()
+            })
             .await
         }
         None => Vec::new(),
@@ -429,10 +425,10 @@ fn log_claim_change(input: &LockInput, change: &ClaimChange, object: Option<&Loc
 pub async fn execute(
     backend: &dyn Backend,
     key: &str,
-    max_holders: u32,
+    terms: CallTerms,
     ops: &[PlannedOp],
 ) -> Vec<OpOutcome> {
-    execute_while(backend, key, max_holders, ops, || true).await
+    execute_while(backend, key, terms, ops, || true).await
 }
 
 /// [`execute`], asking `may_write` right before each call: once it says no, that call and
@@ -441,7 +437,7 @@ pub async fn execute(
 pub async fn execute_while(
     backend: &dyn Backend,
     key: &str,
-    max_holders: u32,
+    terms: CallTerms,
     ops: &[PlannedOp],
     may_write: impl Fn() -> bool,
 ) -> Vec<OpOutcome> {
@@ -454,7 +450,7 @@ pub async fn execute_while(
             outcomes.push(OpOutcome::Skipped);
             continue;
         }
-        let outcome = perform(backend, key, max_holders, &planned.op)
+        let outcome = perform(backend, key, terms, &planned.op)
             .await
             .unwrap_or_else(|error| OpOutcome::Failed {
                 message: describe(&error),
@@ -490,7 +486,7 @@ pub fn describe(error: &(dyn std::error::Error + 'static)) -> String {
 async fn perform(
     backend: &dyn Backend,
     key: &str,
-    max_holders: u32,
+    terms: CallTerms,
     op: &BackendOp,
 ) -> Result<OpOutcome, LockError> {
     Ok(match op {
@@ -506,7 +502,8 @@ async fn perform(
                 } else {
                     ShareMode::Exclusive
                 },
-                ..AcquireRequest::new(key, owner, *ttl, max_holders, AcquireMode::Try, *ttl)
+                lock_delay: terms.lock_delay,
+                ..AcquireRequest::new(key, owner, *ttl, terms.max_holders, AcquireMode::Try, *ttl)
             };
             match backend.acquire(&request).await? {
                 AcquireOutcome::Granted {
@@ -524,8 +521,11 @@ async fn perform(
         BackendOp::Extend { owner, ttl } => OpOutcome::Extended {
             still_held: backend.extend(key, owner, *ttl).await?.is_some(),
         },
-        BackendOp::Release { owner } => OpOutcome::Released {
-            was_held: backend.release(key, owner, max_holders).await?,
+        BackendOp::Release { owner, involuntary } if *involuntary => OpOutcome::Released {
+            was_held: backend.extend(key, owner, LEASE_CUT).await?.is_some(),
+        },
+        BackendOp::Release { owner, .. } => OpOutcome::Released {
+            was_held: backend.release(key, owner, terms.max_holders).await?,
         },
     })
 }
@@ -557,7 +557,11 @@ mod tests {
         let ops = [grant("a"), grant("b"), grant("c")];
         // Leadership is lost after the first call.
         let asked = AtomicUsize::new(0);
-        let outcomes = execute_while(&backend, "ns/db", 3, &ops, || {
+        let terms = CallTerms {
+            max_holders: 3,
+            lock_delay: Duration::ZERO,
+        };
+        let outcomes = execute_while(&backend, "ns/db", terms, &ops, || {
             asked.fetch_add(1, Ordering::SeqCst) == 0
         })
         .await;

@@ -106,7 +106,24 @@ async fn a_lock_delay_follows_an_expiry_but_not_a_release() {
         .as_ref()
         .and_then(|s| s.released_at.clone())
         .expect("releasedAt");
-    assert_eq!(locked_until.0.as_second() - ended.0.as_second(), 20);
+    // From the moment the controller ended the grant (the backend's delay starts then too),
+    // so at least 20 s after the lease's end, and no more than a second of rounding later.
+    let delayed = locked_until.0.as_second() - ended.0.as_second();
+    assert!(
+        (20..=21).contains(&delayed),
+        "lockedUntil {delayed} s after releasedAt"
+    );
+    // The backend keeps the delay too (the lease was cut, not deleted), for anyone else
+    // locking the key.
+    let key = turnstile_controller::core::LockView::from_resource(&sim.lock).backend_key();
+    let snapshot = sim.backend.snapshot(&key).await.expect("snapshot");
+    assert!(
+        snapshot
+            .delayed_for
+            .is_some_and(|left| left > Duration::from_secs(18)),
+        "the backend's own delay: {:?}",
+        snapshot.delayed_for
+    );
     assert!(
         sim.requeue_after <= Duration::from_secs(20),
         "the pass comes back when the delay ends, not at the resync: {:?}",

@@ -34,5 +34,8 @@ pub use model::{
     Seconds, WorkloadKind, WorkloadOwner, BACKEND_LEASE_GRACE,
 };
 pub use orphan::{decide_orphan, OrphanDecision};
-pub use plan::{plan, AcquirePurpose, BackendOp, ExecutionGate, OpOutcome, Plan, PlannedOp};
+pub use plan::{
+    plan, AcquirePurpose, BackendOp, CallTerms, ExecutionGate, OpOutcome, Plan, PlannedOp,
+    LEASE_CUT,
+};
 pub use queue::queue_order;

@@ -453,9 +453,14 @@ impl BackendView {
         }
     }
 
-    /// `owner`'s live grant in the snapshot, if it has one.
+    /// `owner`'s live grant in the snapshot, if it has one. A grant whose lease was cut
+    /// (see [`LEASE_CUT`](super::LEASE_CUT)) is over already: it runs out on its own, and
+    /// releasing it would end the backend's lock-delay.
     pub fn holder(&self, owner: &str) -> Option<&HolderInfo> {
-        self.snapshot()?.holders.iter().find(|h| h.owner == owner)
+        self.snapshot()?
+            .holders
+            .iter()
+            .find(|h| h.owner == owner && h.expires_in > super::LEASE_CUT)
     }
 
     /// Whether `owner` is a live holder in the snapshot.

@@ -39,6 +39,12 @@ pub enum BackendOp {
     Release {
         /// The claim's uid.
         owner: String,
+        /// The grant ended without its holder asking (its lease or maximum hold ran out, its
+        /// owner vanished) on a lock with a lock-delay: its lease is cut to
+        /// [`LEASE_CUT`] instead of deleted, so the backend starts the lock-delay it
+        /// recorded with the grant and holds off every acquirer of the key, in Kubernetes or
+        /// not.
+        involuntary: bool,
     },
 }
 
@@ -249,6 +255,8 @@ pub struct Plan {
     pub finalizers_to_add: Vec<String>,
     /// The backend calls, in the order they must run (see [`ExecutionGate`]).
     pub ops: Vec<PlannedOp>,
+    /// The lock's terms every call of this pass is made under.
+    pub terms: CallTerms,
     pub(crate) mode: LockMode,
     /// Claim indices of the input, in queue order, with their intents.
     pub(crate) intents: Vec<(usize, Intent)>,
@@ -364,6 +372,20 @@ fn mode_of(input: &LockInput) -> LockMode {
     }
 }
 
+/// The lock's terms at plan time, the same for every backend call of one pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallTerms {
+    /// 1 for a mutex, N for a counting semaphore.
+    pub max_holders: u32,
+    /// Recorded with every grant: when one ends involuntarily the backend itself refuses the
+    /// key to everyone for this long (see [`BackendOp::Release`]).
+    pub lock_delay: Duration,
+}
+
+/// How short an involuntarily ended grant's lease is cut (the backends' resolution): it runs
+/// out at once, as an expired lease, and the backend's lock-delay starts.
+pub const LEASE_CUT: Duration = Duration::from_millis(1);
+
 /// Collects the backend calls by group; [`Builder::layout`] puts the groups in order.
 struct Builder<'a> {
     input: &'a LockInput,
@@ -386,13 +408,29 @@ enum OpRef {
 
 impl<'a> Builder<'a> {
     fn release(&mut self, claim: &ClaimView) -> OpRef {
+        self.push_release(claim, false)
+    }
+
+    fn push_release(&mut self, claim: &ClaimView, involuntary: bool) -> OpRef {
         self.releases.push(PlannedOp {
             claim: Some(claim.name.clone()),
             op: BackendOp::Release {
                 owner: claim.uid.clone(),
+                involuntary,
             },
         });
         OpRef::Release(self.releases.len() - 1)
+    }
+
+    /// The release of a held grant that ends now for `reason`: an involuntary end on a lock
+    /// with a lock-delay cuts the lease (see [`BackendOp::Release`]).
+    fn end_held(&mut self, claim: &ClaimView, reason: &str) -> Option<OpRef> {
+        let involuntary =
+            self.input.lock.lock_delay_seconds() > 0 && INVOLUNTARY_ENDS.contains(&reason);
+        match &self.input.backend {
+            BackendView::Ready { .. } => Some(self.push_release(claim, involuntary)),
+            _ => None,
+        }
     }
 
     /// A release when the backend holds (or, by the API, should hold) a grant for `claim`.
@@ -539,7 +577,7 @@ fn held_draft(
             reason: reasons::LOCK_DELETED,
             message: format!("lock {} was deleted", input.lock.name),
             released_at: Some(now),
-            release_op: builder.release_if_held(claim, true),
+            release_op: builder.end_held(claim, reasons::LOCK_DELETED),
         };
     }
     if claim.release_requested() {
@@ -548,7 +586,7 @@ fn held_draft(
             reason: reasons::RELEASE_REQUESTED,
             message: "released on request (spec.release)".to_owned(),
             released_at: Some(now),
-            release_op: builder.release_if_held(claim, true),
+            release_op: builder.end_held(claim, reasons::RELEASE_REQUESTED),
         };
     }
     if let Some((reason, message)) = owner_ending(claim) {
@@ -557,7 +595,7 @@ fn held_draft(
             reason,
             message,
             released_at: Some(now),
-            release_op: builder.release_if_held(claim, true),
+            release_op: builder.end_held(claim, reason),
         };
     }
     let (expiry, renewed) = effective_expiry(input, claim);
@@ -580,7 +618,7 @@ fn held_draft(
             reason,
             message,
             released_at: Some(expiry),
-            release_op: builder.release_if_held(claim, true),
+            release_op: builder.end_held(claim, reason),
         };
     }
     if *mode != LockMode::Serving {
@@ -760,6 +798,12 @@ pub fn plan(input: &LockInput) -> Plan {
     Plan {
         finalizers_to_add,
         ops,
+        terms: CallTerms {
+            max_holders: input.lock.max_holders(),
+            lock_delay: Duration::from_secs(
+                u64::try_from(input.lock.lock_delay_seconds()).unwrap_or(0),
+            ),
+        },
         mode,
         intents,
         high_water,
@@ -770,18 +814,27 @@ pub fn plan(input: &LockInput) -> Plan {
 /// The end of the lock-delay: the one recorded in the lock's status, or `lockDelaySeconds`
 /// after a grant this pass ends involuntarily (its lease or maximum hold ran out, its owner
 /// vanished), whichever is later. A release, on request or by a finished owner, delays
-/// nothing.
+/// nothing. The delay runs from the end of the lease this pass cuts (rounded up to the
+/// second), not from the end the status recorded: that is when the backend's own delay
+/// starts, so the backend never refuses the grant the plan makes when the delay is over.
 fn lock_delay_end(input: &LockInput, drafts: &[(usize, Draft)]) -> Option<Seconds> {
     let delay = input.lock.lock_delay_seconds();
-    let ended_now = drafts.iter().filter_map(|(_, draft)| match draft {
-        Draft::End {
-            reason,
-            released_at: Some(ended),
-            ..
-        } if delay > 0 && INVOLUNTARY_ENDS.contains(reason) => Some(ended.saturating_add(delay)),
-        _ => None,
+    // The cut lease runs out LEASE_CUT after now; whole seconds, rounded up.
+    let cut_lease_end = i64::from(input.now.subsec_nanosecond())
+        + i64::try_from(LEASE_CUT.as_nanos()).unwrap_or(i64::MAX);
+    let ended_now = input
+        .now
+        .as_second()
+        .saturating_add((cut_lease_end + 999_999_999) / 1_000_000_000);
+    let starts_delay = drafts.iter().any(|(_, draft)| {
+        matches!(draft, Draft::End { reason, released_at: Some(_), .. }
+            if delay > 0 && INVOLUNTARY_ENDS.contains(reason))
     });
-    ended_now.chain(input.lock.locked_until()).max()
+    starts_delay
+        .then(|| ended_now.saturating_add(delay))
+        .into_iter()
+        .chain(input.lock.locked_until())
+        .max()
 }
 
 /// The reasons a grant ends without its holder asking: they start a lock-delay.

@@ -109,6 +109,7 @@ fn gate_stops_everything_after_a_failure() {
     let mut gate = ExecutionGate::default();
     let release = BackendOp::Release {
         owner: "x".to_owned(),
+        involuntary: false,
     };
     assert!(gate.admits(&release));
     gate.record(
@@ -144,7 +145,8 @@ fn gate_stops_later_grants_after_a_refused_grant_only() {
     gate.record(&grant, &OpOutcome::Busy { retry_after: None });
     assert!(!gate.admits(&grant));
     assert!(gate.admits(&BackendOp::Release {
-        owner: "z".to_owned()
+        owner: "z".to_owned(),
+        involuntary: false,
     }));
 }
 

@@ -284,8 +284,7 @@ impl Sim {
         for write in writes.add_finalizers(&planned.finalizers_to_add) {
             self.apply_to_claim(&write);
         }
-        let max_holders = input.lock.max_holders();
-        let outcomes = execute(self.backend.as_ref(), &key, max_holders, &planned.ops).await;
+        let outcomes = execute(self.backend.as_ref(), &key, planned.terms, &planned.ops).await;
         let decision = fold(&input, &planned, &outcomes);
         let statuses: BTreeMap<String, Option<LockClaimStatus>> = self
             .claims
