@@ -29,17 +29,19 @@ async fn fifo_handover_expiry_and_semaphore_on_redis() {
     let server = redis();
     let mut env = Env::new().await;
     env.start_controller(redis_config(server.url()));
-    env.apply_lock("db", "backend: redis\nleaseDurationSeconds: 2");
+    // A lease long enough to see each holder by polling while kubectl applies the rest
+    // (a slow machine takes half a second per apply).
+    env.apply_lock("db", "backend: redis\nleaseDurationSeconds: 4");
     env.apply_lock(
         "pool",
         "backend: redis\nmaxHolders: 2\nleaseDurationSeconds: 300",
     );
     let monitor = HolderMonitor::start(&env, "db", 1);
-    for name in ["a", "b", "c"] {
-        env.apply_claim(name, "db", "");
-    }
     for name in ["p1", "p2", "p3"] {
         env.apply_claim(name, "pool", "");
+    }
+    for name in ["a", "b", "c"] {
+        env.apply_claim(name, "db", "");
     }
     let a = env.wait_phase("a", ClaimPhase::Held).await;
     assert_eq!(token_of(&a), Some(1));
@@ -183,4 +185,66 @@ async fn redis_down_reports_unavailable_then_recovers() {
     env.wait_event("db", "BackendReady").await;
     env.stop_controller().await;
     process.stop();
+}
+
+/// The lock-delay lives in Redis with the grant, so a process outside Kubernetes that locks
+/// the same key with the engine obeys it too: the controller cuts an expired grant's lease
+/// rather than deleting it, and Redis refuses the key for `lockDelaySeconds` after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_delay_holds_off_a_process_outside_kubernetes() {
+    use turnstile_lock::{AcquireMode, AcquireOutcome, AcquireRequest, Backend};
+    use turnstile_lock::{RedisBackend, RedisBackendConfig};
+
+    let server = redis();
+    let mut env = Env::new().await;
+    env.start_controller(redis_config(server.url()));
+    env.apply_lock(
+        "db",
+        "backend: redis\nleaseDurationSeconds: 2\nlockDelaySeconds: 6",
+    );
+    env.apply_claim("a", "db", "");
+    let a = env.wait_phase("a", ClaimPhase::Held).await;
+    let a_token = token_of(&a).expect("a's token");
+    // a does not renew: its lease runs out and the lock-delay starts.
+    let a = env.wait_phase("a", ClaimPhase::Expired).await;
+    assert_eq!(reason_of(&a).as_deref(), Some("LeaseExpired"));
+    let ended = std::time::Instant::now();
+
+    let outsider = RedisBackend::connect(RedisBackendConfig::new(server.url()))
+        .await
+        .expect("connect the outside process");
+    let key = format!("{}/db", env.namespace);
+    let request = AcquireRequest::new(
+        &key,
+        "outside-process",
+        Duration::from_secs(30),
+        1,
+        AcquireMode::Try,
+        Duration::from_secs(30),
+    );
+    let first = outsider.acquire(&request).await.expect("acquire");
+    assert!(
+        matches!(first, AcquireOutcome::Busy { .. }),
+        "granted outside Kubernetes right after the involuntary end: {first:?}"
+    );
+    // The delay ends: the outside process gets the key, above every token the API showed.
+    let token = loop {
+        match outsider.acquire(&request).await.expect("acquire") {
+            AcquireOutcome::Granted { fencing_token, .. } => break fencing_token,
+            _ if ended.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            other => panic!("still refused 30 s after the end of a 6 s lock-delay: {other:?}"),
+        }
+    };
+    let waited = ended.elapsed();
+    assert!(
+        waited >= Duration::from_secs(4),
+        "granted after {waited:?}, inside the 6 s lock-delay"
+    );
+    assert!(
+        i64::try_from(token).is_ok_and(|token| token > a_token),
+        "token {token} after {a_token}"
+    );
+    env.stop_controller().await;
 }
