@@ -84,7 +84,7 @@ fn seed() -> u64 {
 /// Our own MongoDB test server (it gets crashed), or None after one line; under `CI=true` a
 /// missing server fails, as in the other MongoDB tests.
 fn mongo() -> Option<MongoServer> {
-    let under_ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+    let under_ci = test_servers::under_ci();
     if std::env::var("MONGODB_URI").is_ok_and(|uri| !uri.is_empty()) {
         println!("chaos: no MongoDB lock: MONGODB_URI names an external server, which must not be crashed");
         return None;

@@ -18,7 +18,7 @@ mod process;
 mod redis;
 mod redis_cluster;
 
-pub use self::mongo::{MongoFlavor, MongoServer, Unavailable};
+pub use self::mongo::{under_ci, MongoFlavor, MongoServer, Unavailable};
 pub use self::process::{free_port, wait_until, ServerProcess};
 pub use self::redis::{RedisOptions, RedisServer, TlsClientAuth, TlsFiles};
 pub use self::redis_cluster::{ClusterNode, RedisCluster};

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mongodb::bson::{doc, Bson, Document};
-use test_servers::{MongoFlavor, MongoServer, Unavailable};
+use test_servers::{under_ci, MongoFlavor, MongoServer, Unavailable};
 use turnstile_lock::backend::{MongoBackend, MongoBackendConfig, MongoWakeMode, MongoWakeSource};
 use turnstile_lock::{Backend, LockError, Locker, RetryPolicy};
 
@@ -21,10 +21,6 @@ const NO_POLLING: Duration = Duration::from_secs(30);
 
 fn no_polling() -> RetryPolicy {
     RetryPolicy::forever().retry_delay(NO_POLLING)
-}
-
-fn under_ci() -> bool {
-    std::env::var("CI").is_ok_and(|value| value.eq_ignore_ascii_case("true") || value == "1")
 }
 
 /// The shared test server, or `None` (after one printed line) when there is none.
@@ -51,8 +47,11 @@ async fn own_server(flavor: MongoFlavor) -> Option<MongoServer> {
     {
         Ok(server) => Some(server),
         Err(error)
-            if error.kind() == std::io::ErrorKind::Unsupported
-                || (error.kind() == std::io::ErrorKind::NotFound && !under_ci()) =>
+            if !under_ci()
+                && matches!(
+                    error.kind(),
+                    std::io::ErrorKind::Unsupported | std::io::ErrorKind::NotFound
+                ) =>
         {
             println!(
                 "skipped: no MongoDB test server of flavor {flavor:?} can be started: {error}"
