@@ -604,7 +604,7 @@ async fn connect_single(config: &RedisBackendConfig) -> LockResult<(Commands, Wa
         .get_connection_manager_with_config(manager_config)
         .await
         .map_err(connect_error("connect"))?;
-    let wake_channels = WakeChannels::connect(PubSubSource::Server(client))
+    let wake_channels = WakeChannels::connect(PubSubSource::Server(Box::new(client)))
         .await
         .map_err(connect_error("connect pub/sub"))?;
     Ok((Commands::Single(connection), wake_channels))

@@ -24,7 +24,7 @@ use crate::backend::{Handoff, WakeRegistry, WakeSubscription};
 /// Where the pub/sub connection goes: one server, or whichever master the sentinels name.
 pub(super) enum PubSubSource {
     /// A single server (or a fixed address).
-    Server(redis::Client),
+    Server(Box<redis::Client>),
     /// The current master of a sentinel-managed set; the listener reconnects (to the new
     /// master) on every `+switch-master`.
     Sentinel(Arc<Resolver>),
