@@ -72,6 +72,80 @@ async fn locks_work_through_the_sentinels_and_the_wrong_master_name_fails() {
     assert!(error.is_backend_unavailable(), "{error}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unacknowledged_grant_is_released_and_reported_with_acks_from_the_url() {
+    let setup = start_setup().await;
+    let url = format!(
+        "{}?min_replica_acks=1&replica_ack_timeout_ms=300",
+        setup.url()
+    );
+    let backend = RedisBackend::connect(RedisBackendConfig::new(url).key_prefix("acks:"))
+        .await
+        .expect("connect with replica acks from the URL");
+    let plain = RedisBackend::connect(config(&setup, false).key_prefix("acks:"))
+        .await
+        .expect("connect without");
+    let request = |key: &'static str| {
+        AcquireRequest::new(
+            key,
+            "owner-1",
+            Duration::from_secs(30),
+            1,
+            AcquireMode::Try,
+            Duration::from_secs(5),
+        )
+    };
+    let granted = backend
+        .acquire(&request("before"))
+        .await
+        .expect("acknowledged grant");
+    assert!(
+        matches!(granted, AcquireOutcome::Granted { .. }),
+        "{granted:?}"
+    );
+
+    // Cut the replica off (its reconnects fail: a wrong masterauth).
+    let master = setup.master_port().expect("master");
+    let replica = setup
+        .data_ports()
+        .into_iter()
+        .find(|&port| port != master)
+        .expect("replica");
+    setup
+        .node_command(replica, &["CONFIG", "SET", "masterauth", "cut-off"])
+        .expect("CONFIG SET");
+    setup
+        .node_command(master, &["CLIENT", "KILL", "TYPE", "replica"])
+        .expect("CLIENT KILL");
+    let started = Instant::now();
+    let error = backend
+        .acquire(&request("after"))
+        .await
+        .expect_err("no replica acknowledges");
+    assert!(error.is_backend_unavailable(), "{error}");
+    let missing = std::error::Error::source(&error)
+        .and_then(|source| source.downcast_ref::<ReplicaAcksMissing>())
+        .unwrap_or_else(|| panic!("not ReplicaAcksMissing: {error:?}"));
+    assert_eq!((missing.acknowledged, missing.wanted), (0, 1));
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    // Released: nobody holds it, and another owner gets it (without acks).
+    let snapshot = plain.snapshot("after").await.expect("snapshot");
+    assert!(snapshot.holders.is_empty(), "{snapshot:?}");
+    let other = AcquireRequest::new(
+        "after",
+        "owner-2",
+        Duration::from_secs(30),
+        1,
+        AcquireMode::Try,
+        Duration::from_secs(5),
+    );
+    let outcome = plain.acquire(&other).await.expect("acquire");
+    assert!(
+        matches!(outcome, AcquireOutcome::Granted { .. }),
+        "{outcome:?}"
+    );
+}
+
 /// Printed (through `Debug`) by both tests; some fields only there.
 #[allow(dead_code)]
 #[derive(Debug, Default)]

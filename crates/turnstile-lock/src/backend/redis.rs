@@ -130,6 +130,10 @@ impl RedisBackendConfig {
     ///   (`rediss+sentinel://`): the master the sentinels name, asked again after a
     ///   failover. The credentials and database are the data nodes'; the sentinels are asked
     ///   without credentials (over TLS with the same CA file and client certificate).
+    ///
+    /// Any of them (but the cluster forms) may end in `?min_replica_acks=N` and
+    /// `&replica_ack_timeout_ms=MS` (default 1000): the same as [`Self::min_replica_acks`],
+    /// for tools that take only a URL.
     pub fn new(url: impl Into<String>) -> Self {
         RedisBackendConfig {
             url: url.into(),
@@ -188,6 +192,58 @@ impl RedisBackendConfig {
     pub fn client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
         self.client_cert = Some((cert.into(), key.into()));
         self
+    }
+
+    /// Takes `min_replica_acks` and `replica_ack_timeout_ms` out of the URL's query (other
+    /// query parameters stay for the client library).
+    fn take_url_options(&mut self) -> Result<(), RedisConnectError> {
+        let Some((base, query)) = self.url.split_once('?') else {
+            return Ok(());
+        };
+        let invalid = |detail: &'static str| {
+            RedisConnectError::InvalidUrl(redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                detail,
+            )))
+        };
+        let mut replicas = None;
+        let mut timeout = None;
+        let mut rest = Vec::new();
+        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+            match pair.split_once('=') {
+                Some(("min_replica_acks", value)) => {
+                    replicas = Some(
+                        value
+                            .parse::<u32>()
+                            .map_err(|_| invalid("min_replica_acks is not a number"))?,
+                    );
+                }
+                Some(("replica_ack_timeout_ms", value)) => {
+                    timeout =
+                        Some(Duration::from_millis(value.parse::<u64>().map_err(
+                            |_| invalid("replica_ack_timeout_ms is not a number"),
+                        )?));
+                }
+                _ => rest.push(pair),
+            }
+        }
+        let base = base.to_owned();
+        self.url = if rest.is_empty() {
+            base
+        } else {
+            format!("{base}?{}", rest.join("&"))
+        };
+        match (replicas, timeout) {
+            (Some(replicas), timeout) => {
+                let timeout = timeout.unwrap_or(Duration::from_secs(1));
+                self.min_replica_acks = (replicas > 0).then_some(ReplicaAcks { replicas, timeout });
+            }
+            (None, Some(_)) => {
+                return Err(invalid("replica_ack_timeout_ms needs min_replica_acks"));
+            }
+            (None, None) => {}
+        }
+        Ok(())
     }
 
     /// The URL's scheme in lower case.
@@ -473,9 +529,10 @@ fn malformed(operation: &str, detail: impl std::fmt::Display) -> LockError {
 impl RedisBackend {
     /// Connects the command connection and the pub/sub connection and loads the scripts.
     /// Must be called inside a tokio runtime (it spawns the pub/sub listener).
-    pub async fn connect(config: RedisBackendConfig) -> LockResult<Self> {
+    pub async fn connect(mut config: RedisBackendConfig) -> LockResult<Self> {
         install_crypto_provider();
         let open = |error| LockError::backend(BACKEND, "open", error);
+        config.take_url_options().map_err(open)?;
         if let Some(acks) = config.min_replica_acks {
             if acks.timeout >= config.response_timeout {
                 return Err(open(RedisConnectError::ReplicaAcksTimeout {
@@ -1008,5 +1065,49 @@ impl Backend for RedisBackend {
         }
         let channel = self.keys(key).channel;
         self.shared.wake_channels.subscribe_if_live(&channel, owner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replica_acks_come_out_of_the_url_query() {
+        let mut config = RedisBackendConfig::new(
+            "redis+sentinel://s1:26379/m?protocol=resp3&min_replica_acks=2&replica_ack_timeout_ms=250",
+        );
+        config.take_url_options().expect("valid");
+        assert_eq!(config.url, "redis+sentinel://s1:26379/m?protocol=resp3");
+        assert_eq!(
+            config.min_replica_acks,
+            Some(ReplicaAcks {
+                replicas: 2,
+                timeout: Duration::from_millis(250)
+            })
+        );
+
+        let mut config = RedisBackendConfig::new("redis://h:6379/0?min_replica_acks=1");
+        config.take_url_options().expect("valid");
+        assert_eq!(config.url, "redis://h:6379/0");
+        assert_eq!(
+            config.min_replica_acks.map(|acks| acks.timeout),
+            Some(Duration::from_secs(1))
+        );
+
+        let mut plain = RedisBackendConfig::new("redis://h:6379/0");
+        plain.take_url_options().expect("valid");
+        assert_eq!(plain.min_replica_acks, None);
+
+        for bad in [
+            "redis://h?min_replica_acks=x",
+            "redis://h?replica_ack_timeout_ms=5",
+            "redis://h?min_replica_acks=1&replica_ack_timeout_ms=-1",
+        ] {
+            assert!(
+                RedisBackendConfig::new(bad).take_url_options().is_err(),
+                "{bad}"
+            );
+        }
     }
 }
