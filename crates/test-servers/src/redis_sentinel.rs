@@ -1,6 +1,8 @@
 //! A real Redis Sentinel setup for tests: one master, one replica (`--replicaof`) and three
 //! `redis-server --sentinel` processes with generated config files, all on free 127.0.0.1
-//! ports, each in its own temporary directory, stopped by PID on drop.
+//! ports, each in its own temporary directory, stopped by PID on drop. With TLS
+//! ([`RedisSentinel::start_tls`]) every process also listens on a TLS port, and replication
+//! and the sentinels' own connections use TLS with client certificates.
 
 use std::io;
 use std::net::{Ipv4Addr, TcpStream};
@@ -12,7 +14,7 @@ use std::time::Duration;
 use tempfile::TempDir;
 
 use crate::process::{free_port, wait_until, ServerProcess};
-use crate::redis::{command_on, redis_server_binary};
+use crate::redis::{command_on, redis_server_binary, TlsFiles};
 
 /// The name the sentinels monitor the master under.
 pub const MASTER_NAME: &str = "turnstile";
@@ -28,7 +30,10 @@ const START_ATTEMPTS: usize = 8;
 struct Node {
     // Field order matters: the process stops before its directory is removed.
     process: Mutex<ServerProcess>,
+    /// Plain port (the tests' own commands).
     port: u16,
+    /// The port clients and the sentinels use: the TLS port with TLS, else `port`.
+    client_port: u16,
     _dir: TempDir,
 }
 
@@ -38,6 +43,23 @@ impl Node {
     }
 }
 
+/// The TLS settings (name, value) every process of a TLS setup gets.
+fn tls_args(files: &TlsFiles, tls_port: u16) -> Vec<(&'static str, String)> {
+    let path = |path: &Path| path.display().to_string();
+    vec![
+        ("tls-port", tls_port.to_string()),
+        ("tls-cert-file", path(&files.server_cert)),
+        ("tls-key-file", path(&files.server_key)),
+        ("tls-ca-cert-file", path(&files.ca_cert)),
+        // Outgoing connections (replication, sentinel to node, sentinel to sentinel) present
+        // the client certificate: `tls-auth-clients yes` everywhere.
+        ("tls-client-cert-file", path(&files.client_cert)),
+        ("tls-client-key-file", path(&files.client_key)),
+        ("tls-auth-clients", "yes".to_owned()),
+        ("tls-replication", "yes".to_owned()),
+    ]
+}
+
 /// One master, one replica and three sentinels monitoring the master as [`MASTER_NAME`]
 /// (quorum 2, `down-after-milliseconds` 1000, `failover-timeout` 10000). No persistence.
 #[derive(Debug)]
@@ -45,15 +67,35 @@ pub struct RedisSentinel {
     data: Vec<Node>,
     sentinels: Vec<Node>,
     url: String,
+    tls: Option<TlsFiles>,
+    // Last: removed after every process stopped.
+    _tls_dir: Option<TempDir>,
 }
 
 impl RedisSentinel {
     /// Starts the master, the replica (waits for its link to be up), the three sentinels, and
     /// waits until every sentinel knows the replica and the two other sentinels.
     pub fn start() -> io::Result<Self> {
+        Self::start_with_tls(None)
+    }
+
+    /// As [`Self::start`], every process also on a TLS port (certificates generated for this
+    /// setup, [`Self::tls_files`]; mutual TLS required): clients reach the sentinels and the
+    /// data nodes over TLS (`rediss+sentinel://…`), replication and the sentinels' own
+    /// connections use TLS too. The tests' own commands use the plain ports.
+    pub fn start_tls() -> io::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("turnstile-redis-sentinel-tls-")
+            .tempdir()?;
+        let files = TlsFiles::generate(dir.path())?;
+        Self::start_with_tls(Some((dir, files)))
+    }
+
+    fn start_with_tls(tls: Option<(TempDir, TlsFiles)>) -> io::Result<Self> {
         let binary = redis_server_binary();
-        let master = retry(|| start_data_node(&binary, None))?;
-        let replica = retry(|| start_data_node(&binary, Some(master.port)))?;
+        let files = tls.as_ref().map(|(_, files)| files);
+        let master = retry(|| start_data_node(&binary, None, files))?;
+        let replica = retry(|| start_data_node(&binary, Some(master.client_port), files))?;
         let linked = wait_until(READY_TIMEOUT, || {
             replica
                 .command(&["INFO", "replication"])
@@ -64,7 +106,9 @@ impl RedisSentinel {
         }
         let mut sentinels = Vec::with_capacity(SENTINELS);
         for _ in 0..SENTINELS {
-            sentinels.push(retry(|| start_sentinel(&binary, master.port))?);
+            sentinels.push(retry(|| {
+                start_sentinel(&binary, master.client_port, files)
+            })?);
         }
         let ready = wait_until(READY_TIMEOUT, || {
             sentinels.iter().all(|sentinel| {
@@ -84,13 +128,20 @@ impl RedisSentinel {
         }
         let hosts: Vec<String> = sentinels
             .iter()
-            .map(|sentinel| format!("127.0.0.1:{}", sentinel.port))
+            .map(|sentinel| format!("127.0.0.1:{}", sentinel.client_port))
             .collect();
-        let url = format!("redis+sentinel://{}/{MASTER_NAME}", hosts.join(","));
+        let scheme = if tls.is_some() { "rediss" } else { "redis" };
+        let url = format!("{scheme}+sentinel://{}/{MASTER_NAME}", hosts.join(","));
+        let (tls_dir, tls) = match tls {
+            Some((dir, files)) => (Some(dir), Some(files)),
+            None => (None, None),
+        };
         Ok(RedisSentinel {
             data: vec![master, replica],
             sentinels,
             url,
+            tls,
+            _tls_dir: tls_dir,
         })
     }
 
@@ -109,22 +160,36 @@ impl RedisSentinel {
         Ok(setup)
     }
 
-    /// `redis+sentinel://127.0.0.1:S1,127.0.0.1:S2,127.0.0.1:S3/turnstile`.
+    /// `redis+sentinel://127.0.0.1:S1,127.0.0.1:S2,127.0.0.1:S3/turnstile`
+    /// (`rediss+sentinel://` and the TLS ports with TLS).
     pub fn url(&self) -> &str {
         &self.url
     }
 
-    /// The sentinels' ports.
+    /// The certificates of a TLS setup.
+    pub fn tls_files(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
+    }
+
+    /// The sentinels' client ports (TLS ports with TLS).
     pub fn sentinel_ports(&self) -> Vec<u16> {
         self.sentinels
             .iter()
-            .map(|sentinel| sentinel.port)
+            .map(|sentinel| sentinel.client_port)
             .collect()
     }
 
-    /// The two data nodes' ports (the first one started as the master).
+    /// The two data nodes' client ports, as the sentinels name them (TLS ports with TLS; the
+    /// first one started as the master).
     pub fn data_ports(&self) -> Vec<u16> {
-        self.data.iter().map(|node| node.port).collect()
+        self.data.iter().map(|node| node.client_port).collect()
+    }
+
+    fn data_node(&self, port: u16) -> io::Result<&Node> {
+        self.data
+            .iter()
+            .find(|node| node.client_port == port)
+            .ok_or_else(|| io::Error::other(format!("no data node on port {port}")))
     }
 
     /// The port of the master as the first answering sentinel reports it.
@@ -137,9 +202,10 @@ impl RedisSentinel {
             .ok_or_else(|| io::Error::other(format!("no master address in {reply:?}")))
     }
 
-    /// Runs one command on the data node on `port` (raw RESP reply).
+    /// Runs one command on the data node whose client port is `port` (over its plain port;
+    /// raw RESP reply).
     pub fn node_command(&self, port: u16, args: &[&str]) -> io::Result<String> {
-        command_on(port, None, args)
+        self.data_node(port)?.command(args)
     }
 
     /// Runs one command on the first sentinel that answers (raw RESP reply).
@@ -186,7 +252,8 @@ impl RedisSentinel {
             if port == old_port || ports.iter().any(|other| *other != Some(port)) {
                 return false;
             }
-            let promoted = command_on(port, None, &["INFO", "replication"])
+            let promoted = self
+                .node_command(port, &["INFO", "replication"])
                 .is_ok_and(|info| info.contains("role:master"));
             if promoted {
                 found = Some(port);
@@ -203,12 +270,8 @@ impl RedisSentinel {
 
     /// Kills the data node on `port` with SIGKILL (by its PID) and reaps it.
     pub fn kill(&self, port: u16) -> io::Result<()> {
-        let node = self
-            .data
-            .iter()
-            .find(|node| node.port == port)
-            .ok_or_else(|| io::Error::other(format!("no data node on port {port}")))?;
-        node.process
+        self.data_node(port)?
+            .process
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .stop();
@@ -217,7 +280,7 @@ impl RedisSentinel {
 
     /// The PID of the data node on `port`.
     pub fn pid(&self, port: u16) -> Option<u32> {
-        self.data.iter().find(|node| node.port == port).map(|node| {
+        self.data_node(port).ok().map(|node| {
             node.process
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -252,12 +315,21 @@ fn wait_ready(process: &mut ServerProcess, port: u16, what: &str) -> io::Result<
 }
 
 /// A data node; a replica of `master` if given.
-fn start_data_node(binary: &Path, master: Option<u16>) -> io::Result<Node> {
+fn start_data_node(binary: &Path, master: Option<u16>, tls: Option<&TlsFiles>) -> io::Result<Node> {
     let dir = tempfile::Builder::new()
         .prefix("turnstile-redis-sentinel-data-")
         .tempdir()?;
     let port = free_port()?;
+    let client_port = match tls {
+        Some(_) => free_port()?,
+        None => port,
+    };
     let mut command = Command::new(binary);
+    if let Some(files) = tls {
+        for (name, value) in tls_args(files, client_port) {
+            command.arg(format!("--{name}")).arg(value);
+        }
+    }
     command
         .arg("--port")
         .arg(port.to_string())
@@ -282,17 +354,29 @@ fn start_data_node(binary: &Path, master: Option<u16>) -> io::Result<Node> {
     Ok(Node {
         process: Mutex::new(process),
         port,
+        client_port,
         _dir: dir,
     })
 }
 
 /// A sentinel monitoring the master on `master`, its config file in its own directory (the
 /// sentinel rewrites it).
-fn start_sentinel(binary: &Path, master: u16) -> io::Result<Node> {
+fn start_sentinel(binary: &Path, master: u16, tls: Option<&TlsFiles>) -> io::Result<Node> {
     let dir = tempfile::Builder::new()
         .prefix("turnstile-redis-sentinel-")
         .tempdir()?;
     let port = free_port()?;
+    let client_port = match tls {
+        Some(_) => free_port()?,
+        None => port,
+    };
+    let tls_lines: String = match tls {
+        Some(files) => tls_args(files, client_port)
+            .into_iter()
+            .map(|(name, value)| format!("{name} {value}\n"))
+            .collect(),
+        None => String::new(),
+    };
     let config = dir.path().join("sentinel.conf");
     std::fs::write(
         &config,
@@ -305,7 +389,8 @@ fn start_sentinel(binary: &Path, master: u16) -> io::Result<Node> {
              sentinel monitor {MASTER_NAME} 127.0.0.1 {master} 2\n\
              sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
              sentinel failover-timeout {MASTER_NAME} 10000\n\
-             sentinel parallel-syncs {MASTER_NAME} 1\n",
+             sentinel parallel-syncs {MASTER_NAME} 1\n\
+             {tls_lines}",
             dir = dir.path().display(),
         ),
     )?;
@@ -316,6 +401,7 @@ fn start_sentinel(binary: &Path, master: u16) -> io::Result<Node> {
     Ok(Node {
         process: Mutex::new(process),
         port,
+        client_port,
         _dir: dir,
     })
 }
@@ -369,6 +455,23 @@ mod tests {
         assert!(setup.url().starts_with("redis+sentinel://127.0.0.1:"));
         let master = setup.master_port().expect("master port");
         assert_eq!(master, setup.data_ports()[0]);
+        setup.failover().expect("SENTINEL FAILOVER");
+        let promoted = setup
+            .wait_for_new_master(master, Duration::from_secs(30))
+            .expect("a new master");
+        assert_eq!(promoted, setup.data_ports()[1]);
+    }
+
+    #[test]
+    fn a_tls_setup_replicates_and_fails_over_over_tls() {
+        let setup = RedisSentinel::start_tls().expect("TLS sentinel setup starts");
+        assert!(setup.url().starts_with("rediss+sentinel://127.0.0.1:"));
+        let master = setup.master_port().expect("master port");
+        assert_eq!(
+            master,
+            setup.data_ports()[0],
+            "the sentinels name the TLS port"
+        );
         setup.failover().expect("SENTINEL FAILOVER");
         let promoted = setup
             .wait_for_new_master(master, Duration::from_secs(30))

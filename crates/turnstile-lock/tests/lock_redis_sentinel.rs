@@ -7,7 +7,9 @@
 //! - the master SIGKILLed in the middle of a burst of grants (its replication link cut just
 //!   before, so the replica lags), the replica promoted: every grant a caller was given must
 //!   still hold on the new master (no double grant) and no token may be issued twice. With
-//!   `min_replica_acks(1, …)` both counts must be zero; without, they are recorded.
+//!   `min_replica_acks(1, …)` both counts must be zero; without, they are recorded;
+//! - `rediss+sentinel://` with mutual TLS to the sentinels and the data nodes, through a
+//!   failover.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use test_servers::RedisSentinel;
-use turnstile_lock::backend::redis::ReplicaAcksMissing;
+use turnstile_lock::backend::redis::{RedisConnectError, ReplicaAcksMissing};
 use turnstile_lock::{
     AcquireMode, AcquireOutcome, AcquireRequest, Backend, Locker, RedisBackend, RedisBackendConfig,
     RetryPolicy,
@@ -465,4 +467,87 @@ async fn master_killed_mid_burst_without_replica_acks_is_recorded() {
     // granted again (with the same token) by the promoted replica. Recorded, not asserted.
     println!("master SIGKILLed mid-burst, no replica acks: {report:?}");
     assert!(report.granted >= 100, "{report:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_sentinel_with_mutual_tls_follows_a_failover() {
+    let setup = Arc::new(
+        tokio::task::spawn_blocking(RedisSentinel::start_tls)
+            .await
+            .expect("launcher thread")
+            .expect("TLS Redis Sentinel setup starts"),
+    );
+    assert!(setup.url().starts_with("rediss+sentinel://"));
+    let files = setup.tls_files().expect("certificates").clone();
+    let backend = RedisBackend::connect(
+        RedisBackendConfig::new(setup.url())
+            .key_prefix("tls:")
+            .ca_file(&files.ca_cert)
+            .client_cert(&files.client_cert, &files.client_key),
+    )
+    .await
+    .expect("connect to the sentinels and the master over TLS");
+    let locker = Locker::new(backend).with_retry(
+        RetryPolicy::new()
+            .total_time(Duration::from_secs(30))
+            .retry_delay(Duration::from_millis(50)),
+    );
+    let first = locker
+        .lock("k", Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("acquire over TLS");
+    assert_eq!(first.fencing_token(), 1);
+    first.release().await.expect("release");
+
+    let old_master = setup.master_port().expect("master");
+    let failover = {
+        let setup = setup.clone();
+        tokio::task::spawn_blocking(move || {
+            setup.failover().expect("SENTINEL FAILOVER");
+            setup
+                .wait_for_new_master(old_master, Duration::from_secs(30))
+                .expect("the replica is promoted")
+        })
+    };
+    let new_master = failover.await.expect("failover thread");
+    // The first calls after the switch may fail while the client asks the sentinels again.
+    let mut second = None;
+    for _ in 0..50 {
+        match locker.lock("k", Duration::from_secs(10)).acquire().await {
+            Ok(lock) => {
+                second = Some(lock);
+                break;
+            }
+            Err(error) if error.is_backend_unavailable() => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("acquire: {error}"),
+        }
+    }
+    let second = second.expect("a grant from the new master");
+    assert_eq!(second.fencing_token(), 2, "the counter was replicated");
+    let holders = setup
+        .node_command(new_master, &["ZCARD", "tls:{k}:holders"])
+        .expect("ZCARD");
+    assert_eq!(holders, ":1\r\n", "the grant is on the new master");
+    second.release().await.expect("release");
+
+    // A CA that did not sign the certificates: refused, with a clear error.
+    let error = RedisBackend::connect(
+        RedisBackendConfig::new(setup.url())
+            .ca_file(&files.other_ca_cert)
+            .client_cert(&files.client_cert, &files.client_key)
+            .connect_timeout(Duration::from_millis(500)),
+    )
+    .await
+    .expect_err("a wrong CA fails");
+    assert!(error.is_backend_unavailable(), "{error}");
+    assert!(
+        matches!(
+            RedisConnectError::find(&error),
+            Some(RedisConnectError::CertificateRejected { reason, .. }) if reason == "UnknownIssuer"
+        ),
+        "{error:?}"
+    );
 }
