@@ -3,13 +3,14 @@
 //! (`CLUSTER SETSLOT … IMPORTING/MIGRATING`, `MIGRATE`, `SETSLOT … NODE`) while a contended,
 //! bounded stress run goes on, and a `CLUSTER FAILOVER` on the replica of the lock's primary
 //! in the middle of another — violations (more than one holder, a token not above every
-//! earlier one) counted, and required to be zero.
+//! earlier one) counted, and required to be zero; and `rediss+cluster://` on a TLS cluster.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use test_servers::RedisCluster;
+use turnstile_lock::backend::redis::RedisConnectError;
 use turnstile_lock::{Locker, RedisBackend, RedisBackendConfig, RetryPolicy};
 
 /// Parses a RESP integer reply (`:42\r\n`).
@@ -475,5 +476,65 @@ async fn cluster_failover_mid_stress_counts_zero_violations() {
     assert_eq!(
         counter.parse::<u64>().expect("fence counter"),
         *last_token.lock().unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_cluster_with_mutual_tls_serves_locks_on_every_primary() {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start_tls)
+        .await
+        .expect("launcher thread")
+        .expect("TLS Redis Cluster starts");
+    assert!(cluster.url().starts_with("rediss+cluster://"));
+    let files = cluster.tls_files().expect("certificates").clone();
+    let backend = RedisBackend::connect(
+        RedisBackendConfig::new(cluster.url())
+            .key_prefix("tls:")
+            .ca_file(&files.ca_cert)
+            .client_cert(&files.client_cert, &files.client_key),
+    )
+    .await
+    .expect("connect to the cluster over TLS");
+    let locker = Locker::new(backend);
+    let keys = ["a", "b", "c", "d", "e", "f"];
+    for round in 1..=2 {
+        for key in keys {
+            let lock = locker
+                .lock(key, Duration::from_secs(10))
+                .acquire()
+                .await
+                .expect("acquire over TLS");
+            assert_eq!(lock.fencing_token(), round, "{key}");
+            lock.release().await.expect("release");
+        }
+    }
+    let owners: std::collections::HashSet<u16> = keys
+        .iter()
+        .map(|key| {
+            let slot = integer(
+                &cluster
+                    .command(&["CLUSTER", "KEYSLOT", &format!("tls:{{{key}}}:fence")])
+                    .expect("KEYSLOT"),
+            );
+            owner_of(&cluster, slot as u16).port
+        })
+        .collect();
+    assert!(owners.len() > 1, "the keys spread over primaries");
+
+    let error = RedisBackend::connect(
+        RedisBackendConfig::new(cluster.url())
+            .ca_file(&files.other_ca_cert)
+            .client_cert(&files.client_cert, &files.client_key)
+            .connect_timeout(Duration::from_millis(500)),
+    )
+    .await
+    .expect_err("a wrong CA fails");
+    assert!(error.is_backend_unavailable(), "{error}");
+    assert!(
+        matches!(
+            RedisConnectError::find(&error),
+            Some(RedisConnectError::CertificateRejected { reason, .. }) if reason == "UnknownIssuer"
+        ),
+        "{error:?}"
     );
 }

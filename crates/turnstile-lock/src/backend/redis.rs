@@ -425,7 +425,16 @@ fn rejected_certificate(error: &(dyn std::error::Error + 'static)) -> Option<Str
         }
         current = error.source();
     }
-    None
+    // The cluster client keeps only the text of its initial connections' errors: rustls'
+    // `InvalidCertificate` displays as "invalid peer certificate: <reason>".
+    const INVALID_CERTIFICATE: &str = "invalid peer certificate: ";
+    let text = error.to_string();
+    let reason = &text[text.find(INVALID_CERTIFICATE)? + INVALID_CERTIFICATE.len()..];
+    let reason: String = reason
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    (!reason.is_empty()).then_some(reason)
 }
 
 /// Wraps a connect-time client error, typed when a person has to fix its cause.

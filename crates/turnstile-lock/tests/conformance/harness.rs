@@ -102,6 +102,28 @@ pub async fn redis_cluster() -> Harness {
     }
 }
 
+/// As [`redis_cluster`], on a TLS cluster (mutual TLS, `rediss+cluster://`).
+pub async fn redis_cluster_tls() -> Harness {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::shared_tls)
+        .await
+        .expect("launcher thread")
+        .expect("TLS Redis Cluster starts");
+    let files = cluster.tls_files().expect("certificates").clone();
+    let prefix = format!("t{}:", uuid::Uuid::new_v4().simple());
+    let backend = RedisBackend::connect(
+        RedisBackendConfig::new(cluster.url())
+            .key_prefix(prefix)
+            .ca_file(&files.ca_cert)
+            .client_cert(&files.client_cert, &files.client_key),
+    )
+    .await
+    .expect("connect to the cluster over TLS");
+    Harness {
+        backend: Arc::new(CountingBackend::new(Arc::new(backend))),
+        _server: Some(Box::new(cluster)),
+    }
+}
+
 /// Connects a backend through Redis Sentinel (a master, a replica, three sentinels) shared
 /// by this binary's tests, under a key prefix of its own.
 pub async fn redis_sentinel() -> Harness {
