@@ -1,6 +1,7 @@
 //! `turnstile lock` end to end against Redis as production runs it: the built binary over TLS
 //! (CA file and client certificate from `TURNSTILE_REDIS_*`), a rejected server certificate
-//! reported clearly (exit 69), an ACL user in the URL, a `redis+cluster://` URL, a
+//! reported clearly (exit 69), an ACL user in the URL, a `redis+cluster://` URL (and
+//! `rediss+cluster://` with mutual TLS), a
 //! `redis+sentinel://` URL (with and without `?min_replica_acks=1`), `rediss+sentinel://` with
 //! mutual TLS, and the controller's Redis settings (`Backends`) over TLS.
 
@@ -277,4 +278,21 @@ async fn lock_on_a_rediss_sentinel_url_over_mutual_tls() {
     .await;
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     assert_eq!(stdout(&output).trim(), "1");
+}
+
+#[tokio::test]
+async fn lock_on_a_rediss_cluster_url_over_mutual_tls() {
+    let cluster = tokio::task::spawn_blocking(test_servers::RedisCluster::start_tls)
+        .await
+        .expect("launcher thread")
+        .expect("TLS Redis Cluster starts");
+    let files = cluster.tls_files().expect("certificates").clone();
+    let env = mtls_env(&files);
+    let mut tokens = Vec::new();
+    for key in ["cluster-a", "cluster-b", "cluster-a"] {
+        let output = lock(cluster.url(), key, &env, "echo $TURNSTILE_FENCING_TOKEN").await;
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        tokens.push(stdout(&output).trim().parse::<u64>().expect("token"));
+    }
+    assert_eq!(tokens, [1, 1, 2]);
 }

@@ -13,9 +13,7 @@ use turnstile_lock::{Backend, LockError, LockResult, RedisBackend, RedisBackendC
 pub enum BackendUrl {
     /// `redis://`, `rediss://`, `redis+unix://`, `unix://`, a Redis Cluster's
     /// `redis+cluster://h1:p1,h2:p2`, or a Sentinel-managed master's
-    /// `redis+sentinel://s1:p1,s2:p2/MASTERNAME` (`rediss+sentinel://` with TLS): a
-    /// [`RedisBackend`]. (`rediss+cluster://` is passed on too, but no test runs a TLS
-    /// cluster yet.)
+    /// `redis+sentinel://s1:p1,s2:p2/MASTERNAME` (`rediss+…` for TLS): a [`RedisBackend`].
     Redis(String),
     /// `mongodb://` or `mongodb+srv://`: a [`MongoBackend`].
     Mongo(String),
