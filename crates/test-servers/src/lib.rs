@@ -7,8 +7,10 @@
 //!
 //! - [`RedisServer`]: a `redis-server` without persistence; [`RedisOptions`] adds TLS
 //!   (certificates generated per run, [`TlsFiles`]) and a password.
-//! - [`RedisCluster`]: 3 primaries + 3 replicas, created with `redis-cli --cluster create`.
-//! - [`RedisSentinel`]: a master, a replica and three sentinels (`redis-server --sentinel`).
+//! - [`RedisCluster`]: 3 primaries + 3 replicas, created with `redis-cli --cluster create`;
+//!   optionally all over TLS ([`RedisCluster::start_tls`]).
+//! - [`RedisSentinel`]: a master, a replica and three sentinels (`redis-server --sentinel`);
+//!   optionally all over TLS ([`RedisSentinel::start_tls`]).
 //! - [`MongoServer`]: a MongoDB-wire-compatible server (SecantusDB), or `MONGODB_URI`'s.
 //!
 //! New launchers (MongoDB-compatible servers, ...) go in their own module and reuse
