@@ -10,6 +10,8 @@
 //!   `min_replica_acks(1, …)` both counts must be zero; without, they are recorded;
 //! - `rediss+sentinel://` with mutual TLS to the sentinels and the data nodes, through a
 //!   failover.
+//! - after a failover, a waiter's wake-up channel is subscribed on the new master and a
+//!   release hands the lock over by push.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -549,5 +551,84 @@ async fn rediss_sentinel_with_mutual_tls_follows_a_failover() {
             Some(RedisConnectError::CertificateRejected { reason, .. }) if reason == "UnknownIssuer"
         ),
         "{error:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pubsub_connection_follows_the_failover_and_still_hands_over() {
+    let setup = start_setup().await;
+    let holder_backend = RedisBackend::connect(config(&setup, false).key_prefix("ps:"))
+        .await
+        .expect("connect the holder");
+    let waiter_backend = RedisBackend::connect(config(&setup, false).key_prefix("ps:"))
+        .await
+        .expect("connect the waiter");
+    let old_master = setup.master_port().expect("master");
+    let failover = {
+        let setup = setup.clone();
+        tokio::task::spawn_blocking(move || {
+            setup.failover().expect("SENTINEL FAILOVER");
+            setup
+                .wait_for_new_master(old_master, Duration::from_secs(30))
+                .expect("the replica is promoted")
+        })
+    };
+    let new_master = failover.await.expect("failover thread");
+
+    let holder = Locker::new(holder_backend);
+    let mut lock = None;
+    for _ in 0..50 {
+        match holder.lock("k", Duration::from_secs(30)).acquire().await {
+            Ok(granted) => {
+                lock = Some(granted);
+                break;
+            }
+            Err(error) if error.is_backend_unavailable() => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("acquire: {error}"),
+        }
+    }
+    let lock = lock.expect("a grant from the new master");
+    // The waiter polls only every 30 s: it can only be served in time by a push.
+    let waiter = Locker::new(waiter_backend).with_retry(
+        RetryPolicy::new()
+            .total_time(Duration::from_secs(60))
+            .retry_delay(Duration::from_secs(30)),
+    );
+    let waiting = tokio::spawn(async move {
+        waiter
+            .lock("k", Duration::from_secs(30))
+            .acquire()
+            .await
+            .map(|lock| lock.fencing_token())
+    });
+    let subscribed = {
+        let setup = setup.clone();
+        tokio::task::spawn_blocking(move || {
+            test_servers::wait_until(Duration::from_secs(15), || {
+                setup
+                    .node_command(new_master, &["PUBSUB", "NUMSUB", "ps:{k}:wake"])
+                    .is_ok_and(|reply| reply.ends_with(":1\r\n"))
+            })
+        })
+    };
+    assert!(
+        subscribed.await.expect("poll thread"),
+        "the waiter's wake-up channel is subscribed on the new master"
+    );
+    let released_at = Instant::now();
+    let first = lock.fencing_token();
+    lock.release().await.expect("release");
+    let token = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter is served well before its next poll")
+        .expect("waiter task")
+        .expect("waiter acquires");
+    assert!(token > first);
+    assert!(
+        released_at.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        released_at.elapsed()
     );
 }
