@@ -21,7 +21,7 @@
 //!   and the readers' acquire+release pairs per second against the floor rate.
 //!
 //! The same rows run on the memory backend (no floor there). Bounded in count and time: the
-//! whole run takes well under a minute.
+//! whole run takes a minute or two (85 s on a loaded 2-vCPU VM).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
