@@ -1,7 +1,9 @@
 //! `turnstile lock` end to end against Redis as production runs it: the built binary over TLS
 //! (CA file and client certificate from `TURNSTILE_REDIS_*`), a rejected server certificate
-//! reported clearly (exit 69), an ACL user in the URL, a `redis+cluster://` URL, and the
-//! controller's Redis settings (`Backends`) over TLS.
+//! reported clearly (exit 69), an ACL user in the URL, a `redis+cluster://` URL (and
+//! `rediss+cluster://` with mutual TLS), a
+//! `redis+sentinel://` URL (with and without `?min_replica_acks=1`), `rediss+sentinel://` with
+//! mutual TLS, and the controller's Redis settings (`Backends`) over TLS.
 
 use std::process::{Output, Stdio};
 use std::time::Duration;
@@ -220,6 +222,75 @@ async fn lock_on_a_redis_cluster_url() {
     // Keys on different slots: each is served by the primary that owns it.
     for key in ["cluster-a", "cluster-b", "cluster-a"] {
         let output = lock(cluster.url(), key, &[], "echo $TURNSTILE_FENCING_TOKEN").await;
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        tokens.push(stdout(&output).trim().parse::<u64>().expect("token"));
+    }
+    assert_eq!(tokens, [1, 1, 2]);
+}
+
+#[tokio::test]
+async fn lock_on_a_redis_sentinel_url_with_and_without_replica_acks() {
+    let setup = tokio::task::spawn_blocking(test_servers::RedisSentinel::start)
+        .await
+        .expect("launcher thread")
+        .expect("Redis Sentinel setup starts");
+    let acked = format!(
+        "{}?min_replica_acks=1&replica_ack_timeout_ms=500",
+        setup.url()
+    );
+    let mut tokens = Vec::new();
+    for url in [setup.url(), acked.as_str()] {
+        let output = lock(url, "sentinel-job", &[], "echo $TURNSTILE_FENCING_TOKEN").await;
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        tokens.push(stdout(&output).trim().parse::<u64>().expect("token"));
+    }
+    assert_eq!(tokens, [1, 2]);
+    // The grants went to the master the sentinels name.
+    let master = setup.master_port().expect("master");
+    let fence = setup
+        .node_command(master, &["GET", "turnstile:{sentinel-job}:fence"])
+        .expect("GET");
+    assert!(fence.ends_with("2\r\n"), "{fence:?}");
+
+    let wrong = setup.url().replace("/turnstile", "/nosuchmaster");
+    let output = lock(&wrong, "sentinel-job", &[], "true").await;
+    assert_eq!(
+        output.status.code(),
+        Some(BACKEND_UNAVAILABLE),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[tokio::test]
+async fn lock_on_a_rediss_sentinel_url_over_mutual_tls() {
+    let setup = tokio::task::spawn_blocking(test_servers::RedisSentinel::start_tls)
+        .await
+        .expect("launcher thread")
+        .expect("TLS Redis Sentinel setup starts");
+    let files = setup.tls_files().expect("certificates").clone();
+    let output = lock(
+        setup.url(),
+        "tls-sentinel-job",
+        &mtls_env(&files),
+        "echo $TURNSTILE_FENCING_TOKEN",
+    )
+    .await;
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(stdout(&output).trim(), "1");
+}
+
+#[tokio::test]
+async fn lock_on_a_rediss_cluster_url_over_mutual_tls() {
+    let cluster = tokio::task::spawn_blocking(test_servers::RedisCluster::start_tls)
+        .await
+        .expect("launcher thread")
+        .expect("TLS Redis Cluster starts");
+    let files = cluster.tls_files().expect("certificates").clone();
+    let env = mtls_env(&files);
+    let mut tokens = Vec::new();
+    for key in ["cluster-a", "cluster-b", "cluster-a"] {
+        let output = lock(cluster.url(), key, &env, "echo $TURNSTILE_FENCING_TOKEN").await;
         assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
         tokens.push(stdout(&output).trim().parse::<u64>().expect("token"));
     }

@@ -11,9 +11,9 @@ use turnstile_lock::{Backend, LockError, LockResult, RedisBackend, RedisBackendC
 /// carry a password.
 #[derive(Clone, PartialEq, Eq)]
 pub enum BackendUrl {
-    /// `redis://`, `rediss://`, `redis+unix://`, `unix://`, or a Redis Cluster's
-    /// `redis+cluster://h1:p1,h2:p2`: a [`RedisBackend`]. (`rediss+cluster://` is passed on
-    /// too, but no test runs a TLS cluster yet.)
+    /// `redis://`, `rediss://`, `redis+unix://`, `unix://`, a Redis Cluster's
+    /// `redis+cluster://h1:p1,h2:p2`, or a Sentinel-managed master's
+    /// `redis+sentinel://s1:p1,s2:p2/MASTERNAME` (`rediss+…` for TLS): a [`RedisBackend`].
     Redis(String),
     /// `mongodb://` or `mongodb+srv://`: a [`MongoBackend`].
     Mongo(String),
@@ -37,7 +37,7 @@ pub enum BackendUrlError {
     /// Any other scheme, or no scheme at all.
     #[error(
         "unsupported backend URL {0:?}: expected redis://, rediss://, redis+cluster://, \
-         mongodb:// or mongodb+srv://"
+         redis+sentinel://, mongodb:// or mongodb+srv://"
     )]
     Unsupported(String),
 }
@@ -50,9 +50,8 @@ impl BackendUrl {
             .map_or(url, |(scheme, _)| scheme)
             .to_ascii_lowercase();
         match scheme.as_str() {
-            "redis" | "rediss" | "redis+unix" | "unix" | "redis+cluster" | "rediss+cluster" => {
-                Ok(BackendUrl::Redis(url.to_owned()))
-            }
+            "redis" | "rediss" | "redis+unix" | "unix" | "redis+cluster" | "rediss+cluster"
+            | "redis+sentinel" | "rediss+sentinel" => Ok(BackendUrl::Redis(url.to_owned())),
             "mongodb" | "mongodb+srv" => Ok(BackendUrl::Mongo(url.to_owned())),
             "memory" => Err(BackendUrlError::Memory),
             // Only the scheme: the rest may hold credentials.
@@ -98,6 +97,7 @@ mod tests {
             "unix:///tmp/r.sock",
             "redis+cluster://a:7000,b:7001",
             "rediss+cluster://user:pw@a:7000",
+            "redis+sentinel://s1:26379,s2:26379/mymaster?min_replica_acks=1",
         ] {
             assert_eq!(
                 BackendUrl::parse(url).map(|b| b.kind()),

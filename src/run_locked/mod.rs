@@ -67,7 +67,9 @@ pub struct LockArgs {
     /// Backend holding the lock: redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://… (TLS; CA
     /// and client certificate from TURNSTILE_REDIS_CA_FILE, TURNSTILE_REDIS_CLIENT_CERT,
     /// TURNSTILE_REDIS_CLIENT_KEY), redis+cluster://HOST1:PORT1,HOST2:PORT2 (Redis Cluster),
-    /// mongodb://… or mongodb+srv://… (memory is refused: no other process could see the lock).
+    /// redis+sentinel://S1:PORT1,S2:PORT2/MASTERNAME (Redis Sentinel; any Redis form but the
+    /// cluster ones takes ?min_replica_acks=N[&replica_ack_timeout_ms=MS]), mongodb://… or
+    /// mongodb+srv://… (memory is refused: no other process could see the lock).
     #[arg(
         long,
         env = "TURNSTILE_BACKEND_URL",

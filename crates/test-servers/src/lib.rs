@@ -7,7 +7,10 @@
 //!
 //! - [`RedisServer`]: a `redis-server` without persistence; [`RedisOptions`] adds TLS
 //!   (certificates generated per run, [`TlsFiles`]) and a password.
-//! - [`RedisCluster`]: 3 primaries + 3 replicas, created with `redis-cli --cluster create`.
+//! - [`RedisCluster`]: 3 primaries + 3 replicas, created with `redis-cli --cluster create`;
+//!   optionally all over TLS ([`RedisCluster::start_tls`]).
+//! - [`RedisSentinel`]: a master, a replica and three sentinels (`redis-server --sentinel`);
+//!   optionally all over TLS ([`RedisSentinel::start_tls`]).
 //! - [`MongoServer`]: a MongoDB-wire-compatible server (SecantusDB), or `MONGODB_URI`'s.
 //!
 //! New launchers (MongoDB-compatible servers, ...) go in their own module and reuse
@@ -17,8 +20,10 @@ mod mongo;
 mod process;
 mod redis;
 mod redis_cluster;
+mod redis_sentinel;
 
 pub use self::mongo::{under_ci, MongoFlavor, MongoServer, Unavailable};
 pub use self::process::{free_port, wait_until, ServerProcess};
 pub use self::redis::{RedisOptions, RedisServer, TlsClientAuth, TlsFiles};
 pub use self::redis_cluster::{ClusterNode, RedisCluster};
+pub use self::redis_sentinel::{RedisSentinel, MASTER_NAME as SENTINEL_MASTER_NAME};

@@ -1,5 +1,7 @@
 //! A real Redis Cluster for tests: 3 primaries and 3 replicas on free 127.0.0.1 ports, created
-//! with `redis-cli --cluster create … --cluster-replicas 1`.
+//! with `redis-cli --cluster create … --cluster-replicas 1`. With TLS
+//! ([`RedisCluster::start_tls`]) every node also listens on a TLS port, and the cluster bus
+//! and replication use TLS with client certificates.
 
 use std::io;
 use std::net::{Ipv4Addr, TcpStream};
@@ -11,7 +13,7 @@ use std::time::Duration;
 use tempfile::TempDir;
 
 use crate::process::{free_port, wait_until, ServerProcess};
-use crate::redis::{command_on, redis_server_binary};
+use crate::redis::{command_on, redis_server_binary, TlsFiles};
 
 /// How many nodes: 3 primaries, each with one replica.
 const NODES: usize = 6;
@@ -24,13 +26,19 @@ pub struct ClusterNode {
     // Field order matters: the process stops before its directory is removed.
     process: ServerProcess,
     port: u16,
+    tls_port: Option<u16>,
     _dir: TempDir,
 }
 
 impl ClusterNode {
-    /// The node's client port.
+    /// The node's plain client port (the tests' own commands).
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The node's TLS port, in a TLS cluster.
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
     }
 
     /// The node's process id.
@@ -50,20 +58,40 @@ impl ClusterNode {
 pub struct RedisCluster {
     nodes: Vec<ClusterNode>,
     url: String,
+    tls: Option<TlsFiles>,
+    // Last: removed after every node stopped.
+    _tls_dir: Option<TempDir>,
 }
 
 impl RedisCluster {
     /// Starts six nodes, creates the cluster and waits until every node reports
     /// `cluster_state:ok` and knows all six nodes, three of them as replicas.
     pub fn start() -> io::Result<Self> {
+        Self::start_with_tls(None)
+    }
+
+    /// As [`Self::start`], every node also on a TLS port (certificates generated for this
+    /// cluster, [`Self::tls_files`]; mutual TLS required; `tls-cluster yes`, so the cluster
+    /// names TLS ports to TLS clients). [`Self::url`] is `rediss+cluster://` with the TLS
+    /// ports; [`ClusterNode::command`] still uses the plain ports.
+    pub fn start_tls() -> io::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("turnstile-redis-cluster-tls-")
+            .tempdir()?;
+        let files = TlsFiles::generate(dir.path())?;
+        Self::start_with_tls(Some((dir, files)))
+    }
+
+    fn start_with_tls(tls: Option<(TempDir, TlsFiles)>) -> io::Result<Self> {
         let binary = redis_server_binary();
+        let files = tls.as_ref().map(|(_, files)| files);
         let mut nodes = Vec::with_capacity(NODES);
         while nodes.len() < NODES {
             // A node that lost a port race is simply started again on fresh ports.
             let mut attempts = 0;
             loop {
                 attempts += 1;
-                match start_node(&binary) {
+                match start_node(&binary, files) {
                     Ok(node) => {
                         nodes.push(node);
                         break;
@@ -103,8 +131,32 @@ impl RedisCluster {
         if !ready {
             return Err(io::Error::other("the Redis Cluster did not become ready"));
         }
-        let url = format!("redis+cluster://{}", addresses.join(","));
-        Ok(RedisCluster { nodes, url })
+        let url = match files {
+            None => format!("redis+cluster://{}", addresses.join(",")),
+            Some(_) => {
+                let tls_addresses: Vec<String> = nodes
+                    .iter()
+                    .filter_map(|node| node.tls_port)
+                    .map(|port| format!("127.0.0.1:{port}"))
+                    .collect();
+                format!("rediss+cluster://{}", tls_addresses.join(","))
+            }
+        };
+        let (tls_dir, tls) = match tls {
+            Some((dir, files)) => (Some(dir), Some(files)),
+            None => (None, None),
+        };
+        Ok(RedisCluster {
+            nodes,
+            url,
+            tls,
+            _tls_dir: tls_dir,
+        })
+    }
+
+    /// The certificates of a TLS cluster.
+    pub fn tls_files(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
     }
 
     /// A cluster shared by the tests of this binary: started on first use, stopped when the
@@ -122,7 +174,22 @@ impl RedisCluster {
         Ok(cluster)
     }
 
-    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,…` (every node).
+    /// As [`Self::shared`], a TLS cluster ([`Self::start_tls`]).
+    pub fn shared_tls() -> io::Result<Arc<RedisCluster>> {
+        static SHARED: Mutex<Weak<RedisCluster>> = Mutex::new(Weak::new());
+        let mut shared = SHARED
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(cluster) = shared.upgrade() {
+            return Ok(cluster);
+        }
+        let cluster = Arc::new(Self::start_tls()?);
+        *shared = Arc::downgrade(&cluster);
+        Ok(cluster)
+    }
+
+    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,…` (every node; `rediss+cluster://` and the
+    /// TLS ports in a TLS cluster).
     pub fn url(&self) -> &str {
         &self.url
     }
@@ -151,14 +218,37 @@ impl RedisCluster {
     }
 }
 
-fn start_node(binary: &Path) -> io::Result<ClusterNode> {
+fn start_node(binary: &Path, tls: Option<&TlsFiles>) -> io::Result<ClusterNode> {
     let dir = tempfile::Builder::new()
         .prefix("turnstile-redis-cluster-")
         .tempdir()?;
     let port = free_port()?;
     // The cluster bus needs a port of its own; the default (port + 10000) may not be free.
     let bus_port = free_port()?;
+    let tls_port = match tls {
+        Some(_) => Some(free_port()?),
+        None => None,
+    };
     let mut command = Command::new(binary);
+    if let (Some(files), Some(tls_port)) = (tls, tls_port) {
+        command
+            .arg("--tls-port")
+            .arg(tls_port.to_string())
+            .arg("--tls-cert-file")
+            .arg(&files.server_cert)
+            .arg("--tls-key-file")
+            .arg(&files.server_key)
+            .arg("--tls-ca-cert-file")
+            .arg(&files.ca_cert)
+            // The bus and replication connect out with the client certificate.
+            .arg("--tls-client-cert-file")
+            .arg(&files.client_cert)
+            .arg("--tls-client-key-file")
+            .arg(&files.client_key)
+            .args(["--tls-auth-clients", "yes"])
+            .args(["--tls-cluster", "yes"])
+            .args(["--tls-replication", "yes"]);
+    }
     command
         .arg("--port")
         .arg(port.to_string())
@@ -188,6 +278,7 @@ fn start_node(binary: &Path) -> io::Result<ClusterNode> {
     Ok(ClusterNode {
         process,
         port,
+        tls_port,
         _dir: dir,
     })
 }
@@ -200,6 +291,17 @@ mod tests {
     fn six_nodes_form_a_cluster_with_replicas() {
         let cluster = RedisCluster::start().expect("cluster starts");
         assert!(cluster.url().starts_with("redis+cluster://127.0.0.1:"));
+        let nodes = cluster
+            .command(&["CLUSTER", "NODES"])
+            .expect("CLUSTER NODES");
+        assert_eq!(nodes.matches("master").count(), 3, "{nodes}");
+        assert_eq!(nodes.matches("slave").count(), 3, "{nodes}");
+    }
+
+    #[test]
+    fn a_tls_cluster_forms_over_tls() {
+        let cluster = RedisCluster::start_tls().expect("TLS cluster starts");
+        assert!(cluster.url().starts_with("rediss+cluster://127.0.0.1:"));
         let nodes = cluster
             .command(&["CLUSTER", "NODES"])
             .expect("CLUSTER NODES");

@@ -1,10 +1,12 @@
 //! `cargo bench --bench lock`: the lock engine against the physical floor, in one table.
 //!
-//! Starts its own `redis-server` (test-servers) and, when one is available, a MongoDB test
-//! server (`MONGODB_URI` or an installed SecantusDB), and measures, all in the same run:
+//! Starts its own `redis-server` and a 3+3 Redis Cluster (test-servers) and, when one is
+//! available, a MongoDB test server (`MONGODB_URI` or an installed SecantusDB), and measures,
+//! all in the same run:
 //! - the floor of each server: a sequential no-op loop (`PING`, `{ping: 1}`) on one connection
 //!   of the same client library, measured for 2 s up front and again for 0.7 s right before
-//!   every row, whose ratios use that adjacent floor (the `floor RTT µs` column);
+//!   every row, whose ratios use that adjacent floor (the `floor RTT µs` column); on the
+//!   cluster, the floor of the primary that owns the row's key;
 //! - uncontended acquire+release pairs per second, and their ratio to the floor rate (a pair
 //!   is two round trips, so 50% is the ceiling);
 //! - contended hand-off with 2, 8 and 32 tasks looping acquire → release on one key: hand-off
@@ -19,13 +21,13 @@
 //!   and the readers' acquire+release pairs per second against the floor rate.
 //!
 //! The same rows run on the memory backend (no floor there). Bounded in count and time: the
-//! whole run takes well under a minute.
+//! whole run takes a minute or two (85 s on a loaded 2-vCPU VM).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use test_servers::{MongoServer, RedisServer, Unavailable};
+use test_servers::{MongoServer, RedisCluster, RedisServer, Unavailable};
 use turnstile_lock::{
     Backend, Locker, MemoryBackend, MongoBackend, MongoBackendConfig, RedisBackend,
     RedisBackendConfig, RetryPolicy,
@@ -130,7 +132,7 @@ where
 
 async fn acquire_release_pair(locker: &Locker) {
     let lock = locker
-        .lock("bench-uncontended", LEASE)
+        .lock(UNCONTENDED_KEY, LEASE)
         .acquire()
         .await
         .expect("acquire");
@@ -169,7 +171,7 @@ struct Contended {
 }
 
 async fn contended(locker: &Locker, tasks: usize) -> Contended {
-    let key = format!("bench-contended-{tasks}");
+    let key = contended_key(tasks);
     // Room for every sample up front: growing a vector of a million samples inside the
     // critical section would stall every task for milliseconds and show up as unfairness.
     let log = Arc::new(Mutex::new(HandoffLog {
@@ -273,7 +275,7 @@ async fn read_write(locker: &Locker, readers: usize) -> ReadWrite {
         let (locker, stop, reads) = (locker.clone(), stop.clone(), reads.clone());
         handles.push(tokio::spawn(async move {
             let request = locker
-                .lock("bench-rw", LEASE)
+                .lock(READ_WRITE_KEY, LEASE)
                 .max_holders(max_holders)
                 .shared()
                 .retry(RetryPolicy::forever());
@@ -289,7 +291,7 @@ async fn read_write(locker: &Locker, readers: usize) -> ReadWrite {
         let (locker, stop) = (locker.clone(), stop.clone());
         tokio::spawn(async move {
             let request = locker
-                .lock("bench-rw", LEASE)
+                .lock(READ_WRITE_KEY, LEASE)
                 .max_holders(max_holders)
                 .exclusive()
                 .retry(RetryPolicy::forever());
@@ -428,15 +430,23 @@ async fn floor_row(backend: &str, scenario: &str, probe: FloorProbe<'_>, table: 
     ]);
 }
 
-async fn backend_rows(
+/// The keys of the rows, for a probe that depends on where a key lives.
+const UNCONTENDED_KEY: &str = "bench-uncontended";
+const READ_WRITE_KEY: &str = "bench-rw";
+
+fn contended_key(tasks: usize) -> String {
+    format!("bench-contended-{tasks}")
+}
+
+async fn backend_rows<'p>(
     name: &str,
     backend: Arc<dyn Backend>,
-    probe: Option<FloorProbe<'_>>,
+    probe: impl Fn(&str) -> Option<FloorProbe<'p>>,
     table: &mut Table,
 ) {
     let locker = Locker::from_arc(backend);
     eprintln!("{name}: uncontended");
-    let floor = adjacent_floor(probe).await;
+    let floor = adjacent_floor(probe(UNCONTENDED_KEY)).await;
     let floor = floor.as_ref();
     let pairs = uncontended(&locker).await;
     let ratio = floor.map(|floor| pairs / floor.ops_per_sec);
@@ -457,7 +467,7 @@ async fn backend_rows(
     ]);
     for tasks in WAITER_COUNTS {
         eprintln!("{name}: hand-off with {tasks} tasks");
-        let floor = adjacent_floor(probe).await;
+        let floor = adjacent_floor(probe(&contended_key(tasks))).await;
         let floor = floor.as_ref();
         let result = contended(&locker, tasks).await;
         let mut targets = vec![format!(
@@ -499,7 +509,7 @@ async fn backend_rows(
         ]);
     }
     eprintln!("{name}: shared/exclusive, {READERS} readers + 1 writer");
-    let floor = adjacent_floor(probe).await;
+    let floor = adjacent_floor(probe(READ_WRITE_KEY)).await;
     let floor = floor.as_ref();
     let result = read_write(&locker, READERS).await;
     let ratio = floor.map(|floor| result.reader_pairs_per_sec / floor.ops_per_sec);
@@ -526,6 +536,25 @@ async fn backend_rows(
     ]);
 }
 
+/// `redis://127.0.0.1:PORT` of the cluster primary that owns lock `key` (default prefix): any
+/// other node answers `GET` on its keys with `-MOVED slot host:port`.
+fn owner_url(cluster: &RedisCluster, key: &str) -> String {
+    let node = &cluster.nodes()[0];
+    let reply = node
+        .command(&["GET", &format!("turnstile:{{{key}}}:fence")])
+        .expect("GET on a cluster node");
+    let port = match reply.strip_prefix("-MOVED ") {
+        Some(moved) => moved
+            .trim_end()
+            .rsplit(':')
+            .next()
+            .and_then(|port| port.parse().ok())
+            .expect("MOVED names a port"),
+        None => node.port(),
+    };
+    format!("redis://127.0.0.1:{port}/")
+}
+
 fn redis_version() -> String {
     std::process::Command::new("redis-server")
         .arg("--version")
@@ -543,6 +572,16 @@ fn main() {
         .build()
         .expect("tokio runtime");
     let server = RedisServer::start().expect("redis-server starts");
+    let cluster = RedisCluster::start().expect("Redis Cluster starts");
+    let owners: std::collections::HashMap<String, String> = [UNCONTENDED_KEY, READ_WRITE_KEY]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(WAITER_COUNTS.into_iter().map(contended_key))
+        .map(|key| {
+            let url = owner_url(&cluster, &key);
+            (key, url)
+        })
+        .collect();
     // MongoDB rows when a server is available (MONGODB_URI or an installed SecantusDB).
     let mongo = match MongoServer::for_tests() {
         Ok(server) => Some(server),
@@ -561,7 +600,26 @@ fn main() {
         let redis = RedisBackend::connect(RedisBackendConfig::new(server.url()))
             .await
             .expect("connect");
-        backend_rows("redis", Arc::new(redis), Some(redis_probe), &mut table).await;
+        backend_rows("redis", Arc::new(redis), |_| Some(redis_probe), &mut table).await;
+        eprintln!("redis cluster: PING floor");
+        let first_owner = FloorProbe::RedisPing(&owners[UNCONTENDED_KEY]);
+        floor_row(
+            "redis cluster",
+            "PING floor (1 connection, one primary)",
+            first_owner,
+            &mut table,
+        )
+        .await;
+        let clustered = RedisBackend::connect(RedisBackendConfig::new(cluster.url()))
+            .await
+            .expect("connect to the cluster");
+        backend_rows(
+            "redis cluster",
+            Arc::new(clustered),
+            |key| owners.get(key).map(|url| FloorProbe::RedisPing(url)),
+            &mut table,
+        )
+        .await;
         if let Some(mongo) = &mongo {
             eprintln!("mongo: ping floor");
             let mongo_probe = FloorProbe::MongoPing(mongo.uri());
@@ -573,9 +631,9 @@ fn main() {
             )
             .await
             .expect("connect to mongo");
-            backend_rows("mongo", Arc::new(backend), Some(mongo_probe), &mut table).await;
+            backend_rows("mongo", Arc::new(backend), |_| Some(mongo_probe), &mut table).await;
         }
-        backend_rows("memory", Arc::new(MemoryBackend::new()), None, &mut table).await;
+        backend_rows("memory", Arc::new(MemoryBackend::new()), |_| None, &mut table).await;
         println!();
         println!(
             "Turnstile lock engine — {}; {} CPU cores; client: tokio current_thread runtime; bench took {:.0} s",

@@ -26,10 +26,22 @@
 //! (reconnecting with backoff, then re-subscribing and waking every local waiter to re-poll),
 //! subscribed to the channels of keys that have local waiters.
 //!
+//! # Deployments
+//!
+//! - `redis://` / `rediss://`: one server (or a fixed address in front of a replica set);
+//! - `redis+cluster://` / `rediss+cluster://`: Redis Cluster, see [`connect_cluster`];
+//! - `redis+sentinel://` / `rediss+sentinel://`: a master found through Redis Sentinel and
+//!   found again after a failover (module `sentinel`).
+//!
+//! Replication is asynchronous: a failover may lose the last writes, grants included.
+//! [`RedisBackendConfig::min_replica_acks`] makes every grant wait for `WAIT n timeout`
+//! before it counts.
+//!
 //! Fencing tokens and positions travel through Lua numbers (doubles): exact below 2^53.
 
 mod pubsub;
 mod scripts;
+mod sentinel;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Once};
@@ -41,8 +53,9 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{ClientTlsConfig, RedisFuture, TlsCertificates, Value};
 
-use self::pubsub::WakeChannels;
+use self::pubsub::{PubSubSource, WakeChannels};
 use self::scripts::Scripts;
+use self::sentinel::{Resolver, SentinelCommands, SentinelTarget};
 
 use super::{
     ceil_millis, validate_key, validate_max_holders, validate_owner, validate_request,
@@ -69,6 +82,14 @@ pub struct RedisBackendConfig {
     connect_timeout: Duration,
     ca_file: Option<PathBuf>,
     client_cert: Option<(PathBuf, PathBuf)>,
+    min_replica_acks: Option<ReplicaAcks>,
+}
+
+/// `WAIT replicas timeout` after every grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ReplicaAcks {
+    replicas: u32,
+    timeout: Duration,
 }
 
 impl std::fmt::Debug for RedisBackendConfig {
@@ -80,6 +101,7 @@ impl std::fmt::Debug for RedisBackendConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("ca_file", &self.ca_file)
             .field("client_cert", &self.client_cert)
+            .field("min_replica_acks", &self.min_replica_acks)
             .finish()
     }
 }
@@ -98,8 +120,20 @@ fn redact_url(url: &str) -> String {
 
 impl RedisBackendConfig {
     /// Settings for `url`, key prefix `turnstile:`, response timeout 5 s, connect timeout
-    /// 1 s. URL forms: `redis://[user:password@]host:port[/db]`, and `rediss://…` for TLS
-    /// (server certificate checked against Mozilla's roots, or [`Self::ca_file`]).
+    /// 1 s. URL forms:
+    ///
+    /// - `redis://[user:password@]host:port[/db]`, and `rediss://…` for TLS (server
+    ///   certificate checked against Mozilla's roots, or [`Self::ca_file`]);
+    /// - `redis+cluster://[user:password@]host1:port1,host2:port2` (`rediss+cluster://`):
+    ///   Redis Cluster, any one reachable node is enough;
+    /// - `redis+sentinel://[user:password@]s1:26379,s2:26379/MASTERNAME[/db]`
+    ///   (`rediss+sentinel://`): the master the sentinels name, asked again after a
+    ///   failover. The credentials and database are the data nodes'; the sentinels are asked
+    ///   without credentials (over TLS with the same CA file and client certificate).
+    ///
+    /// Any of them (but the cluster forms) may end in `?min_replica_acks=N` and
+    /// `&replica_ack_timeout_ms=MS` (default 1000): the same as [`Self::min_replica_acks`],
+    /// for tools that take only a URL.
     pub fn new(url: impl Into<String>) -> Self {
         RedisBackendConfig {
             url: url.into(),
@@ -108,7 +142,24 @@ impl RedisBackendConfig {
             connect_timeout: Duration::from_secs(1),
             ca_file: None,
             client_cert: None,
+            min_replica_acks: None,
         }
+    }
+
+    /// After every grant, `WAIT replicas timeout` on the connection that wrote it: unless at
+    /// least `replicas` replicas acknowledged the write within `timeout`, the grant is
+    /// released and the call fails with [`LockError::BackendUnavailable`] (source:
+    /// [`ReplicaAcksMissing`]). A hand-off then travels as a wake-up, and the waiter's own
+    /// acquire (which writes, then waits) confirms it. This narrows what a failover can lose
+    /// (a promoted replica has every acknowledged grant) but does not make Redis
+    /// consistent: see the README. Lease extensions are not waited for. `timeout` must be
+    /// shorter than the response timeout. Not available on Redis Cluster.
+    ///
+    /// While replicas lag, every acquire attempt (also one that finds the lock busy) takes
+    /// up to `timeout`, and so do the other commands multiplexed on the same connection.
+    pub fn min_replica_acks(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.min_replica_acks = (replicas > 0).then_some(ReplicaAcks { replicas, timeout });
+        self
     }
 
     /// How long one connection attempt may take (a few are made before a command fails).
@@ -141,6 +192,58 @@ impl RedisBackendConfig {
     pub fn client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
         self.client_cert = Some((cert.into(), key.into()));
         self
+    }
+
+    /// Takes `min_replica_acks` and `replica_ack_timeout_ms` out of the URL's query (other
+    /// query parameters stay for the client library).
+    fn take_url_options(&mut self) -> Result<(), RedisConnectError> {
+        let Some((base, query)) = self.url.split_once('?') else {
+            return Ok(());
+        };
+        let invalid = |detail: &'static str| {
+            RedisConnectError::InvalidUrl(redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                detail,
+            )))
+        };
+        let mut replicas = None;
+        let mut timeout = None;
+        let mut rest = Vec::new();
+        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+            match pair.split_once('=') {
+                Some(("min_replica_acks", value)) => {
+                    replicas = Some(
+                        value
+                            .parse::<u32>()
+                            .map_err(|_| invalid("min_replica_acks is not a number"))?,
+                    );
+                }
+                Some(("replica_ack_timeout_ms", value)) => {
+                    timeout =
+                        Some(Duration::from_millis(value.parse::<u64>().map_err(
+                            |_| invalid("replica_ack_timeout_ms is not a number"),
+                        )?));
+                }
+                _ => rest.push(pair),
+            }
+        }
+        let base = base.to_owned();
+        self.url = if rest.is_empty() {
+            base
+        } else {
+            format!("{base}?{}", rest.join("&"))
+        };
+        match (replicas, timeout) {
+            (Some(replicas), timeout) => {
+                let timeout = timeout.unwrap_or(Duration::from_secs(1));
+                self.min_replica_acks = (replicas > 0).then_some(ReplicaAcks { replicas, timeout });
+            }
+            (None, Some(_)) => {
+                return Err(invalid("replica_ack_timeout_ms needs min_replica_acks"));
+            }
+            (None, None) => {}
+        }
+        Ok(())
     }
 
     /// The URL's scheme in lower case.
@@ -236,6 +339,32 @@ pub enum RedisConnectError {
     /// The URL (or a PEM file) could not be used.
     #[error("invalid Redis URL or TLS material")]
     InvalidUrl(#[source] redis::RedisError),
+    /// [`RedisBackendConfig::min_replica_acks`] was asked of a Redis Cluster.
+    #[error("min_replica_acks is not supported on Redis Cluster")]
+    ReplicaAcksOnCluster,
+    /// [`RedisBackendConfig::min_replica_acks`]' timeout is not shorter than the response
+    /// timeout.
+    #[error("the min_replica_acks timeout ({acks:?}) must be shorter than the response timeout ({response:?})")]
+    ReplicaAcksTimeout {
+        /// The `WAIT` timeout.
+        acks: Duration,
+        /// The response timeout.
+        response: Duration,
+    },
+}
+
+/// A grant that fewer replicas than [`RedisBackendConfig::min_replica_acks`] asks for
+/// acknowledged in time: it was released (best effort) and the acquire failed with
+/// [`LockError::BackendUnavailable`], whose `source` this is.
+#[derive(Debug, thiserror::Error)]
+#[error("only {acknowledged} of {wanted} replica(s) acknowledged the grant within {timeout:?}; released it")]
+pub struct ReplicaAcksMissing {
+    /// Replicas that acknowledged.
+    pub acknowledged: i64,
+    /// Replicas asked for.
+    pub wanted: u32,
+    /// The `WAIT` timeout.
+    pub timeout: Duration,
 }
 
 impl RedisConnectError {
@@ -296,7 +425,16 @@ fn rejected_certificate(error: &(dyn std::error::Error + 'static)) -> Option<Str
         }
         current = error.source();
     }
-    None
+    // The cluster client keeps only the text of its initial connections' errors: rustls'
+    // `InvalidCertificate` displays as "invalid peer certificate: <reason>".
+    const INVALID_CERTIFICATE: &str = "invalid peer certificate: ";
+    let text = error.to_string();
+    let reason = &text[text.find(INVALID_CERTIFICATE)? + INVALID_CERTIFICATE.len()..];
+    let reason: String = reason
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    (!reason.is_empty()).then_some(reason)
 }
 
 /// Wraps a connect-time client error, typed when a person has to fix its cause.
@@ -350,6 +488,7 @@ impl LockKeys {
 
 struct Shared {
     connection: Commands,
+    replica_acks: Option<ReplicaAcks>,
     /// `PUBLISH`, or `SPUBLISH` (sharded pub/sub) on a cluster.
     publish: &'static str,
     prefix: String,
@@ -357,7 +496,7 @@ struct Shared {
     wake_channels: WakeChannels,
 }
 
-/// Locks in Redis (standalone or Cluster), shared by every process using the same server and
+/// Locks in Redis (standalone, Cluster or behind Sentinel), shared by every process using the same server and
 /// key prefix. Cloning shares the connections.
 #[derive(Clone)]
 pub struct RedisBackend {
@@ -399,13 +538,28 @@ fn malformed(operation: &str, detail: impl std::fmt::Display) -> LockError {
 impl RedisBackend {
     /// Connects the command connection and the pub/sub connection and loads the scripts.
     /// Must be called inside a tokio runtime (it spawns the pub/sub listener).
-    pub async fn connect(config: RedisBackendConfig) -> LockResult<Self> {
+    pub async fn connect(mut config: RedisBackendConfig) -> LockResult<Self> {
         install_crypto_provider();
         let open = |error| LockError::backend(BACKEND, "open", error);
-        let (mut connection, wake_channels) = match cluster_nodes(&config.url).map_err(open)? {
-            None => connect_single(&config).await?,
-            Some(nodes) => connect_cluster(&config, nodes).await?,
-        };
+        config.take_url_options().map_err(open)?;
+        if let Some(acks) = config.min_replica_acks {
+            if acks.timeout >= config.response_timeout {
+                return Err(open(RedisConnectError::ReplicaAcksTimeout {
+                    acks: acks.timeout,
+                    response: config.response_timeout,
+                }));
+            }
+        }
+        let sentinel = sentinel::parse(&config.url).map_err(open)?;
+        let (mut connection, wake_channels) =
+            match (sentinel, cluster_nodes(&config.url).map_err(open)?) {
+                (Some(target), _) => connect_sentinel(&config, &target).await?,
+                (None, None) => connect_single(&config).await?,
+                (None, Some(_)) if config.min_replica_acks.is_some() => {
+                    return Err(open(RedisConnectError::ReplicaAcksOnCluster));
+                }
+                (None, Some(nodes)) => connect_cluster(&config, nodes).await?,
+            };
         let scripts = Scripts::new();
         // In a cluster `SCRIPT LOAD` goes to every primary; a node that joins later gets the
         // script from the `EVALSHA` → `NOSCRIPT` → load fallback.
@@ -419,10 +573,11 @@ impl RedisBackend {
         Ok(RedisBackend {
             shared: Arc::new(Shared {
                 publish: match connection {
-                    Commands::Single(_) => "PUBLISH",
+                    Commands::Single(_) | Commands::Sentinel(_) => "PUBLISH",
                     Commands::Cluster(_) => "SPUBLISH",
                 },
                 connection,
+                replica_acks: config.min_replica_acks,
                 prefix: config.key_prefix,
                 scripts,
                 wake_channels,
@@ -436,6 +591,64 @@ impl RedisBackend {
 
     fn connection(&self) -> Commands {
         self.shared.connection.clone()
+    }
+
+    /// The acquire script and `WAIT` in one pipeline (one connection: `WAIT` covers the
+    /// writes of the connection it runs on). A grant fewer replicas acknowledged is released.
+    async fn acquire_acknowledged(
+        &self,
+        request: &AcquireRequest<'_>,
+        script_keys: &[&String],
+        args: &[String],
+        acks: ReplicaAcks,
+    ) -> LockResult<Vec<i64>> {
+        let script = &self.shared.scripts.acquire;
+        let mut connection = self.connection();
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha
+            .arg(script.get_hash())
+            .arg(script_keys.len())
+            .arg(script_keys)
+            .arg(args);
+        let mut pipeline = redis::pipe();
+        pipeline
+            .add_command(evalsha)
+            .cmd("WAIT")
+            .arg(acks.replicas)
+            .arg(ceil_millis(acks.timeout));
+        let mut result = pipeline
+            .query_async::<(Vec<i64>, i64)>(&mut connection)
+            .await;
+        if matches!(&result, Err(error) if error.code() == Some("NOSCRIPT")) {
+            script
+                .load_async(&mut connection)
+                .await
+                .map_err(redis_error("acquire"))?;
+            result = pipeline.query_async(&mut connection).await;
+        }
+        let (reply, acknowledged) = result.map_err(redis_error("acquire"))?;
+        if reply.first() == Some(&1) && acknowledged < i64::from(acks.replicas) {
+            let released = self
+                .release(request.key, request.owner, request.max_holders)
+                .await;
+            tracing::warn!(
+                key = request.key,
+                acknowledged,
+                wanted = acks.replicas,
+                released = released.is_ok(),
+                "redis: a grant was not acknowledged by enough replicas; released it"
+            );
+            return Err(LockError::backend(
+                BACKEND,
+                "acquire",
+                ReplicaAcksMissing {
+                    acknowledged,
+                    wanted: acks.replicas,
+                    timeout: acks.timeout,
+                },
+            ));
+        }
+        Ok(reply)
     }
 }
 
@@ -457,10 +670,39 @@ async fn connect_single(config: &RedisBackendConfig) -> LockResult<(Commands, Wa
         .get_connection_manager_with_config(manager_config)
         .await
         .map_err(connect_error("connect"))?;
-    let wake_channels = WakeChannels::connect(client)
+    let wake_channels = WakeChannels::connect(PubSubSource::Server(Box::new(client)))
         .await
         .map_err(connect_error("connect pub/sub"))?;
     Ok((Commands::Single(connection), wake_channels))
+}
+
+/// Redis Sentinel: commands and pub/sub on the master the sentinels name, both moved to the
+/// new master after a failover, plus a task following `+switch-master`.
+async fn connect_sentinel(
+    config: &RedisBackendConfig,
+    target: &SentinelTarget,
+) -> LockResult<(Commands, WakeChannels)> {
+    let open = |error| LockError::backend(BACKEND, "open", error);
+    let certificates = config.tls_certificates().map_err(open)?;
+    let resolver = Resolver::new(
+        target,
+        certificates.clone(),
+        config.connect_timeout,
+        config.response_timeout,
+    )
+    .map_err(open)?;
+    let sentinels = sentinel::sentinel_clients(target, certificates.as_ref()).map_err(open)?;
+    let connection = SentinelCommands::connect(Arc::clone(&resolver))
+        .await
+        .map_err(connect_error("connect"))?;
+    let wake_channels = WakeChannels::connect(PubSubSource::Sentinel(Arc::clone(&resolver)))
+        .await
+        .map_err(connect_error("connect pub/sub"))?;
+    tokio::spawn(sentinel::watch_switches(
+        Arc::downgrade(&resolver),
+        sentinels,
+    ));
+    Ok((Commands::Sentinel(connection), wake_channels))
 }
 
 /// Redis Cluster: the crate's cluster connection (slot map, `MOVED`/`ASK` followed, each
@@ -547,11 +789,12 @@ fn cluster_nodes(url: &str) -> Result<Option<Vec<String>>, RedisConnectError> {
     Ok(Some(nodes))
 }
 
-/// The command connection: one server, or a cluster.
+/// The command connection: one server, a cluster, or a sentinel-managed master.
 #[derive(Clone)]
 enum Commands {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(SentinelCommands),
 }
 
 impl ConnectionLike for Commands {
@@ -559,6 +802,7 @@ impl ConnectionLike for Commands {
         match self {
             Commands::Single(connection) => connection.req_packed_command(cmd),
             Commands::Cluster(connection) => connection.req_packed_command(cmd),
+            Commands::Sentinel(connection) => connection.req_packed_command(cmd),
         }
     }
 
@@ -573,6 +817,9 @@ impl ConnectionLike for Commands {
             Commands::Cluster(connection) => {
                 connection.req_packed_commands(pipeline, offset, count)
             }
+            Commands::Sentinel(connection) => {
+                connection.req_packed_commands(pipeline, offset, count)
+            }
         }
     }
 
@@ -580,6 +827,7 @@ impl ConnectionLike for Commands {
         match self {
             Commands::Single(connection) => connection.get_db(),
             Commands::Cluster(connection) => connection.get_db(),
+            Commands::Sentinel(connection) => connection.get_db(),
         }
     }
 }
@@ -601,35 +849,63 @@ impl Backend for RedisBackend {
             AcquireMode::Wait => "wait",
             AcquireMode::Try => "try",
         };
-        let reply: Vec<i64> = self
-            .shared
-            .scripts
-            .acquire
-            .key(&keys.holders)
-            .key(&keys.tokens)
-            .key(&keys.fence)
-            .key(&keys.queue)
-            .key(&keys.beats)
-            .key(&keys.seq)
-            .key(&keys.waits)
-            .key(&keys.meta)
-            .key(&keys.delay)
-            .arg(request.owner)
-            .arg(ceil_millis(request.ttl))
-            .arg(request.max_holders)
-            .arg(mode)
-            .arg(ceil_millis(request.waiter_lease).max(1))
-            .arg(if request.share.is_exclusive() {
+        let script_keys = [
+            &keys.holders,
+            &keys.tokens,
+            &keys.fence,
+            &keys.queue,
+            &keys.beats,
+            &keys.seq,
+            &keys.waits,
+            &keys.meta,
+            &keys.delay,
+        ];
+        let args = [
+            request.owner.to_owned(),
+            ceil_millis(request.ttl).to_string(),
+            request.max_holders.to_string(),
+            mode.to_owned(),
+            ceil_millis(request.waiter_lease).max(1).to_string(),
+            if request.share.is_exclusive() {
                 "x"
             } else {
                 "s"
-            })
-            .arg(request.priority)
-            .arg(request.max_hold.map_or(-1, |max| ceil_millis(max) as i64))
-            .arg(ceil_millis(request.lock_delay))
-            .invoke_async(&mut self.connection())
-            .await
-            .map_err(redis_error("acquire"))?;
+            }
+            .to_owned(),
+            request.priority.to_string(),
+            request
+                .max_hold
+                .map_or(-1, |max| ceil_millis(max) as i64)
+                .to_string(),
+            ceil_millis(request.lock_delay).to_string(),
+            // With replica acks, a re-acquire by a holder writes, so that its WAIT covers
+            // the hand-off that made it one.
+            if self.shared.replica_acks.is_some() {
+                "1"
+            } else {
+                "0"
+            }
+            .to_owned(),
+        ];
+        let reply: Vec<i64> = match self.shared.replica_acks {
+            None => {
+                let mut invocation = self.shared.scripts.acquire.prepare_invoke();
+                for key in script_keys {
+                    invocation.key(key);
+                }
+                for arg in &args {
+                    invocation.arg(arg);
+                }
+                invocation
+                    .invoke_async(&mut self.connection())
+                    .await
+                    .map_err(redis_error("acquire"))?
+            }
+            Some(acks) => {
+                self.acquire_acknowledged(request, &script_keys, &args, acks)
+                    .await?
+            }
+        };
         match reply.as_slice() {
             [1, token, already_held, lease] => Ok(AcquireOutcome::Granted {
                 fencing_token: u64::try_from(*token).map_err(|_| malformed("acquire", token))?,
@@ -668,6 +944,13 @@ impl Backend for RedisBackend {
             .arg(max_holders)
             .arg(&keys.channel)
             .arg(self.shared.publish)
+            // With replica acks a hand-off is only a wake-up: the waiter's own acquire
+            // confirms it (and waits for the replicas).
+            .arg(if self.shared.replica_acks.is_some() {
+                "wake"
+            } else {
+                "handoff"
+            })
             .invoke_async(&mut self.connection())
             .await
             .map_err(redis_error("release"))?;
@@ -791,5 +1074,49 @@ impl Backend for RedisBackend {
         }
         let channel = self.keys(key).channel;
         self.shared.wake_channels.subscribe_if_live(&channel, owner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replica_acks_come_out_of_the_url_query() {
+        let mut config = RedisBackendConfig::new(
+            "redis+sentinel://s1:26379/m?protocol=resp3&min_replica_acks=2&replica_ack_timeout_ms=250",
+        );
+        config.take_url_options().expect("valid");
+        assert_eq!(config.url, "redis+sentinel://s1:26379/m?protocol=resp3");
+        assert_eq!(
+            config.min_replica_acks,
+            Some(ReplicaAcks {
+                replicas: 2,
+                timeout: Duration::from_millis(250)
+            })
+        );
+
+        let mut config = RedisBackendConfig::new("redis://h:6379/0?min_replica_acks=1");
+        config.take_url_options().expect("valid");
+        assert_eq!(config.url, "redis://h:6379/0");
+        assert_eq!(
+            config.min_replica_acks.map(|acks| acks.timeout),
+            Some(Duration::from_secs(1))
+        );
+
+        let mut plain = RedisBackendConfig::new("redis://h:6379/0");
+        plain.take_url_options().expect("valid");
+        assert_eq!(plain.min_replica_acks, None);
+
+        for bad in [
+            "redis://h?min_replica_acks=x",
+            "redis://h?replica_ack_timeout_ms=5",
+            "redis://h?min_replica_acks=1&replica_ack_timeout_ms=-1",
+        ] {
+            assert!(
+                RedisBackendConfig::new(bad).take_url_options().is_err(),
+                "{bad}"
+            );
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use test_servers::{
-    MongoServer, RedisCluster, RedisOptions, RedisServer, TlsClientAuth, Unavailable,
+    MongoServer, RedisCluster, RedisOptions, RedisSentinel, RedisServer, TlsClientAuth, Unavailable,
 };
 use turnstile_lock::backend::{
     AcquireOutcome, AcquireRequest, LockSnapshot, MongoBackend, MongoBackendConfig,
@@ -99,6 +99,66 @@ pub async fn redis_cluster() -> Harness {
     Harness {
         backend: Arc::new(CountingBackend::new(Arc::new(backend))),
         _server: Some(Box::new(cluster)),
+    }
+}
+
+/// As [`redis_cluster`], on a TLS cluster (mutual TLS, `rediss+cluster://`).
+pub async fn redis_cluster_tls() -> Harness {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::shared_tls)
+        .await
+        .expect("launcher thread")
+        .expect("TLS Redis Cluster starts");
+    let files = cluster.tls_files().expect("certificates").clone();
+    let prefix = format!("t{}:", uuid::Uuid::new_v4().simple());
+    let backend = RedisBackend::connect(
+        RedisBackendConfig::new(cluster.url())
+            .key_prefix(prefix)
+            .ca_file(&files.ca_cert)
+            .client_cert(&files.client_cert, &files.client_key),
+    )
+    .await
+    .expect("connect to the cluster over TLS");
+    Harness {
+        backend: Arc::new(CountingBackend::new(Arc::new(backend))),
+        _server: Some(Box::new(cluster)),
+    }
+}
+
+/// Connects a backend through Redis Sentinel (a master, a replica, three sentinels) shared
+/// by this binary's tests, under a key prefix of its own.
+pub async fn redis_sentinel() -> Harness {
+    let setup = tokio::task::spawn_blocking(RedisSentinel::shared)
+        .await
+        .expect("launcher thread")
+        .expect("Redis Sentinel setup starts");
+    let prefix = format!("t{}:", uuid::Uuid::new_v4().simple());
+    let backend = RedisBackend::connect(RedisBackendConfig::new(setup.url()).key_prefix(prefix))
+        .await
+        .expect("connect through the sentinels");
+    Harness {
+        backend: Arc::new(CountingBackend::new(Arc::new(backend))),
+        _server: Some(Box::new(setup)),
+    }
+}
+
+/// As [`redis_sentinel`], with every grant acknowledged by the replica
+/// (`min_replica_acks(1, 1 s)`).
+pub async fn redis_sentinel_acks() -> Harness {
+    let setup = tokio::task::spawn_blocking(RedisSentinel::shared)
+        .await
+        .expect("launcher thread")
+        .expect("Redis Sentinel setup starts");
+    let prefix = format!("t{}:", uuid::Uuid::new_v4().simple());
+    let backend = RedisBackend::connect(
+        RedisBackendConfig::new(setup.url())
+            .key_prefix(prefix)
+            .min_replica_acks(1, Duration::from_secs(1)),
+    )
+    .await
+    .expect("connect through the sentinels");
+    Harness {
+        backend: Arc::new(CountingBackend::new(Arc::new(backend))),
+        _server: Some(Box::new(setup)),
     }
 }
 

@@ -71,6 +71,9 @@ conformance_suite!(memory);
 conformance_suite!(redis);
 conformance_suite!(redis_tls);
 conformance_suite!(redis_cluster);
+conformance_suite!(redis_cluster_tls);
+conformance_suite!(redis_sentinel);
+conformance_suite!(redis_sentinel_acks);
 conformance_suite!(mongo);
 
 /// Against a remote backend the cancellation trials must really cut acquires short, or

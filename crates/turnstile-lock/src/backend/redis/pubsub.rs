@@ -16,9 +16,49 @@ use futures::StreamExt;
 use redis::aio::{PubSub, PubSubSink};
 use redis::cluster_async::ClusterConnection;
 use redis::{PushInfo, PushKind, Value};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
+use super::sentinel::Resolver;
 use crate::backend::{Handoff, WakeRegistry, WakeSubscription};
+
+/// Where the pub/sub connection goes: one server, or whichever master the sentinels name.
+pub(super) enum PubSubSource {
+    /// A single server (or a fixed address).
+    Server(Box<redis::Client>),
+    /// The current master of a sentinel-managed set; the listener reconnects (to the new
+    /// master) on every `+switch-master`.
+    Sentinel(Arc<Resolver>),
+}
+
+impl PubSubSource {
+    async fn connect(&self) -> redis::RedisResult<PubSub> {
+        match self {
+            PubSubSource::Server(client) => client.get_async_pubsub().await,
+            PubSubSource::Sentinel(resolver) => {
+                resolver.master_client().await?.get_async_pubsub().await
+            }
+        }
+    }
+
+    fn switches(&self) -> Option<watch::Receiver<u64>> {
+        match self {
+            PubSubSource::Server(_) => None,
+            PubSubSource::Sentinel(resolver) => Some(resolver.switches()),
+        }
+    }
+}
+
+/// Resolves when the sentinels announce a new master (never without sentinels).
+async fn switched(switches: &mut Option<watch::Receiver<u64>>) {
+    match switches {
+        Some(receiver) => {
+            if receiver.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending::<()>().await,
+    }
+}
 
 #[derive(Debug)]
 struct Channel {
@@ -54,13 +94,14 @@ pub(super) struct WakeChannels {
 impl WakeChannels {
     /// Connects the pub/sub connection and starts the listener task (it stops once this value
     /// and every subscription are dropped).
-    pub(super) async fn connect(client: redis::Client) -> redis::RedisResult<Self> {
-        let first = client.get_async_pubsub().await?;
+    pub(super) async fn connect(source: PubSubSource) -> redis::RedisResult<Self> {
+        let first = source.connect().await?;
         let (commands, receiver) = mpsc::unbounded_channel();
         let table = Table::default();
         let wakes = WakeRegistry::new();
         let listener = Listener {
-            client,
+            switches: source.switches(),
+            source,
             commands: receiver,
             table: Arc::clone(&table),
             wakes: wakes.clone(),
@@ -205,7 +246,9 @@ fn route(wakes: &WakeRegistry, channel: &str, payload: &[u8]) {
 
 /// The listener task: owns the pub/sub connection.
 struct Listener {
-    client: redis::Client,
+    source: PubSubSource,
+    /// `+switch-master` notifications (sentinel only).
+    switches: Option<watch::Receiver<u64>>,
     commands: mpsc::UnboundedReceiver<Reconcile>,
     table: Table,
     wakes: WakeRegistry,
@@ -277,8 +320,15 @@ impl Listener {
         }
         // Wake-ups may have been published while we were not listening: everyone re-polls.
         self.wakes.wake_all();
+        if let Some(switches) = &mut self.switches {
+            switches.borrow_and_update();
+        }
         loop {
             tokio::select! {
+                () = switched(&mut self.switches) => {
+                    tracing::info!("redis sentinel: new master; moving the pub/sub connection");
+                    return Disconnect::Lost;
+                }
                 command = self.commands.recv() => {
                     let Some(command) = command else { return Disconnect::Shutdown };
                     if !self.reconcile(command, &mut sink).await {
@@ -319,7 +369,7 @@ impl Listener {
         loop {
             let connection = match next.take() {
                 Some(pubsub) => Ok(pubsub),
-                None => self.client.get_async_pubsub().await,
+                None => self.source.connect().await,
             };
             match connection {
                 Ok(pubsub) => {

@@ -129,7 +129,8 @@ end
 
 /// KEYS: holders tokens fence queue beats seq waits meta delay.
 /// ARGV: owner ttl_ms max_holders mode(wait|try) waiter_lease_ms share(x|s) priority
-/// max_hold_ms(-1: none) lock_delay_ms.
+/// max_hold_ms(-1: none) lock_delay_ms acked(1: a holder's re-acquire writes its token again,
+/// so that the caller's `WAIT` covers the hand-off that made it a holder).
 /// Returns {1, token, already_held, lease_ms} | {0, retry_after_ms} |
 /// {2, position, retry_after_ms} (retry_after_ms = -1 when nothing but a release can help).
 const ACQUIRE: &str = r#"
@@ -141,7 +142,11 @@ prune_holders(KEYS[1], KEYS[2], KEYS[8], KEYS[9], now)
 local held = redis.call('ZCARD', KEYS[1])
 if held > 0 and redis.call('ZSCORE', KEYS[1], owner) then
   local lease = refresh(KEYS[1], KEYS[2], KEYS[8], owner, ttl, now)
-  return {1, tonumber(redis.call('HGET', KEYS[2], owner) or '0'), 1, lease}
+  local token = redis.call('HGET', KEYS[2], owner) or '0'
+  if ARGV[10] == '1' then
+    redis.call('HSET', KEYS[2], owner, token)
+  end
+  return {1, tonumber(token), 1, lease}
 end
 local member = false
 local ahead = 0
@@ -204,7 +209,8 @@ return {2, redis.call('ZRANK', KEYS[4], member) + 1, retry_after}
 
 /// KEYS: holders tokens fence queue beats waits meta delay. ARGV: owner max_holders channel
 /// publish (`PUBLISH`, or `SPUBLISH` on a cluster: the channel shares the lock's hash tag,
-/// so the message stays on the lock's shard).
+/// so the message stays on the lock's shard) announce (`handoff`: lines `owner token lease`;
+/// `wake`: bare owners, who confirm with an acquire of their own).
 /// Returns 1 if `owner` held a live lease (a voluntary end: no lock-delay). Then, unless a
 /// lock-delay runs, hands the lock to the compatible head of the queue (lease = min(its ttl,
 /// its remaining heartbeat, its max hold), token issued here) and publishes one line
@@ -241,7 +247,11 @@ if redis.call('EXISTS', KEYS[4]) == 1 then
       if ttl > 0 then
         local token, lease = grant(KEYS[1], KEYS[2], KEYS[3], KEYS[7], next, ttl, mode,
           tonumber(w[4] or '-1'), tonumber(w[5] or '0'), now, false)
-        lines[#lines + 1] = next .. ' ' .. token .. ' ' .. lease
+        if ARGV[5] == 'wake' then
+          lines[#lines + 1] = next
+        else
+          lines[#lines + 1] = next .. ' ' .. token .. ' ' .. lease
+        end
         count = count + 1
         exclusive = exclusive or mode == 'x'
       end

@@ -1,0 +1,481 @@
+//! A real Redis Sentinel setup for tests: one master, one replica (`--replicaof`) and three
+//! `redis-server --sentinel` processes with generated config files, all on free 127.0.0.1
+//! ports, each in its own temporary directory, stopped by PID on drop. With TLS
+//! ([`RedisSentinel::start_tls`]) every process also listens on a TLS port, and replication
+//! and the sentinels' own connections use TLS with client certificates.
+
+use std::io;
+use std::net::{Ipv4Addr, TcpStream};
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tempfile::TempDir;
+
+use crate::process::{free_port, wait_until, ServerProcess};
+use crate::redis::{command_on, redis_server_binary, TlsFiles};
+
+/// The name the sentinels monitor the master under.
+pub const MASTER_NAME: &str = "turnstile";
+/// How many sentinels (the quorum is 2).
+const SENTINELS: usize = 3;
+/// How long the setup may take to replicate and for the sentinels to find each other.
+const READY_TIMEOUT: Duration = Duration::from_secs(40);
+/// Start attempts of one process (a lost port race is retried on a fresh port).
+const START_ATTEMPTS: usize = 8;
+
+/// A `redis-server` (data node) or `redis-server --sentinel` process of a [`RedisSentinel`].
+#[derive(Debug)]
+struct Node {
+    // Field order matters: the process stops before its directory is removed.
+    process: Mutex<ServerProcess>,
+    /// Plain port (the tests' own commands).
+    port: u16,
+    /// The port clients and the sentinels use: the TLS port with TLS, else `port`.
+    client_port: u16,
+    _dir: TempDir,
+}
+
+impl Node {
+    fn command(&self, args: &[&str]) -> io::Result<String> {
+        command_on(self.port, None, args)
+    }
+}
+
+/// The TLS settings (name, value) every process of a TLS setup gets.
+fn tls_args(files: &TlsFiles, tls_port: u16) -> Vec<(&'static str, String)> {
+    let path = |path: &Path| path.display().to_string();
+    vec![
+        ("tls-port", tls_port.to_string()),
+        ("tls-cert-file", path(&files.server_cert)),
+        ("tls-key-file", path(&files.server_key)),
+        ("tls-ca-cert-file", path(&files.ca_cert)),
+        // Outgoing connections (replication, sentinel to node, sentinel to sentinel) present
+        // the client certificate: `tls-auth-clients yes` everywhere.
+        ("tls-client-cert-file", path(&files.client_cert)),
+        ("tls-client-key-file", path(&files.client_key)),
+        ("tls-auth-clients", "yes".to_owned()),
+        ("tls-replication", "yes".to_owned()),
+    ]
+}
+
+/// One master, one replica and three sentinels monitoring the master as [`MASTER_NAME`]
+/// (quorum 2, `down-after-milliseconds` 1000, `failover-timeout` 10000). No persistence.
+#[derive(Debug)]
+pub struct RedisSentinel {
+    data: Vec<Node>,
+    sentinels: Vec<Node>,
+    url: String,
+    tls: Option<TlsFiles>,
+    // Last: removed after every process stopped.
+    _tls_dir: Option<TempDir>,
+}
+
+impl RedisSentinel {
+    /// Starts the master, the replica (waits for its link to be up), the three sentinels, and
+    /// waits until every sentinel knows the replica and the two other sentinels.
+    pub fn start() -> io::Result<Self> {
+        Self::start_with_tls(None)
+    }
+
+    /// As [`Self::start`], every process also on a TLS port (certificates generated for this
+    /// setup, [`Self::tls_files`]; mutual TLS required): clients reach the sentinels and the
+    /// data nodes over TLS (`rediss+sentinel://…`), replication and the sentinels' own
+    /// connections use TLS too. The tests' own commands use the plain ports.
+    pub fn start_tls() -> io::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("turnstile-redis-sentinel-tls-")
+            .tempdir()?;
+        let files = TlsFiles::generate(dir.path())?;
+        Self::start_with_tls(Some((dir, files)))
+    }
+
+    fn start_with_tls(tls: Option<(TempDir, TlsFiles)>) -> io::Result<Self> {
+        let binary = redis_server_binary();
+        let files = tls.as_ref().map(|(_, files)| files);
+        let master = retry(|| start_data_node(&binary, None, files))?;
+        let replica = retry(|| start_data_node(&binary, Some(master.client_port), files))?;
+        let linked = wait_until(READY_TIMEOUT, || {
+            replica
+                .command(&["INFO", "replication"])
+                .is_ok_and(|info| info.contains("master_link_status:up"))
+        });
+        if !linked {
+            return Err(io::Error::other("the replica did not sync with the master"));
+        }
+        let mut sentinels = Vec::with_capacity(SENTINELS);
+        for _ in 0..SENTINELS {
+            sentinels.push(retry(|| {
+                start_sentinel(&binary, master.client_port, files)
+            })?);
+        }
+        let ready = wait_until(READY_TIMEOUT, || {
+            sentinels.iter().all(|sentinel| {
+                sentinel
+                    .command(&["SENTINEL", "MASTER", MASTER_NAME])
+                    .is_ok_and(|reply| {
+                        let fields = pairs(&reply);
+                        field(&fields, "num-other-sentinels") == Some("2")
+                            && field(&fields, "num-slaves") == Some("1")
+                    })
+            })
+        });
+        if !ready {
+            return Err(io::Error::other(
+                "the sentinels did not find each other and the replica",
+            ));
+        }
+        let hosts: Vec<String> = sentinels
+            .iter()
+            .map(|sentinel| format!("127.0.0.1:{}", sentinel.client_port))
+            .collect();
+        let scheme = if tls.is_some() { "rediss" } else { "redis" };
+        let url = format!("{scheme}+sentinel://{}/{MASTER_NAME}", hosts.join(","));
+        let (tls_dir, tls) = match tls {
+            Some((dir, files)) => (Some(dir), Some(files)),
+            None => (None, None),
+        };
+        Ok(RedisSentinel {
+            data: vec![master, replica],
+            sentinels,
+            url,
+            tls,
+            _tls_dir: tls_dir,
+        })
+    }
+
+    /// A setup shared by the tests of this binary: started on first use, stopped when the
+    /// last user drops it (give each test its own key prefix; don't fail it over).
+    pub fn shared() -> io::Result<Arc<RedisSentinel>> {
+        static SHARED: Mutex<Weak<RedisSentinel>> = Mutex::new(Weak::new());
+        let mut shared = SHARED
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(setup) = shared.upgrade() {
+            return Ok(setup);
+        }
+        let setup = Arc::new(Self::start()?);
+        *shared = Arc::downgrade(&setup);
+        Ok(setup)
+    }
+
+    /// `redis+sentinel://127.0.0.1:S1,127.0.0.1:S2,127.0.0.1:S3/turnstile`
+    /// (`rediss+sentinel://` and the TLS ports with TLS).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The certificates of a TLS setup.
+    pub fn tls_files(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
+    }
+
+    /// The sentinels' client ports (TLS ports with TLS).
+    pub fn sentinel_ports(&self) -> Vec<u16> {
+        self.sentinels
+            .iter()
+            .map(|sentinel| sentinel.client_port)
+            .collect()
+    }
+
+    /// The two data nodes' client ports, as the sentinels name them (TLS ports with TLS; the
+    /// first one started as the master).
+    pub fn data_ports(&self) -> Vec<u16> {
+        self.data.iter().map(|node| node.client_port).collect()
+    }
+
+    fn data_node(&self, port: u16) -> io::Result<&Node> {
+        self.data
+            .iter()
+            .find(|node| node.client_port == port)
+            .ok_or_else(|| io::Error::other(format!("no data node on port {port}")))
+    }
+
+    /// The port of the master as the first answering sentinel reports it.
+    pub fn master_port(&self) -> io::Result<u16> {
+        let reply = self.sentinel_command(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME])?;
+        let fields = bulk_strings(&reply);
+        fields
+            .get(1)
+            .and_then(|port| port.parse().ok())
+            .ok_or_else(|| io::Error::other(format!("no master address in {reply:?}")))
+    }
+
+    /// Runs one command on the data node whose client port is `port` (over its plain port;
+    /// raw RESP reply).
+    pub fn node_command(&self, port: u16, args: &[&str]) -> io::Result<String> {
+        self.data_node(port)?.command(args)
+    }
+
+    /// Runs one command on the first sentinel that answers (raw RESP reply).
+    pub fn sentinel_command(&self, args: &[&str]) -> io::Result<String> {
+        let mut last = None;
+        for sentinel in &self.sentinels {
+            match sentinel.command(args) {
+                Ok(reply) => return Ok(reply),
+                Err(error) => last = Some(error),
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::other("no sentinel")))
+    }
+
+    /// `SENTINEL FAILOVER`: a coordinated failover (the replica is promoted after it caught
+    /// up, the old master becomes its replica).
+    pub fn failover(&self) -> io::Result<()> {
+        let reply = self.sentinel_command(&["SENTINEL", "FAILOVER", MASTER_NAME])?;
+        if reply.starts_with('+') {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!("SENTINEL FAILOVER: {reply:?}")))
+        }
+    }
+
+    /// Waits until every sentinel names a master other than `old_port` and that node says
+    /// `role:master`. Returns the new master's port.
+    pub fn wait_for_new_master(&self, old_port: u16, timeout: Duration) -> io::Result<u16> {
+        let mut found = None;
+        let switched = wait_until(timeout, || {
+            let ports: Vec<Option<u16>> = self
+                .sentinels
+                .iter()
+                .map(|sentinel| {
+                    sentinel
+                        .command(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME])
+                        .ok()
+                        .and_then(|reply| bulk_strings(&reply).get(1).and_then(|p| p.parse().ok()))
+                })
+                .collect();
+            let Some(Some(port)) = ports.first().copied() else {
+                return false;
+            };
+            if port == old_port || ports.iter().any(|other| *other != Some(port)) {
+                return false;
+            }
+            let promoted = self
+                .node_command(port, &["INFO", "replication"])
+                .is_ok_and(|info| info.contains("role:master"));
+            if promoted {
+                found = Some(port);
+            }
+            promoted
+        });
+        match (switched, found) {
+            (true, Some(port)) => Ok(port),
+            _ => Err(io::Error::other(format!(
+                "no new master (other than {old_port}) within {timeout:?}"
+            ))),
+        }
+    }
+
+    /// Kills the data node on `port` with SIGKILL (by its PID) and reaps it.
+    pub fn kill(&self, port: u16) -> io::Result<()> {
+        self.data_node(port)?
+            .process
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .stop();
+        Ok(())
+    }
+
+    /// The PID of the data node on `port`.
+    pub fn pid(&self, port: u16) -> Option<u32> {
+        self.data_node(port).ok().map(|node| {
+            node.process
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .pid()
+        })
+    }
+}
+
+fn retry(mut start: impl FnMut() -> io::Result<Node>) -> io::Result<Node> {
+    let mut last = None;
+    for _ in 0..START_ATTEMPTS {
+        match start() {
+            Ok(node) => return Ok(node),
+            Err(error) => last = Some(error),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::other("did not start")))
+}
+
+fn wait_ready(process: &mut ServerProcess, port: u16, what: &str) -> io::Result<()> {
+    let ready = wait_until(Duration::from_secs(10), || {
+        process.has_exited()
+            || (TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok()
+                && command_on(port, None, &["PING"]).is_ok_and(|reply| reply == "+PONG\r\n"))
+    });
+    if !ready || process.has_exited() {
+        return Err(io::Error::other(format!(
+            "{what} on port {port} did not become ready"
+        )));
+    }
+    Ok(())
+}
+
+/// A data node; a replica of `master` if given.
+fn start_data_node(binary: &Path, master: Option<u16>, tls: Option<&TlsFiles>) -> io::Result<Node> {
+    let dir = tempfile::Builder::new()
+        .prefix("turnstile-redis-sentinel-data-")
+        .tempdir()?;
+    let port = free_port()?;
+    let client_port = match tls {
+        Some(_) => free_port()?,
+        None => port,
+    };
+    let mut command = Command::new(binary);
+    if let Some(files) = tls {
+        for (name, value) in tls_args(files, client_port) {
+            command.arg(format!("--{name}")).arg(value);
+        }
+    }
+    command
+        .arg("--port")
+        .arg(port.to_string())
+        .args(["--bind", "127.0.0.1"])
+        .args(["--save", ""])
+        .args(["--appendonly", "no"])
+        .args(["--daemonize", "no"])
+        .args(["--loglevel", "warning"])
+        // Either node may become the master: no 5 s wait before a full sync.
+        .args(["--repl-diskless-sync", "yes"])
+        .args(["--repl-diskless-sync-delay", "0"])
+        .arg("--dir")
+        .arg(dir.path());
+    if let Some(master) = master {
+        command
+            .arg("--replicaof")
+            .arg("127.0.0.1")
+            .arg(master.to_string());
+    }
+    let mut process = ServerProcess::spawn(command)?;
+    wait_ready(&mut process, port, "redis-server")?;
+    Ok(Node {
+        process: Mutex::new(process),
+        port,
+        client_port,
+        _dir: dir,
+    })
+}
+
+/// A sentinel monitoring the master on `master`, its config file in its own directory (the
+/// sentinel rewrites it).
+fn start_sentinel(binary: &Path, master: u16, tls: Option<&TlsFiles>) -> io::Result<Node> {
+    let dir = tempfile::Builder::new()
+        .prefix("turnstile-redis-sentinel-")
+        .tempdir()?;
+    let port = free_port()?;
+    let client_port = match tls {
+        Some(_) => free_port()?,
+        None => port,
+    };
+    let tls_lines: String = match tls {
+        Some(files) => tls_args(files, client_port)
+            .into_iter()
+            .map(|(name, value)| format!("{name} {value}\n"))
+            .collect(),
+        None => String::new(),
+    };
+    let config = dir.path().join("sentinel.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "port {port}\n\
+             bind 127.0.0.1\n\
+             daemonize no\n\
+             loglevel warning\n\
+             dir {dir}\n\
+             sentinel monitor {MASTER_NAME} 127.0.0.1 {master} 2\n\
+             sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
+             sentinel failover-timeout {MASTER_NAME} 10000\n\
+             sentinel parallel-syncs {MASTER_NAME} 1\n\
+             {tls_lines}",
+            dir = dir.path().display(),
+        ),
+    )?;
+    let mut command = Command::new(binary);
+    command.arg(&config).arg("--sentinel");
+    let mut process = ServerProcess::spawn(command)?;
+    wait_ready(&mut process, port, "redis sentinel")?;
+    Ok(Node {
+        process: Mutex::new(process),
+        port,
+        client_port,
+        _dir: dir,
+    })
+}
+
+/// The bulk strings of a flat RESP array reply.
+fn bulk_strings(reply: &str) -> Vec<String> {
+    let mut lines = reply.split("\r\n");
+    let Some(count) = lines
+        .next()
+        .and_then(|header| header.strip_prefix('*'))
+        .and_then(|count| count.parse::<usize>().ok())
+    else {
+        return Vec::new();
+    };
+    let mut items = Vec::with_capacity(count);
+    while items.len() < count {
+        match (lines.next(), lines.next()) {
+            (Some(_length), Some(body)) => items.push(body.to_owned()),
+            _ => break,
+        }
+    }
+    items
+}
+
+/// A flat RESP array of alternating names and values, as pairs.
+fn pairs(reply: &str) -> Vec<(String, String)> {
+    let items = bulk_strings(reply);
+    items
+        .chunks(2)
+        .filter_map(|pair| match pair {
+            [name, value] => Some((name.clone(), value.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    fields
+        .iter()
+        .find(|(key, _)| key == name)
+        .map(|(_, value)| value.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_master_a_replica_and_three_sentinels_fail_over() {
+        let setup = RedisSentinel::start().expect("sentinel setup starts");
+        assert!(setup.url().starts_with("redis+sentinel://127.0.0.1:"));
+        let master = setup.master_port().expect("master port");
+        assert_eq!(master, setup.data_ports()[0]);
+        setup.failover().expect("SENTINEL FAILOVER");
+        let promoted = setup
+            .wait_for_new_master(master, Duration::from_secs(30))
+            .expect("a new master");
+        assert_eq!(promoted, setup.data_ports()[1]);
+    }
+
+    #[test]
+    fn a_tls_setup_replicates_and_fails_over_over_tls() {
+        let setup = RedisSentinel::start_tls().expect("TLS sentinel setup starts");
+        assert!(setup.url().starts_with("rediss+sentinel://127.0.0.1:"));
+        let master = setup.master_port().expect("master port");
+        assert_eq!(
+            master,
+            setup.data_ports()[0],
+            "the sentinels name the TLS port"
+        );
+        setup.failover().expect("SENTINEL FAILOVER");
+        let promoted = setup
+            .wait_for_new_master(master, Duration::from_secs(30))
+            .expect("a new master");
+        assert_eq!(promoted, setup.data_ports()[1]);
+    }
+}
