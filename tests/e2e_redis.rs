@@ -248,3 +248,85 @@ async fn the_lock_delay_holds_off_a_process_outside_kubernetes() {
     );
     env.stop_controller().await;
 }
+
+/// Redis goes away while a claim holds the lock and others wait, and comes back empty (no
+/// persistence): the holder keeps its grant and token throughout, the lock reports
+/// `BackendUnavailable` and grants nothing, and on return the lost grant is re-attached with
+/// its own token; the next claim then gets a greater one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_gone_while_held_keeps_the_holder_and_grants_nothing() {
+    let server = redis();
+    let port = server.port();
+    let url = server.url().to_owned();
+    let mut env = Env::new().await;
+    env.start_controller(redis_config(&url));
+    env.apply_lock("db", "backend: redis\nleaseDurationSeconds: 300");
+    let monitor = HolderMonitor::start(&env, "db", 1);
+    env.apply_claim("a", "db", "");
+    let a = env.wait_phase("a", ClaimPhase::Held).await;
+    assert_eq!(token_of(&a), Some(1));
+    env.apply_claim("b", "db", "");
+    env.wait_claim("b", |c| position_of(c) == Some(1)).await;
+
+    server.stop();
+    // A new claim makes the next pass, which finds Redis gone.
+    env.apply_claim("c", "db", "");
+    let ready = env.wait_ready("db", "False").await;
+    assert_eq!(ready.reason, "BackendUnavailable");
+    env.wait_event("db", "BackendUnavailable").await;
+    let b = env
+        .wait_claim("b", |c| {
+            reason_of(c).as_deref() == Some("BackendUnavailable")
+        })
+        .await;
+    assert_eq!(phase_of(&b), Some(ClaimPhase::Pending));
+    let during = env.claim("a").await;
+    assert_eq!(
+        phase_of(&during),
+        Some(ClaimPhase::Held),
+        "a keeps its grant"
+    );
+    assert_eq!(token_of(&during), Some(1));
+
+    // Redis is back on its port, empty.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut command = Command::new("redis-server");
+    command
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
+        .arg("--dir")
+        .arg(dir.path());
+    let mut process = ServerProcess::spawn(command).expect("spawn redis-server");
+    env.wait_ready("db", "True").await;
+    // The grant is back in Redis under a's claim.
+    let key = format!("{}/db", env.namespace);
+    let redis_keys = || {
+        Command::new("redis-cli")
+            .args(["-p", &port.to_string(), "--scan"])
+            .output()
+            .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    assert!(
+        wait_until(Duration::from_secs(15), || redis_keys().contains(&key)),
+        "a's grant was not re-attached: {}",
+        redis_keys()
+    );
+    let after = env.claim("a").await;
+    assert_eq!(phase_of(&after), Some(ClaimPhase::Held));
+    assert_eq!(token_of(&after), Some(1), "re-attached with its own token");
+    env.delete_claim("a").await;
+    let b = env.wait_phase("b", ClaimPhase::Held).await;
+    assert_eq!(
+        token_of(&b),
+        Some(2),
+        "above a's token, though Redis lost it"
+    );
+    env.delete_claim("b").await;
+    let c = env.wait_phase("c", ClaimPhase::Held).await;
+    assert_eq!(token_of(&c), Some(3));
+    let report = monitor.finish().await;
+    assert_eq!(report.tokens(), [1, 2, 3]);
+    env.stop_controller().await;
+    process.stop();
+}
