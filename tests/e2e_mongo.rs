@@ -106,12 +106,8 @@ async fn a_mongo_crash_between_grants_keeps_tokens_increasing() {
         "the crash lost nothing: {lost:?}"
     );
     env.start_controller(mongo_config(server.uri(), "turnstile_crash"));
-    env.delete_claim("a").await;
-    let b = env.wait_phase("b", ClaimPhase::Held).await;
-    assert_eq!(token_of(&b), Some(2));
-    env.delete_claim("b").await;
-    let c = env.wait_phase("c", ClaimPhase::Held).await;
-    assert_eq!(token_of(&c), Some(3));
+    env.hand_off("a", "b", 2).await;
+    env.hand_off("b", "c", 3).await;
     let report = monitor.finish().await;
     assert_eq!(report.tokens(), [1, 2, 3]);
     env.stop_controller().await;

@@ -322,6 +322,19 @@ impl Env {
         self.wait_claim("c", |c| position_of(c) == Some(2)).await;
     }
 
+    /// Deletes the holder `holder` and waits until `next` holds the lock with fencing token
+    /// `token` (the hand-off every backend test checks).
+    pub async fn hand_off(&self, holder: &str, next: &str, token: i64) -> LockClaim {
+        self.delete_claim(holder).await;
+        let next_claim = self.wait_phase(next, ClaimPhase::Held).await;
+        assert_eq!(
+            token_of(&next_claim),
+            Some(token),
+            "{next}'s token after {holder} let go"
+        );
+        next_claim
+    }
+
     /// Reads a claim.
     pub async fn claim(&self, name: &str) -> LockClaim {
         self.claims().get(name).await.expect("get claim")
