@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 
 use serde::Deserialize;
@@ -37,6 +37,47 @@ pub fn kustomize(dir: &Path) -> Vec<Value> {
 /// `kubectl kustomize deploy/`, split into objects.
 pub fn render_base() -> Vec<Value> {
     kustomize(&repo().join("deploy"))
+}
+
+/// `to` relative to the directory `from` (kustomize refuses absolute resource paths).
+pub fn relative(from: &Path, to: &Path) -> PathBuf {
+    let from: Vec<Component> = from.components().collect();
+    let to: Vec<Component> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut path = PathBuf::new();
+    for _ in common..from.len() {
+        path.push("..");
+    }
+    for component in &to[common..] {
+        path.push(component);
+    }
+    path
+}
+
+/// The base plus one of `deploy/components/`, through an overlay as a user would write it.
+pub fn render_with_component(name: &str) -> Vec<Value> {
+    render_with_components(&[name])
+}
+
+/// The base plus some of `deploy/components/`, through an overlay as a user would write it.
+pub fn render_with_components(names: &[&str]) -> Vec<Value> {
+    let overlay = tempfile::Builder::new()
+        .prefix("deploy-overlay-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("temporary overlay directory");
+    let root = overlay.path().canonicalize().expect("overlay path");
+    let deploy = repo().join("deploy").canonicalize().expect("deploy path");
+    let base = relative(&root, &deploy);
+    let mut kustomization = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n",
+        base.display()
+    );
+    for name in names {
+        let component = base.join("components").join(name);
+        kustomization.push_str(&format!("  - {}\n", component.display()));
+    }
+    std::fs::write(root.join("kustomization.yaml"), kustomization).expect("write the overlay");
+    kustomize(&root)
 }
 
 /// The string at a JSON `pointer`.
