@@ -69,6 +69,7 @@ fn the_base_renders_every_part_into_the_turnstile_namespace() {
         ("ClusterRole", "turnstile-view"),
         ("Deployment", CONTROLLER),
         ("Service", "turnstile-controller-metrics"),
+        ("NetworkPolicy", CONTROLLER),
         ("PodDisruptionBudget", CONTROLLER),
     ]
     .into_iter()

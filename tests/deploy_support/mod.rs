@@ -14,8 +14,8 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `kubectl kustomize DIR`, split into objects.
-pub fn kustomize(dir: &Path) -> Vec<Value> {
+/// `kubectl kustomize DIR`, as kubectl prints it.
+pub fn kustomize_text(dir: &Path) -> String {
     let output = Command::new("kubectl")
         .arg("kustomize")
         .arg(dir)
@@ -27,11 +27,20 @@ pub fn kustomize(dir: &Path) -> Vec<Value> {
         dir.display(),
         String::from_utf8_lossy(&output.stderr)
     );
-    let text = String::from_utf8(output.stdout).expect("UTF-8 manifests");
-    serde_yaml::Deserializer::from_str(&text)
+    String::from_utf8(output.stdout).expect("UTF-8 manifests")
+}
+
+/// Multi-document YAML, split into objects.
+pub fn objects(text: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
         .map(|document| Value::deserialize(document).expect("a YAML object"))
         .filter(|object| !object.is_null())
         .collect()
+}
+
+/// `kubectl kustomize DIR`, split into objects.
+pub fn kustomize(dir: &Path) -> Vec<Value> {
+    objects(&kustomize_text(dir))
 }
 
 /// `kubectl kustomize deploy/`, split into objects.
@@ -61,6 +70,11 @@ pub fn render_with_component(name: &str) -> Vec<Value> {
 
 /// The base plus some of `deploy/components/`, through an overlay as a user would write it.
 pub fn render_with_components(names: &[&str]) -> Vec<Value> {
+    objects(&render_text_with_components(names))
+}
+
+/// [`render_with_components`] as kubectl prints it.
+pub fn render_text_with_components(names: &[&str]) -> String {
     let overlay = tempfile::Builder::new()
         .prefix("deploy-overlay-")
         .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
@@ -77,7 +91,7 @@ pub fn render_with_components(names: &[&str]) -> Vec<Value> {
         kustomization.push_str(&format!("  - {}\n", component.display()));
     }
     std::fs::write(root.join("kustomization.yaml"), kustomization).expect("write the overlay");
-    kustomize(&root)
+    kustomize_text(&root)
 }
 
 /// The string at a JSON `pointer`.
