@@ -8,10 +8,11 @@
 mod deploy_support;
 
 use std::collections::BTreeSet;
-use std::path::{Component, Path, PathBuf};
+use std::path::Path;
 
 use deploy_support::{
-    find, grants, kind_of, kustomize, name_of, render_base, repo, str_at, strings, Grant,
+    find, grants, kind_of, name_of, render_base, render_with_component, repo, str_at, strings,
+    Grant,
 };
 use serde_json::Value;
 use turnstile_controller::leader::{DEFAULT_LEASE_NAME, POD_NAMESPACE_ENV, POD_NAME_ENV};
@@ -20,46 +21,9 @@ const NAMESPACE: &str = "turnstile-system";
 const SERVICE_ACCOUNT: &str = "turnstile-controller";
 const CONTROLLER: &str = "turnstile-controller";
 
-/// `to` relative to the directory `from` (kustomize refuses absolute resource paths).
-fn relative(from: &Path, to: &Path) -> PathBuf {
-    let from: Vec<Component> = from.components().collect();
-    let to: Vec<Component> = to.components().collect();
-    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
-    let mut path = PathBuf::new();
-    for _ in common..from.len() {
-        path.push("..");
-    }
-    for component in &to[common..] {
-        path.push(component);
-    }
-    path
-}
-
 /// The base plus the Redis component, through an overlay as a user would write it.
 fn render_with_redis() -> Vec<Value> {
     render_with_component("redis")
-}
-
-/// The base plus one of `deploy/components/`, through an overlay as a user would write it.
-fn render_with_component(name: &str) -> Vec<Value> {
-    let overlay = tempfile::Builder::new()
-        .prefix("deploy-overlay-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .expect("temporary overlay directory");
-    let root = overlay.path().canonicalize().expect("overlay path");
-    let deploy = repo().join("deploy").canonicalize().expect("deploy path");
-    let base = relative(&root, &deploy);
-    let component = base.join("components").join(name);
-    std::fs::write(
-        root.join("kustomization.yaml"),
-        format!(
-            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n  - {}\n",
-            base.display(),
-            component.display()
-        ),
-    )
-    .expect("write the overlay");
-    kustomize(&root)
 }
 
 fn controller_container(objects: &[Value]) -> &Value {
@@ -105,6 +69,7 @@ fn the_base_renders_every_part_into_the_turnstile_namespace() {
         ("ClusterRole", "turnstile-view"),
         ("Deployment", CONTROLLER),
         ("Service", "turnstile-controller-metrics"),
+        ("NetworkPolicy", CONTROLLER),
         ("PodDisruptionBudget", CONTROLLER),
     ]
     .into_iter()

@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 
 use serde::Deserialize;
@@ -14,8 +14,8 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `kubectl kustomize DIR`, split into objects.
-pub fn kustomize(dir: &Path) -> Vec<Value> {
+/// `kubectl kustomize DIR`, as kubectl prints it.
+pub fn kustomize_text(dir: &Path) -> String {
     let output = Command::new("kubectl")
         .arg("kustomize")
         .arg(dir)
@@ -27,16 +27,71 @@ pub fn kustomize(dir: &Path) -> Vec<Value> {
         dir.display(),
         String::from_utf8_lossy(&output.stderr)
     );
-    let text = String::from_utf8(output.stdout).expect("UTF-8 manifests");
-    serde_yaml::Deserializer::from_str(&text)
+    String::from_utf8(output.stdout).expect("UTF-8 manifests")
+}
+
+/// Multi-document YAML, split into objects.
+pub fn objects(text: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
         .map(|document| Value::deserialize(document).expect("a YAML object"))
         .filter(|object| !object.is_null())
         .collect()
 }
 
+/// `kubectl kustomize DIR`, split into objects.
+pub fn kustomize(dir: &Path) -> Vec<Value> {
+    objects(&kustomize_text(dir))
+}
+
 /// `kubectl kustomize deploy/`, split into objects.
 pub fn render_base() -> Vec<Value> {
     kustomize(&repo().join("deploy"))
+}
+
+/// `to` relative to the directory `from` (kustomize refuses absolute resource paths).
+pub fn relative(from: &Path, to: &Path) -> PathBuf {
+    let from: Vec<Component> = from.components().collect();
+    let to: Vec<Component> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut path = PathBuf::new();
+    for _ in common..from.len() {
+        path.push("..");
+    }
+    for component in &to[common..] {
+        path.push(component);
+    }
+    path
+}
+
+/// The base plus one of `deploy/components/`, through an overlay as a user would write it.
+pub fn render_with_component(name: &str) -> Vec<Value> {
+    render_with_components(&[name])
+}
+
+/// The base plus some of `deploy/components/`, through an overlay as a user would write it.
+pub fn render_with_components(names: &[&str]) -> Vec<Value> {
+    objects(&render_text_with_components(names))
+}
+
+/// [`render_with_components`] as kubectl prints it.
+pub fn render_text_with_components(names: &[&str]) -> String {
+    let overlay = tempfile::Builder::new()
+        .prefix("deploy-overlay-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("temporary overlay directory");
+    let root = overlay.path().canonicalize().expect("overlay path");
+    let deploy = repo().join("deploy").canonicalize().expect("deploy path");
+    let base = relative(&root, &deploy);
+    let mut kustomization = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n",
+        base.display()
+    );
+    for name in names {
+        let component = base.join("components").join(name);
+        kustomization.push_str(&format!("  - {}\n", component.display()));
+    }
+    std::fs::write(root.join("kustomization.yaml"), kustomization).expect("write the overlay");
+    kustomize_text(&root)
 }
 
 /// The string at a JSON `pointer`.
