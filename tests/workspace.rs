@@ -35,7 +35,15 @@ fn succeeded(what: &str, output: &std::process::Output) -> String {
 #[test]
 fn the_engine_depends_on_nothing_of_kubernetes() {
     let output = Command::new(env!("CARGO"))
-        .args(["tree", "-p", "turnstile-lock", "-e", "normal", "--prefix", "none"])
+        .args([
+            "tree",
+            "-p",
+            "turnstile-lock",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+        ])
         .current_dir(workspace())
         .output()
         .expect("run cargo tree");
@@ -44,7 +52,10 @@ fn the_engine_depends_on_nothing_of_kubernetes() {
         .lines()
         .filter_map(|line| line.split_whitespace().next())
         .collect();
-    assert!(crates.contains(&"redis") && crates.contains(&"mongodb"), "{tree}");
+    assert!(
+        crates.contains(&"redis") && crates.contains(&"mongodb"),
+        "{tree}"
+    );
     for banned in ["kube", "kube-client", "k8s-openapi", "axum", "clap"] {
         assert!(
             !crates.contains(&banned),
