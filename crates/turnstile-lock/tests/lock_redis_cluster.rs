@@ -142,7 +142,7 @@ fn move_slot(cluster: &RedisCluster, slot: u16, to: &Primary) -> usize {
 /// A contended run set up on a cluster of the test's own (the test disturbs it).
 struct ClusterStress {
     cluster: Arc<RedisCluster>,
-    /// Under the test's key prefix, retrying for up to 60 s while the fault makes calls fail.
+    /// Under the test's key prefix; give it a retry policy ([`retrying_for_a_minute`]).
     locker: Locker,
     run: ContendedRun,
     /// The slot every key of the run's lock hashes to.
@@ -152,13 +152,8 @@ struct ClusterStress {
 }
 
 /// Starts a cluster and sets up a contended run on lock `key` under `prefix`, with leases of
-/// `lease` and the locker retrying every `retry_delay`.
-async fn stress_on_own_cluster(
-    prefix: &str,
-    key: &'static str,
-    lease: Duration,
-    retry_delay: Duration,
-) -> ClusterStress {
+/// `lease`.
+async fn stress_on_own_cluster(prefix: &str, key: &'static str, lease: Duration) -> ClusterStress {
     let cluster = Arc::new(
         tokio::task::spawn_blocking(RedisCluster::start)
             .await
@@ -168,11 +163,7 @@ async fn stress_on_own_cluster(
     let backend = RedisBackend::connect(RedisBackendConfig::new(cluster.url()).key_prefix(prefix))
         .await
         .expect("connect to the cluster");
-    let locker = Locker::new(backend).with_retry(
-        RetryPolicy::new()
-            .total_time(Duration::from_secs(60))
-            .retry_delay(retry_delay),
-    );
+    let locker = Locker::new(backend);
     let slot = u16::try_from(integer(
         &cluster
             .command(&["CLUSTER", "KEYSLOT", &format!("{prefix}{{{key}}}:holders")])
@@ -186,6 +177,13 @@ async fn stress_on_own_cluster(
         slot,
         fence_key: format!("{prefix}{{{key}}}:fence"),
     }
+}
+
+/// Retries every `delay` for up to 60 s: calls fail while the fault happens.
+fn retrying_for_a_minute(delay: Duration) -> RetryPolicy {
+    RetryPolicy::new()
+        .total_time(Duration::from_secs(60))
+        .retry_delay(delay)
 }
 
 /// The value of the fence counter `key` on the node `port` (the slot's owner).
@@ -202,19 +200,11 @@ fn fence_counter(cluster: &RedisCluster, port: u16, key: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn moving_a_locks_slot_mid_stress_counts_zero_violations() {
-    let ClusterStress {
-        cluster,
-        locker,
-        run,
-        slot,
-        fence_key,
-    } = stress_on_own_cluster(
-        "mig:",
-        "migrating",
-        Duration::from_secs(20),
-        Duration::from_millis(100),
-    )
-    .await;
+    let stress = stress_on_own_cluster("mig:", "migrating", Duration::from_secs(20)).await;
+    let locker = stress
+        .locker
+        .with_retry(retrying_for_a_minute(Duration::from_millis(100)));
+    let (cluster, run, slot) = (stress.cluster, stress.run, stress.slot);
     let start_owner = owner_of(&cluster, slot);
 
     // Move the slot away and back while the tasks contend.
@@ -255,7 +245,7 @@ async fn moving_a_locks_slot_mid_stress_counts_zero_violations() {
     assert_ne!(moves[0].0, moves[0].1);
     // The fence counter lives on the new owner and kept counting.
     assert_eq!(
-        fence_counter(&cluster, end_owner.port, &fence_key),
+        fence_counter(&cluster, end_owner.port, &stress.fence_key),
         report.last_token
     );
 }
@@ -327,19 +317,11 @@ fn replica_of(cluster: &RedisCluster, primary_id: &str) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_failover_mid_stress_counts_zero_violations() {
-    let ClusterStress {
-        cluster,
-        locker,
-        run,
-        slot,
-        fence_key,
-    } = stress_on_own_cluster(
-        "fo:",
-        "failing-over",
-        Duration::from_secs(5),
-        Duration::from_millis(50),
-    )
-    .await;
+    let stress = stress_on_own_cluster("fo:", "failing-over", Duration::from_secs(5)).await;
+    let locker = stress
+        .locker
+        .with_retry(retrying_for_a_minute(Duration::from_millis(50)));
+    let (cluster, run, slot) = (stress.cluster, stress.run, stress.slot);
     let start_owner = owner_of(&cluster, slot);
 
     // A manual failover of the lock's primary once a third of the grants are done: the
@@ -374,7 +356,7 @@ async fn cluster_failover_mid_stress_counts_zero_violations() {
     assert_eq!(owner_of(&cluster, slot).port, promoted);
     // The fence counter is on the promoted primary and kept counting.
     assert_eq!(
-        fence_counter(&cluster, promoted, &fence_key),
+        fence_counter(&cluster, promoted, &stress.fence_key),
         report.last_token
     );
 }
