@@ -3,6 +3,7 @@
 use std::io;
 use std::net::{Ipv4Addr, TcpListener};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 /// A port that was free on 127.0.0.1 a moment ago (the OS picked it). Another process may
@@ -25,6 +26,21 @@ pub fn wait_until(timeout: Duration, mut ready: impl FnMut() -> bool) -> bool {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// The instance in `slot` while some user still holds it, else a new one from `start`. The
+/// slot keeps it only weakly, so it stops when its last user drops it.
+pub(crate) fn shared_instance<T>(
+    slot: &Mutex<Weak<T>>,
+    start: impl FnOnce() -> io::Result<T>,
+) -> io::Result<Arc<T>> {
+    let mut shared = slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(instance) = shared.upgrade() {
+        return Ok(instance);
+    }
+    let instance = Arc::new(start()?);
+    *shared = Arc::downgrade(&instance);
+    Ok(instance)
 }
 
 /// A spawned server process, killed (by its PID) and reaped when dropped.

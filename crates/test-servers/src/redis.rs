@@ -82,6 +82,14 @@ pub struct TlsFiles {
 }
 
 impl TlsFiles {
+    /// Generates the certificates into a new temporary directory named `prefix…`; the
+    /// directory must outlive every process that reads the files.
+    pub(crate) fn generate_in_new_dir(prefix: &str) -> io::Result<(TempDir, Self)> {
+        let dir = tempfile::Builder::new().prefix(prefix).tempdir()?;
+        let files = Self::generate(dir.path())?;
+        Ok((dir, files))
+    }
+
     /// Generates the certificates into `dir` (existing files are overwritten).
     pub fn generate(dir: &Path) -> io::Result<Self> {
         let files = TlsFiles {
@@ -231,14 +239,7 @@ impl RedisServer {
     /// Starts a server as `options` say and waits until it is ready.
     pub fn start_with(options: &RedisOptions) -> io::Result<Self> {
         let binary = redis_server_binary();
-        let mut last_error = None;
-        for _ in 0..START_ATTEMPTS {
-            match Self::try_start(&binary, options) {
-                Ok(server) => return Ok(server),
-                Err(error) => last_error = Some(error),
-            }
-        }
-        Err(last_error.unwrap_or_else(|| io::Error::other("redis-server did not start")))
+        retry_start(|| Self::try_start(&binary, options))
     }
 
     fn try_start(binary: &PathBuf, options: &RedisOptions) -> io::Result<Self> {
@@ -254,53 +255,33 @@ impl RedisServer {
             }
             Some(client_auth) => {
                 let files = TlsFiles::generate(dir.path())?;
-                command
-                    .args(["--port", "0"])
-                    .arg("--tls-port")
-                    .arg(port.to_string())
-                    .arg("--tls-cert-file")
-                    .arg(&files.server_cert)
-                    .arg("--tls-key-file")
-                    .arg(&files.server_key)
-                    .arg("--tls-ca-cert-file")
-                    .arg(&files.ca_cert)
-                    .arg("--tls-auth-clients")
-                    .arg(match client_auth {
-                        TlsClientAuth::Optional => "optional",
-                        TlsClientAuth::Required => "yes",
-                    });
+                let auth_clients = match client_auth {
+                    TlsClientAuth::Optional => "optional",
+                    TlsClientAuth::Required => "yes",
+                };
+                command.args(["--port", "0"]);
+                add_settings(
+                    &mut command,
+                    tls_listen_settings(&files, port, auth_clients),
+                );
                 Some(files)
             }
         };
         if let Some(password) = &options.password {
             command.arg("--requirepass").arg(password);
         }
-        command
-            .args(["--bind", "127.0.0.1"])
-            .args(["--save", ""])
-            .args(["--appendonly", "no"])
-            .args(["--daemonize", "no"])
-            .args(["--loglevel", "warning"])
-            .arg("--dir")
-            .arg(dir.path())
-            .args(&options.extra_args);
+        add_ephemeral_args(&mut command, dir.path());
+        command.args(&options.extra_args);
         let mut process = ServerProcess::spawn(command)?;
-        let ready = wait_until(READY_TIMEOUT, || {
-            // A server that lost the port race exits at once: stop waiting, try another port.
-            process.has_exited()
-                || match (&tls, &options.password) {
-                    // No TLS client here: a listening TLS port is ready (nothing to load).
-                    (Some(_), _) => TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok(),
-                    (None, Some(_)) => command_on(port, options.password.as_deref(), &["PING"])
-                        .is_ok_and(|reply| reply == "+PONG\r\n"),
-                    (None, None) => ping(port).is_ok(),
-                }
-        });
-        if !ready || process.has_exited() {
-            return Err(io::Error::other(format!(
-                "redis-server on port {port} did not become ready"
-            )));
-        }
+        wait_ready(&mut process, port, "redis-server", || {
+            match (&tls, &options.password) {
+                // No TLS client here: a listening TLS port is ready (nothing to load).
+                (Some(_), _) => TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok(),
+                (None, Some(_)) => command_on(port, options.password.as_deref(), &["PING"])
+                    .is_ok_and(|reply| reply == "+PONG\r\n"),
+                (None, None) => ping(port).is_ok(),
+            }
+        })?;
         let scheme = if tls.is_some() { "rediss" } else { "redis" };
         Ok(RedisServer {
             process,
@@ -355,6 +336,105 @@ pub(crate) fn redis_server_binary() -> PathBuf {
     std::env::var_os("TURNSTILE_REDIS_SERVER")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("redis-server"))
+}
+
+// What every launcher here (single server, cluster node, sentinel setup) does the same way
+// when it starts a `redis-server`.
+
+/// Calls `start` up to [`START_ATTEMPTS`] times until it succeeds: a server that lost the
+/// race for its free port exits at once, and the next attempt picks fresh ports. Returns the
+/// last error if every attempt failed.
+pub(crate) fn retry_start<T>(mut start: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    let mut last_error = None;
+    for _ in 0..START_ATTEMPTS {
+        match start() {
+            Ok(started) => return Ok(started),
+            Err(error) => last_error = Some(error),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| io::Error::other("redis-server did not start")))
+}
+
+/// Adds the arguments every test server gets: loopback only, no persistence, in the
+/// foreground, quiet, working in `dir`.
+pub(crate) fn add_ephemeral_args(command: &mut Command, dir: &Path) {
+    command
+        .args(["--bind", "127.0.0.1"])
+        .args(["--save", ""])
+        .args(["--appendonly", "no"])
+        .args(["--daemonize", "no"])
+        .args(["--loglevel", "warning"])
+        .arg("--dir")
+        .arg(dir);
+}
+
+/// The TLS settings (name, value) of a server listening for TLS on `tls_port` with the
+/// generated server certificate; `auth_clients` is `tls-auth-clients` (`yes`, `optional`).
+pub(crate) fn tls_listen_settings(
+    files: &TlsFiles,
+    tls_port: u16,
+    auth_clients: &str,
+) -> Vec<(&'static str, String)> {
+    let path = |path: &Path| path.display().to_string();
+    vec![
+        ("tls-port", tls_port.to_string()),
+        ("tls-cert-file", path(&files.server_cert)),
+        ("tls-key-file", path(&files.server_key)),
+        ("tls-ca-cert-file", path(&files.ca_cert)),
+        ("tls-auth-clients", auth_clients.to_owned()),
+    ]
+}
+
+/// As [`tls_listen_settings`] with mutual TLS, for a node that also connects out to its peers
+/// (replication, the cluster bus, sentinel to node, sentinel to sentinel): those connections
+/// use TLS too and present the client certificate.
+pub(crate) fn tls_peer_settings(files: &TlsFiles, tls_port: u16) -> Vec<(&'static str, String)> {
+    let mut settings = tls_listen_settings(files, tls_port, "yes");
+    settings.extend([
+        (
+            "tls-client-cert-file",
+            files.client_cert.display().to_string(),
+        ),
+        (
+            "tls-client-key-file",
+            files.client_key.display().to_string(),
+        ),
+        ("tls-replication", "yes".to_owned()),
+    ]);
+    settings
+}
+
+/// Adds `settings` as `--name value` arguments.
+pub(crate) fn add_settings(command: &mut Command, settings: Vec<(&'static str, String)>) {
+    for (name, value) in settings {
+        command.arg(format!("--{name}")).arg(value);
+    }
+}
+
+/// Waits up to [`READY_TIMEOUT`] until `ready` holds. Stops early if the process exits (a
+/// server that lost the port race exits at once), so the caller can retry on another port.
+/// `what` names the server in the error.
+pub(crate) fn wait_ready(
+    process: &mut ServerProcess,
+    port: u16,
+    what: &str,
+    mut ready: impl FnMut() -> bool,
+) -> io::Result<()> {
+    let became_ready = wait_until(READY_TIMEOUT, || process.has_exited() || ready());
+    if !became_ready || process.has_exited() {
+        return Err(io::Error::other(format!(
+            "{what} on port {port} did not become ready"
+        )));
+    }
+    Ok(())
+}
+
+/// [`wait_ready`] for a plain port that must answer `PING` with `PONG`.
+pub(crate) fn wait_for_pong(process: &mut ServerProcess, port: u16, what: &str) -> io::Result<()> {
+    wait_ready(process, port, what, || {
+        TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok()
+            && command_on(port, None, &["PING"]).is_ok_and(|reply| reply == "+PONG\r\n")
+    })
 }
 
 fn encode(args: &[&str]) -> String {

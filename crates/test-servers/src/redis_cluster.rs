@@ -4,7 +4,6 @@
 //! and replication use TLS with client certificates.
 
 use std::io;
-use std::net::{Ipv4Addr, TcpStream};
 use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex, Weak};
@@ -12,8 +11,11 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
-use crate::process::{free_port, wait_until, ServerProcess};
-use crate::redis::{command_on, redis_server_binary, TlsFiles};
+use crate::process::{free_port, shared_instance, wait_until, ServerProcess};
+use crate::redis::{
+    add_ephemeral_args, add_settings, command_on, redis_server_binary, retry_start,
+    tls_peer_settings, wait_for_pong, TlsFiles,
+};
 
 /// How many nodes: 3 primaries, each with one replica.
 const NODES: usize = 6;
@@ -75,11 +77,9 @@ impl RedisCluster {
     /// names TLS ports to TLS clients). [`Self::url`] is `rediss+cluster://` with the TLS
     /// ports; [`ClusterNode::command`] still uses the plain ports.
     pub fn start_tls() -> io::Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("turnstile-redis-cluster-tls-")
-            .tempdir()?;
-        let files = TlsFiles::generate(dir.path())?;
-        Self::start_with_tls(Some((dir, files)))
+        Self::start_with_tls(Some(TlsFiles::generate_in_new_dir(
+            "turnstile-redis-cluster-tls-",
+        )?))
     }
 
     fn start_with_tls(tls: Option<(TempDir, TlsFiles)>) -> io::Result<Self> {
@@ -87,19 +87,7 @@ impl RedisCluster {
         let files = tls.as_ref().map(|(_, files)| files);
         let mut nodes = Vec::with_capacity(NODES);
         while nodes.len() < NODES {
-            // A node that lost a port race is simply started again on fresh ports.
-            let mut attempts = 0;
-            loop {
-                attempts += 1;
-                match start_node(&binary, files) {
-                    Ok(node) => {
-                        nodes.push(node);
-                        break;
-                    }
-                    Err(error) if attempts >= 8 => return Err(error),
-                    Err(_) => {}
-                }
-            }
+            nodes.push(retry_start(|| start_node(&binary, files))?);
         }
         let addresses: Vec<String> = nodes
             .iter()
@@ -163,29 +151,13 @@ impl RedisCluster {
     /// last user drops it (give each test its own key prefix).
     pub fn shared() -> io::Result<Arc<RedisCluster>> {
         static SHARED: Mutex<Weak<RedisCluster>> = Mutex::new(Weak::new());
-        let mut shared = SHARED
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(cluster) = shared.upgrade() {
-            return Ok(cluster);
-        }
-        let cluster = Arc::new(Self::start()?);
-        *shared = Arc::downgrade(&cluster);
-        Ok(cluster)
+        shared_instance(&SHARED, Self::start)
     }
 
     /// As [`Self::shared`], a TLS cluster ([`Self::start_tls`]).
     pub fn shared_tls() -> io::Result<Arc<RedisCluster>> {
         static SHARED: Mutex<Weak<RedisCluster>> = Mutex::new(Weak::new());
-        let mut shared = SHARED
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(cluster) = shared.upgrade() {
-            return Ok(cluster);
-        }
-        let cluster = Arc::new(Self::start_tls()?);
-        *shared = Arc::downgrade(&cluster);
-        Ok(cluster)
+        shared_instance(&SHARED, Self::start_tls)
     }
 
     /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,…` (every node; `rediss+cluster://` and the
@@ -231,23 +203,9 @@ fn start_node(binary: &Path, tls: Option<&TlsFiles>) -> io::Result<ClusterNode> 
     };
     let mut command = Command::new(binary);
     if let (Some(files), Some(tls_port)) = (tls, tls_port) {
-        command
-            .arg("--tls-port")
-            .arg(tls_port.to_string())
-            .arg("--tls-cert-file")
-            .arg(&files.server_cert)
-            .arg("--tls-key-file")
-            .arg(&files.server_key)
-            .arg("--tls-ca-cert-file")
-            .arg(&files.ca_cert)
-            // The bus and replication connect out with the client certificate.
-            .arg("--tls-client-cert-file")
-            .arg(&files.client_cert)
-            .arg("--tls-client-key-file")
-            .arg(&files.client_key)
-            .args(["--tls-auth-clients", "yes"])
-            .args(["--tls-cluster", "yes"])
-            .args(["--tls-replication", "yes"]);
+        // The bus and replication connect out with the client certificate.
+        add_settings(&mut command, tls_peer_settings(files, tls_port));
+        command.args(["--tls-cluster", "yes"]);
     }
     command
         .arg("--port")
@@ -256,25 +214,10 @@ fn start_node(binary: &Path, tls: Option<&TlsFiles>) -> io::Result<ClusterNode> 
         .arg(bus_port.to_string())
         .args(["--cluster-enabled", "yes"])
         .args(["--cluster-config-file", "nodes.conf"])
-        .args(["--cluster-node-timeout", "2000"])
-        .args(["--bind", "127.0.0.1"])
-        .args(["--save", ""])
-        .args(["--appendonly", "no"])
-        .args(["--daemonize", "no"])
-        .args(["--loglevel", "warning"])
-        .arg("--dir")
-        .arg(dir.path());
+        .args(["--cluster-node-timeout", "2000"]);
+    add_ephemeral_args(&mut command, dir.path());
     let mut process = ServerProcess::spawn(command)?;
-    let ready = wait_until(Duration::from_secs(10), || {
-        process.has_exited()
-            || (TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok()
-                && command_on(port, None, &["PING"]).is_ok_and(|reply| reply == "+PONG\r\n"))
-    });
-    if !ready || process.has_exited() {
-        return Err(io::Error::other(format!(
-            "cluster node on port {port} did not become ready"
-        )));
-    }
+    wait_for_pong(&mut process, port, "cluster node")?;
     Ok(ClusterNode {
         process,
         port,

@@ -5,7 +5,6 @@
 //! and the sentinels' own connections use TLS with client certificates.
 
 use std::io;
-use std::net::{Ipv4Addr, TcpStream};
 use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex, Weak};
@@ -13,8 +12,11 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
-use crate::process::{free_port, wait_until, ServerProcess};
-use crate::redis::{command_on, redis_server_binary, TlsFiles};
+use crate::process::{free_port, shared_instance, wait_until, ServerProcess};
+use crate::redis::{
+    add_ephemeral_args, add_settings, command_on, redis_server_binary, retry_start,
+    tls_peer_settings, wait_for_pong, TlsFiles,
+};
 
 /// The name the sentinels monitor the master under.
 pub const MASTER_NAME: &str = "turnstile";
@@ -22,8 +24,6 @@ pub const MASTER_NAME: &str = "turnstile";
 const SENTINELS: usize = 3;
 /// How long the setup may take to replicate and for the sentinels to find each other.
 const READY_TIMEOUT: Duration = Duration::from_secs(40);
-/// Start attempts of one process (a lost port race is retried on a fresh port).
-const START_ATTEMPTS: usize = 8;
 
 /// A `redis-server` (data node) or `redis-server --sentinel` process of a [`RedisSentinel`].
 #[derive(Debug)]
@@ -41,23 +41,6 @@ impl Node {
     fn command(&self, args: &[&str]) -> io::Result<String> {
         command_on(self.port, None, args)
     }
-}
-
-/// The TLS settings (name, value) every process of a TLS setup gets.
-fn tls_args(files: &TlsFiles, tls_port: u16) -> Vec<(&'static str, String)> {
-    let path = |path: &Path| path.display().to_string();
-    vec![
-        ("tls-port", tls_port.to_string()),
-        ("tls-cert-file", path(&files.server_cert)),
-        ("tls-key-file", path(&files.server_key)),
-        ("tls-ca-cert-file", path(&files.ca_cert)),
-        // Outgoing connections (replication, sentinel to node, sentinel to sentinel) present
-        // the client certificate: `tls-auth-clients yes` everywhere.
-        ("tls-client-cert-file", path(&files.client_cert)),
-        ("tls-client-key-file", path(&files.client_key)),
-        ("tls-auth-clients", "yes".to_owned()),
-        ("tls-replication", "yes".to_owned()),
-    ]
 }
 
 /// One master, one replica and three sentinels monitoring the master as [`MASTER_NAME`]
@@ -84,18 +67,16 @@ impl RedisSentinel {
     /// data nodes over TLS (`rediss+sentinel://…`), replication and the sentinels' own
     /// connections use TLS too. The tests' own commands use the plain ports.
     pub fn start_tls() -> io::Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("turnstile-redis-sentinel-tls-")
-            .tempdir()?;
-        let files = TlsFiles::generate(dir.path())?;
-        Self::start_with_tls(Some((dir, files)))
+        Self::start_with_tls(Some(TlsFiles::generate_in_new_dir(
+            "turnstile-redis-sentinel-tls-",
+        )?))
     }
 
     fn start_with_tls(tls: Option<(TempDir, TlsFiles)>) -> io::Result<Self> {
         let binary = redis_server_binary();
         let files = tls.as_ref().map(|(_, files)| files);
-        let master = retry(|| start_data_node(&binary, None, files))?;
-        let replica = retry(|| start_data_node(&binary, Some(master.client_port), files))?;
+        let master = retry_start(|| start_data_node(&binary, None, files))?;
+        let replica = retry_start(|| start_data_node(&binary, Some(master.client_port), files))?;
         let linked = wait_until(READY_TIMEOUT, || {
             replica
                 .command(&["INFO", "replication"])
@@ -106,7 +87,7 @@ impl RedisSentinel {
         }
         let mut sentinels = Vec::with_capacity(SENTINELS);
         for _ in 0..SENTINELS {
-            sentinels.push(retry(|| {
+            sentinels.push(retry_start(|| {
                 start_sentinel(&binary, master.client_port, files)
             })?);
         }
@@ -149,15 +130,7 @@ impl RedisSentinel {
     /// last user drops it (give each test its own key prefix; don't fail it over).
     pub fn shared() -> io::Result<Arc<RedisSentinel>> {
         static SHARED: Mutex<Weak<RedisSentinel>> = Mutex::new(Weak::new());
-        let mut shared = SHARED
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(setup) = shared.upgrade() {
-            return Ok(setup);
-        }
-        let setup = Arc::new(Self::start()?);
-        *shared = Arc::downgrade(&setup);
-        Ok(setup)
+        shared_instance(&SHARED, Self::start)
     }
 
     /// `redis+sentinel://127.0.0.1:S1,127.0.0.1:S2,127.0.0.1:S3/turnstile`
@@ -289,31 +262,6 @@ impl RedisSentinel {
     }
 }
 
-fn retry(mut start: impl FnMut() -> io::Result<Node>) -> io::Result<Node> {
-    let mut last = None;
-    for _ in 0..START_ATTEMPTS {
-        match start() {
-            Ok(node) => return Ok(node),
-            Err(error) => last = Some(error),
-        }
-    }
-    Err(last.unwrap_or_else(|| io::Error::other("did not start")))
-}
-
-fn wait_ready(process: &mut ServerProcess, port: u16, what: &str) -> io::Result<()> {
-    let ready = wait_until(Duration::from_secs(10), || {
-        process.has_exited()
-            || (TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok()
-                && command_on(port, None, &["PING"]).is_ok_and(|reply| reply == "+PONG\r\n"))
-    });
-    if !ready || process.has_exited() {
-        return Err(io::Error::other(format!(
-            "{what} on port {port} did not become ready"
-        )));
-    }
-    Ok(())
-}
-
 /// A data node; a replica of `master` if given.
 fn start_data_node(binary: &Path, master: Option<u16>, tls: Option<&TlsFiles>) -> io::Result<Node> {
     let dir = tempfile::Builder::new()
@@ -326,23 +274,14 @@ fn start_data_node(binary: &Path, master: Option<u16>, tls: Option<&TlsFiles>) -
     };
     let mut command = Command::new(binary);
     if let Some(files) = tls {
-        for (name, value) in tls_args(files, client_port) {
-            command.arg(format!("--{name}")).arg(value);
-        }
+        add_settings(&mut command, tls_peer_settings(files, client_port));
     }
+    command.arg("--port").arg(port.to_string());
+    add_ephemeral_args(&mut command, dir.path());
     command
-        .arg("--port")
-        .arg(port.to_string())
-        .args(["--bind", "127.0.0.1"])
-        .args(["--save", ""])
-        .args(["--appendonly", "no"])
-        .args(["--daemonize", "no"])
-        .args(["--loglevel", "warning"])
         // Either node may become the master: no 5 s wait before a full sync.
         .args(["--repl-diskless-sync", "yes"])
-        .args(["--repl-diskless-sync-delay", "0"])
-        .arg("--dir")
-        .arg(dir.path());
+        .args(["--repl-diskless-sync-delay", "0"]);
     if let Some(master) = master {
         command
             .arg("--replicaof")
@@ -350,7 +289,7 @@ fn start_data_node(binary: &Path, master: Option<u16>, tls: Option<&TlsFiles>) -
             .arg(master.to_string());
     }
     let mut process = ServerProcess::spawn(command)?;
-    wait_ready(&mut process, port, "redis-server")?;
+    wait_for_pong(&mut process, port, "redis-server")?;
     Ok(Node {
         process: Mutex::new(process),
         port,
@@ -371,7 +310,7 @@ fn start_sentinel(binary: &Path, master: u16, tls: Option<&TlsFiles>) -> io::Res
         None => port,
     };
     let tls_lines: String = match tls {
-        Some(files) => tls_args(files, client_port)
+        Some(files) => tls_peer_settings(files, client_port)
             .into_iter()
             .map(|(name, value)| format!("{name} {value}\n"))
             .collect(),
@@ -397,7 +336,7 @@ fn start_sentinel(binary: &Path, master: u16, tls: Option<&TlsFiles>) -> io::Res
     let mut command = Command::new(binary);
     command.arg(&config).arg("--sentinel");
     let mut process = ServerProcess::spawn(command)?;
-    wait_ready(&mut process, port, "redis sentinel")?;
+    wait_for_pong(&mut process, port, "redis sentinel")?;
     Ok(Node {
         process: Mutex::new(process),
         port,

@@ -5,12 +5,15 @@
 //! in the middle of another — violations (more than one holder, a token not above every
 //! earlier one) counted, and required to be zero; and `rediss+cluster://` on a TLS cluster.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+mod support;
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::contended::{run_contended_with_fault, ContendedRun};
+
+use support::tls::{assert_an_unknown_ca_is_rejected, mutual_tls_config};
 use test_servers::RedisCluster;
-use turnstile_lock::backend::redis::RedisConnectError;
 use turnstile_lock::{Locker, RedisBackend, RedisBackendConfig, RetryPolicy};
 
 /// Parses a RESP integer reply (`:42\r\n`).
@@ -136,104 +139,84 @@ fn move_slot(cluster: &RedisCluster, slot: u16, to: &Primary) -> usize {
     moved
 }
 
-#[derive(Default)]
-struct Violations {
-    over_max_holders: AtomicU64,
-    token_regressions: AtomicU64,
+/// A contended run set up on a cluster of the test's own (the test disturbs it).
+struct ClusterStress {
+    cluster: Arc<RedisCluster>,
+    /// Under the test's key prefix; give it a retry policy ([`retrying_for_a_minute`]).
+    locker: Locker,
+    run: ContendedRun,
+    /// The slot every key of the run's lock hashes to.
+    slot: u16,
+    /// The name of the lock's fence counter in Redis.
+    fence_key: String,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn moving_a_locks_slot_mid_stress_counts_zero_violations() {
-    const TASKS: usize = 4;
-    const ROUNDS: usize = 40;
+/// Starts a cluster and sets up a contended run on lock `key` under `prefix`, with leases of
+/// `lease`.
+async fn stress_on_own_cluster(prefix: &str, key: &'static str, lease: Duration) -> ClusterStress {
     let cluster = Arc::new(
         tokio::task::spawn_blocking(RedisCluster::start)
             .await
             .expect("launcher thread")
             .expect("Redis Cluster starts"),
     );
-    let backend = RedisBackend::connect(RedisBackendConfig::new(cluster.url()).key_prefix("mig:"))
+    let backend = RedisBackend::connect(RedisBackendConfig::new(cluster.url()).key_prefix(prefix))
         .await
         .expect("connect to the cluster");
-    let locker = Locker::new(backend).with_retry(
-        RetryPolicy::new()
-            .total_time(Duration::from_secs(60))
-            .retry_delay(Duration::from_millis(100)),
-    );
-    let key = "migrating";
+    let locker = Locker::new(backend);
     let slot = u16::try_from(integer(
         &cluster
-            .command(&["CLUSTER", "KEYSLOT", "mig:{migrating}:holders"])
+            .command(&["CLUSTER", "KEYSLOT", &format!("{prefix}{{{key}}}:holders")])
             .expect("KEYSLOT"),
     ))
     .expect("slot");
+    ClusterStress {
+        cluster,
+        locker,
+        run: ContendedRun::four_tasks_of_forty_rounds(key, lease, Duration::from_secs(120)),
+        slot,
+        fence_key: format!("{prefix}{{{key}}}:fence"),
+    }
+}
+
+/// Retries every `delay` for up to 60 s: calls fail while the fault happens.
+fn retrying_for_a_minute(delay: Duration) -> RetryPolicy {
+    RetryPolicy::new()
+        .total_time(Duration::from_secs(60))
+        .retry_delay(delay)
+}
+
+/// The value of the fence counter `key` on the node `port` (the slot's owner).
+fn fence_counter(cluster: &RedisCluster, port: u16, key: &str) -> u64 {
+    let counter = bulk(
+        &cluster
+            .node(port)
+            .expect("the owner node")
+            .command(&["GET", key])
+            .expect("GET fence"),
+    );
+    counter.parse().expect("fence counter")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moving_a_locks_slot_mid_stress_counts_zero_violations() {
+    let stress = stress_on_own_cluster("mig:", "migrating", Duration::from_secs(20)).await;
+    let locker = stress
+        .locker
+        .with_retry(retrying_for_a_minute(Duration::from_millis(100)));
+    let (cluster, run, slot) = (stress.cluster, stress.run, stress.slot);
     let start_owner = owner_of(&cluster, slot);
 
-    let violations = Arc::new(Violations::default());
-    let inside = Arc::new(AtomicU64::new(0));
-    let last_token = Arc::new(Mutex::new(0u64));
-    let grants = Arc::new(AtomicU64::new(0));
-    let backend_errors = Arc::new(AtomicU64::new(0));
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut tasks = Vec::new();
-    for _ in 0..TASKS {
-        let locker = locker.clone();
-        let (violations, inside, last_token, grants, backend_errors) = (
-            violations.clone(),
-            inside.clone(),
-            last_token.clone(),
-            grants.clone(),
-            backend_errors.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            let mut done = 0;
-            while done < ROUNDS && Instant::now() < deadline {
-                let lock = match locker.lock(key, Duration::from_secs(20)).acquire().await {
-                    Ok(lock) => lock,
-                    // A call may fail while the slot moves; the lock's state must not.
-                    Err(error) if error.is_backend_unavailable() => {
-                        backend_errors.fetch_add(1, Ordering::SeqCst);
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                    Err(error) => panic!("acquire: {error}"),
-                };
-                if inside.fetch_add(1, Ordering::SeqCst) != 0 {
-                    violations.over_max_holders.fetch_add(1, Ordering::SeqCst);
-                }
-                {
-                    let mut last = last_token.lock().unwrap();
-                    if lock.fencing_token() <= *last {
-                        violations.token_regressions.fetch_add(1, Ordering::SeqCst);
-                    }
-                    *last = lock.fencing_token();
-                }
-                tokio::time::sleep(Duration::from_millis(2)).await;
-                inside.fetch_sub(1, Ordering::SeqCst);
-                grants.fetch_add(1, Ordering::SeqCst);
-                done += 1;
-                // A failed release leaves a lease that runs out; it cannot break exclusion.
-                if lock.release().await.is_err() {
-                    backend_errors.fetch_add(1, Ordering::SeqCst);
-                }
-            }
-        }));
-    }
-
     // Move the slot away and back while the tasks contend.
-    let mover = {
+    let report = run_contended_with_fault(&locker, run, {
         let cluster = cluster.clone();
-        let grants = grants.clone();
-        tokio::task::spawn_blocking(move || {
-            let total = (TASKS * ROUNDS) as u64;
+        move |progress| {
             let mut moves = Vec::new();
             for target_fraction in [4, 2] {
-                let wait_until = Instant::now() + Duration::from_secs(60);
-                while grants.load(Ordering::SeqCst) < total / target_fraction
-                    && Instant::now() < wait_until
-                {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
+                progress.wait_for_grants(
+                    run.total_grants() / target_fraction,
+                    Duration::from_secs(60),
+                );
                 let current = owner_of(&cluster, slot);
                 let target = primaries(&cluster)
                     .into_iter()
@@ -243,24 +226,17 @@ async fn moving_a_locks_slot_mid_stress_counts_zero_violations() {
                 moves.push((current.port, target.port, keys));
             }
             moves
-        })
-    };
-    for task in tasks {
-        task.await.expect("stress task");
-    }
-    let moves = mover.await.expect("mover");
+        }
+    })
+    .await;
+    let moves = &report.fault;
 
     let end_owner = owner_of(&cluster, slot);
     println!(
         "slot {slot}: moves (from, to, keys) {moves:?}; start {} end {}; grants {}; backend errors {}",
-        start_owner.port,
-        end_owner.port,
-        grants.load(Ordering::SeqCst),
-        backend_errors.load(Ordering::SeqCst)
+        start_owner.port, end_owner.port, report.grants, report.backend_errors
     );
-    assert_eq!(violations.over_max_holders.load(Ordering::SeqCst), 0);
-    assert_eq!(violations.token_regressions.load(Ordering::SeqCst), 0);
-    assert_eq!(grants.load(Ordering::SeqCst), (TASKS * ROUNDS) as u64);
+    report.assert_safe_and_complete(&run);
     assert_eq!(moves.len(), 2);
     assert!(
         moves.iter().all(|&(_, _, keys)| keys >= 1),
@@ -268,16 +244,9 @@ async fn moving_a_locks_slot_mid_stress_counts_zero_violations() {
     );
     assert_ne!(moves[0].0, moves[0].1);
     // The fence counter lives on the new owner and kept counting.
-    let counter = bulk(
-        &cluster
-            .node(end_owner.port)
-            .expect("owner")
-            .command(&["GET", "mig:{migrating}:fence"])
-            .expect("GET fence"),
-    );
     assert_eq!(
-        counter.parse::<u64>().expect("fence counter"),
-        *last_token.lock().unwrap()
+        fence_counter(&cluster, end_owner.port, &stress.fence_key),
+        report.last_token
     );
 }
 
@@ -348,94 +317,20 @@ fn replica_of(cluster: &RedisCluster, primary_id: &str) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_failover_mid_stress_counts_zero_violations() {
-    const TASKS: usize = 4;
-    const ROUNDS: usize = 40;
-    let cluster = Arc::new(
-        tokio::task::spawn_blocking(RedisCluster::start)
-            .await
-            .expect("launcher thread")
-            .expect("Redis Cluster starts"),
-    );
-    let backend = RedisBackend::connect(RedisBackendConfig::new(cluster.url()).key_prefix("fo:"))
-        .await
-        .expect("connect to the cluster");
-    let locker = Locker::new(backend).with_retry(
-        RetryPolicy::new()
-            .total_time(Duration::from_secs(60))
-            .retry_delay(Duration::from_millis(50)),
-    );
-    let key = "failing-over";
-    let slot = u16::try_from(integer(
-        &cluster
-            .command(&["CLUSTER", "KEYSLOT", "fo:{failing-over}:holders"])
-            .expect("KEYSLOT"),
-    ))
-    .expect("slot");
+    let stress = stress_on_own_cluster("fo:", "failing-over", Duration::from_secs(5)).await;
+    let locker = stress
+        .locker
+        .with_retry(retrying_for_a_minute(Duration::from_millis(50)));
+    let (cluster, run, slot) = (stress.cluster, stress.run, stress.slot);
     let start_owner = owner_of(&cluster, slot);
-
-    let violations = Arc::new(Violations::default());
-    let inside = Arc::new(AtomicU64::new(0));
-    let last_token = Arc::new(Mutex::new(0u64));
-    let grants = Arc::new(AtomicU64::new(0));
-    let backend_errors = Arc::new(AtomicU64::new(0));
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut tasks = Vec::new();
-    for _ in 0..TASKS {
-        let locker = locker.clone();
-        let (violations, inside, last_token, grants, backend_errors) = (
-            violations.clone(),
-            inside.clone(),
-            last_token.clone(),
-            grants.clone(),
-            backend_errors.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            let mut done = 0;
-            while done < ROUNDS && Instant::now() < deadline {
-                let lock = match locker.lock(key, Duration::from_secs(5)).acquire().await {
-                    Ok(lock) => lock,
-                    // A call may fail while the replica takes over; the lock's state must not.
-                    Err(error) if error.is_backend_unavailable() => {
-                        backend_errors.fetch_add(1, Ordering::SeqCst);
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                    Err(error) => panic!("acquire: {error}"),
-                };
-                if inside.fetch_add(1, Ordering::SeqCst) != 0 {
-                    violations.over_max_holders.fetch_add(1, Ordering::SeqCst);
-                }
-                {
-                    let mut last = last_token.lock().unwrap();
-                    if lock.fencing_token() <= *last {
-                        violations.token_regressions.fetch_add(1, Ordering::SeqCst);
-                    }
-                    *last = (*last).max(lock.fencing_token());
-                }
-                tokio::time::sleep(Duration::from_millis(2)).await;
-                inside.fetch_sub(1, Ordering::SeqCst);
-                grants.fetch_add(1, Ordering::SeqCst);
-                done += 1;
-                if lock.release().await.is_err() {
-                    backend_errors.fetch_add(1, Ordering::SeqCst);
-                }
-            }
-        }));
-    }
 
     // A manual failover of the lock's primary once a third of the grants are done: the
     // replica catches up (the primary pauses its clients meanwhile), then takes over.
-    let failover = {
+    let report = run_contended_with_fault(&locker, run, {
         let cluster = cluster.clone();
-        let grants = grants.clone();
         let start_owner = start_owner.clone();
-        tokio::task::spawn_blocking(move || {
-            let until = Instant::now() + Duration::from_secs(60);
-            while grants.load(Ordering::SeqCst) < (TASKS * ROUNDS / 3) as u64
-                && Instant::now() < until
-            {
-                std::thread::sleep(Duration::from_millis(5));
-            }
+        move |progress| {
+            progress.wait_for_grants(run.total_grants() / 3, Duration::from_secs(60));
             let replica = replica_of(&cluster, &start_owner.id);
             let reply = cluster
                 .node(replica)
@@ -448,34 +343,21 @@ async fn cluster_failover_mid_stress_counts_zero_violations() {
             });
             assert!(promoted, "the replica took over slot {slot}");
             replica
-        })
-    };
-    for task in tasks {
-        task.await.expect("stress task");
-    }
-    let promoted = failover.await.expect("failover thread");
+        }
+    })
+    .await;
+    let promoted = report.fault;
 
     println!(
         "slot {slot}: primary {} failed over to {promoted}; grants {}; backend errors {}",
-        start_owner.port,
-        grants.load(Ordering::SeqCst),
-        backend_errors.load(Ordering::SeqCst)
+        start_owner.port, report.grants, report.backend_errors
     );
-    assert_eq!(violations.over_max_holders.load(Ordering::SeqCst), 0);
-    assert_eq!(violations.token_regressions.load(Ordering::SeqCst), 0);
-    assert_eq!(grants.load(Ordering::SeqCst), (TASKS * ROUNDS) as u64);
+    report.assert_safe_and_complete(&run);
     assert_eq!(owner_of(&cluster, slot).port, promoted);
     // The fence counter is on the promoted primary and kept counting.
-    let counter = bulk(
-        &cluster
-            .node(promoted)
-            .expect("promoted")
-            .command(&["GET", "fo:{failing-over}:fence"])
-            .expect("GET fence"),
-    );
     assert_eq!(
-        counter.parse::<u64>().expect("fence counter"),
-        *last_token.lock().unwrap()
+        fence_counter(&cluster, promoted, &stress.fence_key),
+        report.last_token
     );
 }
 
@@ -487,14 +369,10 @@ async fn rediss_cluster_with_mutual_tls_serves_locks_on_every_primary() {
         .expect("TLS Redis Cluster starts");
     assert!(cluster.url().starts_with("rediss+cluster://"));
     let files = cluster.tls_files().expect("certificates").clone();
-    let backend = RedisBackend::connect(
-        RedisBackendConfig::new(cluster.url())
-            .key_prefix("tls:")
-            .ca_file(&files.ca_cert)
-            .client_cert(&files.client_cert, &files.client_key),
-    )
-    .await
-    .expect("connect to the cluster over TLS");
+    let backend =
+        RedisBackend::connect(mutual_tls_config(cluster.url(), &files).key_prefix("tls:"))
+            .await
+            .expect("connect to the cluster over TLS");
     let locker = Locker::new(backend);
     let keys = ["a", "b", "c", "d", "e", "f"];
     for round in 1..=2 {
@@ -521,20 +399,5 @@ async fn rediss_cluster_with_mutual_tls_serves_locks_on_every_primary() {
         .collect();
     assert!(owners.len() > 1, "the keys spread over primaries");
 
-    let error = RedisBackend::connect(
-        RedisBackendConfig::new(cluster.url())
-            .ca_file(&files.other_ca_cert)
-            .client_cert(&files.client_cert, &files.client_key)
-            .connect_timeout(Duration::from_millis(500)),
-    )
-    .await
-    .expect_err("a wrong CA fails");
-    assert!(error.is_backend_unavailable(), "{error}");
-    assert!(
-        matches!(
-            RedisConnectError::find(&error),
-            Some(RedisConnectError::CertificateRejected { reason, .. }) if reason == "UnknownIssuer"
-        ),
-        "{error:?}"
-    );
+    assert_an_unknown_ca_is_rejected(cluster.url(), &files).await;
 }

@@ -13,13 +13,17 @@
 //! - after a failover, a waiter's wake-up channel is subscribed on the new master and a
 //!   release hands the lock over by push.
 
+mod support;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use support::contended::{acquire_after_failover, run_contended_with_fault, ContendedRun};
+use support::tls::{assert_an_unknown_ca_is_rejected, mutual_tls_config};
 use test_servers::RedisSentinel;
-use turnstile_lock::backend::redis::{RedisConnectError, ReplicaAcksMissing};
+use turnstile_lock::backend::redis::ReplicaAcksMissing;
 use turnstile_lock::{
     AcquireMode, AcquireOutcome, AcquireRequest, Backend, Locker, RedisBackend, RedisBackendConfig,
     RetryPolicy,
@@ -165,8 +169,6 @@ struct StressReport {
 /// Four tasks contend for one lock (40 rounds each, 2 ms inside); a `SENTINEL FAILOVER` once
 /// a third of the grants are done.
 async fn stress_through_a_failover(acks: bool) -> StressReport {
-    const TASKS: usize = 4;
-    const ROUNDS: usize = 40;
     let setup = start_setup().await;
     let backend = RedisBackend::connect(config(&setup, acks))
         .await
@@ -176,91 +178,38 @@ async fn stress_through_a_failover(acks: bool) -> StressReport {
             .total_time(Duration::from_secs(60))
             .retry_delay(Duration::from_millis(50)),
     );
+    // A short lease: a release the old master took and lost delays the run by at most this.
+    let run = ContendedRun::four_tasks_of_forty_rounds(
+        "contended",
+        Duration::from_secs(3),
+        Duration::from_secs(90),
+    );
     let old_master = setup.master_port().expect("master");
-    let over = Arc::new(AtomicU64::new(0));
-    let regressions = Arc::new(AtomicU64::new(0));
-    let inside = Arc::new(AtomicU64::new(0));
-    let last_token = Arc::new(Mutex::new(0u64));
-    let grants = Arc::new(AtomicU64::new(0));
-    let backend_errors = Arc::new(AtomicU64::new(0));
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let mut tasks = Vec::new();
-    for _ in 0..TASKS {
-        let locker = locker.clone();
-        let (over, regressions, inside, last_token, grants, backend_errors) = (
-            over.clone(),
-            regressions.clone(),
-            inside.clone(),
-            last_token.clone(),
-            grants.clone(),
-            backend_errors.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            let mut done = 0;
-            while done < ROUNDS && Instant::now() < deadline {
-                // A short lease: a release the old master took and lost delays the run by
-                // at most this.
-                let lock = match locker
-                    .lock("contended", Duration::from_secs(3))
-                    .acquire()
-                    .await
-                {
-                    Ok(lock) => lock,
-                    Err(error) if error.is_backend_unavailable() => {
-                        backend_errors.fetch_add(1, Ordering::SeqCst);
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                    Err(error) => panic!("acquire: {error}"),
-                };
-                if inside.fetch_add(1, Ordering::SeqCst) != 0 {
-                    over.fetch_add(1, Ordering::SeqCst);
-                }
-                {
-                    let mut last = last_token.lock().unwrap();
-                    if lock.fencing_token() <= *last {
-                        regressions.fetch_add(1, Ordering::SeqCst);
-                    }
-                    *last = (*last).max(lock.fencing_token());
-                }
-                tokio::time::sleep(Duration::from_millis(2)).await;
-                inside.fetch_sub(1, Ordering::SeqCst);
-                grants.fetch_add(1, Ordering::SeqCst);
-                done += 1;
-                if lock.release().await.is_err() {
-                    backend_errors.fetch_add(1, Ordering::SeqCst);
-                }
-            }
-        }));
-    }
-    let failover = {
+    let report = run_contended_with_fault(&locker, run, {
         let setup = setup.clone();
-        let grants = grants.clone();
-        tokio::task::spawn_blocking(move || {
-            let until = Instant::now() + Duration::from_secs(30);
-            while grants.load(Ordering::SeqCst) < (TASKS * ROUNDS / 3) as u64
-                && Instant::now() < until
-            {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            setup.failover().expect("SENTINEL FAILOVER");
-            setup
-                .wait_for_new_master(old_master, Duration::from_secs(30))
-                .expect("the replica is promoted")
-        })
-    };
-    for task in tasks {
-        task.await.expect("stress task");
-    }
-    let new_master = failover.await.expect("failover thread");
+        move |progress| {
+            progress.wait_for_grants(run.total_grants() / 3, Duration::from_secs(30));
+            fail_over(&setup, old_master)
+        }
+    })
+    .await;
     StressReport {
-        grants: grants.load(Ordering::SeqCst),
-        over_max_holders: over.load(Ordering::SeqCst),
-        token_regressions: regressions.load(Ordering::SeqCst),
-        backend_errors: backend_errors.load(Ordering::SeqCst),
+        grants: report.grants,
+        over_max_holders: report.over_max_holders,
+        token_regressions: report.token_regressions,
+        backend_errors: report.backend_errors,
         old_master,
-        new_master,
+        new_master: report.fault,
     }
+}
+
+/// `SENTINEL FAILOVER`, then waits (blocking) for a master other than `old_master`; returns
+/// its port.
+fn fail_over(setup: &RedisSentinel, old_master: u16) -> u16 {
+    setup.failover().expect("SENTINEL FAILOVER");
+    setup
+        .wait_for_new_master(old_master, Duration::from_secs(30))
+        .expect("the replica is promoted")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -481,14 +430,9 @@ async fn rediss_sentinel_with_mutual_tls_follows_a_failover() {
     );
     assert!(setup.url().starts_with("rediss+sentinel://"));
     let files = setup.tls_files().expect("certificates").clone();
-    let backend = RedisBackend::connect(
-        RedisBackendConfig::new(setup.url())
-            .key_prefix("tls:")
-            .ca_file(&files.ca_cert)
-            .client_cert(&files.client_cert, &files.client_key),
-    )
-    .await
-    .expect("connect to the sentinels and the master over TLS");
+    let backend = RedisBackend::connect(mutual_tls_config(setup.url(), &files).key_prefix("tls:"))
+        .await
+        .expect("connect to the sentinels and the master over TLS");
     let locker = Locker::new(backend).with_retry(
         RetryPolicy::new()
             .total_time(Duration::from_secs(30))
@@ -503,31 +447,16 @@ async fn rediss_sentinel_with_mutual_tls_follows_a_failover() {
     first.release().await.expect("release");
 
     let old_master = setup.master_port().expect("master");
-    let failover = {
+    let new_master = {
         let setup = setup.clone();
-        tokio::task::spawn_blocking(move || {
-            setup.failover().expect("SENTINEL FAILOVER");
-            setup
-                .wait_for_new_master(old_master, Duration::from_secs(30))
-                .expect("the replica is promoted")
-        })
+        tokio::task::spawn_blocking(move || fail_over(&setup, old_master))
+            .await
+            .expect("failover thread")
     };
-    let new_master = failover.await.expect("failover thread");
     // The first calls after the switch may fail while the client asks the sentinels again.
-    let mut second = None;
-    for _ in 0..50 {
-        match locker.lock("k", Duration::from_secs(10)).acquire().await {
-            Ok(lock) => {
-                second = Some(lock);
-                break;
-            }
-            Err(error) if error.is_backend_unavailable() => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(error) => panic!("acquire: {error}"),
-        }
-    }
-    let second = second.expect("a grant from the new master");
+    let second = acquire_after_failover(&locker, "k", Duration::from_secs(10))
+        .await
+        .expect("a grant from the new master");
     assert_eq!(second.fencing_token(), 2, "the counter was replicated");
     let holders = setup
         .node_command(new_master, &["ZCARD", "tls:{k}:holders"])
@@ -536,22 +465,7 @@ async fn rediss_sentinel_with_mutual_tls_follows_a_failover() {
     second.release().await.expect("release");
 
     // A CA that did not sign the certificates: refused, with a clear error.
-    let error = RedisBackend::connect(
-        RedisBackendConfig::new(setup.url())
-            .ca_file(&files.other_ca_cert)
-            .client_cert(&files.client_cert, &files.client_key)
-            .connect_timeout(Duration::from_millis(500)),
-    )
-    .await
-    .expect_err("a wrong CA fails");
-    assert!(error.is_backend_unavailable(), "{error}");
-    assert!(
-        matches!(
-            RedisConnectError::find(&error),
-            Some(RedisConnectError::CertificateRejected { reason, .. }) if reason == "UnknownIssuer"
-        ),
-        "{error:?}"
-    );
+    assert_an_unknown_ca_is_rejected(setup.url(), &files).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -564,32 +478,17 @@ async fn the_pubsub_connection_follows_the_failover_and_still_hands_over() {
         .await
         .expect("connect the waiter");
     let old_master = setup.master_port().expect("master");
-    let failover = {
+    let new_master = {
         let setup = setup.clone();
-        tokio::task::spawn_blocking(move || {
-            setup.failover().expect("SENTINEL FAILOVER");
-            setup
-                .wait_for_new_master(old_master, Duration::from_secs(30))
-                .expect("the replica is promoted")
-        })
+        tokio::task::spawn_blocking(move || fail_over(&setup, old_master))
+            .await
+            .expect("failover thread")
     };
-    let new_master = failover.await.expect("failover thread");
 
     let holder = Locker::new(holder_backend);
-    let mut lock = None;
-    for _ in 0..50 {
-        match holder.lock("k", Duration::from_secs(30)).acquire().await {
-            Ok(granted) => {
-                lock = Some(granted);
-                break;
-            }
-            Err(error) if error.is_backend_unavailable() => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(error) => panic!("acquire: {error}"),
-        }
-    }
-    let lock = lock.expect("a grant from the new master");
+    let lock = acquire_after_failover(&holder, "k", Duration::from_secs(30))
+        .await
+        .expect("a grant from the new master");
     // The waiter polls only every 30 s: it can only be served in time by a push.
     let waiter = Locker::new(waiter_backend).with_retry(
         RetryPolicy::new()

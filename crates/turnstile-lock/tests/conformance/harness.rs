@@ -92,14 +92,8 @@ pub async fn redis_cluster() -> Harness {
         .await
         .expect("launcher thread")
         .expect("Redis Cluster starts");
-    let prefix = format!("t{}:", uuid::Uuid::new_v4().simple());
-    let backend = RedisBackend::connect(RedisBackendConfig::new(cluster.url()).key_prefix(prefix))
-        .await
-        .expect("connect to the cluster");
-    Harness {
-        backend: Arc::new(CountingBackend::new(Arc::new(backend))),
-        _server: Some(Box::new(cluster)),
-    }
+    let config = RedisBackendConfig::new(cluster.url());
+    connect_with_own_prefix(config, cluster, "connect to the cluster").await
 }
 
 /// As [`redis_cluster`], on a TLS cluster (mutual TLS, `rediss+cluster://`).
@@ -109,56 +103,49 @@ pub async fn redis_cluster_tls() -> Harness {
         .expect("launcher thread")
         .expect("TLS Redis Cluster starts");
     let files = cluster.tls_files().expect("certificates").clone();
-    let prefix = format!("t{}:", uuid::Uuid::new_v4().simple());
-    let backend = RedisBackend::connect(
-        RedisBackendConfig::new(cluster.url())
-            .key_prefix(prefix)
-            .ca_file(&files.ca_cert)
-            .client_cert(&files.client_cert, &files.client_key),
-    )
-    .await
-    .expect("connect to the cluster over TLS");
-    Harness {
-        backend: Arc::new(CountingBackend::new(Arc::new(backend))),
-        _server: Some(Box::new(cluster)),
-    }
+    let config = RedisBackendConfig::new(cluster.url())
+        .ca_file(&files.ca_cert)
+        .client_cert(&files.client_cert, &files.client_key);
+    connect_with_own_prefix(config, cluster, "connect to the cluster over TLS").await
 }
 
 /// Connects a backend through Redis Sentinel (a master, a replica, three sentinels) shared
 /// by this binary's tests, under a key prefix of its own.
 pub async fn redis_sentinel() -> Harness {
-    let setup = tokio::task::spawn_blocking(RedisSentinel::shared)
-        .await
-        .expect("launcher thread")
-        .expect("Redis Sentinel setup starts");
-    let prefix = format!("t{}:", uuid::Uuid::new_v4().simple());
-    let backend = RedisBackend::connect(RedisBackendConfig::new(setup.url()).key_prefix(prefix))
-        .await
-        .expect("connect through the sentinels");
-    Harness {
-        backend: Arc::new(CountingBackend::new(Arc::new(backend))),
-        _server: Some(Box::new(setup)),
-    }
+    let setup = shared_sentinel().await;
+    let config = RedisBackendConfig::new(setup.url());
+    connect_with_own_prefix(config, setup, "connect through the sentinels").await
 }
 
 /// As [`redis_sentinel`], with every grant acknowledged by the replica
 /// (`min_replica_acks(1, 1 s)`).
 pub async fn redis_sentinel_acks() -> Harness {
-    let setup = tokio::task::spawn_blocking(RedisSentinel::shared)
+    let setup = shared_sentinel().await;
+    let config = RedisBackendConfig::new(setup.url()).min_replica_acks(1, Duration::from_secs(1));
+    connect_with_own_prefix(config, setup, "connect through the sentinels").await
+}
+
+async fn shared_sentinel() -> Arc<RedisSentinel> {
+    tokio::task::spawn_blocking(RedisSentinel::shared)
         .await
         .expect("launcher thread")
-        .expect("Redis Sentinel setup starts");
+        .expect("Redis Sentinel setup starts")
+}
+
+/// Connects `config` under a fresh key prefix, so tests sharing one server never see each
+/// other's keys, and keeps `server` alive as long as the harness.
+async fn connect_with_own_prefix(
+    config: RedisBackendConfig,
+    server: impl std::any::Any + Send + Sync,
+    connecting: &str,
+) -> Harness {
     let prefix = format!("t{}:", uuid::Uuid::new_v4().simple());
-    let backend = RedisBackend::connect(
-        RedisBackendConfig::new(setup.url())
-            .key_prefix(prefix)
-            .min_replica_acks(1, Duration::from_secs(1)),
-    )
-    .await
-    .expect("connect through the sentinels");
+    let backend = RedisBackend::connect(config.key_prefix(prefix))
+        .await
+        .unwrap_or_else(|error| panic!("{connecting}: {error:?}"));
     Harness {
         backend: Arc::new(CountingBackend::new(Arc::new(backend))),
-        _server: Some(Box::new(setup)),
+        _server: Some(Box::new(server)),
     }
 }
 
