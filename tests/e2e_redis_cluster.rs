@@ -18,11 +18,7 @@ async fn hand_off_through_the_queue(config: ControllerConfig) {
     let monitor = HolderMonitor::start(&env, "db", 1);
     env.queue_of_three("db").await;
     env.wait_ready("db", "True").await;
-    env.hand_off("a", "b", 2).await;
-    env.hand_off("b", "c", 3).await;
-    let report = monitor.finish().await;
-    assert_eq!(report.tokens(), [1, 2, 3]);
-    env.stop_controller().await;
+    env.hand_on_down_the_queue(monitor).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

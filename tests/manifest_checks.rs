@@ -159,6 +159,22 @@ fn run(command: &mut Command) -> (bool, String) {
     (output.status.success(), text)
 }
 
+/// Asserts that the validator's output `text` says `object` of `file` passed against
+/// Kubernetes `version` (its own line, as kubernetes-validate prints it).
+fn assert_passed(text: &str, file: &Path, object: &Value, version: &str) {
+    let minor = version.trim_end_matches(".0");
+    let expected = format!(
+        "INFO {} passed for resource {}/{} against version {minor}",
+        file.display(),
+        kind_of(object).to_lowercase(),
+        name_of(object)
+    );
+    assert!(
+        text.lines().any(|line| line == expected),
+        "no {expected:?} in:\n{text}"
+    );
+}
+
 #[test]
 fn the_supported_versions_line_names_a_range_the_schemas_cover() {
     let (oldest, newest) = supported_versions();
@@ -215,17 +231,7 @@ fn every_manifest_passes_kubernetes_validate_strict_on_the_oldest_and_newest_ver
                 continue;
             }
             for version in [&oldest, &newest] {
-                let minor = version.trim_end_matches(".0");
-                let expected = format!(
-                    "INFO {} passed for resource {}/{} against version {minor}",
-                    file.display(),
-                    kind_of(object).to_lowercase(),
-                    name_of(object)
-                );
-                assert!(
-                    text.lines().any(|line| line == expected),
-                    "no {expected:?} in:\n{text}"
-                );
+                assert_passed(&text, file, object, version);
                 checked += 1;
             }
         }
@@ -306,18 +312,8 @@ fn every_custom_resource_passes_the_crd_schemas_strictly() {
     for version in [&oldest, &newest] {
         let (ok, text) = validate_custom_resources(&python, version, &files);
         assert!(ok, "custom resources failed against {version}:\n{text}");
-        let minor = version.trim_end_matches(".0");
         for (file, object) in &custom {
-            let expected = format!(
-                "INFO {} passed for resource {}/{} against version {minor}",
-                file.display(),
-                kind_of(object).to_lowercase(),
-                name_of(object)
-            );
-            assert!(
-                text.lines().any(|l| l == expected),
-                "no {expected:?} in:\n{text}"
-            );
+            assert_passed(&text, file, object, version);
         }
     }
     // And it can fail: an unknown spec field, unknown metadata, a mode outside the enum.

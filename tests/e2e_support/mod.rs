@@ -335,6 +335,17 @@ impl Env {
         next_claim
     }
 
+    /// With `a` holding and `b`, `c` queued (as [`Env::queue_of_three`] leaves them): hands
+    /// the lock on to `b`, then `c`, checks `monitor` saw tokens 1, 2, 3 and never two holders,
+    /// and stops the controller.
+    pub async fn hand_on_down_the_queue(&mut self, monitor: HolderMonitor) {
+        self.hand_off("a", "b", 2).await;
+        self.hand_off("b", "c", 3).await;
+        let report = monitor.finish().await;
+        assert_eq!(report.tokens(), [1, 2, 3]);
+        self.stop_controller().await;
+    }
+
     /// Reads a claim.
     pub async fn claim(&self, name: &str) -> LockClaim {
         self.claims().get(name).await.expect("get claim")
