@@ -425,8 +425,7 @@ impl<'a> Builder<'a> {
     /// The release of a held grant that ends now for `reason`: an involuntary end on a lock
     /// with a lock-delay cuts the lease (see [`BackendOp::Release`]).
     fn end_held(&mut self, claim: &ClaimView, reason: &str) -> Option<OpRef> {
-        let involuntary =
-            self.input.lock.lock_delay_seconds() > 0 && INVOLUNTARY_ENDS.contains(&reason);
+        let involuntary = starts_lock_delay(self.input, reason);
         match &self.input.backend {
             BackendView::Ready { .. } => Some(self.push_release(claim, involuntary)),
             _ => None,
@@ -828,13 +827,18 @@ fn lock_delay_end(input: &LockInput, drafts: &[(usize, Draft)]) -> Option<Second
         .saturating_add((cut_lease_end + 999_999_999) / 1_000_000_000);
     let starts_delay = drafts.iter().any(|(_, draft)| {
         matches!(draft, Draft::End { reason, released_at: Some(_), .. }
-            if delay > 0 && INVOLUNTARY_ENDS.contains(reason))
+            if starts_lock_delay(input, reason))
     });
     starts_delay
         .then(|| ended_now.saturating_add(delay))
         .into_iter()
         .chain(input.lock.locked_until())
         .max()
+}
+
+/// Whether a grant of this lock ending for `reason` starts a lock-delay.
+fn starts_lock_delay(input: &LockInput, reason: &str) -> bool {
+    input.lock.lock_delay_seconds() > 0 && INVOLUNTARY_ENDS.contains(&reason)
 }
 
 /// The reasons a grant ends without its holder asking: they start a lock-delay.
