@@ -11,8 +11,8 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use deploy_support::{
-    find, grants, kind_of, name_of, render_base, render_with_component, repo, str_at, strings,
-    Grant,
+    file_names, find, grants, kind_of, name_of, render_base, render_with_component, repo, str_at,
+    strings, Grant,
 };
 use serde_json::Value;
 use turnstile_controller::leader::{DEFAULT_LEASE_NAME, POD_NAMESPACE_ENV, POD_NAME_ENV};
@@ -112,15 +112,8 @@ fn the_deployed_crds_are_the_generated_ones() {
     let generated = repo().join("crds");
     let copies = repo().join("deploy").join("crds");
     let yaml_files = |dir: &Path| -> BTreeSet<String> {
-        std::fs::read_dir(dir)
-            .unwrap_or_else(|e| panic!("list {}: {e}", dir.display()))
-            .map(|entry| {
-                entry
-                    .expect("entry")
-                    .file_name()
-                    .to_string_lossy()
-                    .into_owned()
-            })
+        file_names(dir)
+            .into_iter()
             .filter(|name| name.ends_with(".yaml"))
             .collect()
     };

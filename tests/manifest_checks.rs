@@ -27,7 +27,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use deploy_support::{
-    kind_of, kustomize_text, name_of, objects, render_base, render_text_with_components, repo,
+    file_names, kind_of, kustomize_text, name_of, objects, render_base,
+    render_text_with_components, repo,
 };
 use serde_json::Value;
 
@@ -88,16 +89,7 @@ fn renderings(dir: &Path) -> Vec<(String, PathBuf, Vec<Value>)> {
         out.push((what.to_string(), file, objects(&text)));
     };
     add("base", kustomize_text(&repo().join("deploy")));
-    let components: Vec<String> = std::fs::read_dir(repo().join("deploy/components"))
-        .expect("deploy/components")
-        .map(|entry| {
-            entry
-                .expect("entry")
-                .file_name()
-                .to_string_lossy()
-                .into_owned()
-        })
-        .collect::<BTreeSet<_>>()
+    let components: Vec<String> = file_names(&repo().join("deploy/components"))
         .into_iter()
         .collect();
     assert!(components.len() >= 3, "{components:?}");
@@ -114,12 +106,12 @@ fn renderings(dir: &Path) -> Vec<(String, PathBuf, Vec<Value>)> {
 
 /// `examples/*.yaml`: (file, objects).
 fn examples() -> Vec<(PathBuf, Vec<Value>)> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("examples"))
-        .expect("examples/")
-        .map(|entry| entry.expect("entry").path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "yaml"))
+    let dir = repo().join("examples");
+    let files: Vec<PathBuf> = file_names(&dir)
+        .into_iter()
+        .filter(|name| name.ends_with(".yaml"))
+        .map(|name| dir.join(name))
         .collect();
-    files.sort();
     assert!(!files.is_empty());
     files
         .into_iter()
@@ -276,11 +268,11 @@ fn validate_custom_resources(
     version: &str,
     manifests: &[PathBuf],
 ) -> (bool, String) {
-    let mut crds: Vec<PathBuf> = std::fs::read_dir(repo().join("crds"))
-        .expect("crds/")
-        .map(|entry| entry.expect("entry").path())
+    let dir = repo().join("crds");
+    let crds: Vec<PathBuf> = file_names(&dir)
+        .into_iter()
+        .map(|name| dir.join(name))
         .collect();
-    crds.sort();
     run(Command::new(python)
         .arg(repo().join("tests/manifest_checks/validate_custom_resources.py"))
         .arg(version)
