@@ -52,6 +52,8 @@ const FREE_MARGIN: Duration = Duration::from_secs(30);
 /// How long the drain (workers finishing, every claim deleted) may take.
 const DRAIN: Duration = Duration::from_secs(240);
 const MONGO_DATABASE: &str = "chaos";
+/// Items per page of the fake's paginated lists in a chaos run.
+const CHAOS_LIST_PAGE: usize = 8;
 
 /// One lock of a run.
 struct LockPlan {
@@ -245,7 +247,11 @@ fn tail(path: &std::path::Path, lines: usize) -> String {
 
 /// One whole run: set-up, load with faults, drain, check. Returns the report and the table.
 async fn run(plan: RunPlan) -> Option<(Report, String)> {
-    let env = Env::fake_only(plan.title).await?;
+    // Small list pages, so every re-list after a fault pages through the claims, and a claim
+    // created between two pages must still reach the controller (the hour-long run once lost
+    // one for minutes when the fake served later pages from a newer snapshot).
+    let fake = fake_apiserver::FakeApiServer::builder().max_list_page(CHAOS_LIST_PAGE);
+    let env = Env::fake_only_with(plan.title, fake).await?;
     let dir = tempfile::tempdir().expect("run dir");
     let uses_mongo = plan.locks.iter().any(|l| l.backend == "mongo");
     let mongo = if uses_mongo {

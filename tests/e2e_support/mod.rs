@@ -81,6 +81,11 @@ fn init_logging() {
 impl Env {
     /// The fake (or the real cluster), the CRDs installed, a fresh namespace; no controller.
     pub async fn new() -> Env {
+        Env::with_fake(FakeApiServer::builder()).await
+    }
+
+    /// [`Env::new`], with the fake (when there is no real cluster) configured by `fake`.
+    pub async fn with_fake(fake: fake_apiserver::Builder) -> Env {
         init_logging();
         let dir = tempfile::tempdir().expect("tempdir");
         let (client, kubeconfig, fake) = match real_kubeconfig() {
@@ -92,7 +97,7 @@ impl Env {
                 (Client::try_from(config).expect("client"), path, None)
             }
             None => {
-                let server = FakeApiServer::start().await.expect("start fake API server");
+                let server = fake.start().await.expect("start fake API server");
                 let kubeconfig = dir.path().join("kubeconfig");
                 server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
                 (server.client(), kubeconfig, Some(server))
@@ -120,11 +125,16 @@ impl Env {
 
     /// For tests that need the fake's hooks: None (after saying so) on a real cluster.
     pub async fn fake_only(test: &str) -> Option<Env> {
+        Env::fake_only_with(test, FakeApiServer::builder()).await
+    }
+
+    /// [`Env::fake_only`], with the fake configured by `fake`.
+    pub async fn fake_only_with(test: &str, fake: fake_apiserver::Builder) -> Option<Env> {
         if real_kubeconfig().is_some() {
             println!("skipped {test}: it needs the fake API server's test hooks");
             return None;
         }
-        Some(Env::new().await)
+        Some(Env::with_fake(fake).await)
     }
 
     /// The fake (panics on a real cluster).

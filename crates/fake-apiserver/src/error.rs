@@ -288,6 +288,16 @@ impl ApiError {
         )
     }
 
+    /// 410 Expired for a continue token whose snapshot has been compacted away.
+    pub(crate) fn continue_expired() -> Self {
+        Self::new(
+            410,
+            "Expired",
+            "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.".into(),
+            None,
+        )
+    }
+
     /// 415 UnsupportedMediaType.
     pub(crate) fn unsupported_media_type(content_type: &str) -> Self {
         Self::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (got {content_type:?})"), None)

@@ -39,6 +39,8 @@ pub(crate) struct AppState {
     pub hooks: Hooks,
     pub close_watches: tokio_watch::Sender<u64>,
     pub bookmark_interval: Duration,
+    /// The most items one page of a paginated list holds, whatever `limit` asks.
+    pub max_list_page: Option<usize>,
     pub url: String,
 }
 
@@ -517,7 +519,11 @@ fn resource(
         ("GET", false) => {
             let opts = ListOptions {
                 selectors: selectors(query, &rtype, &r.version)?,
-                limit: query.get("limit").and_then(|l| l.parse().ok()),
+                // Only a client that pages (asks for a limit) gets smaller pages.
+                limit: query
+                    .get("limit")
+                    .and_then(|l| l.parse::<usize>().ok())
+                    .map(|l| app.max_list_page.map_or(l, |max| l.min(max))),
                 continue_token: query.get("continue").filter(|c| !c.is_empty()).cloned(),
             };
             let page = rest::list(&app.store, &target, &opts)?;

@@ -78,6 +78,26 @@ impl Target {
             .collect()
     }
 
+    /// [`Self::matching`] as the store was at resourceVersion `rv`, or `Err(oldest)` when
+    /// that is compacted away.
+    pub(crate) fn matching_at(
+        &self,
+        inner: &Inner,
+        selectors: &Selectors,
+        rv: u64,
+    ) -> Result<Vec<Arc<Value>>, u64> {
+        let namespace = if self.rtype.namespaced {
+            self.namespace.as_deref()
+        } else {
+            None
+        };
+        Ok(inner
+            .list_at(&self.rtype.storage_group, &self.rtype.plural, namespace, rv)?
+            .into_iter()
+            .filter(|o| selectors.matches(o))
+            .collect())
+    }
+
     fn not_found(&self, name: &str) -> ApiError {
         ApiError::not_found(&self.rtype.group, &self.rtype.plural, name)
     }

@@ -25,6 +25,7 @@ const INITIAL_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "
 pub struct Builder {
     port: u16,
     bookmark_interval: Duration,
+    max_list_page: Option<usize>,
 }
 
 impl Default for Builder {
@@ -32,6 +33,7 @@ impl Default for Builder {
         Self {
             port: 0,
             bookmark_interval: Duration::from_secs(5),
+            max_list_page: None,
         }
     }
 }
@@ -47,6 +49,14 @@ impl Builder {
     /// default here: 5 s, so tests see them quickly).
     pub fn bookmark_interval(mut self, interval: Duration) -> Self {
         self.bookmark_interval = interval;
+        self
+    }
+
+    /// Serves paginated lists (requests with a `limit`) at most `items` per page, so a
+    /// client's list of a few hundred objects takes many pages, each from the first page's
+    /// snapshot. (kube-runtime's watcher asks for 500 a page: without this, tests rarely page.)
+    pub fn max_list_page(mut self, items: usize) -> Self {
+        self.max_list_page = Some(items.max(1));
         self
     }
 
@@ -71,6 +81,7 @@ impl Builder {
             hooks: Hooks::default(),
             close_watches,
             bookmark_interval: self.bookmark_interval,
+            max_list_page: self.max_list_page,
             url: url.clone(),
         });
         create_initial_namespaces(&state);

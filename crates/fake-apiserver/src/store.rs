@@ -150,6 +150,43 @@ impl Inner {
             .collect()
     }
 
+    /// Objects of `group/resource` as they were at resourceVersion `rv` (the snapshot a
+    /// paginated list serves every page from, as etcd does), or `Err(oldest)` when the
+    /// history back to `rv` has been compacted.
+    pub(crate) fn list_at(
+        &self,
+        group: &str,
+        resource: &str,
+        namespace: Option<&str>,
+        rv: u64,
+    ) -> Result<Vec<Arc<Value>>, u64> {
+        if rv < self.compacted {
+            return Err(self.compacted);
+        }
+        let in_scope = |k: &ObjectKey| {
+            k.group == group
+                && k.resource == resource
+                && namespace.is_none_or(|ns| k.namespace == ns)
+        };
+        let mut objects: BTreeMap<&ObjectKey, Arc<Value>> = self
+            .objects
+            .iter()
+            .filter(|(k, _)| in_scope(k))
+            .map(|(k, v)| (k, v.clone()))
+            .collect();
+        // Undo the changes made since `rv`, newest first.
+        for event in self.history.iter().rev().take_while(|e| e.rv > rv) {
+            if !in_scope(&event.key) {
+                continue;
+            }
+            match &event.previous {
+                Some(previous) => objects.insert(&event.key, previous.clone()),
+                None => objects.remove(&event.key),
+            };
+        }
+        Ok(objects.into_values().collect())
+    }
+
     /// Every stored object with its key.
     pub(crate) fn all(&self) -> impl Iterator<Item = (&ObjectKey, &Arc<Value>)> {
         self.objects.iter()

@@ -44,7 +44,14 @@ fn encode_continue(rv: u64, namespace: &str, name: &str) -> String {
         .encode(json!({"rv": rv, "ns": namespace, "name": name}).to_string())
 }
 
-fn decode_continue(token: &str) -> Result<(String, String), ApiError> {
+/// A continue token's list: the resourceVersion of its snapshot and the last key served.
+struct Continue {
+    rv: u64,
+    namespace: String,
+    name: String,
+}
+
+fn decode_continue(token: &str) -> Result<Continue, ApiError> {
     let bad = || {
         ApiError::bad_request("continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)")
     };
@@ -52,12 +59,22 @@ fn decode_continue(token: &str) -> Result<(String, String), ApiError> {
         .decode(token)
         .map_err(|_| bad())?;
     let v: Value = serde_json::from_slice(&bytes).map_err(|_| bad())?;
+    let rv = v.get("rv").and_then(Value::as_u64).ok_or_else(bad)?;
     let ns = v.get("ns").and_then(Value::as_str).ok_or_else(bad)?;
     let name = v.get("name").and_then(Value::as_str).ok_or_else(bad)?;
-    Ok((ns.to_string(), name.to_string()))
+    Ok(Continue {
+        rv,
+        namespace: ns.to_string(),
+        name: name.to_string(),
+    })
 }
 
 /// Lists objects matching the selectors, one page at a time when `limit` is set.
+///
+/// Every page of one list is served from the snapshot its first page saw, with that page's
+/// resourceVersion, as etcd does: a watch resumed from it then sees every later change exactly
+/// once. (Serving later pages from the live store at a newer resourceVersion loses an object
+/// created mid-list whose name sorts before the cursor: in neither the list nor the watch.)
 pub(crate) fn list(store: &Store, t: &Target, opts: &ListOptions) -> Result<ListPage, ApiError> {
     let after = opts
         .continue_token
@@ -65,13 +82,21 @@ pub(crate) fn list(store: &Store, t: &Target, opts: &ListOptions) -> Result<List
         .map(decode_continue)
         .transpose()?;
     store.with(|inner| {
-        let rv = inner.current_rv();
-        let matching: Vec<Arc<Value>> = t
-            .matching(inner, &opts.selectors)
+        let (rv, snapshot) = match &after {
+            None => (inner.current_rv(), t.matching(inner, &opts.selectors)),
+            Some(after) => {
+                let snapshot = t
+                    .matching_at(inner, &opts.selectors, after.rv)
+                    .map_err(|_| ApiError::continue_expired())?;
+                (after.rv, snapshot)
+            }
+        };
+        let matching: Vec<Arc<Value>> = snapshot
             .into_iter()
             .filter(|o| match &after {
-                Some((ans, aname)) => {
-                    (meta::namespace(o), meta::name(o)) > (ans.as_str(), aname.as_str())
+                Some(after) => {
+                    (meta::namespace(o), meta::name(o))
+                        > (after.namespace.as_str(), after.name.as_str())
                 }
                 None => true,
             })

@@ -105,3 +105,98 @@ async fn table_output_has_the_printer_columns() {
         1
     );
 }
+
+#[tokio::test]
+async fn every_page_of_a_list_is_one_snapshot_that_its_watch_resumes_from() {
+    // kube-runtime's watcher resumes from the *last* page's resourceVersion. Had later pages
+    // been read live at a newer one, "a" (created mid-list, before the cursor) would be in
+    // neither the list nor the watch: the chaos suite's claim lost until the next re-list.
+    let env = Env::with_widgets().await;
+    let api = env.widgets();
+    for name in ["b", "c", "d"] {
+        create(&api, name, json!({"size": 1})).await;
+    }
+    let first = api.list(&ListParams::default().limit(2)).await.unwrap();
+    let first_rv = first.metadata.resource_version.clone().unwrap();
+    let token = first.metadata.continue_.clone().unwrap();
+    assert_eq!(names(first), ["b", "c"]);
+
+    create(&api, "a", json!({"size": 1})).await;
+    api.delete("d", &DeleteParams::default()).await.unwrap();
+    let rest = api
+        .list(&ListParams::default().limit(2).continue_token(&token))
+        .await
+        .unwrap();
+    assert_eq!(
+        rest.metadata.resource_version.as_deref(),
+        Some(first_rv.as_str()),
+        "every page carries the snapshot's resourceVersion"
+    );
+    assert_eq!(names(rest), ["d"], "the snapshot still has d and not a");
+
+    let mut watch = env
+        .open_watch(&format!(
+            "{}?watch=true&resourceVersion={first_rv}",
+            widgets_path(&env)
+        ))
+        .await;
+    let added = watch.next_change(T).await.unwrap();
+    assert_eq!(
+        (
+            added["type"].as_str(),
+            added["object"]["metadata"]["name"].as_str()
+        ),
+        (Some("ADDED"), Some("a"))
+    );
+    let deleted = watch.next_change(T).await.unwrap();
+    assert_eq!(
+        (
+            deleted["type"].as_str(),
+            deleted["object"]["metadata"]["name"].as_str()
+        ),
+        (Some("DELETED"), Some("d"))
+    );
+}
+
+#[tokio::test]
+async fn continuing_a_list_whose_snapshot_is_compacted_gets_410_expired() {
+    let Some(env) = Env::fake_only("continuing_a_list_whose_snapshot_is_compacted").await else {
+        return;
+    };
+    env.install_widget_crd().await;
+    let api = env.widgets();
+    for name in ["a", "b"] {
+        create(&api, name, json!({"size": 1})).await;
+    }
+    let first = api.list(&ListParams::default().limit(1)).await.unwrap();
+    let token = first.metadata.continue_.clone().unwrap();
+    create(&api, "c", json!({"size": 1})).await;
+    env.server().compact();
+    let (code, reason, _) = api_code(
+        api.list(&ListParams::default().limit(1).continue_token(&token))
+            .await,
+    );
+    assert_eq!((code, reason.as_str()), (410, "Expired"));
+}
+
+#[tokio::test]
+async fn a_server_page_limit_caps_only_the_lists_that_ask_for_pages() {
+    let builder = fake_apiserver::FakeApiServer::builder().max_list_page(1);
+    let Some(env) = Env::fake_only_with("a_server_page_limit_caps_only_paged_lists", builder).await
+    else {
+        return;
+    };
+    env.install_widget_crd().await;
+    let api = env.widgets();
+    for name in ["a", "b", "c"] {
+        create(&api, name, json!({"size": 1})).await;
+    }
+    let page = api.list(&ListParams::default().limit(500)).await.unwrap();
+    assert!(page.metadata.continue_.is_some(), "more pages follow");
+    assert_eq!(names(page), ["a"]);
+    assert_eq!(
+        names(api.list(&ListParams::default()).await.unwrap()),
+        ["a", "b", "c"],
+        "a list without a limit is whole"
+    );
+}
