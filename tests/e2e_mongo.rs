@@ -3,7 +3,8 @@
 //! that names no backend; three claims are granted in FIFO order as each holder's claim is
 //! deleted, with increasing fencing tokens, and the grants live in the Mongo collection.
 //! A MongoDB crash and restart between grants keeps tokens increasing; an unreachable MongoDB
-//! shows as `Ready=False` (BackendUnavailable) and grants nothing.
+//! shows as `Ready=False` (BackendUnavailable) and grants nothing; one that goes away while a
+//! claim is held keeps the holder and grants nothing until it is back.
 //! Without a server a test is skipped with one line, except under `CI=true` (a failure).
 
 mod e2e_support;
@@ -106,6 +107,73 @@ async fn a_mongo_crash_between_grants_keeps_tokens_increasing() {
         "the crash lost nothing: {lost:?}"
     );
     env.start_controller(mongo_config(server.uri(), "turnstile_crash"));
+    env.hand_on_down_the_queue(monitor).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mongo_gone_while_held_keeps_the_holder_and_grants_nothing() {
+    let Some(mut server) = own_server().await else {
+        return;
+    };
+    let database = "turnstile_outage";
+    let mut env = Env::new().await;
+    env.start_controller(mongo_config(server.uri(), database));
+    env.apply_lock("db", "backend: mongo\nleaseDurationSeconds: 300");
+    let monitor = HolderMonitor::start(&env, "db", 1);
+    env.apply_claim("a", "db", "");
+    let a = env.wait_phase("a", ClaimPhase::Held).await;
+    assert_eq!(token_of(&a), Some(1));
+    env.apply_claim("b", "db", "");
+    env.wait_claim("b", |c| position_of(c) == Some(1)).await;
+
+    if let Err(error) = tokio::task::block_in_place(|| server.kill()) {
+        assert_eq!(error.kind(), std::io::ErrorKind::Unsupported, "{error}");
+        assert!(
+            !test_servers::under_ci(),
+            "under CI the outage test must run: {error}"
+        );
+        println!("skipped the outage: {error}");
+        return;
+    }
+    // A new claim makes the next pass, which finds MongoDB gone.
+    env.apply_claim("c", "db", "");
+    let ready = env.wait_ready("db", "False").await;
+    assert_eq!(ready.reason, "BackendUnavailable");
+    env.wait_event("db", "BackendUnavailable").await;
+    let b = env
+        .wait_claim("b", |c| {
+            reason_of(c).as_deref() == Some("BackendUnavailable")
+        })
+        .await;
+    assert_eq!(phase_of(&b), Some(ClaimPhase::Pending));
+    let during = env.claim("a").await;
+    assert_eq!(
+        phase_of(&during),
+        Some(ClaimPhase::Held),
+        "a keeps its grant"
+    );
+    assert_eq!(token_of(&during), Some(1));
+
+    tokio::task::block_in_place(|| server.start_again()).expect("MongoDB back");
+    env.wait_ready("db", "True").await;
+    // The grant is in MongoDB again (kept, or re-attached if the kill lost it).
+    let reader = MongoBackend::connect(server.uri(), MongoBackendConfig::new().database(database))
+        .await
+        .expect("connect to the restarted server");
+    let key = format!("{}/db", env.namespace);
+    let mut snapshot = None;
+    for _ in 0..150 {
+        let now = reader.snapshot(&key).await.expect("snapshot");
+        if now.holders.len() == 1 && now.fencing_token >= 1 {
+            snapshot = Some(now);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(snapshot.is_some(), "a's grant is not back in MongoDB");
+    let after = env.claim("a").await;
+    assert_eq!(phase_of(&after), Some(ClaimPhase::Held));
+    assert_eq!(token_of(&after), Some(1), "a keeps its own token");
     env.hand_on_down_the_queue(monitor).await;
 }
 

@@ -209,32 +209,15 @@ impl MongoServer {
         self.relaunch(false, true)
     }
 
-    fn relaunch(&mut self, graceful: bool, lose_data: bool) -> io::Result<()> {
-        let Some(launch) = self.launch.as_ref().filter(|launch| !launch.python) else {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "only a spawned secantusd-rs can be restarted with its data",
-            ));
-        };
-        if let Some(mut process) = self.process.take() {
-            if graceful {
-                let _ = Command::new("kill")
-                    .args(["-TERM", &process.pid().to_string()])
-                    .status();
-                wait_until(Duration::from_secs(10), || process.has_exited());
-            }
-            process.stop();
-        }
-        if lose_data {
-            for entry in std::fs::read_dir(launch.dir.path())? {
-                let path = entry?.path();
-                if path.is_dir() {
-                    std::fs::remove_dir_all(&path)?;
-                } else {
-                    std::fs::remove_file(&path)?;
-                }
-            }
-        }
+    /// Kills a spawned server (SIGKILL) and leaves it down, its storage kept, until
+    /// [`Self::start_again`]: an outage as clients see it.
+    pub fn kill(&mut self) -> io::Result<()> {
+        self.take_down(false, false)
+    }
+
+    /// Starts a server stopped by [`Self::kill`] again on the same port and storage.
+    pub fn start_again(&mut self) -> io::Result<()> {
+        let launch = self.restartable()?;
         let mut last_error = None;
         for _ in 0..START_ATTEMPTS {
             match launch.spawn() {
@@ -248,6 +231,47 @@ impl MongoServer {
             std::thread::sleep(Duration::from_millis(200));
         }
         Err(last_error.unwrap_or_else(|| io::Error::other("restart failed")))
+    }
+
+    fn relaunch(&mut self, graceful: bool, lose_data: bool) -> io::Result<()> {
+        self.take_down(graceful, lose_data)?;
+        self.start_again()
+    }
+
+    fn restartable(&self) -> io::Result<&Launch> {
+        self.launch
+            .as_ref()
+            .filter(|launch| !launch.python)
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "only a spawned secantusd-rs can be restarted with its data",
+                )
+            })
+    }
+
+    fn take_down(&mut self, graceful: bool, lose_data: bool) -> io::Result<()> {
+        let dir = self.restartable()?.dir.path().to_path_buf();
+        if let Some(mut process) = self.process.take() {
+            if graceful {
+                let _ = Command::new("kill")
+                    .args(["-TERM", &process.pid().to_string()])
+                    .status();
+                wait_until(Duration::from_secs(10), || process.has_exited());
+            }
+            process.stop();
+        }
+        if lose_data {
+            for entry in std::fs::read_dir(&dir)? {
+                let path = entry?.path();
+                if path.is_dir() {
+                    std::fs::remove_dir_all(&path)?;
+                } else {
+                    std::fs::remove_file(&path)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The connection string, e.g. `mongodb://127.0.0.1:PORT/`.
