@@ -104,6 +104,17 @@ async fn writes_per_hand_off(waiters: usize) -> Option<Vec<usize>> {
         let after = settled_writes(&env, Duration::from_millis(500)).await;
         counts.push(after.len() - before);
     }
+    // A pass woken by the echo of its predecessor's first write waits for the rest
+    // (`own_writes`), so it never writes from objects it has already changed: no 409s.
+    let conflicts: Vec<String> = controller_writes(&env)
+        .iter()
+        .filter(|request| request.status == 409)
+        .map(|request| format!("{} {}", request.method, request.path))
+        .collect();
+    assert!(
+        conflicts.is_empty(),
+        "{waiters} waiters: the controller's writes met conflicts: {conflicts:?}"
+    );
 
     // Positions: exact at the head, never below the truth further back.
     let lock = env.lock("db").await;

@@ -57,10 +57,10 @@ async fn reconcile_inner(
 ) -> Result<Action, ControllerError> {
     // A pass over a half-filled cache would miss claims.
     cache_filled(&ctx.claims).await;
-    let key = backoff_key(&view);
-    if let Some(wait) =
-        ctx.own_writes
-            .pending(&key, &view.namespace, &view.name, &ctx.locks, &ctx.claims)
+    let pass_key = pass_key(&view);
+    if let Some(wait) = ctx
+        .own_writes
+        .pending(&view.namespace, &view.name, &ctx.locks, &ctx.claims)
     {
         // The events of the last pass's writes are on their way and will wake this lock.
         tracing::trace!(
@@ -84,10 +84,10 @@ async fn reconcile_inner(
     fill_owner_states(&ctx.client, &view.namespace, &mut claims).await;
 
     let kind = view.spec.backend.unwrap_or(ctx.backends.default_kind());
-    let key = view.backend_key();
+    let backend_key = view.backend_key();
     let (backend_view, backend): (BackendView, Option<Arc<dyn Backend>>) =
         match ctx.backends.get(kind).await {
-            Ok(backend) => match backend.snapshot(&key).await {
+            Ok(backend) => match backend.snapshot(&backend_key).await {
                 Ok(snapshot) => (
                     BackendView::Ready {
                         backend: kind,
@@ -135,9 +135,13 @@ async fn reconcile_inner(
         .await?;
     let outcomes = match &backend {
         Some(backend) => {
-            execute_while(backend.as_ref(), &key, planned.terms, &planned.ops, || {
-                ctx.leadership.is_open()
-            })
+            execute_while(
+                backend.as_ref(),
+                &backend_key,
+                planned.terms,
+                &planned.ops,
+                || ctx.leadership.is_open(),
+            )
             .await
         }
         None => Vec::new(),
@@ -146,7 +150,8 @@ async fn reconcile_inner(
     record_failed_calls(&ctx.metrics, kind, &planned.ops, &outcomes);
     let applied = writer.apply(&input, &decision).await;
     ctx.own_writes.record(
-        &key,
+        &input.lock.namespace,
+        &input.lock.name,
         writer.lock_written.take(),
         std::mem::take(&mut writer.written),
     );
@@ -158,16 +163,15 @@ async fn reconcile_inner(
         return Err(error);
     }
 
-    let metrics_key = key;
     if input.lock.deleting {
-        ctx.metrics.backends.forget_lock(&metrics_key);
+        ctx.metrics.backends.forget_lock(&backend_key);
     } else {
         let waiting = decision
             .lock_status
             .as_ref()
             .map_or(input.lock.status.waiting, |status| status.waiting);
         ctx.metrics.backends.set_queue_depth(
-            &metrics_key,
+            &backend_key,
             kind,
             u64::try_from(waiting).unwrap_or(0),
         );
@@ -181,15 +185,18 @@ async fn reconcile_inner(
     publish_events(ctx, lock, &objects, &input, &decision, None).await;
 
     Ok(match &decision.backend_failure {
-        Some(_) => Action::requeue(ctx.backoff(&metrics_key).min(decision.requeue_after)),
+        Some(_) => Action::requeue(ctx.backoff(&pass_key).min(decision.requeue_after)),
         None => {
-            ctx.reset_backoff(&metrics_key);
+            // Also forgets API failures: the error policy counts them under the same key.
+            ctx.reset_backoff(&pass_key);
             Action::requeue(decision.requeue_after)
         }
     })
 }
 
-fn backoff_key(lock: &LockView) -> String {
+/// The key of one lock's passes in [`Context`]'s backoff, in the passes and in the error
+/// policy alike. (Not the backend key: two locks may share one.)
+fn pass_key(lock: &LockView) -> String {
     format!("lock/{}/{}", lock.namespace, lock.name)
 }
 
@@ -209,8 +216,9 @@ pub fn lock_error_policy(
         ControllerError::Kube { .. } => ReconcileErrorKind::Api,
         _ => ReconcileErrorKind::Other,
     });
-    let delay = ctx.retry_delay(&backoff_key(&view), error);
-    error.log_failed_pass(&backoff_key(&view), delay);
+    let key = pass_key(&view);
+    let delay = ctx.retry_delay(&key, error);
+    error.log_failed_pass(&key, delay);
     Action::requeue(delay)
 }
 

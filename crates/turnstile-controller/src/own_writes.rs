@@ -27,23 +27,32 @@ struct Written {
     claims: HashMap<String, String>,
 }
 
-/// The resourceVersions each lock's last pass wrote, by lock (`namespace/name`).
+/// The resourceVersions each lock's last pass wrote, by lock.
 #[derive(Debug, Default)]
 pub struct OwnWrites {
-    by_lock: Mutex<HashMap<String, Written>>,
+    /// By `(namespace, lock name)`: both calls name the lock the same way, so a pass always
+    /// finds what its predecessor recorded.
+    by_lock: Mutex<HashMap<(String, String), Written>>,
 }
 
 impl OwnWrites {
-    /// Records a pass's writes: the lock's new resourceVersion (if it wrote the lock) and each
-    /// written claim's.
-    pub fn record(&self, key: &str, lock: Option<String>, claims: HashMap<String, String>) {
+    /// Records a pass's writes on lock `lock_name` in `namespace`: the lock's new
+    /// resourceVersion (if it wrote the lock) and each written claim's.
+    pub fn record(
+        &self,
+        namespace: &str,
+        lock_name: &str,
+        lock: Option<String>,
+        claims: HashMap<String, String>,
+    ) {
+        let key = (namespace.to_owned(), lock_name.to_owned());
         let mut by_lock = self.by_lock.lock().unwrap_or_else(|p| p.into_inner());
         if lock.is_none() && claims.is_empty() {
-            by_lock.remove(key);
+            by_lock.remove(&key);
             return;
         }
         by_lock.insert(
-            key.to_owned(),
+            key,
             Written {
                 at: Instant::now(),
                 lock,
@@ -56,18 +65,18 @@ impl OwnWrites {
     /// passed); else how long to wait at most.
     pub fn pending(
         &self,
-        key: &str,
         namespace: &str,
         lock_name: &str,
         locks: &Store<DistributedLock>,
         claims: &Store<LockClaim>,
     ) -> Option<Duration> {
+        let key = (namespace.to_owned(), lock_name.to_owned());
         let mut by_lock = self.by_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let written = by_lock.get(key)?;
+        let written = by_lock.get(&key)?;
         let waited = written.at.elapsed();
-        // A cached object still at another version than the one written (gone counts as shown).
+        // A cached object not yet at the version written (gone counts as shown).
         let behind = |cached: Option<String>, wrote: &String| {
-            cached.is_some_and(|version| version != *wrote)
+            cached.is_some_and(|version| !shows(&version, wrote))
         };
         let lock_behind = written.lock.as_ref().is_some_and(|wrote| {
             let cached = locks
@@ -84,7 +93,104 @@ impl OwnWrites {
         if (lock_behind || claims_behind) && waited < PATIENCE {
             return Some(PATIENCE - waited);
         }
-        by_lock.remove(key);
+        by_lock.remove(&key);
         None
+    }
+}
+
+/// Whether an object cached at resourceVersion `cached` shows the write that produced `wrote`.
+///
+/// resourceVersions are opaque to clients, so only equality is certain. Every API server in
+/// use (etcd's revisions, the fake's counter) gives integers that only grow, so a larger one
+/// means a later write on top of ours: without this, someone else's write right after ours
+/// would hold the lock's next pass back for the whole [`PATIENCE`].
+fn shows(cached: &str, wrote: &str) -> bool {
+    cached == wrote
+        || matches!(
+            (cached.parse::<u64>(), wrote.parse::<u64>()),
+            (Ok(cached), Ok(wrote)) if cached > wrote
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::runtime::reflector::{self, store::Writer};
+    use kube::runtime::watcher;
+
+    use super::*;
+    use turnstile_api::{DistributedLockSpec, LockClaimSpec};
+
+    fn at_version<K: kube::Resource>(mut object: K, version: &str) -> K {
+        object.meta_mut().namespace = Some("ns".to_owned());
+        object.meta_mut().resource_version = Some(version.to_owned());
+        object
+    }
+
+    fn cache<K>(writer: &mut Writer<K>, object: K)
+    where
+        K: kube::Resource + Clone,
+        K::DynamicType: Eq + std::hash::Hash + Clone,
+    {
+        writer.apply_watcher_event(&watcher::Event::Apply(object));
+    }
+
+    #[test]
+    fn the_next_pass_waits_until_the_cache_shows_every_write_of_the_last() {
+        let (locks, mut lock_writer) = reflector::store::<DistributedLock>();
+        let (claims, mut claim_writer) = reflector::store::<LockClaim>();
+        let spec = DistributedLockSpec {
+            backend: None,
+            lease_duration_seconds: 30,
+            max_holders: 1,
+            key: None,
+            max_hold_seconds: None,
+            lock_delay_seconds: None,
+        };
+        let lock = |version| at_version(DistributedLock::new("db", spec.clone()), version);
+        let claim =
+            |version| at_version(LockClaim::new("a", LockClaimSpec::for_lock("db")), version);
+        cache(&mut lock_writer, lock("4"));
+        cache(&mut claim_writer, claim("3"));
+        let own = OwnWrites::default();
+        own.record(
+            "ns",
+            "db",
+            Some("5".to_owned()),
+            [("a".to_owned(), "6".to_owned())].into(),
+        );
+
+        let pending = || own.pending("ns", "db", &locks, &claims);
+        assert!(pending().is_some(), "neither write is cached yet");
+        assert!(
+            own.pending("ns", "other", &locks, &claims).is_none(),
+            "another lock's pass does not wait"
+        );
+        cache(&mut lock_writer, lock("5"));
+        assert!(pending().is_some(), "the claim's write is not cached yet");
+        cache(&mut claim_writer, claim("8"));
+        assert!(pending().is_none(), "a later version shows the write too");
+        assert!(pending().is_none(), "shown once, forgotten");
+    }
+
+    #[test]
+    fn a_pass_that_wrote_nothing_leaves_nothing_to_wait_for() {
+        let (locks, _) = reflector::store::<DistributedLock>();
+        let (claims, _) = reflector::store::<LockClaim>();
+        let own = OwnWrites::default();
+        own.record("ns", "db", Some("5".to_owned()), HashMap::new());
+        own.record("ns", "db", None, HashMap::new());
+        assert!(own.pending("ns", "db", &locks, &claims).is_none());
+    }
+
+    #[test]
+    fn a_cached_version_shows_the_write_when_equal_or_later() {
+        assert!(shows("17", "17"));
+        assert!(shows("18", "17"));
+        assert!(!shows("16", "17"), "the cache is behind");
+        assert!(shows("abc", "abc"));
+        assert!(
+            !shows("abd", "abc"),
+            "opaque versions: only equality counts"
+        );
     }
 }

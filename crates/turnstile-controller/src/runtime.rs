@@ -45,9 +45,6 @@ use turnstile_api::{BackendKind, DistributedLock, LockClaim};
 /// Name the controller reports Events under.
 pub const CONTROLLER_NAME: &str = "turnstile";
 
-/// Collapse bursts of triggers for one lock into one pass.
-const DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(50);
-
 /// Events a shared cache buffers for its slowest consumer before the watch waits for it.
 const SHARED_BUFFER: usize = 1024;
 
@@ -333,10 +330,11 @@ async fn run_controllers(
             .reflect(lock_writer)
             .applied_objects();
 
-    // Bursts of triggers for one lock collapse into one pass. Without this debounce the e2e
-    // suite showed rare fencing-token gaps (a grant made twice in the backend for one claim,
-    // still strictly increasing) that are not yet understood, so it stays until they are.
-    let runtime_config = ControllerRuntimeConfig::default().debounce(DEBOUNCE);
+    // No debounce: a lone event is handled at once. A burst still costs at most two passes,
+    // as kube-runtime runs one pass of a lock at a time and folds every trigger that arrives
+    // meanwhile into one more; and a pass woken by the first echo of its predecessor's writes
+    // waits until the cache shows all of them (`own_writes`).
+    let runtime_config = ControllerRuntimeConfig::default();
     let lock_controller = Controller::for_stream(lock_events, lock_store.clone())
         .watches_shared_stream(claims_for_locks, |claim: Arc<LockClaim>| {
             let namespace = claim.namespace()?;
