@@ -162,3 +162,79 @@ async fn writes_per_hand_off_do_not_grow_with_the_queue() {
         "50 waiters: {shallow:?}, 400 waiters: {deep:?}"
     );
 }
+
+/// Claims cached but finished long ago, on locks that no longer exist: the history a busy
+/// cluster keeps.
+const ARCHIVED: usize = 10_000;
+
+fn archived_claim(namespace: &str, index: usize) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "turnstile.dev/v1alpha1",
+        "kind": "LockClaim",
+        "metadata": {
+            "name": format!("archived-{index:05}"), "namespace": namespace,
+            "uid": format!("archived-uid-{index}"),
+            "creationTimestamp": "2026-01-01T00:00:00Z", "generation": 1,
+        },
+        "spec": {"lockName": format!("gone-{}", index % 1000), "holderIdentity": "job"},
+        "status": {
+            "phase": "Released", "reason": "ReleaseRequested", "message": "released",
+            "observedGeneration": 1,
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_among_ten_thousand_cached_claims_touches_only_its_own() {
+    let Some(env) = Env::fake_only("a_pass_among_ten_thousand_cached_claims").await else {
+        return;
+    };
+    for index in 0..ARCHIVED {
+        env.server().store_unvalidated(
+            "turnstile.dev",
+            "lockclaims",
+            &env.namespace,
+            archived_claim(&env.namespace, index),
+        );
+    }
+    let controller = env.spawn_controller_with(
+        tagged_client(env.server(), CONTROLLER),
+        ControllerConfig::default(),
+    );
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.queue_of_three("db").await;
+    let before = settled_writes(&env, Duration::from_millis(500)).await;
+    assert!(
+        before.iter().all(|write| !write.path.contains("archived-")),
+        "the controller wrote to a finished claim of a deleted lock"
+    );
+
+    let start = env.server().request_log().len();
+    env.delete_claim("a").await;
+    env.wait_phase("b", ClaimPhase::Held).await;
+    settled_writes(&env, Duration::from_millis(500)).await;
+    let hand_off: Vec<RecordedRequest> =
+        requests_of(&env.server().request_log()[start..], CONTROLLER)
+            .into_iter()
+            .filter(|request| request.verb != "watch")
+            .collect();
+    let described: Vec<String> = hand_off
+        .iter()
+        .map(|request| format!("{} {}", request.verb, request.path))
+        .collect();
+    println!(
+        "one hand-off among {ARCHIVED} cached claims: {} requests: {described:?}",
+        hand_off.len()
+    );
+    assert!(
+        hand_off
+            .iter()
+            .all(|request| is_write(request) && !request.path.contains("archived-")),
+        "a pass reads from its caches and writes only its own lock's objects: {described:?}"
+    );
+    assert!(
+        hand_off.len() <= 12,
+        "a hand-off costs a small constant: {described:?}"
+    );
+    controller.stop().await;
+}

@@ -231,4 +231,32 @@ mod tests {
             "the re-list's view, whole"
         );
     }
+
+    #[test]
+    fn a_lock_reads_its_own_claims_among_ten_thousand() {
+        let mut writer = Writer::default();
+        let store = writer.as_reader();
+        let index = ClaimIndex::new();
+        for n in 0..10_000 {
+            let mut other = LockClaim::new(
+                &format!("claim-{n}"),
+                LockClaimSpec::for_lock(&format!("lock-{}", n % 1000)),
+            );
+            other.metadata.namespace = Some("ns".to_owned());
+            feed(&index, &mut writer, watcher::Event::Apply(other));
+        }
+        let read = index.claims_of_lock(&store, "ns", "lock-7");
+        let mut names: Vec<String> = read.iter().map(|claim| claim.name_any()).collect();
+        names.sort();
+        let mut expected: Vec<String> =
+            (0..10).map(|k| format!("claim-{}", 7 + 1000 * k)).collect();
+        expected.sort();
+        assert_eq!(
+            names, expected,
+            "exactly its 10 claims are read, not 10 000"
+        );
+        assert!(index
+            .claims_of_lock(&store, "other-ns", "lock-7")
+            .is_empty());
+    }
 }
