@@ -249,3 +249,66 @@ async fn a_failed_pod_hands_the_lock_on_long_before_its_lease_ends() {
     }
     env.stop_controller().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_owned_waiters_cost_no_api_lookup_per_pass() {
+    let Some(env) = Env::fake_only("pod_owned_waiters_cost_no_api_lookup_per_pass").await else {
+        return;
+    };
+    let controller = env.spawn_controller(Default::default());
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    const WAITERS: usize = 20;
+    for n in 0..=WAITERS {
+        let pod = format!("worker-{n:02}");
+        let uid = create_pod(&env, &pod).await;
+        env.apply(&owned_claim(
+            &format!("{pod}-db"),
+            "db",
+            "Pod",
+            "v1",
+            &pod,
+            &uid,
+        ));
+    }
+    env.wait_phase("worker-00-db", ClaimPhase::Held).await;
+    let last = format!("worker-{WAITERS:02}-db");
+    env.wait_claim(&last, |c| position_of(c).is_some()).await;
+    settle().await;
+
+    let start = env.server().request_log().len();
+    set_pod_phase(&env, "worker-00", "Succeeded").await;
+    env.wait_phase("worker-01-db", ClaimPhase::Held).await;
+    settle().await;
+    let pod_gets = env.server().request_log()[start..]
+        .iter()
+        .filter(|r| r.resource == "pods" && r.verb == "get")
+        .count();
+    println!("Pod GETs for one hand-off among {WAITERS} Pod-owned waiters: {pod_gets}");
+    // Before, every pass looked up every waiter's Pod: 20 GETs and more per hand-off. Now
+    // the waiters' states come from the watches, and only a holder's Pod is looked up.
+    assert!(
+        pod_gets <= 4,
+        "{pod_gets} Pod GETs for one hand-off among {WAITERS} Pod-owned waiters"
+    );
+    controller.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphaning_pod_delete_leaves_a_plain_claim_that_runs_out() {
+    let Some(mut env) =
+        Env::fake_only("an_orphaning_pod_delete_leaves_a_plain_claim_that_runs_out").await
+    else {
+        return;
+    };
+    env.start_default_controller();
+    pod_holds_with_one_waiting(&env, "worker-4", "leaseDurationSeconds: 4").await;
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    // Orphaning strips the owner reference from the claim: nobody renews it any more.
+    pods.delete("worker-4", &DeleteParams::orphan())
+        .await
+        .expect("delete pod");
+    let done = env.wait_phase("worker-4-db", ClaimPhase::Expired).await;
+    assert_eq!(reason_of(&done).as_deref(), Some("LeaseExpired"));
+    env.wait_phase("next", ClaimPhase::Held).await;
+    env.stop_controller().await;
+}

@@ -130,3 +130,38 @@ async fn injected_write_errors_are_retried_without_double_grants() {
     assert_eq!(report.tokens(), [1, 2, 3]);
     env.stop_controller().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_is_retried_after_the_servers_retry_after() {
+    let Some(mut env) = Env::fake_only("a_429_is_retried_after_the_servers_retry_after").await
+    else {
+        return;
+    };
+    env.start_default_controller();
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.apply_claim("a", "db", "");
+    env.wait_phase("a", ClaimPhase::Held).await;
+    let status_path = format!(
+        "/apis/turnstile.dev/v1alpha1/namespaces/{}/lockclaims/b/status",
+        env.namespace
+    );
+    // The fake answers 429 with `Retry-After: 1`, as API priority and fairness does.
+    env.server().inject_faults(&status_path, 1, 429);
+    let start = env.server().request_log().len();
+    env.apply_claim("b", "db", "");
+    let created = std::time::Instant::now();
+    env.wait_claim("b", |c| position_of(c) == Some(1)).await;
+    let waited = created.elapsed();
+    let answers: Vec<u16> = env.server().request_log()[start..]
+        .iter()
+        .filter(|request| request.path == status_path)
+        .map(|request| request.status)
+        .collect();
+    assert_eq!(answers.first(), Some(&429), "{answers:?}");
+    assert!(answers.contains(&200), "retried after the 429: {answers:?}");
+    assert!(
+        waited >= Duration::from_millis(900),
+        "the retry came {waited:?} after the create, before the server's Retry-After of 1 s"
+    );
+    env.stop_controller().await;
+}

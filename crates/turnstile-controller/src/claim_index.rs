@@ -240,7 +240,7 @@ mod tests {
         for n in 0..10_000 {
             let mut other = LockClaim::new(
                 &format!("claim-{n}"),
-                LockClaimSpec::for_lock(&format!("lock-{}", n % 1000)),
+                LockClaimSpec::for_lock(format!("lock-{}", n % 1000)),
             );
             other.metadata.namespace = Some("ns".to_owned());
             feed(&index, &mut writer, watcher::Event::Apply(other));

@@ -15,6 +15,7 @@ use super::error::ControllerError;
 use crate::claim_index::ClaimIndex;
 use crate::metrics::Metrics;
 use crate::own_writes::OwnWrites;
+use crate::owners::OwnerCaches;
 use crate::writer::ApiWriter;
 use turnstile_api::{DistributedLock, LockClaim};
 
@@ -101,6 +102,8 @@ pub struct Context {
     pub leadership: LeadershipGate,
     /// What each lock's last pass wrote, so the next one waits for the cache to show it.
     pub own_writes: OwnWrites,
+    /// Where owner states are read (`None`: each is looked up in the API).
+    pub owners: Option<OwnerCaches>,
     failures: Mutex<HashMap<String, u32>>,
 }
 
@@ -125,6 +128,7 @@ impl Context {
             metrics,
             leadership: LeadershipGate::always_open(),
             own_writes: OwnWrites::default(),
+            owners: None,
             failures: Mutex::new(HashMap::new()),
         }
     }
@@ -132,6 +136,12 @@ impl Context {
     /// Writes only while `leadership` is open.
     pub fn with_leadership(mut self, leadership: LeadershipGate) -> Self {
         self.leadership = leadership;
+        self
+    }
+
+    /// Reads owner states from the watches' caches instead of the API.
+    pub fn with_owner_caches(mut self, owners: OwnerCaches) -> Self {
+        self.owners = Some(owners);
         self
     }
 

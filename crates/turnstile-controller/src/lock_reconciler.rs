@@ -81,7 +81,13 @@ async fn reconcile_inner(
         })
         .collect();
 
-    fill_owner_states(&ctx.client, &view.namespace, &mut claims).await;
+    fill_owner_states(
+        &ctx.client,
+        ctx.owners.as_ref(),
+        &view.namespace,
+        &mut claims,
+    )
+    .await;
 
     let kind = view.spec.backend.unwrap_or(ctx.backends.default_kind());
     let backend_key = view.backend_key();

@@ -13,8 +13,9 @@
 //! - Jobs: all Jobs of the served namespaces (a Job's end is a condition, which no selector
 //!   reaches; Jobs are few next to Pods).
 //!
-//! No cache is kept of either: each event is looked up in the claim index by owner uid and
-//! dropped unless a live claim is owned by that object. RBAC: `list` and `watch` on `pods` and
+//! Each event is looked up in the claim index by owner uid and dropped unless a live claim is
+//! owned by that object. Both watches also fill the caches the owner states are read from
+//! (`owners`): the Job cache, and the finished Pods trimmed to their phase. RBAC: `list` and `watch` on `pods` and
 //! `batch/jobs` (the owner lookups already needed `get`).
 
 use std::sync::Arc;

@@ -1,11 +1,63 @@
-//! Looking up whether the Pod or Job owning a claim still runs (the controller renews the
-//! claims of running owners and releases those of finished or vanished ones).
+//! Whether the Pod or Job owning a claim still runs (the controller renews the claims of
+//! running owners and releases those of finished or vanished ones).
+//!
+//! Read from the watches' caches ([`OwnerCaches`]), so a pass costs no API request per
+//! owned claim: a Job's state is in the Job cache; a Pod that finished is in the cache of the
+//! finished-Pods watch, and a Pod not there is taken to run. A *deleted* Pod needs no cache:
+//! the garbage collector deletes its claims. Only a holder's Pod is looked up (one `GET`, at
+//! most `maxHolders` per pass), so a holder whose Pod is gone ends with `OwnerGone` even
+//! before the garbage collector gets to its claim; a Job the cache does not know yet
+//! (created moments ago) is looked up too.
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client};
 
+use super::context::cache_filled;
 use super::core::{ClaimView, OwnerState, WorkloadKind, WorkloadOwner};
+use turnstile_api::ClaimPhase;
+
+/// The watches' caches the owner states are read from.
+#[derive(Clone)]
+pub struct OwnerCaches {
+    /// Every Job of the served namespaces.
+    pub jobs: Store<Job>,
+    /// The Pods that succeeded or failed (`owner_watch::FINISHED_PODS`).
+    pub finished_pods: Store<Pod>,
+}
+
+impl std::fmt::Debug for OwnerCaches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnerCaches")
+            .field("jobs", &self.jobs.len())
+            .field("finished_pods", &self.finished_pods.len())
+            .finish()
+    }
+}
+
+impl OwnerCaches {
+    /// What the caches tell of `owner`, or `None` when only the API can tell.
+    fn state(&self, namespace: &str, owner: &WorkloadOwner, held: bool) -> Option<OwnerState> {
+        match owner.kind {
+            WorkloadKind::Job => self
+                .jobs
+                .get(&ObjectRef::new(&owner.name).within(namespace))
+                .map(|job| job_state(&job, owner)),
+            WorkloadKind::Pod => match self
+                .finished_pods
+                .get(&ObjectRef::new(&owner.name).within(namespace))
+            {
+                Some(pod) if same_object(pod.metadata.uid.as_ref(), owner) => {
+                    Some(OwnerState::Finished)
+                }
+                // A holder's Pod is checked for real (see the module docs).
+                _ if held => None,
+                _ => Some(OwnerState::Alive),
+            },
+        }
+    }
+}
 
 /// The state of `owner` in `namespace`; `Unknown` when the API cannot tell.
 pub async fn owner_state(client: &Client, namespace: &str, owner: &WorkloadOwner) -> OwnerState {
@@ -66,18 +118,43 @@ fn job_state(job: &Job, owner: &WorkloadOwner) -> OwnerState {
     }
 }
 
-/// Fills in the owner state of every live claim that has a Pod or Job owner.
-pub async fn fill_owner_states(client: &Client, namespace: &str, claims: &mut [ClaimView]) {
+/// Owner lookups one pass makes at once.
+const CONCURRENT_LOOKUPS: usize = 8;
+
+/// Fills in the owner state of every live claim that has a Pod or Job owner: from `caches`
+/// where they tell (see the module docs), else from the API.
+pub async fn fill_owner_states(
+    client: &Client,
+    caches: Option<&OwnerCaches>,
+    namespace: &str,
+    claims: &mut [ClaimView],
+) {
+    if let Some(caches) = caches {
+        cache_filled(&caches.jobs).await;
+        cache_filled(&caches.finished_pods).await;
+    }
     let lookups = claims.iter_mut().filter_map(|claim| {
         let owner = claim.owner.clone()?;
         if claim.deleting || claim.phase().is_terminal() {
             return None;
         }
-        Some(async move {
-            claim.owner_state = owner_state(client, namespace, &owner).await;
-        })
+        let held = claim.phase() == ClaimPhase::Held;
+        match caches.and_then(|caches| caches.state(namespace, &owner, held)) {
+            Some(state) => {
+                claim.owner_state = state;
+                None
+            }
+            None => Some(async move {
+                claim.owner_state = owner_state(client, namespace, &owner).await;
+            }),
+        }
     });
-    futures::future::join_all(lookups).await;
+    futures::StreamExt::for_each_concurrent(
+        futures::stream::iter(lookups),
+        CONCURRENT_LOOKUPS,
+        |lookup| lookup,
+    )
+    .await;
 }
 
 #[cfg(test)]

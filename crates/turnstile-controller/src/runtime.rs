@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::runtime::controller::{Config as ControllerRuntimeConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
@@ -37,6 +37,7 @@ use super::error::ControllerError;
 use super::job_gate::{run_gate, GateContext};
 use super::lock_reconciler::{lock_error_policy, reconcile_lock};
 use super::owner_watch::{owner_trigger, FINISHED_PODS};
+use super::owners::OwnerCaches;
 use super::tolerant_watch::{tolerant_watcher, InvalidObjects};
 use crate::leader::{self, LeaderConfig};
 use crate::metrics::{self, Metrics, Readiness};
@@ -44,6 +45,11 @@ use turnstile_api::{BackendKind, DistributedLock, LockClaim};
 
 /// Name the controller reports Events under.
 pub const CONTROLLER_NAME: &str = "turnstile";
+
+/// Passes of each controller that run at once. Each pass makes its API calls one after the
+/// other (owner lookups: a few at once), so this bounds the requests in flight to the API
+/// server; the kube client retries 429s and 503s after the server's `Retry-After`.
+const MAX_CONCURRENT_PASSES: u16 = 16;
 
 /// Events a shared cache buffers for its slowest consumer before the watch waits for it.
 const SHARED_BUFFER: usize = 1024;
@@ -131,6 +137,16 @@ fn trim<K: kube::Resource>(object: &mut K) {
     if let Some(annotations) = meta.annotations.as_mut() {
         annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
     }
+}
+
+/// [`trim`], and of a Pod only its phase is kept: all the owner state reads.
+fn trim_pod(pod: &mut Pod) {
+    trim(pod);
+    pod.spec = None;
+    pod.status = pod.status.take().map(|status| PodStatus {
+        phase: status.phase,
+        ..PodStatus::default()
+    });
 }
 
 /// Polls a shared watch (which feeds its cache and subscribers) until it ends.
@@ -334,7 +350,9 @@ async fn run_controllers(
     // as kube-runtime runs one pass of a lock at a time and folds every trigger that arrives
     // meanwhile into one more; and a pass woken by the first echo of its predecessor's writes
     // waits until the cache shows all of them (`own_writes`).
-    let runtime_config = ControllerRuntimeConfig::default();
+    let runtime_config = ControllerRuntimeConfig::default().concurrency(MAX_CONCURRENT_PASSES);
+    // Finished Pods are cached for the owner states (`owners`), trimmed to their phase.
+    let (finished_pod_store, finished_pod_writer) = reflector::store::<Pod>();
     let lock_controller = Controller::for_stream(lock_events, lock_store.clone())
         .watches_shared_stream(claims_for_locks, |claim: Arc<LockClaim>| {
             let namespace = claim.namespace()?;
@@ -347,6 +365,8 @@ async fn run_controllers(
                 watcher::Config::default().fields(FINISHED_PODS),
             )
             .default_backoff()
+            .modify(trim_pod)
+            .reflect(finished_pod_writer)
             .touched_objects(),
             {
                 let trigger = owner_trigger::<Pod>(
@@ -379,7 +399,11 @@ async fn run_controllers(
             recorder,
             metrics.clone(),
         )
-        .with_leadership(leadership),
+        .with_leadership(leadership)
+        .with_owner_caches(OwnerCaches {
+            jobs: job_store.clone(),
+            finished_pods: finished_pod_store,
+        }),
     );
     let gate_done = run_gate(
         job_store,
