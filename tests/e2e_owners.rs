@@ -51,6 +51,11 @@ async fn create_pod(env: &Env, name: &str) -> String {
     pod.metadata.uid.expect("uid")
 }
 
+async fn delete_pod(env: &Env, name: &str, params: &DeleteParams) {
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    pods.delete(name, params).await.expect("delete pod");
+}
+
 async fn set_pod_phase(env: &Env, name: &str, phase: &str) {
     let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
     pods.patch_status(
@@ -198,10 +203,7 @@ async fn a_deleted_pod_takes_its_claim_and_the_lock_moves_on() {
     env.start_default_controller();
     pod_holds_with_one_waiting(&env, "worker-2", "leaseDurationSeconds: 300").await;
 
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
-    pods.delete("worker-2", &DeleteParams::default())
-        .await
-        .expect("delete pod");
+    delete_pod(&env, "worker-2", &DeleteParams::default()).await;
     let deleted = Instant::now();
     env.wait_gone("worker-2-db").await;
     env.wait_phase("next", ClaimPhase::Held).await;
@@ -302,11 +304,8 @@ async fn an_orphaning_pod_delete_leaves_a_plain_claim_that_runs_out() {
     };
     env.start_default_controller();
     pod_holds_with_one_waiting(&env, "worker-4", "leaseDurationSeconds: 4").await;
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
     // Orphaning strips the owner reference from the claim: nobody renews it any more.
-    pods.delete("worker-4", &DeleteParams::orphan())
-        .await
-        .expect("delete pod");
+    delete_pod(&env, "worker-4", &DeleteParams::orphan()).await;
     let done = env.wait_phase("worker-4-db", ClaimPhase::Expired).await;
     assert_eq!(reason_of(&done).as_deref(), Some("LeaseExpired"));
     env.wait_phase("next", ClaimPhase::Held).await;

@@ -269,31 +269,10 @@ async fn redis_gone_while_held_keeps_the_holder_and_grants_nothing() {
     env.start_controller(redis_config(&url));
     env.apply_lock("db", "backend: redis\nleaseDurationSeconds: 300");
     let monitor = HolderMonitor::start(&env, "db", 1);
-    env.apply_claim("a", "db", "");
-    let a = env.wait_phase("a", ClaimPhase::Held).await;
-    assert_eq!(token_of(&a), Some(1));
-    env.apply_claim("b", "db", "");
-    env.wait_claim("b", |c| position_of(c) == Some(1)).await;
+    env.a_holds_and_b_waits("db").await;
 
     server.stop();
-    // A new claim makes the next pass, which finds Redis gone.
-    env.apply_claim("c", "db", "");
-    let ready = env.wait_ready("db", "False").await;
-    assert_eq!(ready.reason, "BackendUnavailable");
-    env.wait_event("db", "BackendUnavailable").await;
-    let b = env
-        .wait_claim("b", |c| {
-            reason_of(c).as_deref() == Some("BackendUnavailable")
-        })
-        .await;
-    assert_eq!(phase_of(&b), Some(ClaimPhase::Pending));
-    let during = env.claim("a").await;
-    assert_eq!(
-        phase_of(&during),
-        Some(ClaimPhase::Held),
-        "a keeps its grant"
-    );
-    assert_eq!(token_of(&during), Some(1));
+    env.backend_gone_while_a_holds_and_b_waits().await;
 
     // Redis is back on its port, empty.
     let (mut process, _dir) = redis_on_port(port);

@@ -356,6 +356,39 @@ impl Env {
         self.stop_controller().await;
     }
 
+    /// Claims `a` (granted, token 1) and `b` (waiting first in line) on `lock`.
+    pub async fn a_holds_and_b_waits(&self, lock: &str) {
+        self.apply_claim("a", lock, "");
+        let a = self.wait_phase("a", ClaimPhase::Held).await;
+        assert_eq!(token_of(&a), Some(1));
+        self.apply_claim("b", lock, "");
+        self.wait_claim("b", |c| position_of(c) == Some(1)).await;
+    }
+
+    /// With `a` holding lock `db` (token 1) and `b` waiting, just after their backend went
+    /// away: creates `c`, whose pass finds the backend gone, and checks what the README
+    /// promises: `Ready=False` (`BackendUnavailable`) with its Event, `b` still `Pending` with
+    /// that reason, and `a` keeping its grant and token.
+    pub async fn backend_gone_while_a_holds_and_b_waits(&self) {
+        self.apply_claim("c", "db", "");
+        let ready = self.wait_ready("db", "False").await;
+        assert_eq!(ready.reason, "BackendUnavailable");
+        self.wait_event("db", "BackendUnavailable").await;
+        let b = self
+            .wait_claim("b", |c| {
+                reason_of(c).as_deref() == Some("BackendUnavailable")
+            })
+            .await;
+        assert_eq!(phase_of(&b), Some(ClaimPhase::Pending));
+        let during = self.claim("a").await;
+        assert_eq!(
+            phase_of(&during),
+            Some(ClaimPhase::Held),
+            "a keeps its grant"
+        );
+        assert_eq!(token_of(&during), Some(1));
+    }
+
     /// Reads a claim.
     pub async fn claim(&self, name: &str) -> LockClaim {
         self.claims().get(name).await.expect("get claim")
