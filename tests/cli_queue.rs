@@ -144,13 +144,15 @@ async fn queue_shows_holders_and_waiters_in_grant_order() {
     env.apply_claim("h-named", "pool", "holderIdentity: worker-7");
     env.wait_phase("h-named", ClaimPhase::Held).await;
 
-    // Three waiters; zulu is created a second before the others, so it is first though its
-    // name sorts last.
+    // Four waiters. zulu is created a second before bravo and alpha, so it comes before
+    // them though its name sorts last; urgent, created last, has a higher priority and comes
+    // before them all.
     env.apply_claim("zulu", "pool", "");
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     env.apply_claim("bravo", "pool", "");
     env.apply_claim("alpha", "pool", "");
-    for name in ["zulu", "bravo", "alpha"] {
+    env.apply_claim("urgent", "pool", "priority: 5");
+    for name in ["zulu", "bravo", "alpha", "urgent"] {
         env.wait_claim(name, |claim| position_of(claim).is_some())
             .await;
     }
@@ -158,13 +160,13 @@ async fn queue_shows_holders_and_waiters_in_grant_order() {
     let mut by_position = Vec::new();
     for _ in 0..100 {
         let mut waiting: Vec<LockClaim> = Vec::new();
-        for name in ["zulu", "bravo", "alpha"] {
+        for name in ["zulu", "bravo", "alpha", "urgent"] {
             waiting.push(env.claim(name).await);
         }
         waiting.sort_by_key(|claim| position_of(claim).unwrap_or(i32::MAX));
         let positions: Vec<_> = waiting.iter().filter_map(position_of).collect();
         by_position = waiting;
-        if positions == [1, 2, 3] {
+        if positions == [1, 2, 3, 4] {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -173,11 +175,16 @@ async fn queue_shows_holders_and_waiters_in_grant_order() {
         .iter()
         .map(|claim| claim.metadata.name.clone().unwrap_or_default())
         .collect();
-    let mut fifo = by_position.clone();
+    let mut fifo = by_position[1..].to_vec();
     fifo.sort_by_key(created);
     let fifo_order: Vec<String> = fifo.iter().map(|claim| created(claim).1).collect();
-    assert_eq!(controller_order, fifo_order, "the controller grants FIFO");
-    assert_eq!(controller_order[0], "zulu");
+    assert_eq!(controller_order[0], "urgent", "higher priority first");
+    assert_eq!(
+        controller_order[1..],
+        fifo_order,
+        "the controller grants FIFO within one priority"
+    );
+    assert_eq!(controller_order[1], "zulu");
 
     let namespace = env.namespace.clone();
     let args = ["queue", "pool", "-n", namespace.as_str()];
@@ -188,7 +195,7 @@ async fn queue_shows_holders_and_waiters_in_grant_order() {
     let out = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         out.starts_with(&format!(
-            "DistributedLock {namespace}/pool (backend default, maxHolders 2): 2 holding, 3 waiting"
+            "DistributedLock {namespace}/pool (backend default, maxHolders 2): 2 holding, 4 waiting"
         )),
         "{out}"
     );
@@ -235,7 +242,7 @@ async fn queue_shows_holders_and_waiters_in_grant_order() {
         .iter()
         .map(|row| cell(row, "STATUS-POSITION"))
         .collect();
-    assert_eq!(reported, ["1", "2", "3"], "{wide}");
+    assert_eq!(reported, ["1", "2", "3", "4"], "{wide}");
     assert_eq!(cell(&waiters[0], "REASON"), "Queued", "{wide}");
 
     // -o json.
@@ -264,7 +271,7 @@ async fn queue_shows_holders_and_waiters_in_grant_order() {
                 .collect()
         })
         .unwrap_or_default();
-    assert_eq!(positions, [1, 2, 3]);
+    assert_eq!(positions, [1, 2, 3, 4]);
 
     // A lock that does not exist.
     let output = run(
