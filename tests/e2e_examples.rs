@@ -11,7 +11,7 @@
 //!   violations), carries the token, and a second gated Job stays suspended until the first
 //!   completes; a suspended Job without the annotation is left alone;
 //! - `lock.yaml` and `claims.yaml`: the queue of three;
-//! - `priority-and-limits.yaml`: the priority claim is granted first, the maximum hold and
+//! - `priority-and-limits.yaml`: the priority claim is granted next, the maximum hold and
 //!   lock-delay are on the lock.
 //!
 //! The fake serves no RBAC kinds, so `Role`/`RoleBinding` documents are skipped, and kubectl's
@@ -249,14 +249,19 @@ async fn the_priority_example_serves_the_hotfix_first() {
     };
     env.start_default_controller();
     let scratch = Scratch::new(&env);
-    scratch
-        .apply(&env, &documents(&example("priority-and-limits.yaml")))
-        .await;
+    // The lock and current first, so that current finds the lock free whatever the timing;
+    // then the waiters (see the example's comment).
+    let all = documents(&example("priority-and-limits.yaml"));
+    let (lock_and_current, waiters) = all.split_at(2);
+    scratch.apply(&env, lock_and_current).await;
+    env.wait_phase("current", ClaimPhase::Held).await;
+    scratch.apply(&env, waiters).await;
+    for (claim, position) in [("hotfix", 1), ("nightly", 2), ("weekly", 3)] {
+        env.wait_claim(claim, |c| position_of(c) == Some(position))
+            .await;
+    }
+    env.delete_claim("current").await;
     env.wait_phase("hotfix", ClaimPhase::Held).await;
-    env.wait_claim("nightly", |c| position_of(c) == Some(1))
-        .await;
-    env.wait_claim("weekly", |c| position_of(c) == Some(2))
-        .await;
     let lock = env.kubectl(&["get", "distributedlock", "deploys", "-o", "json"]);
     let lock: serde_json::Value = serde_json::from_str(&lock).expect("lock JSON");
     assert_eq!(lock["spec"]["maxHoldSeconds"], 1800);

@@ -1,7 +1,6 @@
 //! The garbage collector (background propagation of `ownerReferences`) and the
 //! namespace controller (emptying a Terminating namespace, then removing it).
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -38,38 +37,43 @@ pub(crate) fn sweep(inner: &mut Inner) {
     }
 }
 
-fn plan(inner: &Inner) -> Vec<Action> {
-    let live: HashSet<&str> = inner.all().map(|(_, v)| meta::uid(v)).collect();
-    let terminating: Vec<(&ObjectKey, &Arc<Value>)> = inner
-        .all()
-        .filter(|(k, v)| k.group.is_empty() && k.resource == "namespaces" && meta::is_deleting(v))
-        .collect();
+fn plan(inner: &mut Inner) -> Vec<Action> {
     let mut actions = Vec::new();
-    for (key, obj) in inner.all() {
-        let owners: Vec<&str> = meta::owner_uids(obj).collect();
+    for key in inner.take_gc_candidates() {
+        let Some(obj) = inner.get(&key) else {
+            continue;
+        };
+        let owners: Vec<&str> = meta::owner_uids(&obj).collect();
         if owners.is_empty() {
             continue;
         }
         let dangling: Vec<String> = owners
             .iter()
-            .filter(|u| !live.contains(**u))
+            .filter(|u| !inner.is_live(u))
             .map(|u| u.to_string())
             .collect();
         if dangling.len() == owners.len() {
-            if !meta::is_deleting(obj) {
-                actions.push(Action::Delete(key.clone()));
+            if !meta::is_deleting(&obj) {
+                actions.push(Action::Delete(key));
             }
         } else if !dangling.is_empty() {
-            actions.push(Action::DropDanglingRefs(key.clone(), dangling));
+            actions.push(Action::DropDanglingRefs(key, dangling));
         }
     }
-    for (ns_key, _) in terminating {
+    let terminating: Vec<ObjectKey> = inner
+        .of_type("", "namespaces")
+        .filter(|(_, v)| meta::is_deleting(v))
+        .map(|(k, _)| k.clone())
+        .collect();
+    for ns_key in terminating {
+        // Rare (a namespace being deleted): a scan of everything is fine here.
         let contents: Vec<(&ObjectKey, &Arc<Value>)> = inner
             .all()
             .filter(|(k, _)| k.namespace == ns_key.name)
             .collect();
         if contents.is_empty() {
-            actions.push(Action::RemoveNamespace(ns_key.clone()));
+            actions.push(Action::RemoveNamespace(ns_key));
+            continue;
         }
         for (k, v) in contents {
             if !meta::is_deleting(v) {

@@ -1,7 +1,7 @@
 //! Object storage, the global `resourceVersion`, the event history watches resume from,
 //! and compaction.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::Value;
@@ -70,6 +70,14 @@ pub(crate) struct Inner {
     tx: broadcast::Sender<Arc<StoredEvent>>,
     /// Set by writes the garbage collector should look at.
     pub gc_wanted: bool,
+    /// How many stored objects carry each uid (the garbage collector's liveness check).
+    uids: HashMap<String, usize>,
+    /// Owner uid → the objects naming it in `ownerReferences`.
+    dependents: HashMap<String, BTreeSet<ObjectKey>>,
+    /// Objects the garbage collector has to look at: written with owner references, or
+    /// whose owner went away. (A sweep of every object on each delete made the fake's own
+    /// garbage collection the cost of a busy test: O(objects) under the store's lock.)
+    gc_candidates: BTreeSet<ObjectKey>,
 }
 
 /// The store shared by all request handlers.
@@ -93,6 +101,9 @@ impl Store {
                 registry: Registry::builtins(),
                 tx,
                 gc_wanted: false,
+                uids: HashMap::new(),
+                dependents: HashMap::new(),
+                gc_candidates: BTreeSet::new(),
             }),
             gc_notify: Notify::new(),
         }
@@ -139,15 +150,75 @@ impl Inner {
         resource: &str,
         namespace: Option<&str>,
     ) -> Vec<Arc<Value>> {
-        self.objects
-            .iter()
-            .filter(|(k, _)| {
-                k.group == group
-                    && k.resource == resource
-                    && namespace.is_none_or(|ns| k.namespace == ns)
-            })
+        self.of_type(group, resource)
+            .filter(|(k, _)| namespace.is_none_or(|ns| k.namespace == ns))
             .map(|(_, v)| v.clone())
             .collect()
+    }
+
+    /// The stored objects of `group/resource` with their keys, ordered by namespace and name
+    /// (a range of the key order, not a scan of every object).
+    pub(crate) fn of_type<'a>(
+        &'a self,
+        group: &'a str,
+        resource: &'a str,
+    ) -> impl Iterator<Item = (&'a ObjectKey, &'a Arc<Value>)> + 'a {
+        let start = ObjectKey {
+            group: group.to_owned(),
+            resource: resource.to_owned(),
+            namespace: String::new(),
+            name: String::new(),
+        };
+        self.objects
+            .range(start..)
+            .take_while(move |(k, _)| k.group == group && k.resource == resource)
+    }
+
+    /// Whether a stored object has this uid.
+    pub(crate) fn is_live(&self, uid: &str) -> bool {
+        self.uids.contains_key(uid)
+    }
+
+    /// The objects the garbage collector has to look at, forgotten here.
+    pub(crate) fn take_gc_candidates(&mut self) -> BTreeSet<ObjectKey> {
+        std::mem::take(&mut self.gc_candidates)
+    }
+
+    /// Keeps the uid and owner indexes up to date as `key` changes from `old` to `new`.
+    fn reindex(&mut self, key: &ObjectKey, old: Option<&Value>, new: Option<&Value>) {
+        if let Some(old) = old {
+            let uid = meta::uid(old);
+            if let Some(count) = self.uids.get_mut(uid) {
+                *count -= 1;
+                if *count == 0 {
+                    self.uids.remove(uid);
+                    // Its dependents may now hang on nothing.
+                    if let Some(dependents) = self.dependents.get(uid) {
+                        self.gc_candidates.extend(dependents.iter().cloned());
+                        self.gc_wanted = true;
+                    }
+                }
+            }
+            for owner in meta::owner_uids(old) {
+                if let Some(dependents) = self.dependents.get_mut(owner) {
+                    dependents.remove(key);
+                    if dependents.is_empty() {
+                        self.dependents.remove(owner);
+                    }
+                }
+            }
+        }
+        if let Some(new) = new {
+            *self.uids.entry(meta::uid(new).to_owned()).or_default() += 1;
+            for owner in meta::owner_uids(new) {
+                self.dependents
+                    .entry(owner.to_owned())
+                    .or_default()
+                    .insert(key.clone());
+                self.gc_candidates.insert(key.clone());
+                self.gc_wanted = true;
+            }
+        }
     }
 
     /// Objects of `group/resource` as they were at resourceVersion `rv` (the snapshot a
@@ -203,9 +274,7 @@ impl Inner {
         meta::set_str(&mut object, "resourceVersion", &self.rv.to_string());
         let object = Arc::new(object);
         let previous = self.objects.insert(key.clone(), object.clone());
-        if meta::owner_uids(&object).next().is_some() {
-            self.gc_wanted = true;
-        }
+        self.reindex(&key, previous.as_deref(), Some(&object));
         self.emit(StoredEvent {
             rv: self.rv,
             event_type,
@@ -222,7 +291,21 @@ impl Inner {
         meta::set_str(&mut last_state, "resourceVersion", &self.rv.to_string());
         let object = Arc::new(last_state);
         let previous = self.objects.remove(key);
-        self.gc_wanted = true;
+        self.reindex(key, previous.as_deref(), None);
+        // The last object of a Terminating namespace lets the namespace go.
+        let namespace = ObjectKey {
+            group: String::new(),
+            resource: "namespaces".to_owned(),
+            namespace: String::new(),
+            name: key.namespace.clone(),
+        };
+        if self
+            .objects
+            .get(&namespace)
+            .is_some_and(|ns| meta::is_deleting(ns))
+        {
+            self.gc_wanted = true;
+        }
         self.emit(StoredEvent {
             rv: self.rv,
             event_type: EventType::Deleted,
