@@ -61,10 +61,11 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// Logs to stderr (stdout is reserved for the commands' results), warnings and errors only
-/// unless `RUST_LOG` says otherwise.
+/// unless `RUST_LOG` says otherwise. The kube client's own log of a failed request is off by
+/// default: the failure reaches the user once, as the command's one `turnstile:` line.
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,kube_client=off"));
     // A subscriber installed earlier (tests, embedding) wins.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

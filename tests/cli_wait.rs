@@ -504,3 +504,69 @@ fn help_is_still_clap_help() {
         "{help}"
     );
 }
+
+#[tokio::test]
+async fn pod_flags_override_the_downward_api_variables() {
+    let cluster = Cluster::start().await;
+    cluster.create_lock("db").await;
+    let uid = create_pod(&cluster, "web-2").await;
+    // The env names another Pod; the flags win.
+    let env = [
+        ("POD_NAME", "someone-else"),
+        ("POD_NAMESPACE", NAMESPACE),
+        ("POD_UID", "not-this-uid"),
+    ];
+    let args = [
+        "web-2-db",
+        "--create",
+        "--lock",
+        "db",
+        "--pod-name",
+        "web-2",
+        "--pod-uid",
+        uid.as_str(),
+    ];
+    let waiting = cluster.waiting(&args, &env).await;
+    let claim = cluster.claims().get("web-2-db").await.unwrap();
+    let owners = claim.metadata.owner_references.clone().unwrap_or_default();
+    let owner: Vec<(&str, &str)> = owners
+        .iter()
+        .map(|o| (o.name.as_str(), o.uid.as_str()))
+        .collect();
+    assert_eq!(owner, [("web-2", uid.as_str())]);
+    cluster.set_status("web-2-db", held(3)).await;
+    let output = finish(waiting).await;
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    assert_eq!(stdout(&output), "3\n");
+}
+
+#[test]
+fn an_unreachable_api_server_exits_1_with_one_line_from_wait_and_queue() {
+    let port = test_servers::free_port().expect("free port");
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: gone\n  cluster:\n    server: http://127.0.0.1:{port}\n\
+             contexts:\n- name: gone\n  context:\n    cluster: gone\n    user: nobody\n    namespace: {NAMESPACE}\n\
+             current-context: gone\nusers:\n- name: nobody\n  user: {{}}\n"
+        ),
+    )
+    .unwrap();
+    // `turnstile queue` reads the API the same way and ends the same way.
+    for args in [&["wait", "c", "--timeout", "60s"][..], &["queue", "db"][..]] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .args(args)
+            .env("KUBECONFIG", &kubeconfig)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run turnstile");
+        let line = stderr(&output);
+        assert_eq!(code(&output), 1, "{args:?}: {line}");
+        assert_eq!(stdout(&output), "", "{args:?}");
+        assert_eq!(line.lines().count(), 1, "{args:?}: one line, got {line:?}");
+        assert!(line.starts_with("turnstile: "), "{args:?}: {line:?}");
+    }
+}
