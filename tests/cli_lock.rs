@@ -253,6 +253,22 @@ async fn exit_status_is_the_commands_as_a_shell_reports_it() {
         "{}",
         stderr(&missing)
     );
+    // A file that is there but not executable: 126, as a shell reports it.
+    let not_executable = fx.path("not-executable");
+    std::fs::write(&not_executable, "#!/bin/sh\nexit 0\n").unwrap();
+    let refused = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["lock", "--backend", &fx.url, "k", "--"])
+        .arg(&not_executable)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(code(&refused), 126, "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).starts_with("turnstile: "),
+        "{}",
+        stderr(&refused)
+    );
     assert_eq!(
         fx.zcard("k", "holders").await,
         0,
