@@ -117,7 +117,12 @@ async fn release_on_request_keeps_the_record() {
         r#"{"spec":{"release":true}}"#,
     ]);
     let a = env.wait_phase("a", ClaimPhase::Released).await;
+    assert_eq!(reason_of(&a).as_deref(), Some("ReleaseRequested"));
     let status = a.status.clone().expect("status");
+    assert_eq!(
+        status.observed_generation, a.metadata.generation,
+        "the status was computed from the spec that asked for the release"
+    );
     assert_eq!(status.fencing_token, Some(1), "the record keeps the token");
     assert!(status.released_at.is_some());
     assert!(status.expires_at.is_none());
@@ -129,6 +134,16 @@ async fn release_on_request_keeps_the_record() {
     assert_eq!(held.status, "False");
     let b = env.wait_phase("b", ClaimPhase::Held).await;
     assert_eq!(token_of(&b), Some(2));
+    let lock = env
+        .wait_lock("db", |lock| {
+            lock.status.as_ref().and_then(|s| s.fencing_token) == Some(2)
+        })
+        .await;
+    assert_eq!(
+        lock.status.as_ref().and_then(|s| s.observed_generation),
+        lock.metadata.generation,
+        "the lock's status names the generation it was computed from"
+    );
     // The released claim stays as a record, without our finalizer.
     let a = env.claim("a").await;
     assert!(a.metadata.finalizers.unwrap_or_default().is_empty());
