@@ -59,12 +59,29 @@ async fn standby_takes_over_without_double_grants() {
     let first = env.spawn_controller(replica(&env, "replica-1"));
     // Let replica-1 win the Lease before replica-2 starts.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let second = env.spawn_controller(replica(&env, "replica-2"));
+    let standby_metrics = free_addr();
+    let second = env.spawn_controller(ControllerConfig {
+        metrics_addr: Some(standby_metrics),
+        ..replica(&env, "replica-2")
+    });
     let monitor = HolderMonitor::start(&env, "db", 1);
 
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.queue_of_three("db").await;
     assert_eq!(token_of(&env.claim("a").await), Some(1));
+    // The standby is ready (a rolling update may go on) and serves its metrics.
+    assert_eq!(get(standby_metrics, "/readyz").await.status, 200);
+    let standby_gauge = || async {
+        sample(
+            &get(standby_metrics, "/metrics").await.body,
+            "turnstile_leader",
+        )
+    };
+    assert_eq!(
+        standby_gauge().await,
+        Some(0.0),
+        "the standby does not lead"
+    );
 
     // Only the leader acted: every Event so far comes from replica-1. Events are published
     // after the status writes, so wait for the grant's before looking.
@@ -89,9 +106,23 @@ async fn standby_takes_over_without_double_grants() {
     let reporters = reporting_instances(&env).await;
     assert!(reporters.iter().any(|r| r == "replica-2"), "{reporters:?}");
 
+    assert_eq!(standby_gauge().await, Some(1.0), "the former standby leads");
+    // Ready again once its fresh caches have synced (moments after its first passes).
+    let deadline = Instant::now() + WAIT;
+    while get(standby_metrics, "/readyz").await.status != 200 {
+        assert!(Instant::now() < deadline, "the new leader never got ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
     let report = monitor.finish().await;
     assert_eq!(report.tokens(), [1, 2]);
     second.stop().await;
+}
+
+/// A loopback address with a port free right now.
+fn free_addr() -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
+    listener.local_addr().expect("address")
 }
 
 /// Caches filled from the API as a watch would fill them (for driving one pass by hand).
@@ -196,9 +227,7 @@ async fn a_replica_that_loses_the_lease_stops_granting() {
     let Some(env) = Env::fake_only("a_replica_that_loses_the_lease_stops_granting").await else {
         return;
     };
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
-    let metrics_addr = listener.local_addr().expect("address");
-    drop(listener);
+    let metrics_addr = free_addr();
     let controller_client = tagged_client(env.server(), "replica-1");
     let replica = env.spawn_controller_with(
         controller_client,
