@@ -16,6 +16,7 @@
 
 mod backend_url;
 mod child;
+mod claimed;
 mod renewal;
 mod signals;
 
@@ -74,12 +75,23 @@ pub struct LockArgs {
         long,
         env = "TURNSTILE_BACKEND_URL",
         hide_env_values = true,
-        value_parser = BackendUrl::parse
+        value_parser = BackendUrl::parse,
+        required_unless_present = "lock",
+        conflicts_with = "lock"
     )]
-    pub backend: BackendUrl,
+    pub backend: Option<BackendUrl>,
     /// The lock's key in the backend; `<namespace>/<name or spec.key>` is the key of a
     /// DistributedLock on the same backend, shared with its claims.
-    pub key: String,
+    #[arg(required_unless_present = "lock", conflicts_with = "lock")]
+    pub key: Option<String>,
+    /// Instead of a backend: hold this DistributedLock through the operator, with a LockClaim
+    /// created for the command and deleted when it ends (needs only the Kubernetes API).
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["max_holders", "max_hold", "lock_delay"])]
+    pub lock: Option<String>,
+    /// With --lock: the namespace of the DistributedLock; default: the Pod's (POD_NAMESPACE),
+    /// else the kubeconfig's.
+    #[arg(long, short = 'n', env = "POD_NAMESPACE", requires = "lock")]
+    pub namespace: Option<String>,
     /// Lease length; renewed every ttl/3 while the command runs (e.g. 30s, 2m).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub ttl: Duration,
@@ -138,6 +150,9 @@ fn retry_policy(wait: Option<Duration>) -> RetryPolicy {
 /// is cleaned up before it returns.
 pub async fn lock_command(args: LockArgs) -> Outcome {
     init_logging();
+    let (Some(backend_url), Some(key)) = (args.backend.clone(), args.key.clone()) else {
+        return claimed::lock_through_claim(&args).await;
+    };
     // Caught before acquiring, so a SIGTERM while waiting still leaves the queue cleanly.
     let mut signals = match TerminationSignals::catch() {
         Ok(signals) => signals,
@@ -148,27 +163,27 @@ pub async fn lock_command(args: LockArgs) -> Outcome {
             )
         }
     };
-    let backend = match args.backend.connect().await {
+    let backend = match backend_url.connect().await {
         Ok(backend) => backend,
         Err(error) => {
             return Outcome::with_reason(
                 exit_code::BACKEND_UNAVAILABLE,
                 format!(
                     "cannot connect to the {} backend: {}",
-                    args.backend.kind(),
+                    backend_url.kind(),
                     error_chain(&error)
                 ),
             )
         }
     };
-    let lock = match acquire(&args, backend, &mut signals).await {
+    let lock = match acquire(&args, &key, backend, &mut signals).await {
         Ok(lock) => lock,
         Err(outcome) => return outcome,
     };
-    tracing::info!(key = %args.key, fencing_token = lock.fencing_token(), "lock acquired");
-    let outcome = hold(&args, &lock, &mut signals).await;
+    tracing::info!(%key, fencing_token = lock.fencing_token(), "lock acquired");
+    let outcome = hold(&args, &key, &lock, &mut signals).await;
     if let Err(error) = lock.release().await {
-        tracing::warn!(key = %args.key, fencing_token = lock.fencing_token(), error = %error_chain(&error), "release failed; the lease will run out");
+        tracing::warn!(%key, fencing_token = lock.fencing_token(), error = %error_chain(&error), "release failed; the lease will run out");
     }
     outcome
 }
@@ -176,13 +191,14 @@ pub async fn lock_command(args: LockArgs) -> Outcome {
 /// Acquires the lock per `--wait`, or gives up on a termination signal (leaving the queue).
 async fn acquire(
     args: &LockArgs,
+    key: &str,
     backend: Arc<dyn Backend>,
     signals: &mut TerminationSignals,
 ) -> Result<Lock, Outcome> {
     // An explicit owner token, so that the queue place can be cleaned up here if we give up.
     let owner = uuid::Uuid::new_v4().simple().to_string();
     let mut request = Locker::from_arc(Arc::clone(&backend))
-        .lock(args.key.as_str(), args.ttl)
+        .lock(key, args.ttl)
         .max_holders(args.max_holders)
         .priority(args.priority)
         .lock_delay(args.lock_delay.unwrap_or_default())
@@ -200,12 +216,12 @@ async fn acquire(
         result = request.acquire() => result,
         signal = signals.recv() => {
             // Dropping the acquire only schedules its cleanup; the process is about to exit.
-            if let Err(error) = backend.release(&args.key, &owner, args.max_holders).await {
-                tracing::warn!(key = %args.key, error = %error_chain(&error), "could not leave the lock's queue; the place will age out");
+            if let Err(error) = backend.release(key, &owner, args.max_holders).await {
+                tracing::warn!(%key, error = %error_chain(&error), "could not leave the lock's queue; the place will age out");
             }
             return Err(Outcome::with_reason(
                 child::signal_exit_code(signal as i32),
-                format!("{signal} received while waiting for lock {:?}; gave up", args.key),
+                format!("{signal} received while waiting for lock {key:?}; gave up"),
             ));
         }
     };
@@ -213,8 +229,7 @@ async fn acquire(
         LockError::Timeout { elapsed, .. } => Outcome::with_reason(
             exit_code::NOT_ACQUIRED,
             format!(
-                "could not get lock {:?} within {} (waited {})",
-                args.key,
+                "could not get lock {key:?} within {} (waited {})",
                 humantime::format_duration(args.wait.unwrap_or_default()),
                 humantime::format_duration(Duration::from_millis(elapsed.as_millis() as u64)),
             ),
@@ -222,34 +237,31 @@ async fn acquire(
         LockError::InvalidArgument(message) => Outcome::with_reason(EXIT_USAGE, message),
         LockError::BackendUnavailable { .. } => Outcome::with_reason(
             exit_code::BACKEND_UNAVAILABLE,
-            format!(
-                "cannot acquire lock {:?}: {}",
-                args.key,
-                error_chain(&error)
-            ),
+            format!("cannot acquire lock {key:?}: {}", error_chain(&error)),
         ),
         LockError::LockLost { .. } => Outcome::with_reason(
             exit_code::INTERNAL,
-            format!(
-                "cannot acquire lock {:?}: {}",
-                args.key,
-                error_chain(&error)
-            ),
+            format!("cannot acquire lock {key:?}: {}", error_chain(&error)),
         ),
     })
 }
 
 /// Runs the command while keeping the lease alive; stops it if the lease is lost.
-async fn hold(args: &LockArgs, lock: &Lock, signals: &mut TerminationSignals) -> Outcome {
+async fn hold(
+    args: &LockArgs,
+    key: &str,
+    lock: &Lock,
+    signals: &mut TerminationSignals,
+) -> Outcome {
     let env = [
         ("TURNSTILE_FENCING_TOKEN", lock.fencing_token().to_string()),
-        ("TURNSTILE_LOCK_KEY", args.key.clone()),
+        ("TURNSTILE_LOCK_KEY", key.to_owned()),
     ];
     let mut command = match Supervised::spawn(&args.command, &env) {
         Ok(command) => command,
         Err(error) => return spawn_failure(&args.command, &error),
     };
-    tracing::debug!(pid = command.pid(), key = %args.key, "command started");
+    tracing::debug!(pid = command.pid(), %key, "command started");
     let renewing = keep_renewed(lock, renewal_interval(args.ttl));
     tokio::pin!(renewing);
     loop {
@@ -267,20 +279,23 @@ async fn hold(args: &LockArgs, lock: &Lock, signals: &mut TerminationSignals) ->
                 tracing::info!(%signal, pid = command.pid(), "passing the signal on to the command");
                 command.signal(signal);
             }
-            loss = &mut renewing => return stop_after_loss(args, lock, &mut command, &loss).await,
+            loss = &mut renewing => {
+                let what = format!("lock {key:?} (fencing token {})", lock.fencing_token());
+                return stop_after_loss(args, &what, &mut command, &loss).await;
+            }
         }
     }
 }
 
-/// Stops the command after the lease was lost and says so.
+/// Stops the command after `what` (the lock and its token) was lost and says so.
 async fn stop_after_loss(
     args: &LockArgs,
-    lock: &Lock,
+    what: &str,
     command: &mut Supervised,
-    loss: &Loss,
+    loss: &dyn std::fmt::Display,
 ) -> Outcome {
     // Info, not warn: the outcome line on stderr reports it once the command has stopped.
-    tracing::info!(key = %args.key, fencing_token = lock.fencing_token(), %loss, "lock lost; stopping the command");
+    tracing::info!(lost = what, %loss, "lock lost; stopping the command");
     let how = match command.stop(args.grace).await {
         Ok(Stopped { killed: false, .. }) => "stopped the command (SIGTERM)".to_owned(),
         Ok(Stopped { killed: true, .. }) => format!(
@@ -289,14 +304,7 @@ async fn stop_after_loss(
         ),
         Err(error) => format!("could not confirm the command stopped: {error}"),
     };
-    Outcome::with_reason(
-        exit_code::LOCK_LOST,
-        format!(
-            "lost lock {:?} (fencing token {}): {loss}; {how}",
-            args.key,
-            lock.fencing_token()
-        ),
-    )
+    Outcome::with_reason(exit_code::LOCK_LOST, format!("lost {what}: {loss}; {how}"))
 }
 
 /// Shell-like outcome of a command that could not be started.
@@ -346,7 +354,7 @@ mod tests {
             "echo --ttl",
         ])
         .unwrap();
-        assert_eq!(args.key, "jobs");
+        assert_eq!(args.key.as_deref(), Some("jobs"));
         assert_eq!(args.ttl, Duration::from_secs(120));
         assert_eq!(args.wait, Some(Duration::from_secs(5400)));
         assert_eq!(args.max_holders, 3);
