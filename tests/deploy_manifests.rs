@@ -394,8 +394,8 @@ fn the_controller_cluster_role_grants_exactly_what_the_controller_uses() {
         ),
         ("turnstile.dev", "distributedlocks/status", &["patch"]),
         ("turnstile.dev", "lockclaims/status", &["patch"]),
-        // Owners of claims: alive or finished?
-        ("", "pods", READ),
+        // Owners of claims: alive or finished? Gated Pods: their scheduling gate removed.
+        ("", "pods", &["get", "list", "watch", "patch"]),
         // Job gating un-suspends Jobs.
         ("batch", "jobs", &["get", "list", "watch", "patch"]),
         ("events.k8s.io", "events", &["create", "patch"]),
@@ -433,7 +433,11 @@ fn the_controller_cluster_role_grants_exactly_what_the_controller_uses() {
             );
         }
         if group.is_empty() && resource == "pods" {
-            assert!(READ.contains(&verb.as_str()), "Pods are read-only: {what}");
+            // Read, and patched only to remove a gated Pod's scheduling gate.
+            assert!(
+                READ.contains(&verb.as_str()) || verb == "patch",
+                "Pods are read and patched only: {what}"
+            );
         }
     }
 

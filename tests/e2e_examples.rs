@@ -12,7 +12,10 @@
 //!   completes; a suspended Job without the annotation is left alone;
 //! - `lock.yaml` and `claims.yaml`: the queue of three;
 //! - `priority-and-limits.yaml`: the priority claim is granted next, the maximum hold and
-//!   lock-delay are on the lock.
+//!   lock-delay are on the lock;
+//! - `gated-deployment.yaml`: the fake serves no `apps/v1`, so the test is the ReplicaSet and
+//!   makes each replica from the Pod template: they are let go one at a time, each with the
+//!   next token in its annotation.
 //!
 //! The fake serves no RBAC kinds, so `Role`/`RoleBinding` documents are skipped, and kubectl's
 //! client-side validation is off (`--validate=false`: it cannot validate the `batch` group
@@ -671,5 +674,87 @@ async fn the_gated_job_example_runs_only_while_its_claim_is_held() {
         .await
         .expect("claims");
     assert_eq!(claims.items.len(), 2, "only the gated Jobs got claims");
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gated_deployment_example_lets_its_replicas_go_one_at_a_time() {
+    let Some(mut env) =
+        Env::fake_only("the_gated_deployment_example_lets_its_replicas_go_one_at_a_time").await
+    else {
+        return;
+    };
+    env.start_default_controller();
+    let scratch = Scratch::new(&env);
+    scratch.apply(&env, &documents(&example("lock.yaml"))).await;
+    let deployment = documents(&example("gated-deployment.yaml"))
+        .into_iter()
+        .find(|doc| doc["kind"] == "Deployment")
+        .expect("the Deployment");
+    let replicas = deployment["spec"]["replicas"].as_u64().expect("replicas");
+    // The fake serves no apps/v1: the test is the ReplicaSet, making each Pod from the template.
+    let template = &deployment["spec"]["template"];
+    for n in 0..replicas {
+        let mut pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": template["metadata"].clone(),
+            "spec": template["spec"].clone(),
+        });
+        pod["metadata"]["name"] = json!(format!("schema-worker-{n}"));
+        let pod: Pod = serde_json::from_value(pod).expect("pod");
+        pods(&env)
+            .create(&PostParams::default(), &pod)
+            .await
+            .expect("create pod");
+    }
+    let gated = |pod: &Pod| {
+        pod.spec
+            .as_ref()
+            .and_then(|spec| spec.scheduling_gates.as_ref())
+            .is_some_and(|gates| !gates.is_empty())
+    };
+    let mut let_go = Vec::new();
+    for round in 0..replicas {
+        let deadline = Instant::now() + WAIT;
+        let next = loop {
+            let list = pods(&env).list(&Default::default()).await.expect("pods");
+            let free: Vec<Pod> = list
+                .items
+                .into_iter()
+                .filter(|pod| !gated(pod) && pod.metadata.deletion_timestamp.is_none())
+                .collect();
+            assert!(
+                free.len() <= 1,
+                "two replicas past the gate: {}",
+                free.len()
+            );
+            if let [pod] = free.as_slice() {
+                break pod.clone();
+            }
+            assert!(Instant::now() < deadline, "no replica was let go");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let name = next.metadata.name.clone().expect("name");
+        let token = next
+            .metadata
+            .annotations
+            .clone()
+            .unwrap_or_default()
+            .get(TOKEN_ANNOTATION)
+            .cloned();
+        assert_eq!(
+            token,
+            Some((round + 1).to_string()),
+            "{name}: the downward API's token"
+        );
+        let_go.push(name.clone());
+        // The replica is done (scaled away, or rolled): the next one goes.
+        pods(&env)
+            .delete(&name, &Default::default())
+            .await
+            .expect("delete pod");
+        env.wait_gone(&format!("{name}-{LOCK}")).await;
+    }
+    assert_eq!(let_go.len() as u64, replicas);
     env.stop_controller().await;
 }

@@ -71,12 +71,16 @@ pub mod object_event_reasons {
     pub const INVALID_OBJECT: &str = "InvalidObject";
 }
 
-/// Event reasons on suspended Jobs gated by [`LOCK_ANNOTATION`](super::LOCK_ANNOTATION).
-pub mod job_event_reasons {
-    /// The Job's claim is queued: the Job stays suspended.
+/// Event reasons on gated workloads: suspended Jobs with the annotation
+/// [`LOCK_ANNOTATION`](super::LOCK_ANNOTATION), Pods with that label and scheduling gate.
+pub mod gate_event_reasons {
+    /// The workload's claim is queued: it stays held back.
     pub const WAITING_FOR_LOCK: &str = "WaitingForLock";
-    /// The Job's claim is held: the Job is unsuspended.
+    /// The workload's claim is held: it is let go (un-suspended, or its gate removed).
     pub const LOCK_HELD: &str = "LockHeld";
+    /// The workload cannot be gated (its claim failed, belongs to another, ...): it stays
+    /// held back, and the Event says why (Warning).
+    pub const GATE_BLOCKED: &str = "GateBlocked";
 }
 
 /// The condition type on a claim's status: `True` exactly while the phase is `Held`.
@@ -89,6 +93,12 @@ pub const READY_CONDITION: &str = "Ready";
 pub const FINALIZER: &str = "turnstile.dev/release";
 /// The annotation that marks a suspended Job as gated by a lock (its value: the lock's name).
 pub const LOCK_ANNOTATION: &str = "turnstile.dev/lock";
+/// The label that marks a Pod as gated by a lock (its value: the lock's name), so that the
+/// controller watches only such Pods.
+pub const LOCK_LABEL: &str = "turnstile.dev/lock";
+/// The scheduling gate (`spec.schedulingGates[].name`) the controller removes from a Pod
+/// marked with [`LOCK_LABEL`] once the Pod's claim is held.
+pub const SCHEDULING_GATE: &str = "turnstile.dev/lock";
 /// The annotation where the controller writes the fencing token of a gated workload's claim.
 pub const TOKEN_ANNOTATION: &str = "turnstile.dev/fencing-token";
 

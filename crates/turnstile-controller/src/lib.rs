@@ -7,7 +7,8 @@
 //! - [`claim_index`]: the claim cache's names by lock and by owner (no whole-cache scans).
 //! - [`own_writes`]: a lock's pass waits until the cache shows its previous pass's writes.
 //! - [`owner_watch`]: Pod/Job events wake the locks of the claims they own.
-//! - [`job_gate`]: Jobs created suspended with `turnstile.dev/lock` run once their claim is held.
+//! - [`gate`]: gated workloads (suspended Jobs, Pods with a scheduling gate) go once their claim
+//!   is held.
 //! - [`writer`]: the one way anything is written (leadership gate → conditional patch), and a
 //!   pass's writes decided from the core's decision.
 //! - [`tolerant_watch`]: lock and claim watches that skip (and report) objects they cannot read.
@@ -22,7 +23,7 @@ pub mod context;
 pub mod core;
 pub mod error;
 pub mod events;
-pub mod job_gate;
+pub mod gate;
 pub mod leader;
 pub mod lock_reconciler;
 pub mod metrics;

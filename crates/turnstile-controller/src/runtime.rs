@@ -8,7 +8,8 @@
 //!   events map to their lock by `spec.lockName`), so the FIFO decision sees the whole queue;
 //!   finished Pods and all Jobs wake the locks of the claims they own (`owner_watch`);
 //! - the `LockClaim` controller only looks after claims whose lock does not exist;
-//! - the Job gate (`job_gate`) claims locks for suspended, annotated Jobs and un-suspends them.
+//! - the gates (`gate`) claim locks for suspended, annotated Jobs and for Pods with the lock
+//!   label and scheduling gate, and let them go once the claim is held.
 //!
 //! With leader election, only the leader runs the controllers; a replica that loses the
 //! lead stops them at once and stands by again (a new term starts with fresh caches and a
@@ -34,7 +35,8 @@ use super::claim_reconciler::{claim_error_policy, reconcile_claim};
 use super::context::{cache_filled, Context, LeadershipGate};
 use super::core::WorkloadKind;
 use super::error::ControllerError;
-use super::job_gate::{run_gate, GateContext};
+use super::gate::pod::{trim_gated_pod, GATED_PODS};
+use super::gate::{run_gate, GateContext};
 use super::lock_reconciler::{lock_error_policy, reconcile_lock};
 use super::owner_watch::{owner_trigger, FINISHED_PODS};
 use super::owners::OwnerCaches;
@@ -310,7 +312,8 @@ async fn run_controllers(
     let (claim_store, claim_writer) = reflector::store_shared::<LockClaim>(SHARED_BUFFER);
     let claims_for_locks = subscribe(&claim_writer);
     let claims_for_orphans = subscribe(&claim_writer);
-    let claims_for_gate = subscribe(&claim_writer);
+    let claims_for_job_gate = subscribe(&claim_writer);
+    let claims_for_pod_gate = subscribe(&claim_writer);
     let claim_index = ClaimIndex::new();
     let claim_watch = {
         let index = claim_index.clone();
@@ -333,6 +336,16 @@ async fn run_controllers(
     let (job_store, job_writer) = reflector::store_shared::<Job>(SHARED_BUFFER);
     let jobs_for_owners = subscribe(&job_writer);
     let jobs_for_gate = subscribe(&job_writer);
+    // Only the Pods marked for gating (a label selector): most Pods cost nothing.
+    let (gated_pod_store, gated_pod_writer) = reflector::store_shared::<Pod>(SHARED_BUFFER);
+    let gated_pods_for_gate = subscribe(&gated_pod_writer);
+    let gated_pod_watch = watcher(
+        api::<Pod>(client, namespace),
+        watcher::Config::default().labels(GATED_PODS),
+    )
+    .default_backoff()
+    .modify(trim_gated_pod)
+    .reflect_shared(gated_pod_writer);
     let job_watch = watcher(api::<Job>(client, namespace), watcher::Config::default())
         .default_backoff()
         .modify(trim)
@@ -405,17 +418,25 @@ async fn run_controllers(
             finished_pods: finished_pod_store,
         }),
     );
-    let gate_done = run_gate(
+    let gate_ctx = Arc::new(GateContext {
+        client: client.clone(),
+        claims: claim_store.clone(),
+        leadership: ctx.leadership.clone(),
+        recorder: ctx.recorder.clone(),
+        metrics: ctx.metrics.clone(),
+    });
+    let job_gate_done = run_gate(
         job_store,
         jobs_for_gate,
-        GateContext {
-            client: client.clone(),
-            claims: claim_store.clone(),
-            leadership: ctx.leadership.clone(),
-            recorder: ctx.recorder.clone(),
-            metrics: ctx.metrics.clone(),
-        },
-        claims_for_gate,
+        gate_ctx.clone(),
+        claims_for_job_gate,
+        raised(&stop_rx),
+    );
+    let pod_gate_done = run_gate(
+        gated_pod_store,
+        gated_pods_for_gate,
+        gate_ctx,
+        claims_for_pod_gate,
         raised(&stop_rx),
     );
     let claim_controller = Controller::for_shared_stream(claims_for_orphans, claim_store.clone())
@@ -455,11 +476,12 @@ async fn run_controllers(
                 tracing::debug!(%error, "claim controller");
             }
         });
-    let controllers = futures::future::join3(locks_done, claims_done, gate_done);
+    let controllers = futures::future::join4(locks_done, claims_done, job_gate_done, pod_gate_done);
     tokio::select! {
         _ = controllers => {}
         () = drive(claim_watch, "claim") => {}
         () = drive(job_watch, "job") => {}
+        () = drive(gated_pod_watch, "gated pod") => {}
     }
     synced.abort();
     relay.abort();

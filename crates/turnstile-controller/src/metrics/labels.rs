@@ -102,11 +102,13 @@ pub enum ControllerKind {
     Claim,
     /// A Job gated by `turnstile.dev/lock`.
     Job,
+    /// A Pod gated by the `turnstile.dev/lock` label and scheduling gate.
+    Pod,
 }
 
 impl ControllerKind {
     /// Every controller, for creating the series up front.
-    pub const ALL: [Self; 3] = [Self::Lock, Self::Claim, Self::Job];
+    pub const ALL: [Self; 4] = [Self::Lock, Self::Claim, Self::Job, Self::Pod];
 
     /// The label value.
     pub fn as_str(self) -> &'static str {
@@ -114,6 +116,7 @@ impl ControllerKind {
             Self::Lock => "lock",
             Self::Claim => "claim",
             Self::Job => "job",
+            Self::Pod => "pod",
         }
     }
 }

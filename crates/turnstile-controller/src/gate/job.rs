@@ -1,0 +1,152 @@
+//! The Job gate: a Job created with `spec.suspend: true` and the annotation
+//! `turnstile.dev/lock: <lock name>` is un-suspended once its claim is held. The token goes on
+//! the Job and on its Pod template: Kubernetes allows changing a never-started suspended
+//! Job's template annotations, and the Pods read it from there.
+
+use k8s_openapi::api::batch::v1::Job;
+use kube::ResourceExt;
+
+use super::Gated;
+use crate::core::WorkloadKind;
+use crate::metrics::ControllerKind;
+use crate::owners::job_finished;
+use turnstile_api::{LOCK_ANNOTATION, TOKEN_ANNOTATION};
+
+impl Gated for Job {
+    const KIND: WorkloadKind = WorkloadKind::Job;
+    const CONTROLLER: ControllerKind = ControllerKind::Job;
+    const NAME: &'static str = "Job";
+    const HELD_BACK: &'static str = "suspended";
+
+    fn gate_lock(&self) -> Option<&str> {
+        self.annotations()
+            .get(LOCK_ANNOTATION)
+            .map(|lock| lock.trim())
+            .filter(|lock| !lock.is_empty())
+    }
+
+    fn held_back(&self) -> bool {
+        self.spec.as_ref().and_then(|spec| spec.suspend) == Some(true)
+    }
+
+    fn finished(&self) -> bool {
+        job_finished(self)
+    }
+
+    fn release_patch(&self, token: i64) -> serde_json::Value {
+        serde_json::json!({
+            "metadata": {
+                "annotations": {TOKEN_ANNOTATION: token.to_string()},
+            },
+            "spec": {
+                "suspend": false,
+                "template": {"metadata": {"annotations": {TOKEN_ANNOTATION: token.to_string()}}},
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{claim_for, decide, GateStep};
+    use super::*;
+    use crate::core::WorkloadOwner;
+    use crate::writer::Write;
+    use serde_json::json;
+    use turnstile_api::LockClaim;
+
+    fn job(annotations: serde_json::Value, suspend: bool) -> Job {
+        serde_json::from_value(json!({
+            "metadata": {"name": "migrate", "namespace": "ns", "uid": "job-uid",
+                         "resourceVersion": "7", "annotations": annotations},
+            "spec": {"suspend": suspend, "template": {"spec": {"containers": []}}}
+        }))
+        .expect("job")
+    }
+
+    fn gated(suspend: bool) -> Job {
+        job(json!({LOCK_ANNOTATION: "db"}), suspend)
+    }
+
+    fn claim_of(job: &Job, status: serde_json::Value) -> LockClaim {
+        let mut claim = claim_for(job, "migrate-db", "db");
+        claim.status = serde_json::from_value(status).expect("status");
+        claim
+    }
+
+    #[test]
+    fn a_job_without_the_annotation_is_ignored() {
+        assert_eq!(decide(&job(json!({}), true), None), GateStep::Nothing);
+        assert_eq!(
+            decide(&job(json!({LOCK_ANNOTATION: " "}), true), None),
+            GateStep::Nothing
+        );
+    }
+
+    #[test]
+    fn a_suspended_gated_job_gets_a_claim_owned_by_it() {
+        let job = gated(true);
+        assert_eq!(
+            decide(&job, None),
+            GateStep::CreateClaim {
+                claim: "migrate-db".to_owned(),
+                lock: "db".to_owned()
+            }
+        );
+        let claim = claim_for(&job, "migrate-db", "db");
+        let owner = WorkloadOwner::of(claim.owner_references()).expect("owner");
+        assert_eq!(owner.kind, WorkloadKind::Job);
+        assert_eq!(owner.uid, "job-uid");
+        assert_eq!(claim.spec.lock_name, "db");
+        // A running Job is not gated after the fact.
+        assert_eq!(decide(&gated(false), None), GateStep::Nothing);
+    }
+
+    #[test]
+    fn the_job_runs_only_once_its_claim_is_held() {
+        let job = gated(true);
+        assert_eq!(
+            decide(&job, Some(&claim_of(&job, json!({"phase": "Pending"})))),
+            GateStep::Wait
+        );
+        assert_eq!(
+            decide(&job, Some(&claim_of(&job, json!({})))),
+            GateStep::Wait
+        );
+        let held = claim_of(&job, json!({"phase": "Held", "fencingToken": 42}));
+        assert_eq!(decide(&job, Some(&held)), GateStep::Release { token: 42 });
+        let write = Write::object("job", job.release_patch(42));
+        let patch = write.conditional_patch(job.resource_version().as_deref());
+        assert_eq!(patch["spec"]["suspend"], json!(false));
+        assert_eq!(patch["metadata"]["annotations"][TOKEN_ANNOTATION], "42");
+        assert_eq!(patch["metadata"]["resourceVersion"], "7");
+    }
+
+    #[test]
+    fn releasing_is_idempotent() {
+        let running = job(
+            json!({LOCK_ANNOTATION: "db", TOKEN_ANNOTATION: "42"}),
+            false,
+        );
+        let held = claim_of(&running, json!({"phase": "Held", "fencingToken": 42}));
+        assert_eq!(decide(&running, Some(&held)), GateStep::Nothing);
+        let released = claim_of(&running, json!({"phase": "Released", "fencingToken": 42}));
+        assert_eq!(decide(&running, Some(&released)), GateStep::Nothing);
+    }
+
+    #[test]
+    fn a_foreign_or_dead_claim_blocks_the_job() {
+        let job = gated(true);
+        let mut foreign = claim_of(&job, json!({"phase": "Held", "fencingToken": 1}));
+        foreign.metadata.owner_references = None;
+        assert!(matches!(
+            decide(&job, Some(&foreign)),
+            GateStep::Blocked { .. }
+        ));
+        let failed = claim_of(&job, json!({"phase": "Failed"}));
+        assert!(matches!(
+            decide(&job, Some(&failed)),
+            GateStep::Blocked { .. }
+        ));
+    }
+}

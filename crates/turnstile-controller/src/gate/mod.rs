@@ -1,0 +1,367 @@
+//! Gating workloads without an init container: a workload marked with a lock gets a
+//! `LockClaim` owned by it (`<name>-<lock>`), and is let go once the claim is `Held`, with the
+//! claim's fencing token written to its annotation `turnstile.dev/fencing-token` first (for
+//! the downward API). The owner rule then renews the claim while the workload runs and
+//! releases it when the workload finishes or is deleted. Two kinds ([`Gated`]):
+//!
+//! - [`job`]: a Job created with `spec.suspend: true` and the annotation `turnstile.dev/lock`
+//!   is un-suspended;
+//! - [`pod`]: a Pod with the label `turnstile.dev/lock` and the scheduling gate
+//!   `turnstile.dev/lock` (any Pod: bare, or from a Deployment, StatefulSet or CronJob) has the
+//!   gate removed, so the scheduler places it.
+//!
+//! The decision ([`decide`]) is pure; [`reconcile`] performs it. Every step is idempotent:
+//! the claim has a fixed name, creating it twice answers AlreadyExists, and the release patch
+//! is conditional on the workload's resourceVersion.
+
+pub mod job;
+pub mod pod;
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::NamespaceResourceScope;
+use kube::runtime::controller::{Action, Config as ControllerRuntimeConfig, Controller};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+use super::context::LeadershipGate;
+use super::core::{WorkloadKind, WorkloadOwner};
+use super::error::ControllerError;
+use super::writer::{ApiWriter, Created, Write};
+use crate::metrics::{ControllerKind, Metrics};
+use turnstile_api::{gate_event_reasons, ClaimPhase, LockClaim, LockClaimSpec, TOKEN_ANNOTATION};
+
+/// How long a name may be (DNS-1123 subdomain).
+const MAX_NAME_LENGTH: usize = 253;
+/// Retry delay after a failed pass.
+const RETRY: Duration = Duration::from_secs(2);
+
+/// A kind of workload the controller can hold back until its claim is held.
+pub trait Gated:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Clone
+    + Debug
+    + DeserializeOwned
+    + serde::Serialize
+    + Send
+    + Sync
+    + 'static
+{
+    /// The owner kind of its claims.
+    const KIND: WorkloadKind;
+    /// The metrics label of its passes.
+    const CONTROLLER: ControllerKind;
+    /// How people call it in Events and logs (`Job`, `Pod`).
+    const NAME: &'static str;
+    /// What "held back" means for it, for Events ("suspended", "gated").
+    const HELD_BACK: &'static str;
+
+    /// The lock it is gated on, if it is marked with a non-empty one.
+    fn gate_lock(&self) -> Option<&str>;
+    /// Whether it is still held back (suspended, or carrying the scheduling gate).
+    fn held_back(&self) -> bool;
+    /// Whether it has finished (nothing is gated any more).
+    fn finished(&self) -> bool;
+    /// The patch that records `token` and lets it go (conditional on its resourceVersion).
+    fn release_patch(&self, token: i64) -> serde_json::Value;
+}
+
+/// What a pass over one workload does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GateStep {
+    /// Not a gated workload, or nothing left to do.
+    Nothing,
+    /// Create the workload's claim on this lock.
+    CreateClaim {
+        /// The claim's name.
+        claim: String,
+        /// The lock it asks for.
+        lock: String,
+    },
+    /// The claim waits in the queue: stay held back.
+    Wait,
+    /// The claim is held: write the token and let the workload go.
+    Release {
+        /// The grant's fencing token.
+        token: i64,
+    },
+    /// The workload cannot be gated; it stays as it is, and this says why.
+    Blocked {
+        /// For people.
+        reason: String,
+    },
+}
+
+/// The claim name of a gated workload: `<name>-<lock>`.
+pub fn claim_name(workload: &str, lock: &str) -> String {
+    format!("{workload}-{lock}")
+}
+
+/// Decides what to do about `workload`, given its claim (looked up by [`claim_name`]) if it
+/// exists.
+pub fn decide<W: Gated>(workload: &W, claim: Option<&LockClaim>) -> GateStep {
+    let Some(lock) = workload.gate_lock() else {
+        return GateStep::Nothing;
+    };
+    if workload.meta().deletion_timestamp.is_some() || workload.finished() {
+        return GateStep::Nothing;
+    }
+    let name = claim_name(&workload.name_any(), lock);
+    let Some(claim) = claim else {
+        // Only a workload still held back can be; one that runs already is not gated.
+        if !workload.held_back() {
+            return GateStep::Nothing;
+        }
+        if name.len() > MAX_NAME_LENGTH {
+            return GateStep::Blocked {
+                reason: format!("claim name {name:?} is longer than {MAX_NAME_LENGTH} characters"),
+            };
+        }
+        return GateStep::CreateClaim {
+            claim: name,
+            lock: lock.to_owned(),
+        };
+    };
+    let owned = WorkloadOwner::of(claim.owner_references()).is_some_and(|owner| {
+        owner.kind == W::KIND && Some(&owner.uid) == workload.meta().uid.as_ref()
+    });
+    if !owned {
+        return GateStep::Blocked {
+            reason: format!("claim {name} exists but is not owned by this {}", W::NAME),
+        };
+    }
+    if claim.spec.lock_name != lock {
+        return GateStep::Blocked {
+            reason: format!(
+                "claim {name} asks for lock {}, not {lock}",
+                claim.spec.lock_name
+            ),
+        };
+    }
+    let status = claim.status.as_ref();
+    match status.and_then(|s| s.phase).unwrap_or_default() {
+        ClaimPhase::Pending => GateStep::Wait,
+        ClaimPhase::Held => match status.and_then(|s| s.fencing_token) {
+            Some(token) => {
+                let written =
+                    workload.annotations().get(TOKEN_ANNOTATION) == Some(&token.to_string());
+                if workload.held_back() || !written {
+                    GateStep::Release { token }
+                } else {
+                    GateStep::Nothing
+                }
+            }
+            None => GateStep::Wait,
+        },
+        // Released (the workload finished), Expired or Failed: a terminal claim is never
+        // granted again, so a workload still held back stays so (the claim's reason says why).
+        phase => {
+            if workload.held_back() {
+                GateStep::Blocked {
+                    reason: format!(
+                        "claim {name} is {phase}; the {} stays {}",
+                        W::NAME,
+                        W::HELD_BACK
+                    ),
+                }
+            } else {
+                GateStep::Nothing
+            }
+        }
+    }
+}
+
+/// The claim a gated workload gets: owned (controller) by it, so it follows its life.
+pub fn claim_for<W: Gated>(workload: &W, claim: &str, lock: &str) -> LockClaim {
+    let mut object = LockClaim::new(claim, LockClaimSpec::for_lock(lock));
+    object.metadata.namespace = workload.namespace();
+    object.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: W::api_version(&()).into_owned(),
+        kind: W::kind(&()).into_owned(),
+        name: workload.name_any(),
+        uid: workload.meta().uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        // Setting blockOwnerDeletion needs `update` on the owner's finalizers; the claim's own
+        // finalizer already guarantees the backend release.
+        block_owner_deletion: None,
+    }]);
+    object
+}
+
+/// What the gates' passes share.
+pub struct GateContext {
+    /// The API client.
+    pub client: Client,
+    /// The claim cache (the shared claim watch).
+    pub claims: Store<LockClaim>,
+    /// Checked right before every write: only the leader creates claims and lets workloads go.
+    pub leadership: LeadershipGate,
+    /// Publishes Events about the workloads (`kubectl describe` tells why one waits).
+    pub recorder: Recorder,
+    /// Counts and times the passes.
+    pub metrics: Metrics,
+}
+
+impl GateContext {
+    /// Publishes an Event about `workload`; a failed publish is only logged.
+    async fn event<W: Gated>(&self, workload: &W, type_: EventType, reason: &str, note: String) {
+        if self.leadership.check("publishing a gate Event").is_err() {
+            return;
+        }
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: reason.to_owned(),
+            secondary: None,
+        };
+        if let Err(error) = self
+            .recorder
+            .publish(&event, &workload.object_ref(&()))
+            .await
+        {
+            tracing::debug!(kind = W::NAME, name = %workload.name_any(), %error, "cannot publish gate Event");
+        }
+    }
+}
+
+/// One pass over a workload (see the module docs).
+pub async fn reconcile<W: Gated>(
+    workload: Arc<W>,
+    ctx: Arc<GateContext>,
+) -> Result<Action, ControllerError> {
+    let mut timer = ctx.metrics.reconciles.start(W::CONTROLLER);
+    let result = gate(workload, &ctx).await;
+    timer.set_failed(result.is_err());
+    result
+}
+
+async fn gate<W: Gated>(workload: Arc<W>, ctx: &GateContext) -> Result<Action, ControllerError> {
+    let Some(lock) = workload.gate_lock() else {
+        return Ok(Action::await_change());
+    };
+    let kind = W::NAME;
+    let namespace = workload.namespace().unwrap_or_default();
+    let name = workload.name_any();
+    let claim_name = claim_name(&name, lock);
+    let cached = ctx
+        .claims
+        .get(&ObjectRef::new(&claim_name).within(&namespace));
+    let claims: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+    let mut step = decide(workload.as_ref(), cached.as_deref());
+    let writer = ApiWriter::new(ctx.leadership.clone());
+    if let GateStep::CreateClaim { claim, lock } = &step {
+        match writer
+            .create(&claims, &claim_for(workload.as_ref(), claim, lock))
+            .await?
+        {
+            Created::New(_) => {
+                tracing::info!(%namespace, kind, %name, %lock, %claim, "gated workload: claim created");
+                ctx.event(
+                    workload.as_ref(),
+                    EventType::Normal,
+                    gate_event_reasons::WAITING_FOR_LOCK,
+                    format!("{} until LockClaim {claim} holds lock {lock}", W::HELD_BACK),
+                )
+                .await;
+                return Ok(Action::await_change());
+            }
+            // The cache lags behind: decide again on the claim as it is.
+            Created::AlreadyExists => {
+                let existing = claims
+                    .get(claim)
+                    .await
+                    .map_err(|e| ControllerError::kube(format!("reading claim {claim}"), e))?;
+                step = decide(workload.as_ref(), Some(&existing));
+            }
+        }
+    }
+    match step {
+        GateStep::Release { token } => {
+            let api: Api<W> = Api::namespaced(ctx.client.clone(), &namespace);
+            let write = Write::object(&name, workload.release_patch(token));
+            writer
+                .apply(&api, &write, workload.resource_version().as_deref())
+                .await?;
+            tracing::info!(%namespace, kind, %name, %lock, token, "gated workload: lock held, let go");
+            ctx.event(
+                workload.as_ref(),
+                EventType::Normal,
+                gate_event_reasons::LOCK_HELD,
+                format!(
+                    "lock {lock} held with fencing token {token}; no longer {}",
+                    W::HELD_BACK
+                ),
+            )
+            .await;
+        }
+        GateStep::Blocked { reason } => {
+            tracing::warn!(%namespace, kind, %name, %lock, %reason, "gated workload blocked");
+            ctx.event(
+                workload.as_ref(),
+                EventType::Warning,
+                gate_event_reasons::GATE_BLOCKED,
+                reason,
+            )
+            .await;
+        }
+        GateStep::Nothing | GateStep::Wait | GateStep::CreateClaim { .. } => {}
+    }
+    Ok(Action::await_change())
+}
+
+/// Retries a failed pass soon (409s included: the next pass reads fresh state).
+pub fn error_policy<W: Gated>(
+    workload: Arc<W>,
+    error: &ControllerError,
+    _ctx: Arc<GateContext>,
+) -> Action {
+    if error.is_not_leader() {
+        // The controllers are stopping; the next leader takes over.
+        return Action::await_change();
+    }
+    let object = format!(
+        "{}/{}/{}",
+        W::NAME,
+        workload.namespace().unwrap_or_default(),
+        workload.name_any()
+    );
+    error.log_failed_pass(&object, RETRY);
+    Action::requeue(RETRY)
+}
+
+/// The workload of kind `W` a claim event concerns: its owner, if it is one.
+fn owner_of_claim<W: Gated>(claim: Arc<LockClaim>) -> Option<ObjectRef<W>> {
+    let owner = WorkloadOwner::of(claim.owner_references())?;
+    let namespace = claim.namespace()?;
+    (owner.kind == W::KIND).then(|| ObjectRef::new(&owner.name).within(&namespace))
+}
+
+/// The gate of `W` over the cache `workloads` (fed by `events`) and the shared claim watch's
+/// `claim_events`, until `stop` completes.
+pub fn run_gate<W: Gated>(
+    workloads: Store<W>,
+    events: impl Stream<Item = Arc<W>> + Send + 'static,
+    ctx: Arc<GateContext>,
+    claim_events: impl Stream<Item = Arc<LockClaim>> + Send + 'static,
+    stop: impl Future<Output = ()> + Send + Sync + 'static,
+) -> impl Future<Output = ()> + Send {
+    // No debounce: a lone event is handled at once (bursts merge in the scheduler).
+    Controller::for_shared_stream(events, workloads)
+        .watches_shared_stream(claim_events, owner_of_claim::<W>)
+        .with_config(ControllerRuntimeConfig::default())
+        .graceful_shutdown_on(stop)
+        .run(reconcile::<W>, error_policy::<W>, ctx)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(kind = W::NAME, %error, "gate");
+            }
+        })
+}

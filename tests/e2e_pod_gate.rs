@@ -1,0 +1,245 @@
+//! End to end: Pods gated by a scheduling gate. A Pod with the label `turnstile.dev/lock: db`
+//! and the scheduling gate `turnstile.dev/lock` (as a Deployment's Pod template would give
+//! every replica) gets a claim owned by it; the controller writes the fencing token to the
+//! Pod's annotation and removes the gate once the claim is held. The test plays the
+//! scheduler and kubelet: a Pod without the gate "runs". Three such replicas on a mutex run
+//! one at a time (a sampler counts ungated Pods at once), and the next one is let go when its
+//! predecessor is deleted or finishes. A gated Pod whose claim fails stays gated, with a
+//! Warning Event saying why.
+
+mod e2e_support;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use e2e_support::{phase_of, reason_of, token_of, Env, WAIT};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use turnstile_api::{ClaimPhase, LOCK_LABEL, SCHEDULING_GATE, TOKEN_ANNOTATION};
+
+/// How soon after its predecessor ends the next Pod must be let go: far below the 300 s lease.
+const HANDOFF: Duration = Duration::from_secs(15);
+
+fn pods(env: &Env) -> Api<Pod> {
+    Api::namespaced(env.client.clone(), &env.namespace)
+}
+
+/// A replica as a ReplicaSet makes it from a gated template.
+async fn create_gated_pod(env: &Env, name: &str, lock: &str) {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {LOCK_LABEL: lock, "app": "web"}},
+        "spec": {
+            "schedulingGates": [{"name": SCHEDULING_GATE}],
+            "containers": [{"name": "app", "image": "busybox"}]
+        }
+    }))
+    .expect("pod");
+    pods(env)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+}
+
+fn is_gated(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|spec| spec.scheduling_gates.as_ref())
+        .is_some_and(|gates| gates.iter().any(|gate| gate.name == SCHEDULING_GATE))
+}
+
+fn is_finished(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// The Pods past the gate and not finished: those the scheduler would run.
+async fn running(env: &Env) -> BTreeSet<String> {
+    pods(env)
+        .list(&Default::default())
+        .await
+        .expect("list pods")
+        .items
+        .into_iter()
+        .filter(|pod| {
+            !is_gated(pod) && !is_finished(pod) && pod.metadata.deletion_timestamp.is_none()
+        })
+        .filter_map(|pod| pod.metadata.name)
+        .collect()
+}
+
+/// Waits until exactly one Pod runs, other than those in `done`; returns it.
+async fn next_running(env: &Env, done: &BTreeSet<String>) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let now: Vec<String> = running(env)
+            .await
+            .into_iter()
+            .filter(|pod| !done.contains(pod))
+            .collect();
+        if let [only] = now.as_slice() {
+            return only.clone();
+        }
+        assert!(Instant::now() < deadline, "no single next Pod ran: {now:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn set_pod_phase(env: &Env, name: &str, phase: &str) {
+    pods(env)
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"phase": phase}})),
+        )
+        .await
+        .expect("pod status");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gated_replicas_on_a_mutex_run_one_at_a_time() {
+    let mut env = Env::new().await;
+    env.start_default_controller();
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    for name in ["web-a", "web-b", "web-c"] {
+        create_gated_pod(&env, name, "db").await;
+    }
+
+    // The sampler: never more than one Pod past the gate at once.
+    let most = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (most, stop) = (most.clone(), stop.clone());
+        let pods = pods(&env);
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(list) = pods.list(&Default::default()).await {
+                    let now = list
+                        .items
+                        .iter()
+                        .filter(|pod| !is_gated(pod) && !is_finished(pod))
+                        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+                        .count();
+                    most.fetch_max(now, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+
+    let mut done = BTreeSet::new();
+    let first = next_running(&env, &done).await;
+    set_pod_phase(&env, &first, "Running").await;
+    let claim = env
+        .wait_phase(&format!("{first}-db"), ClaimPhase::Held)
+        .await;
+    assert_eq!(token_of(&claim), Some(1));
+    let owner = &claim.metadata.owner_references.clone().unwrap_or_default()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("Pod", first.as_str())
+    );
+    let pod = pods(&env).get(&first).await.expect("pod");
+    assert_eq!(
+        pod.metadata
+            .annotations
+            .unwrap_or_default()
+            .get(TOKEN_ANNOTATION)
+            .map(String::as_str),
+        Some("1"),
+        "the token is on the Pod for the downward API"
+    );
+    env.wait_event(&first, "LockHeld").await;
+    for waiting in ["web-a", "web-b", "web-c"]
+        .iter()
+        .filter(|pod| **pod != first)
+    {
+        env.wait_event(waiting, "WaitingForLock").await;
+    }
+
+    // The running Pod is deleted: its claim goes with it and the next Pod is let go.
+    pods(&env)
+        .delete(&first, &DeleteParams::default())
+        .await
+        .expect("delete pod");
+    let deleted = Instant::now();
+    done.insert(first);
+    let second = next_running(&env, &done).await;
+    assert!(deleted.elapsed() < HANDOFF, "took {:?}", deleted.elapsed());
+    set_pod_phase(&env, &second, "Running").await;
+    let claim = env
+        .wait_phase(&format!("{second}-db"), ClaimPhase::Held)
+        .await;
+    assert_eq!(token_of(&claim), Some(2));
+
+    // It finishes: the last one is let go.
+    set_pod_phase(&env, &second, "Succeeded").await;
+    let finished = Instant::now();
+    done.insert(second.clone());
+    let third = next_running(&env, &done).await;
+    assert!(
+        finished.elapsed() < HANDOFF,
+        "took {:?}",
+        finished.elapsed()
+    );
+    let claim = env
+        .wait_phase(&format!("{third}-db"), ClaimPhase::Held)
+        .await;
+    assert_eq!(token_of(&claim), Some(3));
+    let released = env.claim(&format!("{second}-db")).await;
+    assert_eq!(reason_of(&released).as_deref(), Some("OwnerFinished"));
+
+    stop.store(true, Ordering::Relaxed);
+    sampler.await.expect("sampler");
+    assert_eq!(
+        most.load(Ordering::Relaxed),
+        1,
+        "Pods past the gate at once"
+    );
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gated_pod_whose_claim_fails_stays_gated_and_says_why() {
+    let mut env = Env::new().await;
+    env.start_default_controller();
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.apply_claim("holder", "db", "");
+    env.wait_phase("holder", ClaimPhase::Held).await;
+    create_gated_pod(&env, "web-x", "db").await;
+    env.wait_claim("web-x-db", |claim| {
+        phase_of(claim) == Some(ClaimPhase::Pending)
+    })
+    .await;
+    // Someone gives the Pod's claim a deadline it cannot meet.
+    env.patch_claim_spec("web-x-db", json!({"acquireTimeoutSeconds": 1}))
+        .await;
+    let failed = env.wait_phase("web-x-db", ClaimPhase::Failed).await;
+    assert_eq!(reason_of(&failed).as_deref(), Some("AcquireTimeout"));
+    env.wait_event("web-x", "GateBlocked").await;
+    let pod = pods(&env).get("web-x").await.expect("pod");
+    assert!(is_gated(&pod), "a Pod whose claim failed stays gated");
+
+    // A labelled Pod created without the gate is not held back (it may be running already).
+    let plain: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "web-y", "labels": {LOCK_LABEL: "db"}},
+        "spec": {"containers": [{"name": "app", "image": "busybox"}]}
+    }))
+    .expect("pod");
+    pods(&env)
+        .create(&PostParams::default(), &plain)
+        .await
+        .expect("create pod");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(env
+        .claims()
+        .get_opt("web-y-db")
+        .await
+        .expect("get")
+        .is_none());
+    env.stop_controller().await;
+}
