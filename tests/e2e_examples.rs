@@ -15,7 +15,10 @@
 //!   lock-delay are on the lock;
 //! - `gated-deployment.yaml`: the fake serves no `apps/v1`, so the test is the ReplicaSet and
 //!   makes each replica from the Pod template: they are let go one at a time, each with the
-//!   next token in its annotation.
+//!   next token in its annotation;
+//! - `cronjobs-sharing-a-lock.yaml`: the test is the CronJob controller (four runs of the two
+//!   CronJobs due at once, made from their job templates) and the Job controller: the runs go
+//!   one at a time, tokens increasing.
 //!
 //! The fake serves no RBAC kinds, so `Role`/`RoleBinding` documents are skipped, and kubectl's
 //! client-side validation is off (`--validate=false`: it cannot validate the `batch` group
@@ -756,5 +759,75 @@ async fn the_gated_deployment_example_lets_its_replicas_go_one_at_a_time() {
         env.wait_gone(&format!("{name}-{LOCK}")).await;
     }
     assert_eq!(let_go.len() as u64, replicas);
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cronjobs_example_never_runs_two_jobs_at_once() {
+    let Some(mut env) = Env::fake_only("the_cronjobs_example_never_runs_two_jobs_at_once").await
+    else {
+        return;
+    };
+    env.start_default_controller();
+    let scratch = Scratch::new(&env);
+    let docs = documents(&example("cronjobs-sharing-a-lock.yaml"));
+    let lock = find(&docs, "DistributedLock").clone();
+    scratch.apply(&env, &[lock]).await;
+    let cronjobs: Vec<&Value> = docs.iter().filter(|doc| doc["kind"] == "CronJob").collect();
+    assert_eq!(cronjobs.len(), 2);
+    // The fake serves no CronJobs: the test is the CronJob controller, and both schedules fire
+    // twice in a row, so four runs are due at once.
+    let mut runs = Vec::new();
+    for tick in 0..2 {
+        for cronjob in &cronjobs {
+            let template = &cronjob["spec"]["jobTemplate"];
+            let name = format!(
+                "{}-{tick}",
+                cronjob["metadata"]["name"].as_str().expect("name")
+            );
+            let job: Job = serde_json::from_value(json!({
+                "metadata": {"name": name, "annotations": template["metadata"]["annotations"]},
+                "spec": template["spec"],
+            }))
+            .expect("job");
+            jobs(&env)
+                .create(&PostParams::default(), &job)
+                .await
+                .expect("create job");
+            runs.push(name);
+        }
+    }
+    // The test is also the Job controller: a run that is let go finishes, then the next goes.
+    let mut tokens = Vec::new();
+    let mut finished: Vec<String> = Vec::new();
+    for _ in 0..runs.len() {
+        let deadline = Instant::now() + WAIT;
+        let running = loop {
+            let list = jobs(&env).list(&Default::default()).await.expect("jobs");
+            let going: Vec<Job> = list
+                .items
+                .into_iter()
+                .filter(|job| !is_suspended(job))
+                .filter(|job| !finished.contains(job.metadata.name.as_ref().expect("name")))
+                .collect();
+            assert!(going.len() <= 1, "two runs at once: {}", going.len());
+            if let [job] = going.as_slice() {
+                break job.clone();
+            }
+            assert!(Instant::now() < deadline, "no run was let go");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let name = running.metadata.name.clone().expect("name");
+        tokens.push(annotation(running.metadata.annotations.as_ref()));
+        complete_job(&env, &name).await;
+        env.wait_phase(&format!("{name}-reports"), ClaimPhase::Released)
+            .await;
+        finished.push(name);
+    }
+    finished.sort();
+    runs.sort();
+    assert_eq!(finished, runs, "every run ran");
+    let expected: Vec<Option<String>> = (1..=4).map(|t| Some(t.to_string())).collect();
+    assert_eq!(tokens, expected, "one after the other, tokens increasing");
     env.stop_controller().await;
 }
