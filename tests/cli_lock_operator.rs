@@ -96,14 +96,20 @@ async fn until_claims(env: &Env, lock: &str, count: usize) -> Vec<LockClaim> {
     }
 }
 
+/// The fake API server, the controller, and the DistributedLock `db`.
+async fn env_with_lock() -> Env {
+    let mut env = Env::new().await;
+    env.start_default_controller();
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env
+}
+
 const RECORD: &str =
     "echo $TURNSTILE_FENCING_TOKEN > $1.token; echo $TURNSTILE_LOCK_CLAIM > $1.claim";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_under_a_claim_of_its_own_and_a_second_run_waits_for_the_first() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
-    env.apply_lock("db", "leaseDurationSeconds: 300");
+    let mut env = env_with_lock().await;
     let dir = tempfile::tempdir().expect("dir");
 
     // The first run holds until `go` exists; the second waits behind it.
@@ -151,9 +157,7 @@ async fn runs_under_a_claim_of_its_own_and_a_second_run_waits_for_the_first() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lease_is_renewed_while_the_command_runs() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
-    env.apply_lock("db", "leaseDurationSeconds: 300");
+    let mut env = env_with_lock().await;
     let dir = tempfile::tempdir().expect("dir");
     // A 3 s lease and a command of 8 s: only renewals keep the grant.
     let run = spawn_lock(
@@ -175,9 +179,7 @@ async fn the_lease_is_renewed_while_the_command_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_lost_while_the_command_runs_stops_it_with_76() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
-    env.apply_lock("db", "leaseDurationSeconds: 300");
+    let mut env = env_with_lock().await;
     let dir = tempfile::tempdir().expect("dir");
     let run = spawn_lock(
         &env,
@@ -201,9 +203,7 @@ async fn a_claim_lost_while_the_command_runs_stops_it_with_76() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn giving_up_leaves_no_claim_behind() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
-    env.apply_lock("db", "leaseDurationSeconds: 300");
+    let mut env = env_with_lock().await;
     env.apply_claim("holder", "db", "");
     env.wait_phase("holder", ClaimPhase::Held).await;
     let dir = tempfile::tempdir().expect("dir");

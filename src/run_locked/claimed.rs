@@ -24,9 +24,11 @@ use kube::runtime::watcher;
 use kube::ResourceExt;
 use tokio::time::Instant;
 
-use super::child::{self, shell_exit_code, Supervised};
+use super::child::{self, Supervised};
 use super::signals::TerminationSignals;
-use super::{exit_code, renewal_interval, spawn_failure, stop_after_loss, LockArgs};
+use super::{
+    command_ended, exit_code, pass_on, renewal_interval, spawn_failure, stop_after_loss, LockArgs,
+};
 use crate::oneshot::{client_in_namespace, error_chain, Outcome, EXIT_USAGE};
 use crate::wait::{assess, describe, Verdict};
 use turnstile_api::{ClaimMode, DistributedLock, LockClaim, LockClaimSpec};
@@ -228,19 +230,8 @@ impl Holding<'_> {
         let mut lease_ends = Instant::now() + self.args.ttl;
         loop {
             tokio::select! {
-                status = command.wait() => {
-                    return match status {
-                        Ok(status) => Outcome::quiet(shell_exit_code(status)),
-                        Err(error) => Outcome::with_reason(
-                            exit_code::INTERNAL,
-                            format!("lost track of the command: {error}"),
-                        ),
-                    };
-                }
-                signal = signals.recv() => {
-                    tracing::info!(%signal, pid = command.pid(), "passing the signal on to the command");
-                    command.signal(signal);
-                }
+                status = command.wait() => return command_ended(status),
+                signal = signals.recv() => pass_on(&mut command, signal),
                 _ = renew.tick() => match self.renew().await {
                     Ok(()) => lease_ends = Instant::now() + self.args.ttl,
                     Err(error) => tracing::warn!(claim = %self.name, error = %error_chain(&error), "renewal failed; retrying"),

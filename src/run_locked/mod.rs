@@ -266,25 +266,31 @@ async fn hold(
     tokio::pin!(renewing);
     loop {
         tokio::select! {
-            status = command.wait() => {
-                return match status {
-                    Ok(status) => Outcome::quiet(shell_exit_code(status)),
-                    Err(error) => Outcome::with_reason(
-                        exit_code::INTERNAL,
-                        format!("lost track of the command: {error}"),
-                    ),
-                };
-            }
-            signal = signals.recv() => {
-                tracing::info!(%signal, pid = command.pid(), "passing the signal on to the command");
-                command.signal(signal);
-            }
+            status = command.wait() => return command_ended(status),
+            signal = signals.recv() => pass_on(&mut command, signal),
             loss = &mut renewing => {
                 let what = format!("lock {key:?} (fencing token {})", lock.fencing_token());
                 return stop_after_loss(args, &what, &mut command, &loss).await;
             }
         }
     }
+}
+
+/// The outcome of a command that ended by itself: its exit status, as a shell reports it.
+fn command_ended(status: std::io::Result<std::process::ExitStatus>) -> Outcome {
+    match status {
+        Ok(status) => Outcome::quiet(shell_exit_code(status)),
+        Err(error) => Outcome::with_reason(
+            exit_code::INTERNAL,
+            format!("lost track of the command: {error}"),
+        ),
+    }
+}
+
+/// Passes a termination signal sent to turnstile on to the command.
+fn pass_on(command: &mut Supervised, signal: nix::sys::signal::Signal) {
+    tracing::info!(%signal, pid = command.pid(), "passing the signal on to the command");
+    command.signal(signal);
 }
 
 /// Stops the command after `what` (the lock and its token) was lost and says so.
