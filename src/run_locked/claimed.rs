@@ -38,18 +38,9 @@ const MAX_WATCH_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Runs `turnstile lock --lock NAME` (see the module docs) and says how it ended; the claim
 /// is deleted before it returns.
-pub async fn lock_through_claim(args: &LockArgs) -> Outcome {
+pub async fn lock_through_claim(args: &LockArgs, signals: &mut TerminationSignals) -> Outcome {
     let Some(lock) = args.lock.as_deref() else {
         return Outcome::with_reason(EXIT_USAGE, "give --backend and a KEY, or --lock NAME");
-    };
-    let mut signals = match TerminationSignals::catch() {
-        Ok(signals) => signals,
-        Err(error) => {
-            return Outcome::with_reason(
-                exit_code::INTERNAL,
-                format!("cannot catch SIGTERM/SIGINT: {error}"),
-            )
-        }
     };
     let (client, namespace) = match client_in_namespace(
         args.namespace.as_deref(),
@@ -94,7 +85,7 @@ pub async fn lock_through_claim(args: &LockArgs) -> Outcome {
         name: &name,
         lock,
     };
-    let outcome = holding.acquire_and_run(&mut signals).await;
+    let outcome = holding.acquire_and_run(signals).await;
     // Deleting hands the lock on at once (the controller's finalizer releases the grant).
     if let Err(error) = claims.delete(&name, &DeleteParams::default()).await {
         if !matches!(&error, kube::Error::Api(status) if status.code == 404) {

@@ -150,9 +150,6 @@ fn retry_policy(wait: Option<Duration>) -> RetryPolicy {
 /// is cleaned up before it returns.
 pub async fn lock_command(args: LockArgs) -> Outcome {
     init_logging();
-    let (Some(backend_url), Some(key)) = (args.backend.clone(), args.key.clone()) else {
-        return claimed::lock_through_claim(&args).await;
-    };
     // Caught before acquiring, so a SIGTERM while waiting still leaves the queue cleanly.
     let mut signals = match TerminationSignals::catch() {
         Ok(signals) => signals,
@@ -162,6 +159,9 @@ pub async fn lock_command(args: LockArgs) -> Outcome {
                 format!("cannot catch SIGTERM/SIGINT: {error}"),
             )
         }
+    };
+    let (Some(backend_url), Some(key)) = (args.backend.clone(), args.key.clone()) else {
+        return claimed::lock_through_claim(&args, &mut signals).await;
     };
     let backend = match backend_url.connect().await {
         Ok(backend) => backend,
