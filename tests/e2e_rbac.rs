@@ -1,6 +1,7 @@
 //! The deployed RBAC covers every call the controller makes. Representative flows run
 //! against the fake API server (locks, claims and their status, finalizers, Events, the
-//! leader Lease, claims owned by a Pod and a Job, a gated Job, an orphan claim, an expiry);
+//! leader Lease, claims owned by a Pod and a Job, a gated Job and a gated Pod, an orphan
+//! claim, an expiry);
 //! the controller has a client of its own whose requests are tagged, so the fake's request
 //! log tells them from the test's. Every request it made must be granted by the rendered
 //! `deploy/` ClusterRole or, for the Lease, the namespaced leader-election Role (with its
@@ -166,6 +167,28 @@ async fn the_deployed_rbac_grants_every_call_the_controller_makes() {
         assert!(
             Instant::now() < deadline,
             "the gated Job was never un-suspended"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A gated Pod (on its own lock): its claim is created and its scheduling gate removed.
+    env.apply_lock("pods", "leaseDurationSeconds: 300");
+    env.apply(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: gated-pod\n  labels:\n    turnstile.dev/lock: pods\nspec:\n  schedulingGates:\n  - name: turnstile.dev/lock\n  containers:\n  - name: main\n    image: busybox\n",
+    );
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let pod = pods.get("gated-pod").await.expect("gated pod");
+        let gates = pod
+            .spec
+            .and_then(|spec| spec.scheduling_gates)
+            .unwrap_or_default();
+        if gates.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the gated Pod's gate was never removed"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
