@@ -570,3 +570,27 @@ fn an_unreachable_api_server_exits_1_with_one_line_from_wait_and_queue() {
         assert!(line.starts_with("turnstile: "), "{args:?}: {line:?}");
     }
 }
+
+#[test]
+fn help_never_shows_the_backend_urls_from_the_environment() {
+    // URLs with credentials come from Secrets as env vars: `--help` must not print them.
+    for (args, variable) in [
+        (&["run", "--help"][..], "TURNSTILE_REDIS_URL"),
+        (&["run", "--help"][..], "TURNSTILE_MONGO_URL"),
+        (&["lock", "--help"][..], "TURNSTILE_BACKEND_URL"),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .args(args)
+            .env(variable, "redis://user:s3cret-in-env@backend:6379")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run turnstile --help");
+        let help = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{args:?}");
+        assert!(help.contains(variable), "{args:?} names {variable}: {help}");
+        assert!(
+            !help.contains("s3cret-in-env"),
+            "{args:?} printed the value of {variable}"
+        );
+    }
+}
