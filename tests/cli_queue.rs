@@ -186,6 +186,10 @@ async fn queue_shows_holders_and_waiters_in_grant_order() {
     );
     assert_eq!(controller_order[1], "zulu");
 
+    // From here on nobody but `turnstile queue` talks to the API server, so every request in
+    // the fake's log is its own: it must only read.
+    env.stop_controller().await;
+    let log_start = env.fake.as_ref().map(|fake| fake.request_log().len());
     let namespace = env.namespace.clone();
     let args = ["queue", "pool", "-n", namespace.as_str()];
 
@@ -311,7 +315,18 @@ async fn queue_shows_holders_and_waiters_in_grant_order() {
     let (holders, waiters, _) = json_order(&String::from_utf8_lossy(&output.stdout));
     assert_eq!((holders, waiters), (holder_names, controller_order));
 
-    env.stop_controller().await;
+    if let (Some(fake), Some(start)) = (&env.fake, log_start) {
+        let log = fake.request_log();
+        let writes: Vec<String> = log[start..]
+            .iter()
+            .filter(|r| {
+                !matches!(r.verb.as_str(), "get" | "list" | "watch") && r.is_resource_request
+            })
+            .map(|r| format!("{} {}", r.verb, r.path))
+            .collect();
+        assert!(log.len() > start, "the queue commands were logged");
+        assert!(writes.is_empty(), "turnstile queue wrote: {writes:?}");
+    }
 }
 
 /// The absolute path of `program` on the current `PATH`.

@@ -238,3 +238,35 @@ async fn a_pass_among_ten_thousand_cached_claims_touches_only_its_own() {
     );
     controller.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_re_syncs_without_writing() {
+    let Some(env) = Env::fake_only("a_restart_re_syncs_without_writing").await else {
+        return;
+    };
+    let controller = env.spawn_controller_with(
+        tagged_client(env.server(), CONTROLLER),
+        ControllerConfig::default(),
+    );
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.queue_of_three("db").await;
+    settled_writes(&env, Duration::from_millis(500)).await;
+    controller.stop().await;
+    let before = controller_writes(&env).len();
+
+    // A new controller (fresh caches, fresh memory backend rebuilt from the statuses) finds
+    // everything as it should be: nothing to write.
+    let restarted = env.spawn_controller_with(
+        tagged_client(env.server(), CONTROLLER),
+        ControllerConfig::default(),
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = settled_writes(&env, Duration::from_millis(500)).await;
+    let extra: Vec<String> = after[before..]
+        .iter()
+        .map(|request| format!("{} {}", request.verb, request.path))
+        .collect();
+    assert!(extra.is_empty(), "the re-sync wrote: {extra:?}");
+    assert_eq!(phase_of(&env.claim("a").await), Some(ClaimPhase::Held));
+    restarted.stop().await;
+}
