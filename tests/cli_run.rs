@@ -1,0 +1,116 @@
+//! `turnstile run` as the binary, configured only by its environment, as `deploy/` passes
+//! Secrets: `TURNSTILE_REDIS_URL`, `TURNSTILE_MONGO_URL` and `TURNSTILE_MONGO_DATABASE` (a
+//! real `redis-server` and the MongoDB test server), against the fake API server. A lock on
+//! each backend gets its claim granted, and the grant is in that backend under the
+//! documented names: the env vars work as their flags do. `--log-format json` writes JSON
+//! lines with the documented fields.
+
+mod e2e_support;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use e2e_support::{token_of, Env, WAIT};
+use test_servers::{MongoServer, RedisServer, Unavailable};
+use tokio::process::{Child, Command};
+use turnstile_api::ClaimPhase;
+use turnstile_lock::backend::{MongoBackend, MongoBackendConfig};
+use turnstile_lock::Backend;
+
+const DATABASE: &str = "turnstile_env_test";
+
+fn spawn_run(env: &Env, vars: &[(&str, &str)]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["run", "--namespace", &env.namespace, "--log-format", "json"])
+        .envs(vars.iter().copied())
+        .env("KUBECONFIG", &env.kubeconfig)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn turnstile run")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_takes_its_backends_from_the_environment() {
+    let mongo = match tokio::task::spawn_blocking(MongoServer::for_tests)
+        .await
+        .expect("launcher thread")
+    {
+        Ok(server) => Some(server),
+        Err(Unavailable::Skip(reason)) => {
+            println!("MongoDB part skipped: {reason}");
+            None
+        }
+        Err(Unavailable::Fail(error)) => panic!("MongoDB test server unavailable: {error}"),
+    };
+    let redis = RedisServer::start().expect("start redis-server");
+    let env = Env::new().await;
+    let mut vars = vec![("TURNSTILE_REDIS_URL", redis.url().to_owned())];
+    if let Some(mongo) = &mongo {
+        vars.push(("TURNSTILE_MONGO_URL", mongo.uri().to_owned()));
+        vars.push(("TURNSTILE_MONGO_DATABASE", DATABASE.to_owned()));
+    }
+    let borrowed: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut controller = spawn_run(&env, &borrowed);
+
+    env.apply_lock("on-redis", "backend: redis\nleaseDurationSeconds: 300");
+    env.apply_claim("r", "on-redis", "");
+    let held = env.wait_phase("r", ClaimPhase::Held).await;
+    assert_eq!(token_of(&held), Some(1));
+    let key = format!("turnstile:{{{}/on-redis}}:holders", env.namespace);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let keys = std::process::Command::new("redis-cli")
+            .args(["-p", &redis.port().to_string(), "--scan"])
+            .output()
+            .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+            .unwrap_or_default();
+        if keys.contains(&key) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no {key} in Redis: {keys}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    if let Some(mongo) = &mongo {
+        env.apply_lock("on-mongo", "backend: mongo\nleaseDurationSeconds: 300");
+        env.apply_claim("m", "on-mongo", "");
+        env.wait_phase("m", ClaimPhase::Held).await;
+        // In the database TURNSTILE_MONGO_DATABASE names, not the default one.
+        let reader =
+            MongoBackend::connect(mongo.uri(), MongoBackendConfig::new().database(DATABASE))
+                .await
+                .expect("connect to MongoDB");
+        let snapshot = reader
+            .snapshot(&format!("{}/on-mongo", env.namespace))
+            .await
+            .expect("snapshot");
+        assert_eq!(snapshot.holders.len(), 1, "{snapshot:?}");
+    }
+
+    controller.start_kill().expect("stop turnstile run");
+    let output = controller.wait_with_output().await.expect("output");
+    // JSON lines with a level, a message and the span's lock.
+    let logs = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<serde_json::Value> = logs
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect();
+    assert!(!lines.is_empty(), "no JSON log lines: {logs}");
+    assert!(
+        lines
+            .iter()
+            .all(|line| line.get("level").is_some() && line.get("timestamp").is_some()),
+        "{logs}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|line| line["fields"]["message"] == "controller starting"),
+        "{logs}"
+    );
+}
