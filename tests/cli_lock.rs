@@ -225,6 +225,17 @@ async fn runs_the_command_with_its_token_and_key_then_releases() {
 
     let second = fx.run("team/report", &[], script).await;
     assert_eq!(stdout(&second), "2 team/report\n", "{}", stderr(&second));
+
+    // The backend from TURNSTILE_BACKEND_URL instead of --backend.
+    let from_env = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["lock", "team/report", "--", "sh", "-c", script])
+        .env("TURNSTILE_BACKEND_URL", &fx.url)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("run turnstile lock");
+    assert_eq!(code(&from_env), 0, "{}", stderr(&from_env));
+    assert_eq!(stdout(&from_env), "3 team/report\n");
 }
 
 #[tokio::test]
