@@ -147,8 +147,8 @@ async fn a_running_pod_keeps_its_claim_and_finishing_releases_it() {
     env.stop_controller().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_completed_job_releases_its_claim() {
+/// A Job-owned claim, held, released once the Job gets the `condition` (`Complete` or `Failed`).
+async fn a_finished_job_releases_its_claim(condition: &str) {
     let mut env = Env::new().await;
     env.start_default_controller();
     env.apply_lock("db", "leaseDurationSeconds: 300");
@@ -181,7 +181,7 @@ async fn a_completed_job_releases_its_claim() {
         "migrate",
         &PatchParams::default(),
         &Patch::Merge(&json!({"status": {"conditions": [
-            {"type": "Complete", "status": "True"}
+            {"type": condition, "status": "True"}
         ]}})),
     )
     .await
@@ -189,9 +189,22 @@ async fn a_completed_job_releases_its_claim() {
     let finished = Instant::now();
     // Nothing about the claim changed: only the Job watch can tell the controller.
     let done = env.wait_phase("migrate-db", ClaimPhase::Released).await;
-    assert_prompt(finished, "releasing the claim of a completed Job");
+    assert_prompt(
+        finished,
+        &format!("releasing the claim of a Job that is {condition}"),
+    );
     assert_eq!(reason_of(&done).as_deref(), Some("OwnerFinished"));
     env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completed_job_releases_its_claim() {
+    a_finished_job_releases_its_claim("Complete").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_job_releases_its_claim() {
+    a_finished_job_releases_its_claim("Failed").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
