@@ -18,7 +18,7 @@
 //!   next token in its annotation;
 //! - `cronjobs-sharing-a-lock.yaml`: the test is the CronJob controller (four runs of the two
 //!   CronJobs due at once, made from their job templates) and the Job controller: the runs go
-//!   one at a time, tokens increasing.
+//!   one at a time, tokens increasing, a failed run handing on as a completed one does.
 //!
 //! The fake serves no RBAC kinds, so `Role`/`RoleBinding` documents are skipped, and kubectl's
 //! client-side validation is off (`--validate=false`: it cannot validate the `batch` group
@@ -184,12 +184,17 @@ async fn set_pod_phase(env: &Env, pod: &str, phase: &str) {
 }
 
 async fn complete_job(env: &Env, job: &str) {
+    finish_job(env, job, "Complete").await;
+}
+
+/// Plays the Job controller: the Job gets the condition `condition` (`Complete`, `Failed`).
+async fn finish_job(env: &Env, job: &str, condition: &str) {
     jobs(env)
         .patch_status(
             job,
             &PatchParams::default(),
             &Patch::Merge(&json!({"status": {"conditions": [
-                {"type": "Complete", "status": "True"}
+                {"type": condition, "status": "True"}
             ]}})),
         )
         .await
@@ -819,7 +824,12 @@ async fn the_cronjobs_example_never_runs_two_jobs_at_once() {
         };
         let name = running.metadata.name.clone().expect("name");
         tokens.push(annotation(running.metadata.annotations.as_ref()));
-        complete_job(&env, &name).await;
+        // The second run fails: a failed run hands the lock on just as a completed one does.
+        if finished.len() == 1 {
+            finish_job(&env, &name, "Failed").await;
+        } else {
+            complete_job(&env, &name).await;
+        }
         env.wait_phase(&format!("{name}-reports"), ClaimPhase::Released)
             .await;
         finished.push(name);
