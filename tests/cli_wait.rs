@@ -257,6 +257,15 @@ async fn timeout_exits_75_and_says_where_the_claim_stands() {
         line.contains("Pending, position 3 (Queued: position 3 in the queue)"),
         "{line}"
     );
+    // The claim keeps its place: a restarted init container finds it again.
+    let claim = cluster
+        .claims()
+        .get("slow")
+        .await
+        .expect("the claim is still there");
+    assert_eq!(claim.metadata.deletion_timestamp, None);
+    assert_eq!(claim.spec.release, None, "not released");
+    assert_eq!(claim.status.and_then(|s| s.position), Some(3));
 }
 
 #[tokio::test]
