@@ -253,5 +253,19 @@ mod tests {
         assert_eq!(second, BACKOFF_BASE * 2);
         ctx.reset_backoff("lock/ns/db");
         assert_eq!(ctx.retry_delay("lock/ns/db", &api_error(500)), BACKOFF_BASE);
+
+        // Doubling from 0.5 s, capped at 60 s however long the failures go on.
+        let delays: Vec<Duration> = (0..20).map(|_| ctx.backoff("ns/redis-lock")).collect();
+        assert_eq!(
+            delays[..4],
+            [500, 1000, 2000, 4000].map(Duration::from_millis)
+        );
+        assert_eq!(
+            delays[7],
+            Duration::from_secs(60),
+            "0.5 s × 2⁷ = 64 s, capped"
+        );
+        assert!(delays.iter().all(|delay| *delay <= Duration::from_secs(60)));
+        assert_eq!(delays[19], Duration::from_secs(60));
     }
 }
