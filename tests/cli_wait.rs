@@ -235,6 +235,7 @@ async fn terminal_phases_exit_with_their_codes_and_reasons() {
         );
         let line = stderr(&output);
         assert_eq!(line.lines().count(), 1, "one line: {line}");
+        assert!(line.starts_with("turnstile: "), "{line}");
         assert!(line.contains(&format!("LockClaim {name}")), "{line}");
         assert!(
             line.contains(&format!("it is {phase} ({reason}:")),
@@ -450,6 +451,43 @@ async fn create_makes_the_claim_owned_by_the_pod_and_adopts_it_on_restart() {
         stderr(&stolen)
     );
     assert_eq!(stdout(&stolen), "");
+
+    // The same Pod asking for another lock under this claim's name: refused too.
+    cluster.create_lock("other").await;
+    let other_lock =
+        finish(cluster.spawn_wait(&["web-0-db", "--create", "--lock", "other"], &env)).await;
+    assert_eq!(code(&other_lock), 8, "{}", stderr(&other_lock));
+    let line = stderr(&other_lock);
+    assert!(
+        line.starts_with("turnstile: ") && line.contains("already exists for lock \"db\""),
+        "{line}"
+    );
+}
+
+#[test]
+fn lock_and_queue_help_end_with_their_exit_codes() {
+    for (command, codes) in [
+        ("lock", &["69", "75", "76", "126 / 127"][..]),
+        ("queue", &["6"][..]),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
+            .args([command, "--help"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run turnstile --help");
+        assert_eq!(code(&output), 0, "{command}");
+        let help = stdout(&output);
+        let exit_codes = help
+            .split("Exit codes:")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{command} --help has no exit codes: {help}"));
+        for code in codes {
+            assert!(
+                exit_codes.contains(code),
+                "{command} --help lacks {code}: {help}"
+            );
+        }
+    }
 }
 
 #[tokio::test]
