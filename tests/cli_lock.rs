@@ -579,3 +579,33 @@ async fn memory_is_refused_and_an_unreachable_backend_reported() {
     );
     assert!(!dir.path().join("ran").exists());
 }
+
+#[tokio::test]
+async fn runs_on_mongodb_too() {
+    let mongo = match tokio::task::spawn_blocking(test_servers::MongoServer::for_tests)
+        .await
+        .expect("launcher thread")
+    {
+        Ok(server) => server,
+        Err(test_servers::Unavailable::Skip(reason)) => {
+            println!("skipped: {reason}");
+            return;
+        }
+        Err(test_servers::Unavailable::Fail(error)) => {
+            panic!("MongoDB test server unavailable: {error}")
+        }
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    let url = mongo.uri().to_owned();
+    let key = format!("cli-{}", std::process::id());
+    let script = r#"echo "$TURNSTILE_FENCING_TOKEN""#;
+    let first = finish(spawn_lock(&url, &key, &[], script, &dir)).await;
+    assert_eq!(code(&first), 0, "{}", stderr(&first));
+    let second = finish(spawn_lock(&url, &key, &[], script, &dir)).await;
+    assert_eq!(code(&second), 0, "{}", stderr(&second));
+    let tokens: Vec<u64> = [&first, &second]
+        .iter()
+        .map(|output| stdout(output).trim().parse().expect("a token"))
+        .collect();
+    assert!(tokens[1] > tokens[0], "{tokens:?}");
+}
