@@ -429,18 +429,21 @@ async fn wait_gives_up_on_a_held_key_and_sigterm_reaches_the_holders_command() {
 async fn sigterm_while_waiting_leaves_the_queue() {
     let mut fx = Fixture::start().await;
     let holder = fx.holder("q", &[], "held").await;
-    let waiter = fx.lock("q", &[], "touch ran");
-    fx.until_queued("q").await;
-    kill(pid_of(&waiter), Signal::SIGTERM).unwrap();
-    let waiter = finish(waiter).await;
-    assert_eq!(code(&waiter), 128 + 15, "{}", stderr(&waiter));
-    assert!(
-        stderr(&waiter).contains("while waiting for lock"),
-        "{}",
-        stderr(&waiter)
-    );
-    assert_eq!(fx.zcard("q", "queue").await, 0, "left the queue");
-    assert!(!fx.path("ran").exists());
+    // SIGTERM and SIGINT alike: leave the queue and exit with 128+N.
+    for signal in [Signal::SIGTERM, Signal::SIGINT] {
+        let waiter = fx.lock("q", &[], "touch ran");
+        fx.until_queued("q").await;
+        kill(pid_of(&waiter), signal).unwrap();
+        let waiter = finish(waiter).await;
+        assert_eq!(code(&waiter), 128 + signal as i32, "{}", stderr(&waiter));
+        assert!(
+            stderr(&waiter).contains("while waiting for lock"),
+            "{}",
+            stderr(&waiter)
+        );
+        assert_eq!(fx.zcard("q", "queue").await, 0, "{signal}: left the queue");
+        assert!(!fx.path("ran").exists());
+    }
 
     fx.go();
     assert_eq!(code(&finish(holder).await), 0);
