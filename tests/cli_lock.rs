@@ -585,18 +585,11 @@ async fn memory_is_refused_and_an_unreachable_backend_reported() {
 
 #[tokio::test]
 async fn runs_on_mongodb_too() {
-    let mongo = match tokio::task::spawn_blocking(test_servers::MongoServer::for_tests)
+    let Some(mongo) = tokio::task::spawn_blocking(test_servers::MongoServer::shared_or_skip)
         .await
         .expect("launcher thread")
-    {
-        Ok(server) => server,
-        Err(test_servers::Unavailable::Skip(reason)) => {
-            println!("skipped: {reason}");
-            return;
-        }
-        Err(test_servers::Unavailable::Fail(error)) => {
-            panic!("MongoDB test server unavailable: {error}")
-        }
+    else {
+        return;
     };
     let dir = tempfile::tempdir().expect("dir");
     let url = mongo.uri().to_owned();

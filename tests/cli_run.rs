@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use e2e_support::{token_of, Env, WAIT};
-use test_servers::{MongoServer, RedisServer, Unavailable};
+use test_servers::{MongoServer, RedisServer};
 use tokio::process::{Child, Command};
 use turnstile_api::ClaimPhase;
 use turnstile_lock::backend::{MongoBackend, MongoBackendConfig};
@@ -35,17 +35,9 @@ fn spawn_run(env: &Env, vars: &[(&str, &str)]) -> Child {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_takes_its_backends_from_the_environment() {
-    let mongo = match tokio::task::spawn_blocking(MongoServer::for_tests)
+    let mongo = tokio::task::spawn_blocking(MongoServer::shared_or_skip)
         .await
-        .expect("launcher thread")
-    {
-        Ok(server) => Some(server),
-        Err(Unavailable::Skip(reason)) => {
-            println!("MongoDB part skipped: {reason}");
-            None
-        }
-        Err(Unavailable::Fail(error)) => panic!("MongoDB test server unavailable: {error}"),
-    };
+        .expect("launcher thread");
     let redis = RedisServer::start().expect("start redis-server");
     let env = Env::new().await;
     let mut vars = vec![("TURNSTILE_REDIS_URL", redis.url().to_owned())];

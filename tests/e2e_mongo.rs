@@ -12,7 +12,7 @@ mod e2e_support;
 use std::sync::Arc;
 
 use e2e_support::{phase_of, position_of, reason_of, token_of, Env, HolderMonitor};
-use test_servers::{free_port, MongoFlavor, MongoServer, Unavailable};
+use test_servers::{free_port, MongoFlavor, MongoServer};
 use turnstile_api::{BackendKind, ClaimPhase};
 use turnstile_controller::backends::MongoSettings;
 use turnstile_controller::ControllerConfig;
@@ -21,17 +21,9 @@ use turnstile_lock::Backend;
 
 /// The shared test server, or `None` (after one line saying why) when there is none here.
 async fn mongo_server() -> Option<Arc<MongoServer>> {
-    match tokio::task::spawn_blocking(MongoServer::for_tests)
+    tokio::task::spawn_blocking(MongoServer::shared_or_skip)
         .await
         .expect("launcher thread")
-    {
-        Ok(server) => Some(server),
-        Err(Unavailable::Skip(reason)) => {
-            println!("skipped: {reason}");
-            None
-        }
-        Err(Unavailable::Fail(error)) => panic!("MongoDB test server unavailable: {error}"),
-    }
 }
 
 /// A server of this test's own (to crash it), or `None` after one line when none can be

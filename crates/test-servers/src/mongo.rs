@@ -145,6 +145,23 @@ impl MongoServer {
         Ok(server)
     }
 
+    /// [`Self::for_tests`] for a test body: the server, or `None` after one `skipped:` line
+    /// when there is none here.
+    ///
+    /// # Panics
+    /// When a server should be there and is not ([`Unavailable::Fail`]: under `CI=true`, or a
+    /// server that failed to start): the test must fail, not pass by skipping.
+    pub fn shared_or_skip() -> Option<Arc<MongoServer>> {
+        match Self::for_tests() {
+            Ok(server) => Some(server),
+            Err(Unavailable::Skip(reason)) => {
+                println!("skipped: {reason}");
+                None
+            }
+            Err(Unavailable::Fail(error)) => panic!("MongoDB test server unavailable: {error}"),
+        }
+    }
+
     /// Starts a server of `flavor` and waits until it answers `ping`. The binary is
     /// `$TURNSTILE_MONGO_SERVER` if set, else `secantusd-rs` or `secantusd-py` from `PATH`;
     /// an error of kind `NotFound` means none is installed.

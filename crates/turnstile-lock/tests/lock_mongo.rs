@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mongodb::bson::{doc, Bson, Document};
-use test_servers::{under_ci, MongoFlavor, MongoServer, Unavailable};
+use test_servers::{under_ci, MongoFlavor, MongoServer};
 use turnstile_lock::backend::{MongoBackend, MongoBackendConfig, MongoWakeMode, MongoWakeSource};
 use turnstile_lock::{Backend, LockError, Locker, RetryPolicy};
 
@@ -25,17 +25,9 @@ fn no_polling() -> RetryPolicy {
 
 /// The shared test server, or `None` (after one printed line) when there is none.
 async fn shared_server() -> Option<Arc<MongoServer>> {
-    match tokio::task::spawn_blocking(MongoServer::for_tests)
+    tokio::task::spawn_blocking(MongoServer::shared_or_skip)
         .await
         .expect("launcher thread")
-    {
-        Ok(server) => Some(server),
-        Err(Unavailable::Skip(reason)) => {
-            println!("skipped: {reason}");
-            None
-        }
-        Err(Unavailable::Fail(error)) => panic!("MongoDB test server unavailable: {error}"),
-    }
 }
 
 /// A server of this test's own (to restart or stop it), or `None` when none can be started

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use test_servers::{
-    MongoServer, RedisCluster, RedisOptions, RedisSentinel, RedisServer, TlsClientAuth, Unavailable,
+    MongoServer, RedisCluster, RedisOptions, RedisSentinel, RedisServer, TlsClientAuth,
 };
 use turnstile_lock::backend::{
     AcquireOutcome, AcquireRequest, LockSnapshot, MongoBackend, MongoBackendConfig,
@@ -153,17 +153,9 @@ async fn connect_with_own_prefix(
 /// else a SecantusDB process shared by this binary's tests). `None` skips the test when no
 /// server is installed; under `CI=true` that panics instead.
 pub async fn mongo() -> Option<Harness> {
-    let server = match tokio::task::spawn_blocking(MongoServer::for_tests)
+    let server = tokio::task::spawn_blocking(MongoServer::shared_or_skip)
         .await
-        .expect("launcher thread")
-    {
-        Ok(server) => server,
-        Err(Unavailable::Skip(reason)) => {
-            println!("skipped: {reason}");
-            return None;
-        }
-        Err(Unavailable::Fail(error)) => panic!("MongoDB test server unavailable: {error}"),
-    };
+        .expect("launcher thread")?;
     let database = format!("conformance_{}", uuid::Uuid::new_v4().simple());
     let backend = MongoBackend::connect(server.uri(), MongoBackendConfig::new().database(database))
         .await
