@@ -2,14 +2,15 @@
 //! Secrets: `TURNSTILE_REDIS_URL`, `TURNSTILE_MONGO_URL` and `TURNSTILE_MONGO_DATABASE` (a
 //! real `redis-server` and the MongoDB test server), against the fake API server. A lock on
 //! each backend gets its claim granted, and the grant is in that backend under the
-//! documented names: the env vars work as their flags do. `--log-format json` writes JSON
-//! lines with the documented fields.
+//! documented names: the env vars work as their flags do. `--metrics-addr` serves the probes
+//! and the metrics; `--log-format json` writes JSON lines.
 
 mod e2e_support;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use e2e_support::scrape::get;
 use e2e_support::{token_of, Env, WAIT};
 use test_servers::{MongoServer, RedisServer};
 use tokio::process::{Child, Command};
@@ -19,9 +20,10 @@ use turnstile_lock::Backend;
 
 const DATABASE: &str = "turnstile_env_test";
 
-fn spawn_run(env: &Env, vars: &[(&str, &str)]) -> Child {
+fn spawn_run(env: &Env, vars: &[(&str, &str)], metrics: std::net::SocketAddr) -> Child {
     Command::new(env!("CARGO_BIN_EXE_turnstile"))
         .args(["run", "--namespace", &env.namespace, "--log-format", "json"])
+        .arg(format!("--metrics-addr={metrics}"))
         .envs(vars.iter().copied())
         .env("KUBECONFIG", &env.kubeconfig)
         .env("RUST_LOG", "info")
@@ -46,7 +48,11 @@ async fn run_takes_its_backends_from_the_environment() {
         vars.push(("TURNSTILE_MONGO_DATABASE", DATABASE.to_owned()));
     }
     let borrowed: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let mut controller = spawn_run(&env, &borrowed);
+    let metrics = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
+        listener.local_addr().expect("address")
+    };
+    let mut controller = spawn_run(&env, &borrowed, metrics);
 
     env.apply_lock("on-redis", "backend: redis\nleaseDurationSeconds: 300");
     env.apply_claim("r", "on-redis", "");
@@ -82,6 +88,16 @@ async fn run_takes_its_backends_from_the_environment() {
             .expect("snapshot");
         assert_eq!(snapshot.holders.len(), 1, "{snapshot:?}");
     }
+
+    // --metrics-addr: the probes and the metrics are served there.
+    assert_eq!(get(metrics, "/healthz").await.status, 200);
+    assert_eq!(get(metrics, "/readyz").await.status, 200);
+    let scraped = get(metrics, "/metrics").await;
+    assert!(
+        scraped.body.contains("turnstile_grants_total"),
+        "{}",
+        scraped.body
+    );
 
     controller.start_kill().expect("stop turnstile run");
     let output = controller.wait_with_output().await.expect("output");
