@@ -127,8 +127,11 @@ pub fn queue_view(lock: &DistributedLock, claims: &[LockClaim], now: Seconds) ->
     let name = lock.name_any();
     let mut resources = Vec::new();
     let mut views = Vec::new();
-    for claim in claims.iter().filter(|claim| claim.spec.lock_name == name) {
-        match ClaimView::from_resource(claim) {
+    for claim in claims
+        .iter()
+        .filter(|claim| claim.spec.locks().contains(&name.as_str()))
+    {
+        match ClaimView::for_lock(claim, &name) {
             Ok(view) => {
                 resources.push(claim);
                 views.push(view);

@@ -6,7 +6,7 @@
 mod e2e_support;
 
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use e2e_support::{phase_of, position_of, reason_of, token_of, Env, HolderMonitor};
 use test_servers::{free_port, wait_until, RedisServer, ServerProcess};
@@ -296,5 +296,60 @@ async fn redis_gone_while_held_keeps_the_holder_and_grants_nothing() {
     assert_eq!(token_of(&after), Some(1), "re-attached with its own token");
     // Above a's token, though Redis lost it.
     env.hand_on_down_the_queue(monitor).await;
+    process.stop();
+}
+
+/// Redis is away long enough for the lock's retries to back off past half a minute, while `a`
+/// (the holder) is deleted and `b` waits: `a`'s release waits for Redis, so nothing is
+/// granted meanwhile; once Redis answers again, `b` is granted within seconds, not at the
+/// lock's next backed-off retry (the outage probe wakes the lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_end_of_a_long_outage_wakes_the_waiting_lock_at_once() {
+    /// Long enough that a retry backing off from 0.5 s (doubling) is next due about half a
+    /// minute after Redis returns.
+    const OUTAGE: Duration = Duration::from_secs(36);
+    /// A correct controller grants within the probe's second plus a reconnect; the backoff
+    /// alone would wait some 28 s.
+    const WITHIN: Duration = Duration::from_secs(12);
+    let server = redis();
+    let port = server.port();
+    let url = server.url().to_owned();
+    let mut env = Env::new().await;
+    env.start_controller(redis_config(&url));
+    env.apply_lock("db", "backend: redis\nleaseDurationSeconds: 300");
+    env.a_holds_and_b_waits("db").await;
+
+    server.stop();
+    let down = Instant::now();
+    env.delete_claim("a").await;
+    env.wait_ready("db", "False").await;
+    tokio::time::sleep(OUTAGE.saturating_sub(down.elapsed())).await;
+    assert!(
+        env.claims().get_opt("a").await.expect("get a").is_some(),
+        "a's grant went away without Redis"
+    );
+    assert_eq!(phase_of(&env.claim("b").await), Some(ClaimPhase::Pending));
+
+    let (mut process, _dir) = redis_on_port(port);
+    assert!(
+        wait_until(Duration::from_secs(10), || Command::new("redis-cli")
+            .args(["-p", &port.to_string(), "PING"])
+            .output()
+            .is_ok_and(|out| out.stdout.starts_with(b"PONG"))),
+        "Redis did not come back"
+    );
+    let back = Instant::now();
+    let b = env
+        .wait_claim("b", |claim| phase_of(claim) == Some(ClaimPhase::Held))
+        .await;
+    let waited = back.elapsed();
+    println!("b granted {} ms after Redis answered", waited.as_millis());
+    assert!(
+        waited < WITHIN,
+        "b was granted {waited:?} after Redis answered (the lock waited for its backoff)"
+    );
+    assert_eq!(token_of(&b), Some(2));
+    env.wait_gone("a").await;
+    env.stop_controller().await;
     process.stop();
 }

@@ -92,6 +92,7 @@ pub fn claim_for_pod(name: &str, namespace: &str, lock: &str, pod: &PodIdentity)
         name,
         LockClaimSpec {
             lock_name: lock.to_owned(),
+            lock_names: None,
             holder_identity: None,
             lease_duration_seconds: None,
             acquire_timeout_seconds: None,

@@ -78,6 +78,7 @@ mod tests {
             "c",
             LockClaimSpec {
                 lock_name: "db".into(),
+                lock_names: None,
                 holder_identity: None,
                 lease_duration_seconds: None,
                 acquire_timeout_seconds: None,

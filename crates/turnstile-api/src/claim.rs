@@ -4,7 +4,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use crate::vocabulary::{MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_LEASE_DURATION_SECONDS, MAX_PRIORITY};
+use crate::vocabulary::{
+    MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_LEASE_DURATION_SECONDS, MAX_LOCKS_PER_CLAIM, MAX_PRIORITY,
+};
 
 /// A request for a `DistributedLock` in the same namespace. Claims are granted by `priority`
 /// (higher first), then in order of `creationTimestamp`, then name; the status records the
@@ -29,6 +31,13 @@ use crate::vocabulary::{MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_LEASE_DURATION_SECONDS,
         type_ = "string",
         json_path = ".spec.lockName",
         description = "The DistributedLock claimed"
+    ),
+    printcolumn(
+        name = "Locks",
+        type_ = "string",
+        json_path = ".spec.lockNames",
+        description = "The DistributedLocks claimed all at once (lockNames)",
+        priority = 1
     ),
     printcolumn(
         name = "Phase",
@@ -74,11 +83,29 @@ use crate::vocabulary::{MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_LEASE_DURATION_SECONDS,
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.lockName) != has(self.lockNames)")
+        .message("set exactly one of lockName and lockNames"),
+    validation = Rule::new("has(self.lockNames) == has(oldSelf.lockNames)")
+        .message("a claim cannot switch between lockName and lockNames"),
+)]
 pub struct LockClaimSpec {
-    /// The `DistributedLock` in the same namespace this claim asks for; immutable.
+    /// The `DistributedLock` in the same namespace this claim asks for; immutable. Empty (and
+    /// omitted) when the claim names several locks in `lockNames`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(min = 1, max = 253))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("lockName is immutable"))]
     pub lock_name: String,
+    /// Several `DistributedLock`s of the namespace, granted all at once or not at all (instead
+    /// of `lockName`); each at most once; immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = MAX_LOCKS_PER_CLAIM), inner(length(min = 1, max = 253)))]
+    #[x_kube(
+        validation = Rule::new("self.all(name, self.exists_one(other, other == name))")
+            .message("lockNames must not name a lock twice"),
+        validation = Rule::new("self == oldSelf").message("lockNames is immutable"),
+    )]
+    pub lock_names: Option<Vec<String>>,
     /// Who will hold the lock; default: the owner's name, else the claim's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
@@ -124,6 +151,7 @@ impl LockClaimSpec {
     pub fn for_lock(lock: impl Into<String>) -> Self {
         Self {
             lock_name: lock.into(),
+            lock_names: None,
             holder_identity: None,
             lease_duration_seconds: None,
             acquire_timeout_seconds: None,
@@ -132,6 +160,37 @@ impl LockClaimSpec {
             priority: None,
             mode: None,
         }
+    }
+
+    /// A claim on all of `locks` at once, every option left to its default.
+    pub fn for_locks<I, S>(locks: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self {
+            lock_name: String::new(),
+            lock_names: Some(locks.into_iter().map(Into::into).collect()),
+            ..Self::for_lock("")
+        }
+    }
+
+    /// The locks this claim asks for, in name order without repeats: `lockNames`, else
+    /// `lockName`. The first is the one whose reconciler grants the claim (see the
+    /// controller's `multi_lock`).
+    pub fn locks(&self) -> Vec<&str> {
+        let mut locks: Vec<&str> = match &self.lock_names {
+            Some(names) => names.iter().map(String::as_str).collect(),
+            None => vec![self.lock_name.as_str()],
+        };
+        locks.sort_unstable();
+        locks.dedup();
+        locks
+    }
+
+    /// Whether the claim names several locks (`lockNames`).
+    pub fn is_multi_lock(&self) -> bool {
+        self.lock_names.is_some()
     }
 }
 
@@ -217,4 +276,22 @@ pub struct LockClaimStatus {
     /// The `metadata.generation` this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// A claim on several locks (`spec.lockNames`): each lock's grant, in name order, with
+    /// its own fencing token (`fencingToken` above is the first lock's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub locks: Vec<ClaimedLock>,
+}
+
+/// One lock's grant to a claim on several locks (`status.locks[]`).
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimedLock {
+    /// The lock.
+    pub lock_name: String,
+    /// The grant's fencing token on this lock: strictly greater than every earlier grant of
+    /// the lock, whichever claim held it.
+    pub fencing_token: i64,
+    /// When the grant lapses unless renewed (the same for all the claim's locks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Time>,
 }

@@ -9,7 +9,7 @@ mod crds;
 mod lock;
 pub mod vocabulary;
 
-pub use claim::{ClaimMode, ClaimPhase, LockClaim, LockClaimSpec, LockClaimStatus};
+pub use claim::{ClaimMode, ClaimPhase, ClaimedLock, LockClaim, LockClaimSpec, LockClaimStatus};
 pub use crds::{crd_yaml, crds, crds_yaml, CrdRenderError};
 pub use lock::{
     holder_summary, BackendKind, DistributedLock, DistributedLockSpec, DistributedLockStatus,
@@ -19,7 +19,8 @@ pub use vocabulary::{
     event_reasons, gate_event_reasons, object_event_reasons, reasons,
     DEFAULT_LEASE_DURATION_SECONDS, FINALIZER, HELD_CONDITION, LOCK_ANNOTATION, LOCK_LABEL,
     MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_HOLDERS, MAX_HOLD_SECONDS, MAX_LEASE_DURATION_SECONDS,
-    MAX_LOCK_DELAY_SECONDS, MAX_PRIORITY, READY_CONDITION, SCHEDULING_GATE, TOKEN_ANNOTATION,
+    MAX_LOCKS_PER_CLAIM, MAX_LOCK_DELAY_SECONDS, MAX_PRIORITY, READY_CONDITION, SCHEDULING_GATE,
+    TOKEN_ANNOTATION,
 };
 
 /// The API group of both custom resources.

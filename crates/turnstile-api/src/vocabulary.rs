@@ -117,3 +117,5 @@ pub const MAX_HOLD_SECONDS: i64 = 31_536_000;
 pub const MAX_LOCK_DELAY_SECONDS: i64 = 86_400;
 /// The bound of a claim's `priority`, either way (higher is served first).
 pub const MAX_PRIORITY: i32 = 1_000_000;
+/// The most locks one claim may name in `lockNames` (each grant costs a backend call per lock).
+pub const MAX_LOCKS_PER_CLAIM: usize = 8;

@@ -43,22 +43,27 @@ impl Names {
                 .or_default()
                 .insert((namespace.clone(), name.clone()));
         }
-        // `spec.lockName` is immutable, so a claim never moves between locks.
-        self.by_lock
-            .entry((namespace, claim.spec.lock_name.clone()))
-            .or_default()
-            .insert(name);
+        // `spec.lockName` and `spec.lockNames` are immutable: a claim never moves between
+        // locks. A claim on several locks is in each one's queue.
+        for lock in claim.spec.locks() {
+            self.by_lock
+                .entry((namespace.clone(), lock.to_owned()))
+                .or_default()
+                .insert(name.clone());
+        }
     }
 
     fn remove(&mut self, claim: &LockClaim) {
         let (Some(namespace), name) = (claim.namespace(), claim.name_any()) else {
             return;
         };
-        let key = (namespace.clone(), claim.spec.lock_name.clone());
-        if let Some(names) = self.by_lock.get_mut(&key) {
-            names.remove(&name);
-            if names.is_empty() {
-                self.by_lock.remove(&key);
+        for lock in claim.spec.locks() {
+            let key = (namespace.clone(), lock.to_owned());
+            if let Some(names) = self.by_lock.get_mut(&key) {
+                names.remove(&name);
+                if names.is_empty() {
+                    self.by_lock.remove(&key);
+                }
             }
         }
         if let Some(owner) = WorkloadOwner::of(claim.owner_references()) {
@@ -157,7 +162,8 @@ impl ClaimIndex {
                 WorkloadOwner::of(claim.owner_references())
                     .is_some_and(|owner| owner.kind == kind && owner.uid == uid)
             })
-            .map(|claim| claim.spec.lock_name.clone())
+            // The first lock decides about a claim on several locks (its owner included).
+            .filter_map(|claim| claim.spec.locks().first().map(|lock| (*lock).to_owned()))
             .collect();
         locks
             .into_iter()

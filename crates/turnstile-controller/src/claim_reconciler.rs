@@ -33,7 +33,10 @@ async fn reconcile_orphan(claim: &LockClaim, ctx: &Context) -> Result<Action, Co
     // A claim must not be judged an orphan before the lock cache has been filled.
     cache_filled(&ctx.locks).await;
     let namespace = claim.namespace().unwrap_or_default();
-    if ctx.lock_exists(&namespace, &claim.spec.lock_name) {
+    // A claim on several locks is its first lock's to decide while that lock exists (the
+    // first lock's pass reports a missing other lock).
+    let first_lock = claim.spec.locks().first().map(|lock| (*lock).to_owned());
+    if ctx.lock_exists(&namespace, first_lock.as_deref().unwrap_or_default()) {
         return Ok(Action::await_change());
     }
     let view = match ClaimView::from_resource(claim) {

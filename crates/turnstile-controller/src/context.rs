@@ -10,9 +10,11 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::Client;
 use tokio::sync::watch;
 
+use super::backend_outages::BackendOutages;
 use super::backends::Backends;
 use super::error::ControllerError;
 use crate::claim_index::ClaimIndex;
+use crate::lock_wakes::LockWakes;
 use crate::metrics::Metrics;
 use crate::own_writes::OwnWrites;
 use crate::owners::OwnerCaches;
@@ -104,6 +106,10 @@ pub struct Context {
     pub own_writes: OwnWrites,
     /// Where owner states are read (`None`: each is looked up in the API).
     pub owners: Option<OwnerCaches>,
+    /// Wake-ups of lock passes that no watch event brings.
+    pub wakes: LockWakes,
+    /// The locks waiting for a backend to answer again, woken when it does.
+    pub outages: BackendOutages,
     failures: Mutex<HashMap<String, u32>>,
 }
 
@@ -118,6 +124,7 @@ impl Context {
         recorder: Recorder,
         metrics: Metrics,
     ) -> Self {
+        let wakes = LockWakes::default();
         Self {
             client,
             locks,
@@ -129,6 +136,8 @@ impl Context {
             leadership: LeadershipGate::always_open(),
             own_writes: OwnWrites::default(),
             owners: None,
+            outages: BackendOutages::new(wakes.clone()),
+            wakes,
             failures: Mutex::new(HashMap::new()),
         }
     }

@@ -3,8 +3,11 @@
 //! - [`core`]: the decisions (who holds, who waits, who is next), with no I/O.
 //! - [`lock_reconciler`]: one pass over a `DistributedLock` and all its claims, including its
 //!   backend calls on the lock engine.
+//! - [`multi_lock`]: claims on several locks, granted all at once by their first lock's pass.
 //! - [`claim_reconciler`]: claims whose lock does not exist.
 //! - [`claim_index`]: the claim cache's names by lock and by owner (no whole-cache scans).
+//! - [`lock_wakes`]: lock passes woken by something other than a watch event.
+//! - [`backend_outages`]: a backend that answers again wakes the locks that waited for it.
 //! - [`own_writes`]: a lock's pass waits until the cache shows its previous pass's writes.
 //! - [`owner_watch`]: Pod/Job events wake the locks of the claims they own.
 //! - [`gate`]: gated workloads (suspended Jobs, Pods with a scheduling gate) go once their claim
@@ -16,6 +19,7 @@
 //! - [`leader`]: leader election on a `coordination.k8s.io` Lease.
 //! - [`metrics`]: the Prometheus series, and the `/metrics`, `/healthz`, `/readyz` endpoints.
 
+pub mod backend_outages;
 pub mod backends;
 pub mod claim_index;
 pub mod claim_reconciler;
@@ -26,7 +30,9 @@ pub mod events;
 pub mod gate;
 pub mod leader;
 pub mod lock_reconciler;
+pub mod lock_wakes;
 pub mod metrics;
+pub mod multi_lock;
 pub mod own_writes;
 pub mod owner_watch;
 pub mod owners;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use tracing::Instrument;
 
@@ -19,6 +20,7 @@ use super::core::{
 };
 use super::error::ControllerError;
 use super::events::publish;
+use super::multi_lock::{self, FirstLock, MemberGrants, OtherLock};
 use super::owners::fill_owner_states;
 use super::writer::{ApiWriter, Part, PassWrites, Write};
 use crate::metrics::{
@@ -35,6 +37,91 @@ fn claims_of(ctx: &Context, lock: &LockView) -> HashMap<String, Arc<LockClaim>> 
         .into_iter()
         .map(|claim| (claim.name_any(), claim))
         .collect()
+}
+
+/// The claims' views, each seen from lock `lock` (incomplete objects are skipped).
+fn claim_views(objects: &HashMap<String, Arc<LockClaim>>, lock: &str) -> Vec<ClaimView> {
+    objects
+        .values()
+        .filter_map(|claim| match ClaimView::for_lock(claim, lock) {
+            Ok(view) => Some(view),
+            Err(error) => {
+                tracing::warn!(%error, "ignoring incomplete claim");
+                None
+            }
+        })
+        .collect()
+}
+
+/// One snapshot of `lock`'s key in its backend, and the backend when it answered.
+async fn backend_of(ctx: &Context, lock: &LockView) -> (BackendView, Option<Arc<dyn Backend>>) {
+    let kind = lock.spec.backend.unwrap_or(ctx.backends.default_kind());
+    match ctx.backends.get(kind).await {
+        Ok(backend) => match backend.snapshot(&lock.backend_key()).await {
+            Ok(snapshot) => (
+                BackendView::Ready {
+                    backend: kind,
+                    snapshot,
+                },
+                Some(backend),
+            ),
+            Err(error) => (
+                BackendView::Unavailable {
+                    backend: kind,
+                    message: describe(&error),
+                },
+                None,
+            ),
+        },
+        Err(BackendLookupError::NotConfigured(_)) => {
+            (BackendView::NotConfigured { backend: kind }, None)
+        }
+        Err(BackendLookupError::Unavailable(error)) => (
+            BackendView::Unavailable {
+                backend: kind,
+                message: describe(&error),
+            },
+            None,
+        ),
+    }
+}
+
+/// The other locks of the multi-lock claims `lock` is first for, each read once: from the
+/// caches, and one snapshot of its backend.
+async fn other_locks(
+    ctx: &Context,
+    lock: &LockView,
+    claims: &[ClaimView],
+) -> HashMap<String, OtherLock> {
+    let mut others = HashMap::new();
+    for name in multi_lock::other_locks_needed(lock, claims) {
+        let object = ctx
+            .locks
+            .get(&ObjectRef::new(&name).within(&lock.namespace));
+        let other = match object {
+            Some(object) => {
+                let view = LockView::from_resource(&object);
+                let claims = claim_views(&claims_of(ctx, &view), &name);
+                let (backend_view, backend) = backend_of(ctx, &view).await;
+                OtherLock {
+                    lock: Some(view),
+                    claims,
+                    backend,
+                    view: backend_view,
+                }
+            }
+            None => OtherLock {
+                lock: None,
+                claims: Vec::new(),
+                backend: None,
+                view: BackendView::NotConfigured {
+                    backend: ctx.backends.default_kind(),
+                },
+            },
+        };
+        others.insert(name, other);
+    }
+    others
 }
 
 /// Reconciles one lock (see the module docs). Errors are retried with backoff by the caller.
@@ -70,16 +157,7 @@ async fn reconcile_inner(
         return Ok(Action::requeue(wait));
     }
     let objects = claims_of(ctx, &view);
-    let mut claims: Vec<ClaimView> = objects
-        .values()
-        .filter_map(|claim| match ClaimView::from_resource(claim) {
-            Ok(view) => Some(view),
-            Err(error) => {
-                tracing::warn!(%error, "ignoring incomplete claim");
-                None
-            }
-        })
-        .collect();
+    let mut claims = claim_views(&objects, &view.name);
 
     fill_owner_states(
         &ctx.client,
@@ -91,35 +169,7 @@ async fn reconcile_inner(
 
     let kind = view.spec.backend.unwrap_or(ctx.backends.default_kind());
     let backend_key = view.backend_key();
-    let (backend_view, backend): (BackendView, Option<Arc<dyn Backend>>) =
-        match ctx.backends.get(kind).await {
-            Ok(backend) => match backend.snapshot(&backend_key).await {
-                Ok(snapshot) => (
-                    BackendView::Ready {
-                        backend: kind,
-                        snapshot,
-                    },
-                    Some(backend),
-                ),
-                Err(error) => (
-                    BackendView::Unavailable {
-                        backend: kind,
-                        message: describe(&error),
-                    },
-                    None,
-                ),
-            },
-            Err(BackendLookupError::NotConfigured(_)) => {
-                (BackendView::NotConfigured { backend: kind }, None)
-            }
-            Err(BackendLookupError::Unavailable(error)) => (
-                BackendView::Unavailable {
-                    backend: kind,
-                    message: describe(&error),
-                },
-                None,
-            ),
-        };
+    let (backend_view, backend) = backend_of(ctx, &view).await;
     if let BackendView::Unavailable { message, .. } = &backend_view {
         ctx.metrics
             .backends
@@ -127,10 +177,19 @@ async fn reconcile_inner(
         tracing::warn!(backend = %kind, error = %message, "backend unavailable");
     }
 
-    let input = LockInput {
+    let now = Timestamp::now();
+    let others = other_locks(ctx, &view, &claims).await;
+    let mut member_grants = multi_lock::prepare(
+        &view,
+        &mut claims,
+        &others,
+        |name| ctx.lock_exists(&view.namespace, name),
+        now,
+    );
+    let mut input = LockInput {
         lock: view,
         claims,
-        now: Timestamp::now(),
+        now,
         backend: backend_view,
     };
     let planned = plan(&input);
@@ -141,18 +200,23 @@ async fn reconcile_inner(
         .await?;
     let outcomes = match &backend {
         Some(backend) => {
-            execute_while(
+            execute_following(
                 backend.as_ref(),
                 &backend_key,
                 planned.terms,
                 &planned.ops,
                 || ctx.leadership.is_open(),
+                &mut member_grants,
             )
             .await
         }
         None => Vec::new(),
     };
-    let decision = fold(&input, &planned, &outcomes);
+    member_grants.record_grants(&mut input.claims);
+    let mut decision = fold(&input, &planned, &outcomes);
+    if ctx.leadership.is_open() {
+        member_grants.give_back(&mut decision, &input.claims).await;
+    }
     record_failed_calls(&ctx.metrics, kind, &planned.ops, &outcomes);
     let applied = writer.apply(&input, &decision).await;
     ctx.own_writes.record(
@@ -182,6 +246,15 @@ async fn reconcile_inner(
             u64::try_from(waiting).unwrap_or(0),
         );
     }
+    let lock_ref = ObjectRef::from_obj(lock);
+    let backend_failed = decision.backend_failure.is_some()
+        || matches!(input.backend, BackendView::Unavailable { .. });
+    if backend_failed {
+        // Retried with backoff, or sooner: when the backend answers again (`backend_outages`).
+        ctx.outages.failed(kind, lock_ref);
+    } else if backend.is_some() {
+        ctx.outages.succeeded(kind, &lock_ref);
+    }
     if decision.backend_failure.is_some() {
         ctx.metrics
             .reconciles
@@ -189,6 +262,15 @@ async fn reconcile_inner(
     }
     record_observations(&ctx.metrics, kind, &decision.observations);
     publish_events(ctx, lock, &objects, &input, &decision, None).await;
+    // Claims on several locks that this one now admits: their first lock may grant them.
+    for claim in input
+        .claims
+        .iter()
+        .filter(|claim| planned.admits_for_other_locks.contains(&claim.name))
+    {
+        ctx.wakes
+            .wake(ObjectRef::new(claim.first_lock()).within(&input.lock.namespace));
+    }
 
     Ok(match &decision.backend_failure {
         Some(_) => Action::requeue(ctx.backoff(&pass_key).min(decision.requeue_after)),
@@ -455,6 +537,25 @@ pub async fn execute_while(
     ops: &[PlannedOp],
     may_write: impl Fn() -> bool,
 ) -> Vec<OpOutcome> {
+    let mut alone = MemberGrants::default();
+    execute_following(backend, key, terms, ops, may_write, &mut alone).await
+}
+
+/// [`execute_while`], each call for a claim on several locks followed onto its other locks
+/// (see [`MemberGrants::follow`]).
+pub async fn execute_following(
+    backend: &dyn Backend,
+    key: &str,
+    terms: CallTerms,
+    ops: &[PlannedOp],
+    may_write: impl Fn() -> bool,
+    members: &mut MemberGrants,
+) -> Vec<OpOutcome> {
+    let first = FirstLock {
+        backend,
+        key,
+        terms,
+    };
     let mut gate = ExecutionGate::default();
     let mut outcomes = Vec::with_capacity(ops.len());
     let mut stopped = false;
@@ -469,6 +570,9 @@ pub async fn execute_while(
             .unwrap_or_else(|error| OpOutcome::Failed {
                 message: describe(&error),
             });
+        let outcome = members
+            .follow(planned.claim.as_deref(), &planned.op, outcome, first)
+            .await;
         tracing::debug!(
             key,
             claim = planned.claim.as_deref().unwrap_or(""),
@@ -497,7 +601,8 @@ pub fn describe(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-async fn perform(
+/// One backend call of a pass.
+pub(crate) async fn perform(
     backend: &dyn Backend,
     key: &str,
     terms: CallTerms,

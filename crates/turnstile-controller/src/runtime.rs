@@ -29,6 +29,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 
+use super::backend_outages;
 use super::backends::{Backends, MongoSettings, RedisTlsFiles};
 use super::claim_index::ClaimIndex;
 use super::claim_reconciler::{claim_error_policy, reconcile_claim};
@@ -367,9 +368,15 @@ async fn run_controllers(
     // Finished Pods are cached for the owner states (`owners`), trimmed to their phase.
     let (finished_pod_store, finished_pod_writer) = reflector::store::<Pod>();
     let lock_controller = Controller::for_stream(lock_events, lock_store.clone())
+        // A claim on several locks wakes each of them.
         .watches_shared_stream(claims_for_locks, |claim: Arc<LockClaim>| {
-            let namespace = claim.namespace()?;
-            Some(ObjectRef::<DistributedLock>::new(&claim.spec.lock_name).within(&namespace))
+            let namespace = claim.namespace().unwrap_or_default();
+            claim
+                .spec
+                .locks()
+                .into_iter()
+                .map(|lock| ObjectRef::<DistributedLock>::new(lock).within(&namespace))
+                .collect::<Vec<_>>()
         })
         // A claim owner's finish or deletion wakes its locks at once (see `owner_watch`).
         .watches_stream(
@@ -462,6 +469,13 @@ async fn run_controllers(
         mongo = config.mongo.is_some(),
         "controller starting"
     );
+    // Wake-ups no watch brings: a backend answers again (`backend_outages`), another lock of
+    // a multi-lock claim admits it (`multi_lock`).
+    let lock_controller = match ctx.wakes.take_stream() {
+        Some(wakes) => lock_controller.reconcile_on(wakes),
+        None => lock_controller,
+    };
+    let probe_done = backend_outages::probe(ctx.clone(), raised(&stop_rx));
     let locks_done = lock_controller
         .run(reconcile_lock, lock_error_policy, ctx.clone())
         .for_each(|result| async move {
@@ -476,7 +490,13 @@ async fn run_controllers(
                 tracing::debug!(%error, "claim controller");
             }
         });
-    let controllers = futures::future::join4(locks_done, claims_done, job_gate_done, pod_gate_done);
+    let controllers = futures::future::join5(
+        locks_done,
+        claims_done,
+        job_gate_done,
+        pod_gate_done,
+        probe_done,
+    );
     tokio::select! {
         _ = controllers => {}
         () = drive(claim_watch, "claim") => {}

@@ -181,6 +181,8 @@ enum Next {
         reason: &'static str,
         message: String,
     },
+    /// Waiting here for a grant its first lock's pass decides (counted, not written).
+    KeptWaiting,
 }
 
 struct Folder<'a> {
@@ -275,6 +277,22 @@ impl Folder<'_> {
     fn note_failure(&mut self, outcome: &OpOutcome) {
         if let OpOutcome::Failed { message } = outcome {
             self.failure.get_or_insert_with(|| message.clone());
+        }
+    }
+
+    /// Why a claim waits: the lock's state, or (on several locks) the first other lock that
+    /// does not admit it yet.
+    fn waiting_reason(&self, claim: &ClaimView) -> (&'static str, String) {
+        match claim.members.iter().find(|member| !member.admits) {
+            Some(member) if self.plan.mode == LockMode::Serving => (
+                reasons::QUEUED,
+                format!(
+                    "queued for locks {} (granted together): lock {} is not free for it yet",
+                    claim.locks.join(", "),
+                    member.name
+                ),
+            ),
+            _ => self.queued_reason(),
         }
     }
 
@@ -400,7 +418,7 @@ impl Folder<'_> {
                 if let Some(deadline) = claim.acquire_deadline() {
                     self.wake_at(deadline);
                 }
-                let (reason, message) = self.queued_reason();
+                let (reason, message) = self.waiting_reason(claim);
                 Next::Queued { reason, message }
             }
             Intent::End {
@@ -425,6 +443,15 @@ impl Folder<'_> {
                 format!("lock {} is being deleted", self.input.lock.name),
                 self.now,
             )),
+            Intent::OtherLockGone { lock } => Next::Status(status::pending(
+                claim,
+                None,
+                reasons::LOCK_NOT_FOUND,
+                format!("DistributedLock {lock} does not exist (or is being deleted)"),
+                self.now,
+            )),
+            Intent::KeptPlace { waiting: true } => Next::KeptWaiting,
+            Intent::KeptPlace { waiting: false } => Next::Same,
         }
     }
 }
@@ -610,6 +637,10 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
         let claim = &input.claims[index];
         let status = match next {
             Next::Same => None,
+            Next::KeptWaiting => {
+                position += 1;
+                None
+            }
             Next::Status(status) => Some(status),
             Next::Queued { reason, message } => {
                 position += 1;

@@ -30,8 +30,8 @@ pub use fold::{
     Observation, PlannedEvent, EXACT_POSITIONS, POSITION_REFRESHES_PER_PASS, RESYNC_INTERVAL,
 };
 pub use model::{
-    seconds_of, time_at, BackendView, ClaimView, IncompleteClaim, LockInput, LockView, OwnerState,
-    Seconds, WorkloadKind, WorkloadOwner, BACKEND_LEASE_GRACE,
+    seconds_of, time_at, BackendView, ClaimView, IncompleteClaim, LockInput, LockView, MemberLock,
+    OwnerState, Seconds, WorkloadKind, WorkloadOwner, BACKEND_LEASE_GRACE,
 };
 pub use orphan::{decide_orphan, OrphanDecision};
 pub use plan::{

@@ -12,7 +12,7 @@ use turnstile_api::{
     BackendKind, ClaimMode, ClaimPhase, DistributedLock, DistributedLockSpec,
     DistributedLockStatus, LockClaim, LockClaimSpec, LockClaimStatus, FINALIZER,
     MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_HOLDERS, MAX_HOLD_SECONDS, MAX_LEASE_DURATION_SECONDS,
-    MAX_LOCK_DELAY_SECONDS, MAX_PRIORITY,
+    MAX_LOCKS_PER_CLAIM, MAX_LOCK_DELAY_SECONDS, MAX_PRIORITY,
 };
 use turnstile_lock::{HolderInfo, LockSnapshot};
 
@@ -186,8 +186,36 @@ pub struct ClaimView {
     pub owner_state: OwnerState,
     /// The desired state.
     pub spec: LockClaimSpec,
-    /// The last written status (default when none).
+    /// The last written status (default when none). A claim on several locks is seen from
+    /// one of them: `fencingToken` is that lock's (see [`ClaimView::for_lock`]).
     pub status: LockClaimStatus,
+    /// The locks claimed, in name order: one, or those of `spec.lockNames`. The first is the
+    /// claim's *first lock*, whose pass decides and writes everything about the claim; the
+    /// passes of the others only keep its place (see [`MemberLock`]).
+    pub locks: Vec<String>,
+    /// In the pass of the first lock of a claim on several locks: the other locks, as the
+    /// shell found them before the pass (empty otherwise).
+    pub members: Vec<MemberLock>,
+    /// The shortest `maxHoldSeconds` of the claim's other locks, if any sets one: a claim on
+    /// several locks is held no longer than any of them allows.
+    pub members_max_hold: Option<Seconds>,
+}
+
+/// Another lock of a claim on several locks, as the pass of the claim's first lock sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberLock {
+    /// The lock's name.
+    pub name: String,
+    /// Whether the lock exists and is not being deleted: without it the claim cannot be
+    /// granted (and a grant ends).
+    pub exists: bool,
+    /// Whether the lock's own queue would admit the claim now: it is at the head with room
+    /// (no earlier claim waits, the lock serves and is past any lock-delay).
+    pub admits: bool,
+    /// Whether the claim's grant is live in this lock's backend (`None`: it did not answer).
+    pub holds: Option<bool>,
+    /// The claim's fencing token on this lock, as `status.locks` records it.
+    pub fencing_token: Option<u64>,
 }
 
 /// The kinds of owners whose life a claim follows.
@@ -300,9 +328,44 @@ impl ClaimView {
             owner_name,
             owner,
             owner_state,
+            locks: claim.spec.locks().into_iter().map(str::to_owned).collect(),
             spec: claim.spec.clone(),
             status: claim.status.clone().unwrap_or_default(),
+            members: Vec::new(),
+            members_max_hold: None,
         })
+    }
+
+    /// [`ClaimView::from_resource`], seen from `lock`: for a claim on several locks,
+    /// `status.fencingToken` is the one `status.locks` records for `lock` (none before
+    /// the grant), so each lock's fencing high-water counts its own tokens only.
+    pub fn for_lock(claim: &LockClaim, lock: &str) -> Result<Self, IncompleteClaim> {
+        let mut view = Self::from_resource(claim)?;
+        if view.is_multi_lock() {
+            view.status.fencing_token = view
+                .status
+                .locks
+                .iter()
+                .find(|entry| entry.lock_name == lock)
+                .map(|entry| entry.fencing_token);
+        }
+        Ok(view)
+    }
+
+    /// Whether the claim names several locks.
+    pub fn is_multi_lock(&self) -> bool {
+        self.locks.len() > 1 || self.spec.is_multi_lock()
+    }
+
+    /// The claim's first lock (name order): the one whose pass decides about the claim.
+    pub fn first_lock(&self) -> &str {
+        self.locks.first().map_or("", String::as_str)
+    }
+
+    /// Whether `lock`'s pass only keeps this claim's place: it claims several locks and
+    /// `lock` is not the first.
+    pub fn kept_by(&self, lock: &str) -> bool {
+        self.is_multi_lock() && self.first_lock() != lock
     }
 
     /// The recorded phase; a claim without status is `Pending`.
@@ -348,9 +411,13 @@ impl ClaimView {
         self.hold_deadline(lock, self.acquired()?)
     }
 
-    /// When a grant made at `acquired` must end under the lock's `maxHoldSeconds`.
+    /// When a grant made at `acquired` must end under the lock's `maxHoldSeconds` (and, on
+    /// several locks, the shortest of theirs).
     pub fn hold_deadline(&self, lock: &LockView, acquired: Seconds) -> Option<Seconds> {
         lock.max_hold_seconds()
+            .into_iter()
+            .chain(self.members_max_hold)
+            .min()
             .map(|max_hold| acquired.saturating_add(max_hold))
     }
 
@@ -375,8 +442,28 @@ impl ClaimView {
 
     /// Why the spec cannot be served, if it cannot.
     pub fn spec_problem(&self) -> Option<String> {
-        if self.spec.lock_name.is_empty() {
-            return Some("spec.lockName must not be empty".to_owned());
+        match &self.spec.lock_names {
+            None if self.spec.lock_name.is_empty() => {
+                return Some("spec.lockName must not be empty".to_owned());
+            }
+            None => {}
+            Some(_) if !self.spec.lock_name.is_empty() => {
+                return Some("set exactly one of spec.lockName and spec.lockNames".to_owned());
+            }
+            Some(names) => {
+                if !(2..=MAX_LOCKS_PER_CLAIM).contains(&names.len()) {
+                    return Some(format!(
+                        "spec.lockNames must name between 2 and {MAX_LOCKS_PER_CLAIM} locks, got {}",
+                        names.len()
+                    ));
+                }
+                if names.iter().any(String::is_empty) {
+                    return Some("spec.lockNames must not contain an empty name".to_owned());
+                }
+                if self.locks.len() != names.len() {
+                    return Some("spec.lockNames must not name a lock twice".to_owned());
+                }
+            }
         }
         if let Some(lease) = self.spec.lease_duration_seconds {
             if !(1..=MAX_LEASE_DURATION_SECONDS).contains(&lease) {

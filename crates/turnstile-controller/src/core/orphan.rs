@@ -31,7 +31,7 @@ pub fn decide_orphan(claim: &ClaimView, now: Timestamp) -> OrphanDecision {
     let now_s = now.as_second();
     let phase = claim.phase();
     let mut requeue_after = RESYNC_INTERVAL;
-    let lock = &claim.spec.lock_name;
+    let lock = claim.first_lock();
     let new_status = if claim.deleting || phase.is_terminal() {
         None
     } else if phase == ClaimPhase::Held {

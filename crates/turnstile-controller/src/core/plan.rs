@@ -198,6 +198,15 @@ pub(crate) enum Intent<Op = usize> {
     Delete { release_op: Option<Op> },
     /// Pending, but its lock is being deleted.
     LockGone,
+    /// Pending on several locks, one of which does not exist or is being deleted: queued
+    /// nowhere until it does.
+    OtherLockGone { lock: String },
+    /// A claim on several locks of which this is not the first: this pass only keeps its
+    /// place (a slot while held, its turn while waiting) and writes nothing about it.
+    KeptPlace {
+        /// Waiting (counted in the lock's queue).
+        waiting: bool,
+    },
 }
 
 impl<Op> Intent<Op> {
@@ -243,6 +252,8 @@ impl<Op> Intent<Op> {
                 release_op: release_op.map(rename),
             },
             Intent::LockGone => Intent::LockGone,
+            Intent::OtherLockGone { lock } => Intent::OtherLockGone { lock },
+            Intent::KeptPlace { waiting } => Intent::KeptPlace { waiting },
         }
     }
 }
@@ -265,12 +276,20 @@ pub struct Plan {
     /// The end of the lock-delay (`lockDelaySeconds` after the latest involuntary end of a
     /// grant, or the one the lock status records): no grant before it.
     pub(crate) locked_until: Option<Seconds>,
+    /// Claims on several locks, not first on this one, that this lock would admit now (at the
+    /// head of its queue with room): their first lock's pass may grant them.
+    pub admits_for_other_locks: Vec<String>,
 }
 
 impl Plan {
     /// Whether the plan needs the backend at all.
     pub fn has_ops(&self) -> bool {
         !self.ops.is_empty()
+    }
+
+    /// The fencing high-water mark known from the API: every grant of this pass is above it.
+    pub fn high_water(&self) -> u64 {
+        self.high_water
     }
 }
 
@@ -579,6 +598,15 @@ fn held_draft(
             release_op: builder.end_held(claim, reasons::LOCK_DELETED),
         };
     }
+    if let Some(gone) = claim.members.iter().find(|member| !member.exists) {
+        return Draft::End {
+            phase: ClaimPhase::Expired,
+            reason: reasons::LOCK_DELETED,
+            message: format!("lock {} was deleted", gone.name),
+            released_at: Some(now),
+            release_op: builder.end_held(claim, reasons::LOCK_DELETED),
+        };
+    }
     if claim.release_requested() {
         return Draft::End {
             phase: ClaimPhase::Released,
@@ -624,7 +652,12 @@ fn held_draft(
         return Draft::KeepHeld;
     }
     let ttl = backend_ttl(input, expiry);
-    if !input.backend.holds(&claim.uid) {
+    // On several locks: a grant another lock's backend lost is taken again with the rest.
+    let member_lost = claim
+        .members
+        .iter()
+        .any(|member| member.holds == Some(false));
+    if !input.backend.holds(&claim.uid) || member_lost {
         builder.reattach(claim, ttl);
         Draft::Reattach {
             expiry,
@@ -669,7 +702,29 @@ pub fn plan(input: &LockInput) -> Plan {
     for &index in &order {
         let claim = &input.claims[index];
         let phase = claim.phase();
-        let draft = if claim.deleting {
+        let draft = if claim.kept_by(&input.lock.name) {
+            let live = !claim.deleting && !phase.is_terminal();
+            if mode == LockMode::Deleting {
+                // The lock goes: its part of the grant goes with it (nobody is granted the
+                // lock again); the first lock's pass ends the claim.
+                builder.release_if_held(claim, false);
+                Draft::KeptPlace { waiting: false }
+            } else if phase == ClaimPhase::Held {
+                // Deleted or not, it holds until its first lock's pass gives the grant back.
+                held += 1;
+                let granted_shared = input
+                    .backend
+                    .holder(&claim.uid)
+                    .map(|h| h.share == turnstile_lock::ShareMode::Shared);
+                held_exclusive |= !granted_shared.unwrap_or(claim.shared(&input.lock));
+                Draft::KeptPlace { waiting: false }
+            } else if live {
+                queue.push(drafts.len());
+                Draft::KeptPlace { waiting: true }
+            } else {
+                Draft::KeptPlace { waiting: false }
+            }
+        } else if claim.deleting {
             // Without our finalizer nobody waits for us: the claim simply goes away.
             let release = if claim.has_finalizer {
                 builder.release_if_held(claim, phase == ClaimPhase::Held)
@@ -708,6 +763,11 @@ pub fn plan(input: &LockInput) -> Plan {
                     released_at: None,
                     release_op: builder.release_if_held(claim, false),
                 }
+            } else if let Some(gone) = claim.members.iter().find(|member| !member.exists) {
+                builder.release_if_held(claim, false);
+                Draft::OtherLockGone {
+                    lock: gone.name.clone(),
+                }
             } else {
                 queue.push(drafts.len());
                 Draft::Queue
@@ -717,6 +777,21 @@ pub fn plan(input: &LockInput) -> Plan {
     }
 
     let locked_until = lock_delay_end(input, &drafts);
+    let mut admits_for_other_locks = Vec::new();
+    // Grants this pass ends are written by this lock's pass before its own grants; another
+    // lock's pass, which admits through this plan but writes nothing here, counts them until
+    // they are written (so the API never shows more holders than `maxHolders`).
+    let (ending, ending_exclusive) = drafts
+        .iter()
+        .filter(|(index, draft)| {
+            let claim = &input.claims[*index];
+            claim.phase() == ClaimPhase::Held
+                && matches!(draft, Draft::End { .. } | Draft::Delete { .. })
+        })
+        .fold((0usize, false), |(count, exclusive), (index, _)| {
+            let claim = &input.claims[*index];
+            (count + 1, exclusive || !claim.shared(&input.lock))
+        });
     // Grants: the head of the queue, as many as there are free slots (none in a lock-delay).
     let mut floor = None;
     if mode == LockMode::Serving && locked_until.is_none_or(|until| until <= now) {
@@ -742,6 +817,28 @@ pub fn plan(input: &LockInput) -> Plan {
                 } else {
                     holding == 0
                 };
+            if claim.kept_by(&input.lock.name) {
+                // Its turn here: the slot is kept for it (nobody behind overtakes it) while
+                // its first lock's pass takes all its locks at once. Its backend grant is
+                // that pass's to make and to give back.
+                let room_now = if shared {
+                    !ending_exclusive && holding + ending < max
+                } else {
+                    ending == 0
+                };
+                blocked |= !(fits && room_now);
+                if fits && room_now {
+                    holding += 1;
+                    exclusive |= !shared;
+                    admits_for_other_locks.push(claim.name.clone());
+                }
+                continue;
+            }
+            // On several locks, granted only when every other lock admits it too; until then
+            // it waits at the head here as well.
+            let fits = fits
+                && (!claim.is_multi_lock() || claim.members.len() + 1 == claim.locks.len())
+                && claim.members.iter().all(|member| member.admits);
             blocked |= !fits;
             if fits {
                 holding += 1;
@@ -807,6 +904,7 @@ pub fn plan(input: &LockInput) -> Plan {
         intents,
         high_water,
         locked_until,
+        admits_for_other_locks,
     }
 }
 

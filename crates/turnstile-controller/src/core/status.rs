@@ -4,7 +4,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 use super::model::{time_at, ClaimView, Seconds};
-use turnstile_api::{ClaimPhase, LockClaimStatus, HELD_CONDITION};
+use turnstile_api::{ClaimPhase, ClaimedLock, LockClaimStatus, HELD_CONDITION};
 
 /// Sets condition `type_` in `conditions` (keeping the others), moving `lastTransitionTime`
 /// only when the condition's status flips.
@@ -98,6 +98,7 @@ pub(crate) fn held(
         fencing_token: i64::try_from(fencing_token).ok(),
         acquired_at: Some(time_at(acquired_at)),
         expires_at: Some(time_at(expires_at)),
+        locks: lock_grants(claim, fencing_token, expires_at),
         ..LockClaimStatus::default()
     };
     with_common(
@@ -107,6 +108,30 @@ pub(crate) fn held(
         message,
         now,
     )
+}
+
+/// `status.locks` of a claim on several locks held until `expires_at`: its first lock's grant
+/// (`fencing_token`) and each other lock's, as the pass found or made them (empty for a claim
+/// on one lock).
+fn lock_grants(claim: &ClaimView, fencing_token: u64, expires_at: Seconds) -> Vec<ClaimedLock> {
+    if !claim.is_multi_lock() {
+        return Vec::new();
+    }
+    let first = (claim.first_lock(), Some(fencing_token));
+    let others = claim
+        .members
+        .iter()
+        .map(|member| (member.name.as_str(), member.fencing_token));
+    std::iter::once(first)
+        .chain(others)
+        .filter_map(|(lock, token)| {
+            Some(ClaimedLock {
+                lock_name: lock.to_owned(),
+                fencing_token: i64::try_from(token?).ok()?,
+                expires_at: Some(time_at(expires_at)),
+            })
+        })
+        .collect()
 }
 
 /// Ended in a terminal phase: the grant's record (holder, token, acquiredAt) stays, the
@@ -131,6 +156,15 @@ pub(crate) fn terminal(
         acquired_at: old.acquired_at.clone(),
         expires_at: None,
         released_at: released_at.map(time_at),
+        // Each lock's token stays on record; no lease runs any more.
+        locks: old
+            .locks
+            .iter()
+            .map(|entry| ClaimedLock {
+                expires_at: None,
+                ..entry.clone()
+            })
+            .collect(),
         ..LockClaimStatus::default()
     };
     with_common(claim, status, reason, message, now)

@@ -46,6 +46,7 @@ fn held_claim(expires: i64, renew: Option<i64>) -> ClaimView {
         owner_state: super::model::OwnerState::NotTracked,
         spec: LockClaimSpec {
             lock_name: "db".to_owned(),
+            lock_names: None,
             holder_identity: None,
             lease_duration_seconds: None,
             acquire_timeout_seconds: None,
@@ -61,6 +62,9 @@ fn held_claim(expires: i64, renew: Option<i64>) -> ClaimView {
             expires_at: Some(time_at(expires)),
             ..LockClaimStatus::default()
         },
+        locks: vec!["db".to_owned()],
+        members: Vec::new(),
+        members_max_hold: None,
     }
 }
 

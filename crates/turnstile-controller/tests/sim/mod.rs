@@ -176,6 +176,7 @@ impl Sim {
     pub fn claim_spec(lease: Option<i64>, timeout: Option<i64>) -> LockClaimSpec {
         LockClaimSpec {
             lock_name: LOCK.to_owned(),
+            lock_names: None,
             holder_identity: None,
             lease_duration_seconds: lease,
             acquire_timeout_seconds: timeout,

@@ -1,0 +1,540 @@
+//! Claims on several locks, property-tested through the shell's own pass: a simulated API
+//! server with four locks and their claims (single and multi-lock, over overlapping sets), the
+//! real in-memory lock engine, a paused clock, and passes of the locks in random order, each
+//! the pass `lock_reconciler` makes (read the other locks → plan → backend calls followed
+//! onto the other locks → fold → give back → the writer's patches).
+//!
+//! Checked after every pass: never a claim `Held` on part of its locks; no backend keeps a
+//! grant of a claim that is not held; never more holders than `maxHolders` on a lock; tokens
+//! strictly increasing per lock; nobody granted while an earlier claim on one of its locks
+//! still waits (FIFO per lock). And at the end, with every holder letting go once granted,
+//! every claim is granted (no deadlock). A control run shows the checks catch a partial grant.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use proptest::prelude::*;
+
+use turnstile_api::{
+    BackendKind, ClaimPhase, DistributedLock, DistributedLockSpec, LockClaim, LockClaimSpec,
+};
+use turnstile_controller::core::{fold, plan, BackendView, ClaimView, LockInput, LockView};
+use turnstile_controller::lock_reconciler::execute_following;
+use turnstile_controller::multi_lock::{other_locks_needed, prepare, OtherLock};
+use turnstile_controller::patch::apply_merge_patch;
+use turnstile_controller::writer::{PassWrite, PassWrites, Target, Write};
+use turnstile_lock::{Backend, MemoryBackend};
+
+const NS: &str = "team-a";
+const LOCKS: [&str; 4] = ["a", "b", "c", "d"];
+
+struct World {
+    backend: Arc<dyn Backend>,
+    locks: BTreeMap<String, DistributedLock>,
+    claims: BTreeMap<String, LockClaim>,
+    start: Timestamp,
+    elapsed: Duration,
+    next: u64,
+    /// Per lock, the tokens of its grants in the order they were announced.
+    tokens: BTreeMap<String, Vec<i64>>,
+    /// Claims ever granted.
+    granted: BTreeSet<String>,
+}
+
+fn phase(claim: &LockClaim) -> ClaimPhase {
+    claim
+        .status
+        .as_ref()
+        .and_then(|status| status.phase)
+        .unwrap_or_default()
+}
+
+fn queue_key(claim: &LockClaim) -> (i64, String) {
+    let created = claim
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(0, |time| time.0.as_second());
+    (created, claim.metadata.name.clone().unwrap_or_default())
+}
+
+impl World {
+    fn new(max_holders: &[i32]) -> Self {
+        let locks = LOCKS
+            .iter()
+            .zip(max_holders)
+            .map(|(name, max)| {
+                let mut lock = DistributedLock::new(
+                    name,
+                    DistributedLockSpec {
+                        backend: Some(BackendKind::Memory),
+                        lease_duration_seconds: 60,
+                        max_holders: *max,
+                        key: None,
+                        max_hold_seconds: None,
+                        lock_delay_seconds: None,
+                    },
+                );
+                lock.metadata.namespace = Some(NS.to_owned());
+                lock.metadata.uid = Some(format!("lock-{name}"));
+                lock.metadata.generation = Some(1);
+                ((*name).to_owned(), lock)
+            })
+            .collect();
+        Self {
+            backend: Arc::new(MemoryBackend::new()),
+            locks,
+            claims: BTreeMap::new(),
+            start: "2030-01-01T00:00:00Z".parse().expect("timestamp"),
+            elapsed: Duration::ZERO,
+            next: 0,
+            tokens: BTreeMap::new(),
+            granted: BTreeSet::new(),
+        }
+    }
+
+    fn now(&self) -> Timestamp {
+        self.start + self.elapsed
+    }
+
+    async fn advance(&mut self, by: Duration) {
+        self.elapsed += by;
+        tokio::time::advance(by).await;
+    }
+
+    fn create(&mut self, locks: &[&str]) -> String {
+        self.next += 1;
+        let name = format!("c{:03}", self.next);
+        let spec = if locks.len() == 1 {
+            LockClaimSpec::for_lock(locks[0])
+        } else {
+            LockClaimSpec::for_locks(locks.iter().copied())
+        };
+        let mut claim = LockClaim::new(&name, spec);
+        claim.metadata = ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(NS.to_owned()),
+            uid: Some(format!("uid-{}", self.next)),
+            generation: Some(1),
+            creation_timestamp: Some(Time(self.now())),
+            ..ObjectMeta::default()
+        };
+        self.claims.insert(name.clone(), claim);
+        name
+    }
+
+    fn release(&mut self, name: &str) {
+        if let Some(claim) = self.claims.get_mut(name) {
+            claim.spec.release = Some(true);
+        }
+    }
+
+    fn delete(&mut self, name: &str) {
+        let now = Time(self.now());
+        let Some(claim) = self.claims.get_mut(name) else {
+            return;
+        };
+        if claim.metadata.finalizers.as_ref().is_none_or(Vec::is_empty) {
+            self.claims.remove(name);
+        } else {
+            claim.metadata.deletion_timestamp.get_or_insert(now);
+        }
+    }
+
+    fn views_of(&self, lock: &str) -> Vec<ClaimView> {
+        self.claims
+            .values()
+            .filter(|claim| claim.spec.locks().contains(&lock))
+            .map(|claim| ClaimView::for_lock(claim, lock).expect("complete claim"))
+            .collect()
+    }
+
+    async fn backend_view(&self, lock: &LockView) -> BackendView {
+        BackendView::Ready {
+            backend: BackendKind::Memory,
+            snapshot: self
+                .backend
+                .snapshot(&lock.backend_key())
+                .await
+                .expect("snapshot"),
+        }
+    }
+
+    /// One pass of `lock`, as `lock_reconciler` makes it. `follow_others: false` is the
+    /// control: the other locks are neither read nor taken.
+    async fn pass(&mut self, lock: &str, follow_others: bool) {
+        let object = self.locks[lock].clone();
+        let view = LockView::from_resource(&object);
+        let mut claims = self.views_of(lock);
+        let mut others = HashMap::new();
+        if follow_others {
+            for name in other_locks_needed(&view, &claims) {
+                let other_view = LockView::from_resource(&self.locks[&name]);
+                let backend_view = self.backend_view(&other_view).await;
+                others.insert(
+                    name.clone(),
+                    OtherLock {
+                        lock: Some(other_view),
+                        claims: self.views_of(&name),
+                        backend: Some(self.backend.clone()),
+                        view: backend_view,
+                    },
+                );
+            }
+        }
+        let now = self.now();
+        let mut members = prepare(&view, &mut claims, &others, |_| true, now);
+        if !follow_others {
+            // The control: every other lock looks free and nothing follows onto it.
+            for claim in &mut claims {
+                for member in &mut claim.members {
+                    member.exists = true;
+                    member.admits = true;
+                    member.holds = Some(true);
+                }
+            }
+        }
+        let key = view.backend_key();
+        let backend = self.backend_view(&view).await;
+        let mut input = LockInput {
+            lock: view,
+            claims,
+            now,
+            backend,
+        };
+        let planned = plan(&input);
+        let mut writes = PassWrites::new(self.claims.values());
+        for write in writes.add_finalizers(&planned.finalizers_to_add) {
+            self.apply_to_claim(&write);
+        }
+        let outcomes = execute_following(
+            self.backend.as_ref(),
+            &key,
+            planned.terms,
+            &planned.ops,
+            || true,
+            &mut members,
+        )
+        .await;
+        members.record_grants(&mut input.claims);
+        let mut decision = fold(&input, &planned, &outcomes);
+        members.give_back(&mut decision, &input.claims).await;
+        let statuses: BTreeMap<String, _> = self
+            .claims
+            .iter()
+            .map(|(name, claim)| (name.clone(), claim.status.clone()))
+            .collect();
+        let pass_writes = writes
+            .decision(
+                &object,
+                |name| statuses.get(name).and_then(Option::as_ref),
+                &decision,
+            )
+            .expect("serializable statuses");
+        for PassWrite { target, write } in &pass_writes {
+            match target {
+                Target::Claim => self.apply_to_claim(write),
+                Target::Lock => {
+                    let patched = patched(&self.locks[lock], write);
+                    self.locks.insert(lock.to_owned(), patched);
+                }
+            }
+        }
+    }
+
+    /// A claim write as the API server applies it; records grants; checks FIFO per lock.
+    fn apply_to_claim(&mut self, write: &Write) {
+        let before = self.claims.get(&write.name).expect("claim").clone();
+        let claim = patched(&before, write);
+        if phase(&claim) == ClaimPhase::Held && phase(&before) != ClaimPhase::Held {
+            let status = claim.status.clone().unwrap_or_default();
+            for lock in claim.spec.locks() {
+                let token = if claim.spec.is_multi_lock() {
+                    status
+                        .locks
+                        .iter()
+                        .find(|entry| entry.lock_name == lock)
+                        .map(|entry| entry.fencing_token)
+                } else {
+                    status.fencing_token
+                };
+                // A lock without a token is a partial grant: `check` reports it.
+                let Some(token) = token else { continue };
+                self.tokens.entry(lock.to_owned()).or_default().push(token);
+                // FIFO: a claim granted while earlier ones on this lock wait leaves room for
+                // each of them (they wait for another of their locks); none is overtaken.
+                let on_lock = |other: &&LockClaim| {
+                    other.spec.locks().contains(&lock) && other.metadata.name != claim.metadata.name
+                };
+                let earlier_waiting: Vec<_> = self
+                    .claims
+                    .values()
+                    .filter(on_lock)
+                    .filter(|other| {
+                        queue_key(other) < queue_key(&claim)
+                            && phase(other) == ClaimPhase::Pending
+                            && other.metadata.deletion_timestamp.is_none()
+                            && other.spec.release != Some(true)
+                    })
+                    .filter_map(|other| other.metadata.name.clone())
+                    .collect();
+                let holding = 1 + self
+                    .claims
+                    .values()
+                    .filter(on_lock)
+                    .filter(|other| phase(other) == ClaimPhase::Held)
+                    .count();
+                let max = usize::try_from(self.locks[lock].spec.max_holders).expect("positive");
+                assert!(
+                    earlier_waiting.is_empty() || holding + earlier_waiting.len() <= max,
+                    "{} granted lock {lock} ({holding} holding, maxHolders {max}) while \
+                     {earlier_waiting:?} wait before it",
+                    write.name,
+                );
+            }
+            self.granted.insert(write.name.clone());
+        }
+        if claim.metadata.deletion_timestamp.is_some()
+            && claim.metadata.finalizers.as_ref().is_none_or(Vec::is_empty)
+        {
+            self.claims.remove(&write.name);
+        } else {
+            self.claims.insert(write.name.clone(), claim);
+        }
+    }
+
+    /// The invariants that hold after every pass.
+    async fn check(&self) {
+        let mut held_on: BTreeMap<&str, usize> = BTreeMap::new();
+        for (name, claim) in &self.claims {
+            let locks = claim.spec.locks();
+            let status = claim.status.clone().unwrap_or_default();
+            if phase(claim) == ClaimPhase::Held {
+                for lock in &locks {
+                    *held_on.entry(lock).or_default() += 1;
+                }
+                if claim.spec.is_multi_lock() {
+                    let recorded: Vec<&str> = status
+                        .locks
+                        .iter()
+                        .map(|entry| entry.lock_name.as_str())
+                        .collect();
+                    assert_eq!(recorded, locks, "{name} is held on part of its locks");
+                }
+                continue;
+            }
+            // Not held: no backend keeps any grant of it.
+            let uid = claim.metadata.uid.clone().unwrap_or_default();
+            for lock in &locks {
+                let key = format!("{NS}/{lock}");
+                let snapshot = self.backend.snapshot(&key).await.expect("snapshot");
+                assert!(
+                    !snapshot
+                        .holders
+                        .iter()
+                        .any(|holder| holder.owner == uid && !holder.expires_in.is_zero()),
+                    "{name} ({:?}) keeps a grant of lock {lock}",
+                    phase(claim)
+                );
+            }
+        }
+        for (lock, held) in held_on {
+            let max = usize::try_from(self.locks[lock].spec.max_holders).expect("positive");
+            assert!(held <= max, "{held} hold lock {lock}, maxHolders {max}");
+        }
+        for (lock, tokens) in &self.tokens {
+            assert!(
+                tokens.windows(2).all(|pair| pair[0] < pair[1]),
+                "tokens of lock {lock} not increasing: {tokens:?}"
+            );
+        }
+    }
+}
+
+fn patched<K: serde::Serialize + serde::de::DeserializeOwned>(object: &K, write: &Write) -> K {
+    let mut json = serde_json::to_value(object).expect("serializable object");
+    apply_merge_patch(&mut json, &write.patch);
+    serde_json::from_value(json).expect("a patched object of the same kind")
+}
+
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime")
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// A claim on these locks (indices into `LOCKS`; one or several).
+    Create(BTreeSet<usize>),
+    /// The pass of one lock.
+    Pass(usize),
+    /// The n-th live claim lets go (`spec.release`) or is deleted.
+    LetGo { nth: usize, delete: bool },
+    /// Time passes (within the leases).
+    Wait(u64),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        3 => prop::collection::btree_set(0..LOCKS.len(), 1..4).prop_map(Step::Create),
+        6 => (0..LOCKS.len()).prop_map(Step::Pass),
+        2 => (0usize..16, any::<bool>()).prop_map(|(nth, delete)| Step::LetGo { nth, delete }),
+        1 => (1u64..5).prop_map(Step::Wait),
+    ]
+}
+
+/// Runs `steps`, then lets every holder go once granted until nobody waits.
+async fn run(max_holders: &[i32], steps: &[Step]) {
+    let mut world = World::new(max_holders);
+    for step in steps {
+        match step {
+            Step::Create(locks) => {
+                let names: Vec<&str> = locks.iter().map(|i| LOCKS[*i]).collect();
+                world.create(&names);
+            }
+            Step::Pass(lock) => {
+                world.pass(LOCKS[*lock], true).await;
+                world.check().await;
+            }
+            Step::LetGo { nth, delete } => {
+                let live: Vec<String> = world
+                    .claims
+                    .iter()
+                    .filter(|(_, claim)| !phase(claim).is_terminal())
+                    .map(|(name, _)| name.clone())
+                    .collect();
+                if let Some(name) = live.get(nth % live.len().max(1)) {
+                    if *delete {
+                        world.delete(name);
+                    } else {
+                        world.release(name);
+                    }
+                }
+            }
+            Step::Wait(seconds) => world.advance(Duration::from_secs(*seconds)).await,
+        }
+    }
+    // The drain: holders let go once granted; every claim still waiting is granted in turn.
+    let rounds = 3 * world.claims.len() + 10;
+    for _ in 0..rounds {
+        for lock in LOCKS {
+            world.pass(lock, true).await;
+            world.check().await;
+        }
+        let holding: Vec<String> = world
+            .claims
+            .iter()
+            .filter(|(_, claim)| phase(claim) == ClaimPhase::Held)
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in holding {
+            world.release(&name);
+        }
+        world.advance(Duration::from_secs(1)).await;
+    }
+    let waiting: Vec<&String> = world
+        .claims
+        .iter()
+        .filter(|(_, claim)| {
+            phase(claim) == ClaimPhase::Pending && claim.spec.release != Some(true)
+        })
+        .map(|(name, _)| name)
+        .collect();
+    assert!(
+        waiting.is_empty(),
+        "still waiting after {rounds} rounds (a deadlock?): {waiting:?}"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// Random claims over overlapping lock sets, passes in random order.
+    #[test]
+    fn multi_lock_claims_are_all_or_nothing_fifo_and_never_deadlock(
+        max_holders in prop::collection::vec(1i32..3, LOCKS.len()),
+        steps in prop::collection::vec(step(), 1..60),
+    ) {
+        paused_runtime().block_on(run(&max_holders, &steps));
+    }
+}
+
+#[test]
+fn two_claims_on_the_same_locks_in_opposite_order_both_complete_in_turn() {
+    paused_runtime().block_on(async {
+        let mut world = World::new(&[1, 1, 1, 1]);
+        let first = world.create(&["a", "b"]);
+        let second = world.create(&["b", "a"]);
+        for lock in ["b", "a", "b", "a"] {
+            world.pass(lock, true).await;
+            world.check().await;
+        }
+        assert_eq!(phase(&world.claims[&first]), ClaimPhase::Held);
+        assert_eq!(phase(&world.claims[&second]), ClaimPhase::Pending);
+        world.release(&first);
+        for lock in ["b", "a", "b", "a"] {
+            world.pass(lock, true).await;
+            world.check().await;
+        }
+        assert_eq!(phase(&world.claims[&first]), ClaimPhase::Released);
+        let second = world.claims[&second].status.clone().unwrap_or_default();
+        assert_eq!(second.phase, Some(ClaimPhase::Held));
+        let tokens: Vec<(String, i64)> = second
+            .locks
+            .iter()
+            .map(|entry| (entry.lock_name.clone(), entry.fencing_token))
+            .collect();
+        assert_eq!(tokens, [("a".to_owned(), 2), ("b".to_owned(), 2)]);
+    });
+}
+
+#[test]
+fn a_claim_waiting_for_a_busy_lock_holds_nothing_and_keeps_the_other_idle() {
+    paused_runtime().block_on(async {
+        let mut world = World::new(&[1, 1, 1, 1]);
+        let on_b = world.create(&["b"]);
+        world.pass("b", true).await;
+        let both = world.create(&["a", "b"]);
+        let later_on_a = world.create(&["a"]);
+        for lock in ["a", "b", "a"] {
+            world.pass(lock, true).await;
+            world.check().await;
+        }
+        assert_eq!(phase(&world.claims[&on_b]), ClaimPhase::Held);
+        let waiting = world.claims[&both].status.clone().unwrap_or_default();
+        assert_eq!(waiting.phase, Some(ClaimPhase::Pending));
+        assert!(
+            waiting
+                .message
+                .as_deref()
+                .is_some_and(|m| m.contains("lock b")),
+            "says what it waits for: {waiting:?}"
+        );
+        // Lock a stays free for it: the claim behind it does not overtake it.
+        assert_eq!(phase(&world.claims[&later_on_a]), ClaimPhase::Pending);
+        world.release(&on_b);
+        for lock in ["b", "a"] {
+            world.pass(lock, true).await;
+            world.check().await;
+        }
+        assert_eq!(phase(&world.claims[&both]), ClaimPhase::Held);
+    });
+}
+
+#[test]
+#[should_panic(expected = "held on part of its locks")]
+fn control_the_checks_catch_a_claim_granted_its_first_lock_alone() {
+    paused_runtime().block_on(async {
+        let mut world = World::new(&[1, 1, 1, 1]);
+        world.create(&["a", "b"]);
+        // Without reading or taking lock b, the first lock's pass grants lock a alone.
+        world.pass("a", false).await;
+        world.check().await;
+    });
+}
