@@ -27,7 +27,9 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
-use turnstile_api::{ClaimPhase, DistributedLock, LockClaim, LOCK_ANNOTATION};
+use turnstile_api::{
+    ClaimPhase, DistributedLock, LockClaim, LOCK_ANNOTATION, LOCK_LABEL, SCHEDULING_GATE,
+};
 
 const NAMESPACE: &str = "bench";
 const BENCH: &str = "bench";
@@ -124,6 +126,15 @@ fn has_status(claim: &LockClaim) -> bool {
 
 fn unsuspended(job: &Job) -> bool {
     job.spec.as_ref().and_then(|s| s.suspend) == Some(false)
+}
+
+fn ungated(pod: &Pod) -> bool {
+    pod.labels().contains_key(LOCK_LABEL)
+        && !pod
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.scheduling_gates.as_ref())
+            .is_some_and(|gates| gates.iter().any(|gate| gate.name == SCHEDULING_GATE))
 }
 
 fn exists(_: &ConfigMap) -> bool {
@@ -394,6 +405,29 @@ async fn main() {
     }
     table.latency("claim create → `Held`, idle lock", idle, "");
 
+    // A claim on three idle locks at once: create → `Held` (all of them).
+    let triple = ["multi-a", "multi-b", "multi-c"];
+    for name in triple {
+        create(&locks, &lock(name, 1)).await;
+    }
+    let mut multi = Vec::new();
+    for i in 0..samples {
+        let name = format!("multi-{i}");
+        let mut on_three = claim(&name, "");
+        on_three.spec = turnstile_api::LockClaimSpec::for_locks(triple);
+        let start = Instant::now();
+        create(&claims, &on_three).await;
+        multi.push(seen_held.wait(&name).await - start);
+        claims
+            .delete(&name, &DeleteParams::default())
+            .await
+            .expect("delete");
+        for lock in triple {
+            wait_free(&locks, lock).await;
+        }
+    }
+    table.latency("claim on 3 locks create → `Held`, idle locks", multi, "");
+
     // Release → next Held, one waiter behind the holder.
     create(&locks, &lock("relay", 1)).await;
     create(&claims, &claim("relay-0000", "relay")).await;
@@ -512,6 +546,31 @@ async fn main() {
         wait_free(&locks, "gate").await;
     }
     table.latency("gated Job create → unsuspended", gated, "");
+
+    // A Pod with the lock label and scheduling gate: create → gate removed.
+    create(&locks, &lock("pod-gate", 1)).await;
+    let seen_ungated = Seen::watch(pods.clone(), ungated);
+    let mut gated_pods = Vec::new();
+    for i in 0..samples {
+        let pod_name = format!("gated-pod-{i}");
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": pod_name, "labels": {LOCK_LABEL: "pod-gate"}},
+            "spec": {
+                "schedulingGates": [{"name": SCHEDULING_GATE}],
+                "containers": [{"name": "c", "image": "busybox"}]
+            }
+        }))
+        .expect("pod");
+        let start = Instant::now();
+        create(&pods, &pod).await;
+        gated_pods.push(seen_ungated.wait(&pod_name).await - start);
+        claims
+            .delete(&format!("{pod_name}-pod-gate"), &DeleteParams::default())
+            .await
+            .ok();
+        wait_free(&locks, "pod-gate").await;
+    }
+    table.latency("gated Pod create → gate removed", gated_pods, "");
 
     // Scale: many locks, 10 claims each.
     let requests_before = controller_requests(&server).len();

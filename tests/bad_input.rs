@@ -212,6 +212,66 @@ fn corpus() -> Vec<Row> {
             input: claim("c-moved", "  lockName: good"),
             outcome: Outcome::Rejected("lockName is immutable"),
         },
+        rejected(
+            "neither lockName nor lockNames",
+            claim("c-no-lock", "  priority: 1"),
+            "set exactly one of lockName and lockNames",
+        ),
+        rejected(
+            "both lockName and lockNames",
+            claim("c-both", "  lockName: good\n  lockNames: [good, spare]"),
+            "set exactly one of lockName and lockNames",
+        ),
+        rejected(
+            "lockNames with one lock",
+            claim("c-one-of-many", "  lockNames: [good]"),
+            "spec.lockNames in body should have at least 2 items",
+        ),
+        rejected(
+            "lockNames naming a lock twice",
+            claim("c-twice", "  lockNames: [good, spare, good]"),
+            "lockNames must not name a lock twice",
+        ),
+        rejected(
+            "lockNames of nine locks",
+            claim(
+                "c-nine",
+                "  lockNames: [l1, l2, l3, l4, l5, l6, l7, l8, l9]",
+            ),
+            "spec.lockNames: Too many: 9: must have at most 8 items",
+        ),
+        Row {
+            what: "changing lockNames",
+            setup: claim("c-many-moved", "  lockNames: [x-one, x-two]"),
+            input: claim("c-many-moved", "  lockNames: [x-one, x-three]"),
+            outcome: Outcome::Rejected("lockNames is immutable"),
+        },
+        Row {
+            what: "switching from lockName to lockNames",
+            setup: claim("c-switched", "  lockName: spare"),
+            input: claim("c-switched", "  lockNames: [good, spare]"),
+            outcome: Outcome::Rejected("a claim cannot switch between lockName and lockNames"),
+        },
+        Row {
+            what: "lockNames whose first lock does not exist",
+            setup: lock("present", "  maxHolders: 1"),
+            input: claim("c-first-missing", "  lockNames: [present, absent]"),
+            outcome: Outcome::Accepted {
+                object: Object::Claim("c-first-missing"),
+                condition: ("Held", "False", "LockNotFound"),
+                event: "LockNotFound",
+            },
+        },
+        Row {
+            what: "lockNames whose other lock does not exist",
+            setup: lock("present-too", "  maxHolders: 1"),
+            input: claim("c-other-missing", "  lockNames: [present-too, zz-absent]"),
+            outcome: Outcome::Accepted {
+                object: Object::Claim("c-other-missing"),
+                condition: ("Held", "False", "LockNotFound"),
+                event: "LockNotFound",
+            },
+        },
         Row {
             what: "release: true at creation",
             setup: String::new(),

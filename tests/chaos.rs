@@ -253,6 +253,17 @@ async fn run(plan: RunPlan) -> Option<(Report, String)> {
     let fake = fake_apiserver::FakeApiServer::builder().max_list_page(CHAOS_LIST_PAGE);
     let env = Env::fake_only_with(plan.title, fake).await?;
     let dir = tempfile::tempdir().expect("run dir");
+    // `TURNSTILE_CHAOS_LOG_DIR` keeps the replicas' whole logs for a look afterwards.
+    let kept_logs = std::env::var_os("TURNSTILE_CHAOS_LOG_DIR")
+        .filter(|dir| !dir.is_empty())
+        .map(std::path::PathBuf::from);
+    let log_dir = match &kept_logs {
+        Some(kept) => {
+            std::fs::create_dir_all(kept).expect("TURNSTILE_CHAOS_LOG_DIR");
+            kept.clone()
+        }
+        None => dir.path().to_owned(),
+    };
     let uses_mongo = plan.locks.iter().any(|l| l.backend == "mongo");
     let mongo = if uses_mongo {
         tokio::task::block_in_place(mongo)
@@ -263,15 +274,7 @@ async fn run(plan: RunPlan) -> Option<(Report, String)> {
     let args = replica_args(&redis, mongo.as_ref());
     let mut replicas: Vec<Replica> = ["replica-1", "replica-2"]
         .iter()
-        .map(|id| {
-            Replica::new(
-                id,
-                args.clone(),
-                &env.kubeconfig,
-                &env.namespace,
-                dir.path(),
-            )
-        })
+        .map(|id| Replica::new(id, args.clone(), &env.kubeconfig, &env.namespace, &log_dir))
         .collect();
     for replica in &mut replicas {
         replica.start();

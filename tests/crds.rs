@@ -139,6 +139,8 @@ fn claim_printer_columns_follow_the_design() {
         column_names_and_types(&crd),
         pairs(&[
             ("Lock", "string"),
+            // -o wide only: the locks of a claim on several locks.
+            ("Locks", "string"),
             ("Phase", "string"),
             // Shown with -o wide only (priority 1); the issue asks for the mode.
             ("Mode", "string"),
@@ -154,6 +156,7 @@ fn claim_printer_columns_follow_the_design() {
         paths,
         [
             ".spec.lockName",
+            ".spec.lockNames",
             ".status.phase",
             ".spec.mode",
             ".status.holderIdentity",
@@ -203,9 +206,25 @@ fn lock_spec_bounds() {
 #[test]
 fn claim_spec_bounds_and_required_lock_name() {
     let spec = spec_properties("lockclaims");
-    assert_eq!(spec["required"], serde_json::json!(["lockName"]));
+    // Exactly one of lockName and lockNames: a CEL rule, as the schema cannot say "one of".
+    assert!(spec.get("required").is_none(), "{spec:#}");
+    let rules: Vec<&str> = spec["x-kubernetes-validations"]
+        .as_array()
+        .expect("spec rules")
+        .iter()
+        .filter_map(|rule| rule["rule"].as_str())
+        .collect();
+    assert_eq!(
+        rules,
+        [
+            "has(self.lockName) != has(self.lockNames)",
+            "has(self.lockNames) == has(oldSelf.lockNames)"
+        ]
+    );
     let props = &spec["properties"];
     assert_eq!(props["lockName"]["minLength"], 1);
+    assert_eq!(props["lockNames"]["minItems"], 2);
+    assert_eq!(props["lockNames"]["maxItems"], 8);
     for duration in ["leaseDurationSeconds", "acquireTimeoutSeconds"] {
         assert_eq!(
             props[duration]["minimum"].as_f64(),

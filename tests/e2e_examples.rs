@@ -11,6 +11,7 @@
 //!   violations), carries the token, and a second gated Job stays suspended until the first
 //!   completes; a suspended Job without the annotation is left alone;
 //! - `lock.yaml` and `claims.yaml`: the queue of three;
+//! - `multi-lock.yaml`: two claims on both locks, named in opposite orders, hold them in turn;
 //! - `priority-and-limits.yaml`: the priority claim is granted next, the maximum hold and
 //!   lock-delay are on the lock;
 //! - `gated-deployment.yaml`: the fake serves no `apps/v1`, so the test is the ReplicaSet and
@@ -250,6 +251,43 @@ async fn the_claims_example_queues_three_claims() {
         .await;
     let b = env.wait_phase("job-b", ClaimPhase::Held).await;
     assert!(token_of(&b) > token_of(&a));
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_multi_lock_example_grants_both_locks_to_one_claim_at_a_time() {
+    let Some(mut env) =
+        Env::fake_only("the_multi_lock_example_grants_both_locks_to_one_claim_at_a_time").await
+    else {
+        return;
+    };
+    env.start_default_controller();
+    let scratch = Scratch::new(&env);
+    scratch
+        .apply(&env, &documents(&example("multi-lock.yaml")))
+        .await;
+    let first = env.wait_phase("move-tenant-42", ClaimPhase::Held).await;
+    let locks = |claim: &LockClaim| -> Vec<(String, i64)> {
+        claim
+            .status
+            .iter()
+            .flat_map(|status| &status.locks)
+            .map(|entry| (entry.lock_name.clone(), entry.fencing_token))
+            .collect()
+    };
+    assert_eq!(
+        locks(&first),
+        [("billing-db".to_owned(), 1), ("tenants-db".to_owned(), 1)]
+    );
+    let second = env.claim("rebill-tenant-42").await;
+    assert_eq!(phase_of(&second), Some(ClaimPhase::Pending));
+    env.patch_claim_spec("move-tenant-42", json!({"release": true}))
+        .await;
+    let second = env.wait_phase("rebill-tenant-42", ClaimPhase::Held).await;
+    assert_eq!(
+        locks(&second),
+        [("billing-db".to_owned(), 2), ("tenants-db".to_owned(), 2)]
+    );
     env.stop_controller().await;
 }
 

@@ -18,7 +18,7 @@ use e2e_support::{phase_of, reason_of, token_of, Env, WAIT};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use turnstile_api::{ClaimPhase, LOCK_LABEL, SCHEDULING_GATE, TOKEN_ANNOTATION};
+use turnstile_api::{ClaimPhase, LOCKS_ANNOTATION, LOCK_LABEL, SCHEDULING_GATE, TOKEN_ANNOTATION};
 
 /// How soon after its predecessor ends the next Pod must be let go: far below the 300 s lease.
 const HANDOFF: Duration = Duration::from_secs(15);
@@ -241,5 +241,95 @@ async fn a_gated_pod_whose_claim_fails_stays_gated_and_says_why() {
         .await
         .expect("get")
         .is_none());
+    env.stop_controller().await;
+}
+
+/// A gated Pod with the annotation `turnstile.dev/locks: cache,db` gets one claim on both
+/// locks, owned by it: it stays gated while one of them is held by someone else, is let go
+/// holding both (the first lock's token in its annotation, each lock's in the claim), and
+/// when it finishes both locks go to the next claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_locks_annotation_gates_a_pod_on_all_its_locks() {
+    let mut env = Env::new().await;
+    env.start_default_controller();
+    env.apply_lock("cache", "leaseDurationSeconds: 300");
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.apply_claim("holds-db", "db", "");
+    env.wait_phase("holds-db", ClaimPhase::Held).await;
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {
+            "name": "web-m",
+            "labels": {LOCK_LABEL: "db"},
+            "annotations": {LOCKS_ANNOTATION: "db, cache"}
+        },
+        "spec": {
+            "schedulingGates": [{"name": SCHEDULING_GATE}],
+            "containers": [{"name": "app", "image": "busybox"}]
+        }
+    }))
+    .expect("pod");
+    pods(&env)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    let claim = env
+        .wait_claim("web-m-db", |claim| {
+            reason_of(claim).as_deref() == Some("Queued")
+        })
+        .await;
+    assert_eq!(
+        claim.spec.lock_names,
+        Some(vec!["cache".to_owned(), "db".to_owned()])
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        is_gated(&pods(&env).get("web-m").await.expect("pod")),
+        "gated while db is held by someone else"
+    );
+    let cache = env.lock("cache").await.status.unwrap_or_default();
+    assert!(cache.holders.is_empty(), "it holds nothing while it waits");
+
+    env.delete_claim("holds-db").await;
+    let held = env.wait_phase("web-m-db", ClaimPhase::Held).await;
+    let status = held.status.clone().unwrap_or_default();
+    let tokens: Vec<(String, i64)> = status
+        .locks
+        .iter()
+        .map(|entry| (entry.lock_name.clone(), entry.fencing_token))
+        .collect();
+    assert_eq!(tokens, [("cache".to_owned(), 1), ("db".to_owned(), 2)]);
+    let deadline = Instant::now() + WAIT;
+    let pod = loop {
+        let pod = pods(&env).get("web-m").await.expect("pod");
+        if !is_gated(&pod) {
+            break pod;
+        }
+        assert!(Instant::now() < deadline, "the gate never went: {pod:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        pod.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(TOKEN_ANNOTATION))
+            .map(String::as_str),
+        Some("1"),
+        "the first lock's (cache) token"
+    );
+
+    // Claims behind it on each lock, then the Pod finishes: both go on.
+    env.apply_claim("next-cache", "cache", "");
+    env.apply_claim("next-db", "db", "");
+    set_pod_phase(&env, "web-m", "Succeeded").await;
+    let released = env.wait_phase("web-m-db", ClaimPhase::Released).await;
+    assert_eq!(reason_of(&released).as_deref(), Some("OwnerFinished"));
+    assert_eq!(
+        token_of(&env.wait_phase("next-cache", ClaimPhase::Held).await),
+        Some(2)
+    );
+    assert_eq!(
+        token_of(&env.wait_phase("next-db", ClaimPhase::Held).await),
+        Some(3)
+    );
     env.stop_controller().await;
 }

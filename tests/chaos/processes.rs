@@ -16,6 +16,15 @@ use test_servers::{free_port, wait_until, ServerProcess};
 /// The Lease the replicas elect a leader on.
 const LEADER_LEASE: &str = "turnstile-controller";
 
+/// The replicas' log filter: `warn`, or `TURNSTILE_CHAOS_RUST_LOG` (e.g.
+/// `info,turnstile_controller=debug` to see every pass of a long run).
+fn replica_log_filter() -> String {
+    std::env::var("TURNSTILE_CHAOS_RUST_LOG")
+        .ok()
+        .filter(|filter| !filter.is_empty())
+        .unwrap_or_else(|| "warn".to_owned())
+}
+
 /// One `turnstile run` replica; its log goes to `<dir>/<identity>.log` (appended across
 /// restarts).
 pub struct Replica {
@@ -61,7 +70,7 @@ impl Replica {
             .env("KUBECONFIG", &self.kubeconfig)
             .env("POD_NAME", &self.identity)
             .env("POD_NAMESPACE", &self.namespace)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", replica_log_filter())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

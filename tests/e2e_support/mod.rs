@@ -572,6 +572,21 @@ pub fn token_of(claim: &LockClaim) -> Option<i64> {
         .and_then(|status| status.fencing_token)
 }
 
+/// A claim's fencing token on `lock` (its own, or its `status.locks` entry's when it names
+/// several locks).
+pub fn token_on(claim: &LockClaim, lock: &str) -> Option<i64> {
+    if !claim.spec.is_multi_lock() {
+        return token_of(claim);
+    }
+    claim
+        .status
+        .as_ref()?
+        .locks
+        .iter()
+        .find(|entry| entry.lock_name == lock)
+        .map(|entry| entry.fencing_token)
+}
+
 /// A claim's queue position.
 pub fn position_of(claim: &LockClaim) -> Option<i32> {
     claim.status.as_ref().and_then(|status| status.position)
@@ -585,8 +600,8 @@ pub fn reason_of(claim: &LockClaim) -> Option<String> {
         .and_then(|status| status.reason.clone())
 }
 
-/// Samples a lock's claims in the background and counts violations of the safety
-/// invariants: more than `max_holders` claims `Held` at once, and a newly seen holder whose
+/// Samples a lock's claims (those naming it among several too) in the background and counts
+/// violations of the safety invariants: more than `max_holders` claims `Held` at once, and a newly seen holder whose
 /// fencing token is not above every token seen before.
 pub struct HolderMonitor {
     stop: oneshot::Sender<()>,
@@ -630,12 +645,12 @@ impl HolderMonitor {
                     let mut holders: Vec<(String, i64)> = list
                         .items
                         .iter()
-                        .filter(|claim| claim.spec.lock_name == lock)
+                        .filter(|claim| claim.spec.locks().contains(&lock.as_str()))
                         .filter(|claim| phase_of(claim) == Some(ClaimPhase::Held))
                         .map(|claim| {
                             (
                                 claim.metadata.uid.clone().unwrap_or_default(),
-                                token_of(claim).unwrap_or_default(),
+                                token_on(claim, &lock).unwrap_or_default(),
                             )
                         })
                         .collect();

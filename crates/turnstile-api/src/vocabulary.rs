@@ -99,6 +99,9 @@ pub const LOCK_LABEL: &str = "turnstile.dev/lock";
 /// The scheduling gate (`spec.schedulingGates[].name`) the controller removes from a Pod
 /// marked with [`LOCK_LABEL`] once the Pod's claim is held.
 pub const SCHEDULING_GATE: &str = "turnstile.dev/lock";
+/// The annotation that makes a gated Job's or Pod's claim one claim on several locks at once
+/// (its value: the locks' names, comma-separated; the marking lock need not be among them).
+pub const LOCKS_ANNOTATION: &str = "turnstile.dev/locks";
 /// The annotation where the controller writes the fencing token of a gated workload's claim.
 pub const TOKEN_ANNOTATION: &str = "turnstile.dev/fencing-token";
 

@@ -207,14 +207,14 @@ pub async fn run(
     match config.leader_election.clone() {
         None => {
             let leadership = LeadershipGate::always_open();
-            run_controllers(
+            Box::pin(run_controllers(
                 &client,
                 &config,
                 &metrics,
                 &readiness,
                 leadership,
                 raised(&stop),
-            )
+            ))
             .await;
         }
         Some(leader_config) => {
@@ -254,14 +254,15 @@ pub async fn run(
                     let _ = term_tx.send(true);
                 });
                 let leadership = LeadershipGate::following(is_leader.clone());
-                run_controllers(
+                // Boxed: the controllers' future is deep (a pass per lock inside each stream).
+                Box::pin(run_controllers(
                     &client,
                     &config,
                     &metrics,
                     &readiness,
                     leadership,
                     raised(&term_rx),
-                )
+                ))
                 .await;
                 watcher_task.abort();
                 metrics.replica.set_leader(false);

@@ -538,3 +538,135 @@ fn control_the_checks_catch_a_claim_granted_its_first_lock_alone() {
         world.check().await;
     });
 }
+
+/// The claim's grant on `lock` as the backend holds it: (token, lease left).
+async fn backend_grant(world: &World, claim: &str, lock: &str) -> Option<(u64, Duration)> {
+    let uid = world.claims[claim].metadata.uid.clone().unwrap_or_default();
+    let snapshot = world
+        .backend
+        .snapshot(&format!("{NS}/{lock}"))
+        .await
+        .expect("snapshot");
+    snapshot
+        .holders
+        .iter()
+        .find(|holder| holder.owner == uid)
+        .map(|holder| (holder.fencing_token, holder.expires_in))
+}
+
+fn lock_tokens(world: &World, claim: &str) -> Vec<(String, i64)> {
+    world.claims[claim]
+        .status
+        .iter()
+        .flat_map(|status| &status.locks)
+        .map(|entry| (entry.lock_name.clone(), entry.fencing_token))
+        .collect()
+}
+
+#[test]
+fn grants_the_backend_lost_are_taken_back_on_every_lock_with_their_own_tokens() {
+    paused_runtime().block_on(async {
+        let mut world = World::new(&[1, 1, 1, 1]);
+        let before = world.create(&["b"]);
+        world.pass("b", true).await;
+        world.release(&before);
+        world.pass("b", true).await;
+        let both = world.create(&["a", "b"]);
+        world.pass("a", true).await;
+        let granted = [("a".to_owned(), 1), ("b".to_owned(), 2)];
+        assert_eq!(lock_tokens(&world, &both), granted);
+
+        // The backend loses everything (a restarted memory backend, a flushed Redis).
+        world.backend = Arc::new(MemoryBackend::new());
+        world.pass("a", true).await;
+        world.check().await;
+        assert_eq!(phase(&world.claims[&both]), ClaimPhase::Held);
+        assert_eq!(lock_tokens(&world, &both), granted, "its own tokens");
+        assert_eq!(
+            backend_grant(&world, &both, "a").await.map(|g| g.0),
+            Some(1)
+        );
+        assert_eq!(
+            backend_grant(&world, &both, "b").await.map(|g| g.0),
+            Some(2)
+        );
+
+        // The next grant of b is above the token b's part keeps.
+        world.release(&both);
+        world.pass("a", true).await;
+        let next = world.create(&["b"]);
+        world.pass("b", true).await;
+        world.check().await;
+        assert_eq!(
+            world.claims[&next]
+                .status
+                .as_ref()
+                .and_then(|s| s.fencing_token),
+            Some(3)
+        );
+    });
+}
+
+#[test]
+fn a_renewal_extends_the_grant_on_every_lock() {
+    paused_runtime().block_on(async {
+        let mut world = World::new(&[1, 1, 1, 1]);
+        let both = world.create(&["a", "b"]);
+        if let Some(claim) = world.claims.get_mut(&both) {
+            claim.spec.lease_duration_seconds = Some(10);
+        }
+        world.pass("a", true).await;
+        assert_eq!(phase(&world.claims[&both]), ClaimPhase::Held);
+        world.advance(Duration::from_secs(6)).await;
+        let left_before = backend_grant(&world, &both, "b").await.expect("b held").1;
+        let now = Time(world.now());
+        if let Some(claim) = world.claims.get_mut(&both) {
+            claim.spec.renew_time = Some(now);
+        }
+        world.pass("a", true).await;
+        world.check().await;
+        let left_after = backend_grant(&world, &both, "b").await.expect("b held").1;
+        assert!(
+            left_after > left_before + Duration::from_secs(5),
+            "b's lease was not extended: {left_before:?} → {left_after:?}"
+        );
+        let status = world.claims[&both].status.clone().unwrap_or_default();
+        let renewed = status.expires_at.clone();
+        assert_eq!(
+            renewed.as_ref().map(|t| t.0.as_second()),
+            Some(world.now().as_second() + 10)
+        );
+        assert!(
+            status.locks.iter().all(|entry| entry.expires_at == renewed),
+            "every lock's entry shows the renewed lease: {status:?}"
+        );
+    });
+}
+
+#[test]
+fn deleting_one_of_its_locks_ends_the_grant_and_gives_the_others_back() {
+    paused_runtime().block_on(async {
+        let mut world = World::new(&[1, 1, 1, 1]);
+        let both = world.create(&["a", "b"]);
+        world.pass("a", true).await;
+        assert_eq!(phase(&world.claims[&both]), ClaimPhase::Held);
+        let now = Time(world.now());
+        if let Some(lock) = world.locks.get_mut("b") {
+            lock.metadata.deletion_timestamp = Some(now);
+        }
+        world.pass("a", true).await;
+        world.check().await;
+        let status = world.claims[&both].status.clone().unwrap_or_default();
+        assert_eq!(status.phase, Some(ClaimPhase::Expired));
+        assert_eq!(status.reason.as_deref(), Some("LockDeleted"));
+        assert!(
+            status
+                .message
+                .as_deref()
+                .is_some_and(|m| m.contains("lock b")),
+            "{status:?}"
+        );
+        assert_eq!(backend_grant(&world, &both, "a").await, None);
+        assert_eq!(backend_grant(&world, &both, "b").await, None);
+    });
+}

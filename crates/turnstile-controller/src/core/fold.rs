@@ -477,6 +477,19 @@ fn claim_events(
         })
     };
     match new_phase {
+        // A claim on several locks, one of which does not exist: said once per wait, as for
+        // a claim whose only lock is missing.
+        ClaimPhase::Pending
+            if new.reason.as_deref() == Some(reasons::LOCK_NOT_FOUND)
+                && old.reason.as_deref() != Some(reasons::LOCK_NOT_FOUND)
+                && claim.is_multi_lock() =>
+        {
+            push(
+                EventSeverity::Warning,
+                event_reasons::LOCK_NOT_FOUND,
+                message,
+            )
+        }
         ClaimPhase::Pending
             if new.position.is_some() && (old.position.is_none() || old_phase.is_none()) =>
         {

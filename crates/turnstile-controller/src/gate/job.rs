@@ -69,7 +69,7 @@ mod tests {
     }
 
     fn claim_of(job: &Job, status: serde_json::Value) -> LockClaim {
-        let mut claim = claim_for(job, "migrate-db", "db");
+        let mut claim = claim_for(job, "migrate-db", &["db".to_owned()]);
         claim.status = serde_json::from_value(status).expect("status");
         claim
     }
@@ -90,10 +90,10 @@ mod tests {
             decide(&job, None),
             GateStep::CreateClaim {
                 claim: "migrate-db".to_owned(),
-                lock: "db".to_owned()
+                locks: vec!["db".to_owned()]
             }
         );
-        let claim = claim_for(&job, "migrate-db", "db");
+        let claim = claim_for(&job, "migrate-db", &["db".to_owned()]);
         let owner = WorkloadOwner::of(claim.owner_references()).expect("owner");
         assert_eq!(owner.kind, WorkloadKind::Job);
         assert_eq!(owner.uid, "job-uid");

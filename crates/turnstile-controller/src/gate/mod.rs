@@ -10,6 +10,10 @@
 //!   `turnstile.dev/lock` (any Pod: bare, or from a Deployment, StatefulSet or CronJob) has the
 //!   gate removed, so the scheduler places it.
 //!
+//! Either may carry the annotation `turnstile.dev/locks: a,b` (a label value cannot hold a
+//! list): its claim is then one claim on all those locks at once (`spec.lockNames`), still
+//! named after the marking lock, and the token written is the first lock's (name order).
+//!
 //! The decision ([`decide`]) is pure; [`reconcile`] performs it. Every step is idempotent:
 //! the claim has a fixed name, creating it twice answers AlreadyExists, and the release patch
 //! is conditional on the workload's resourceVersion.
@@ -36,7 +40,9 @@ use super::core::{WorkloadKind, WorkloadOwner};
 use super::error::ControllerError;
 use super::writer::{ApiWriter, Created, Write};
 use crate::metrics::{ControllerKind, Metrics};
-use turnstile_api::{gate_event_reasons, ClaimPhase, LockClaim, LockClaimSpec, TOKEN_ANNOTATION};
+use turnstile_api::{
+    gate_event_reasons, ClaimPhase, LockClaim, LockClaimSpec, LOCKS_ANNOTATION, TOKEN_ANNOTATION,
+};
 
 /// How long a name may be (DNS-1123 subdomain).
 const MAX_NAME_LENGTH: usize = 253;
@@ -78,12 +84,12 @@ pub trait Gated:
 pub enum GateStep {
     /// Not a gated workload, or nothing left to do.
     Nothing,
-    /// Create the workload's claim on this lock.
+    /// Create the workload's claim on these locks.
     CreateClaim {
         /// The claim's name.
         claim: String,
-        /// The lock it asks for.
-        lock: String,
+        /// The locks it asks for: one, or several at once (`turnstile.dev/locks`).
+        locks: Vec<String>,
     },
     /// The claim waits in the queue: stay held back.
     Wait,
@@ -99,7 +105,28 @@ pub enum GateStep {
     },
 }
 
-/// The claim name of a gated workload: `<name>-<lock>`.
+/// The locks a gated workload asks for: those of the annotation `turnstile.dev/locks`
+/// (comma-separated, for one claim on all of them at once) when it names any, else its marking
+/// lock alone. In name order, each once.
+pub fn gate_locks<W: Gated>(workload: &W, lock: &str) -> Vec<String> {
+    let mut locks: Vec<String> = workload
+        .annotations()
+        .get(LOCKS_ANNOTATION)
+        .into_iter()
+        .flat_map(|names| names.split(','))
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if locks.is_empty() {
+        locks.push(lock.to_owned());
+    }
+    locks.sort_unstable();
+    locks.dedup();
+    locks
+}
+
+/// The claim name of a gated workload: `<name>-<lock>` (its marking lock).
 pub fn claim_name(workload: &str, lock: &str) -> String {
     format!("{workload}-{lock}")
 }
@@ -126,7 +153,7 @@ pub fn decide<W: Gated>(workload: &W, claim: Option<&LockClaim>) -> GateStep {
         }
         return GateStep::CreateClaim {
             claim: name,
-            lock: lock.to_owned(),
+            locks: gate_locks(workload, lock),
         };
     };
     let owned = WorkloadOwner::of(claim.owner_references()).is_some_and(|owner| {
@@ -137,11 +164,13 @@ pub fn decide<W: Gated>(workload: &W, claim: Option<&LockClaim>) -> GateStep {
             reason: format!("claim {name} exists but is not owned by this {}", W::NAME),
         };
     }
-    if claim.spec.lock_name != lock {
+    let wanted = gate_locks(workload, lock);
+    if claim.spec.locks() != wanted {
         return GateStep::Blocked {
             reason: format!(
-                "claim {name} asks for lock {}, not {lock}",
-                claim.spec.lock_name
+                "claim {name} asks for {}, not {}",
+                describe_locks(&claim.spec.locks()),
+                describe_locks(&wanted)
             ),
         };
     }
@@ -178,9 +207,23 @@ pub fn decide<W: Gated>(workload: &W, claim: Option<&LockClaim>) -> GateStep {
     }
 }
 
-/// The claim a gated workload gets: owned (controller) by it, so it follows its life.
-pub fn claim_for<W: Gated>(workload: &W, claim: &str, lock: &str) -> LockClaim {
-    let mut object = LockClaim::new(claim, LockClaimSpec::for_lock(lock));
+/// `lock db` or `locks a, b`, for messages.
+fn describe_locks<S: AsRef<str>>(locks: &[S]) -> String {
+    let names: Vec<&str> = locks.iter().map(AsRef::as_ref).collect();
+    match names.as_slice() {
+        [one] => format!("lock {one}"),
+        several => format!("locks {}", several.join(", ")),
+    }
+}
+
+/// The claim a gated workload gets: owned (controller) by it, so it follows its life. On
+/// several locks, one claim on all of them at once.
+pub fn claim_for<W: Gated>(workload: &W, claim: &str, locks: &[String]) -> LockClaim {
+    let spec = match locks {
+        [lock] => LockClaimSpec::for_lock(lock.clone()),
+        several => LockClaimSpec::for_locks(several.iter().cloned()),
+    };
+    let mut object = LockClaim::new(claim, spec);
     object.metadata.namespace = workload.namespace();
     object.metadata.owner_references = Some(vec![OwnerReference {
         api_version: W::api_version(&()).into_owned(),
@@ -257,18 +300,22 @@ async fn gate<W: Gated>(workload: Arc<W>, ctx: &GateContext) -> Result<Action, C
     let claims: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut step = decide(workload.as_ref(), cached.as_deref());
     let writer = ApiWriter::new(ctx.leadership.clone());
-    if let GateStep::CreateClaim { claim, lock } = &step {
+    if let GateStep::CreateClaim { claim, locks } = &step {
         match writer
-            .create(&claims, &claim_for(workload.as_ref(), claim, lock))
+            .create(&claims, &claim_for(workload.as_ref(), claim, locks))
             .await?
         {
             Created::New(_) => {
-                tracing::info!(%namespace, kind, %name, %lock, %claim, "gated workload: claim created");
+                tracing::info!(%namespace, kind, %name, ?locks, %claim, "gated workload: claim created");
                 ctx.event(
                     workload.as_ref(),
                     EventType::Normal,
                     gate_event_reasons::WAITING_FOR_LOCK,
-                    format!("{} until LockClaim {claim} holds lock {lock}", W::HELD_BACK),
+                    format!(
+                        "{} until LockClaim {claim} holds {}",
+                        W::HELD_BACK,
+                        describe_locks(locks)
+                    ),
                 )
                 .await;
                 return Ok(Action::await_change());

@@ -84,6 +84,7 @@ mod tests {
     use super::*;
     use crate::core::WorkloadOwner;
     use serde_json::json;
+    use turnstile_api::LOCKS_ANNOTATION;
 
     fn pod(labels: serde_json::Value, gates: &[&str]) -> Pod {
         let gates: Vec<_> = gates.iter().map(|name| json!({"name": name})).collect();
@@ -111,10 +112,10 @@ mod tests {
             decide(&gated, None),
             GateStep::CreateClaim {
                 claim: "web-0-db".to_owned(),
-                lock: "db".to_owned()
+                locks: vec!["db".to_owned()]
             }
         );
-        let claim = claim_for(&gated, "web-0-db", "db");
+        let claim = claim_for(&gated, "web-0-db", &["db".to_owned()]);
         let owner = WorkloadOwner::of(claim.owner_references()).expect("owner");
         assert_eq!(
             (owner.kind, owner.uid.as_str()),
@@ -123,12 +124,42 @@ mod tests {
     }
 
     #[test]
+    fn the_locks_annotation_makes_one_claim_on_all_its_locks() {
+        let mut gated = pod(json!({LOCK_LABEL: "db"}), &[SCHEDULING_GATE]);
+        gated.metadata.annotations = Some(
+            [(LOCKS_ANNOTATION.to_owned(), " cache, db ,cache,".to_owned())]
+                .into_iter()
+                .collect(),
+        );
+        let locks = vec!["cache".to_owned(), "db".to_owned()];
+        assert_eq!(
+            decide(&gated, None),
+            GateStep::CreateClaim {
+                claim: "web-0-db".to_owned(),
+                locks: locks.clone(),
+            }
+        );
+        let mut claim = claim_for(&gated, "web-0-db", &locks);
+        assert_eq!(claim.spec.lock_names, Some(locks));
+        assert_eq!(claim.spec.lock_name, "");
+        claim.status =
+            serde_json::from_value(json!({"phase": "Held", "fencingToken": 3})).expect("status");
+        assert_eq!(decide(&gated, Some(&claim)), GateStep::Release { token: 3 });
+        // A claim on the marking lock alone is not the claim this Pod asks for.
+        let single = claim_for(&gated, "web-0-db", &["db".to_owned()]);
+        assert!(matches!(
+            decide(&gated, Some(&single)),
+            GateStep::Blocked { reason } if reason.contains("locks cache, db")
+        ));
+    }
+
+    #[test]
     fn the_gate_goes_once_the_claim_is_held_and_other_gates_stay() {
         let gated = pod(
             json!({LOCK_LABEL: "db"}),
             &["other.example/gate", SCHEDULING_GATE],
         );
-        let mut claim = claim_for(&gated, "web-0-db", "db");
+        let mut claim = claim_for(&gated, "web-0-db", &["db".to_owned()]);
         claim.status = serde_json::from_value(json!({"phase": "Pending"})).expect("status");
         assert_eq!(decide(&gated, Some(&claim)), GateStep::Wait);
         claim.status =
