@@ -24,9 +24,11 @@ use turnstile_api::{
 use turnstile_controller::core::{fold, plan, BackendView, ClaimView, LockInput, LockView};
 use turnstile_controller::lock_reconciler::execute_following;
 use turnstile_controller::multi_lock::{other_locks_needed, prepare, OtherLock};
-use turnstile_controller::patch::apply_merge_patch;
 use turnstile_controller::writer::{PassWrite, PassWrites, Target, Write};
 use turnstile_lock::{Backend, MemoryBackend};
+
+mod sim;
+use sim::{patched, paused_runtime};
 
 const NS: &str = "team-a";
 const LOCKS: [&str; 4] = ["a", "b", "c", "d"];
@@ -352,20 +354,6 @@ impl World {
             );
         }
     }
-}
-
-fn patched<K: serde::Serialize + serde::de::DeserializeOwned>(object: &K, write: &Write) -> K {
-    let mut json = serde_json::to_value(object).expect("serializable object");
-    apply_merge_patch(&mut json, &write.patch);
-    serde_json::from_value(json).expect("a patched object of the same kind")
-}
-
-fn paused_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("runtime")
 }
 
 #[derive(Debug, Clone)]

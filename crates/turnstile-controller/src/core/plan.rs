@@ -674,6 +674,16 @@ fn held_draft(
     }
 }
 
+/// Whether a held claim holds alone: in the mode it was granted in, as the backend records it
+/// (an omitted mode follows `maxHolders`, which may have changed since the grant).
+fn holds_exclusively(input: &LockInput, claim: &ClaimView) -> bool {
+    let granted_shared = input
+        .backend
+        .holder(&claim.uid)
+        .map(|h| h.share == turnstile_lock::ShareMode::Shared);
+    !granted_shared.unwrap_or(claim.shared(&input.lock))
+}
+
 /// Step one of a pass (pure): what every claim is heading for and the backend calls needed.
 pub fn plan(input: &LockInput) -> Plan {
     let now = input.now_seconds();
@@ -712,11 +722,7 @@ pub fn plan(input: &LockInput) -> Plan {
             } else if phase == ClaimPhase::Held {
                 // Deleted or not, it holds until its first lock's pass gives the grant back.
                 held += 1;
-                let granted_shared = input
-                    .backend
-                    .holder(&claim.uid)
-                    .map(|h| h.share == turnstile_lock::ShareMode::Shared);
-                held_exclusive |= !granted_shared.unwrap_or(claim.shared(&input.lock));
+                held_exclusive |= holds_exclusively(input, claim);
                 Draft::KeptPlace { waiting: false }
             } else if live {
                 queue.push(drafts.len());
@@ -743,13 +749,7 @@ pub fn plan(input: &LockInput) -> Plan {
                 let draft = held_draft(&mut builder, &mode, claim, now);
                 if !matches!(draft, Draft::End { .. }) {
                     held += 1;
-                    // The mode it was granted in, as the backend records it (an omitted mode
-                    // follows maxHolders, which may have changed since the grant).
-                    let granted_shared = input
-                        .backend
-                        .holder(&claim.uid)
-                        .map(|h| h.share == turnstile_lock::ShareMode::Shared);
-                    held_exclusive |= !granted_shared.unwrap_or(claim.shared(&input.lock));
+                    held_exclusive |= holds_exclusively(input, claim);
                 }
                 draft
             } else if mode == LockMode::Deleting {
