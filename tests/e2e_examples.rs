@@ -12,6 +12,9 @@
 //!   completes; a suspended Job without the annotation is left alone;
 //! - `lock.yaml` and `claims.yaml`: the queue of three;
 //! - `multi-lock.yaml`: two claims on both locks, named in opposite orders, hold them in turn;
+//! - `lock-in-a-container.yaml`: the container's script runs with the built binary on PATH for
+//!   the Job's two Pods at once: the step under `turnstile lock --lock` runs in one Pod at a
+//!   time, tokens 1 and 2, and no claim is left behind;
 //! - `priority-and-limits.yaml`: the priority claim is granted next, the maximum hold and
 //!   lock-delay are on the lock;
 //! - `gated-deployment.yaml`: the fake serves no `apps/v1`, so the test is the ReplicaSet and
@@ -288,6 +291,75 @@ async fn the_multi_lock_example_grants_both_locks_to_one_claim_at_a_time() {
         locks(&second),
         [("billing-db".to_owned(), 2), ("tenants-db".to_owned(), 2)]
     );
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_in_a_container_example_runs_one_step_at_a_time_across_pods() {
+    let Some(mut env) = Env::fake_only(
+        "the_lock_in_a_container_example_runs_one_step_at_a_time_across_pods",
+    )
+    .await
+    else {
+        return;
+    };
+    env.start_default_controller();
+    let scratch = Scratch::new(&env);
+    let docs = without_rbac(documents(&example("lock-in-a-container.yaml")));
+    scratch.apply(&env, &documents(&example("lock.yaml"))).await;
+    scratch.apply(&env, &docs).await;
+    let job = find(&docs, "Job");
+    let container = &job["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["command"][0], "sh");
+    let script = container["command"][2].as_str().expect("script").to_owned();
+    // The script as written, `turnstile` on PATH as in the app image, the Pod's env vars as the
+    // downward API gives them.
+    let binary_dir = Path::new(env!("CARGO_BIN_EXE_turnstile"))
+        .parent()
+        .expect("binary dir")
+        .to_owned();
+    let path = format!(
+        "{}:{}",
+        binary_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let run = |pod: &str| {
+        Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .env("PATH", &path)
+            .env("POD_NAME", pod)
+            .env("POD_NAMESPACE", &env.namespace)
+            .env("KUBECONFIG", &scratch.kubeconfig)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("run the container's script")
+    };
+    // The Job's two Pods at once: one writes while the other waits at the lock.
+    let first = run("report-writer-aaaaa");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = run("report-writer-bbbbb");
+    let ((first_code, first_out, first_err), (second_code, second_out, second_err)) =
+        tokio::join!(finished(first), finished(second));
+    assert_eq!(first_code, Some(0), "{first_out}{first_err}");
+    assert_eq!(second_code, Some(0), "{second_out}{second_err}");
+    let token = |out: &str| -> i64 {
+        out.lines()
+            .find_map(|line| line.strip_prefix("step 2: writing under fencing token "))
+            .and_then(|token| token.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no token in {out}"))
+    };
+    let mut tokens = [token(&first_out), token(&second_out)];
+    tokens.sort();
+    assert_eq!(tokens, [1, 2], "one after the other");
+    for out in [&first_out, &second_out] {
+        assert!(out.contains("step 3: lock handed on (exit 0)"), "{out}");
+    }
+    // Each step's claim is gone once its command ended.
+    let left = env.claims().list(&Default::default()).await.expect("list");
+    assert!(left.items.is_empty(), "claims left behind: {:?}", left.items);
     env.stop_controller().await;
 }
 

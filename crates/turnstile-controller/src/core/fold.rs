@@ -203,11 +203,19 @@ impl Folder<'_> {
         self.requeue = self.requeue.min(delay);
     }
 
-    fn held_message(&self, token: u64) -> String {
-        format!(
-            "holds lock {} with fencing token {token}",
-            self.input.lock.name
-        )
+    fn held_message(&self, claim: &ClaimView, token: u64) -> String {
+        if claim.is_multi_lock() {
+            format!(
+                "holds locks {} with fencing token {token} on {} (each lock's in status.locks)",
+                claim.locks.join(", "),
+                self.input.lock.name
+            )
+        } else {
+            format!(
+                "holds lock {} with fencing token {token}",
+                self.input.lock.name
+            )
+        }
     }
 
     fn lost(&self, claim: &ClaimView, message: String) -> Next {
@@ -260,7 +268,7 @@ impl Folder<'_> {
             token,
             acquired,
             expiry,
-            self.held_message(token),
+            self.held_message(claim, token),
             self.now,
         ))
     }
@@ -387,7 +395,7 @@ impl Folder<'_> {
                         fencing_token,
                         self.now,
                         *expiry,
-                        self.held_message(fencing_token),
+                        self.held_message(claim, fencing_token),
                         self.now,
                     ))
                 }
@@ -695,7 +703,12 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
         let claim = &input.claims[*index];
         let changed = status.as_ref().filter(|new| **new != claim.status).cloned();
         if let Some(new) = &changed {
-            claim_events(claim, new, &input.lock.name, &mut events);
+            let locks = if claim.is_multi_lock() {
+                claim.locks.join(", ")
+            } else {
+                input.lock.name.clone()
+            };
+            claim_events(claim, new, &locks, &mut events);
             observations_for(claim, new, now, &mut observations);
         }
         let settled = |op: &Option<usize>| release_settled(input, *op, outcomes);
