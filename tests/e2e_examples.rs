@@ -282,8 +282,15 @@ async fn the_multi_lock_example_grants_both_locks_to_one_claim_at_a_time() {
         locks(&first),
         [("billing-db".to_owned(), 1), ("tenants-db".to_owned(), 1)]
     );
-    let second = env.claim("rebill-tenant-42").await;
-    assert_eq!(phase_of(&second), Some(ClaimPhase::Pending));
+    // The other claim waits, holding nothing (its status may come a pass later).
+    let second = env
+        .wait_phase("rebill-tenant-42", ClaimPhase::Pending)
+        .await;
+    assert!(locks(&second).is_empty(), "{second:?}");
+    assert_eq!(
+        phase_of(&env.claim("move-tenant-42").await),
+        Some(ClaimPhase::Held)
+    );
     env.patch_claim_spec("move-tenant-42", json!({"release": true}))
         .await;
     let second = env.wait_phase("rebill-tenant-42", ClaimPhase::Held).await;
@@ -296,10 +303,8 @@ async fn the_multi_lock_example_grants_both_locks_to_one_claim_at_a_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lock_in_a_container_example_runs_one_step_at_a_time_across_pods() {
-    let Some(mut env) = Env::fake_only(
-        "the_lock_in_a_container_example_runs_one_step_at_a_time_across_pods",
-    )
-    .await
+    let Some(mut env) =
+        Env::fake_only("the_lock_in_a_container_example_runs_one_step_at_a_time_across_pods").await
     else {
         return;
     };
@@ -357,9 +362,26 @@ async fn the_lock_in_a_container_example_runs_one_step_at_a_time_across_pods() {
     for out in [&first_out, &second_out] {
         assert!(out.contains("step 3: lock handed on (exit 0)"), "{out}");
     }
-    // Each step's claim is gone once its command ended.
-    let left = env.claims().list(&Default::default()).await.expect("list");
-    assert!(left.items.is_empty(), "claims left behind: {:?}", left.items);
+    // Each step's claim was deleted as its command ended; it goes once the controller has
+    // released it (its finalizer).
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let left = env.claims().list(&Default::default()).await.expect("list");
+        let lingering: Vec<_> = left
+            .items
+            .iter()
+            .filter(|claim| claim.metadata.deletion_timestamp.is_none())
+            .collect();
+        assert!(lingering.is_empty(), "claims left behind: {lingering:?}");
+        if left.items.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "deleted claims never went: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     env.stop_controller().await;
 }
 

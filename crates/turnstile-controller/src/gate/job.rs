@@ -53,7 +53,7 @@ mod tests {
     use crate::core::WorkloadOwner;
     use crate::writer::Write;
     use serde_json::json;
-    use turnstile_api::LockClaim;
+    use turnstile_api::{LockClaim, LOCKS_ANNOTATION};
 
     fn job(annotations: serde_json::Value, suspend: bool) -> Job {
         serde_json::from_value(json!({
@@ -72,6 +72,27 @@ mod tests {
         let mut claim = claim_for(job, "migrate-db", &["db".to_owned()]);
         claim.status = serde_json::from_value(status).expect("status");
         claim
+    }
+
+    #[test]
+    fn the_locks_annotation_gives_a_job_one_claim_on_all_its_locks() {
+        let job = job(
+            json!({LOCK_ANNOTATION: "db", LOCKS_ANNOTATION: "db,cache"}),
+            true,
+        );
+        let locks = vec!["cache".to_owned(), "db".to_owned()];
+        assert_eq!(
+            decide(&job, None),
+            GateStep::CreateClaim {
+                claim: "migrate-db".to_owned(),
+                locks: locks.clone(),
+            }
+        );
+        let mut claim = claim_for(&job, "migrate-db", &locks);
+        assert_eq!(claim.spec.lock_names, Some(locks));
+        claim.status =
+            serde_json::from_value(json!({"phase": "Held", "fencingToken": 9})).expect("status");
+        assert_eq!(decide(&job, Some(&claim)), GateStep::Release { token: 9 });
     }
 
     #[test]
