@@ -95,29 +95,21 @@ async fn other_locks(
 ) -> HashMap<String, OtherLock> {
     let mut others = HashMap::new();
     for name in multi_lock::other_locks_needed(lock, claims) {
-        let object = ctx
+        // A lock that does not exist is left out: the claim's pass sees it missing.
+        let Some(object) = ctx
             .locks
-            .get(&ObjectRef::new(&name).within(&lock.namespace));
-        let other = match object {
-            Some(object) => {
-                let view = LockView::from_resource(&object);
-                let claims = claim_views(&claims_of(ctx, &view), &name);
-                let (backend_view, backend) = backend_of(ctx, &view).await;
-                OtherLock {
-                    lock: Some(view),
-                    claims,
-                    backend,
-                    view: backend_view,
-                }
-            }
-            None => OtherLock {
-                lock: None,
-                claims: Vec::new(),
-                backend: None,
-                view: BackendView::NotConfigured {
-                    backend: ctx.backends.default_kind(),
-                },
-            },
+            .get(&ObjectRef::new(&name).within(&lock.namespace))
+        else {
+            continue;
+        };
+        let view = LockView::from_resource(&object);
+        let claims = claim_views(&claims_of(ctx, &view), &name);
+        let (backend_view, backend) = backend_of(ctx, &view).await;
+        let other = OtherLock {
+            lock: view,
+            claims,
+            backend,
+            view: backend_view,
         };
         others.insert(name, other);
     }

@@ -33,11 +33,12 @@ use crate::lock_reconciler::{describe, perform};
 use turnstile_api::{ClaimPhase, LockClaimStatus};
 use turnstile_lock::Backend;
 
-/// Another lock of a claim on several locks, as the first lock's pass read it.
+/// Another lock of a claim on several locks, as the first lock's pass read it (a lock that
+/// does not exist has none).
 #[derive(Debug, Clone)]
 pub struct OtherLock {
-    /// The lock (`None`: it does not exist).
-    pub lock: Option<LockView>,
+    /// The lock.
+    pub lock: LockView,
     /// Its claims, each seen from it.
     pub claims: Vec<ClaimView>,
     /// Its backend, when the controller has one and it answered.
@@ -47,7 +48,8 @@ pub struct OtherLock {
 }
 
 /// The other locks the claims of the pass of `lock` need read: those of its multi-lock claims
-/// that `lock` is first for and that are live or still hold a finalizer.
+/// that `lock` is first for and that are live or still hold a finalizer. A lock missing from
+/// what [`prepare`] is given does not exist.
 pub fn other_locks_needed(lock: &LockView, claims: &[ClaimView]) -> BTreeSet<String> {
     claims
         .iter()
@@ -201,15 +203,15 @@ pub fn prepare(
     // Each other lock's plan, once: does its queue admit the claim now?
     let plans: HashMap<&str, crate::core::Plan> = others
         .iter()
-        .filter_map(|(name, other)| {
-            let view = other.lock.clone().filter(|view| !view.deleting)?;
+        .filter(|(_, other)| !other.lock.deleting)
+        .map(|(name, other)| {
             let input = LockInput {
-                lock: view,
+                lock: other.lock.clone(),
                 claims: other.claims.clone(),
                 now,
                 backend: other.view.clone(),
             };
-            Some((name.as_str(), plan(&input)))
+            (name.as_str(), plan(&input))
         })
         .collect();
     let mut grants = MemberGrants::default();
@@ -226,11 +228,9 @@ pub fn prepare(
                 .find(|entry| &entry.lock_name == name)
                 .and_then(|entry| u64::try_from(entry.fencing_token).ok());
             let other = others.get(name);
-            let view = other.and_then(|other| other.lock.as_ref());
-            let live = view.filter(|view| !view.deleting);
-            let holds = other
-                .filter(|_| live.is_some())
-                .and_then(|other| other.view.snapshot().map(|_| other.view.holds(&claim.uid)));
+            let live = other.filter(|other| !other.lock.deleting);
+            let holds =
+                live.and_then(|other| other.view.snapshot().map(|_| other.view.holds(&claim.uid)));
             let plan = plans.get(name.as_str());
             members.push(MemberLock {
                 name: name.clone(),
@@ -239,19 +239,15 @@ pub fn prepare(
                 holds,
                 fencing_token: recorded,
             });
-            if let (Some(view), Some(other)) = (view, other) {
+            if let Some(other) = other {
+                let view = &other.lock;
                 leases.push(view.lease_seconds());
                 max_holds.extend(view.max_hold_seconds());
                 parts.push(Part {
                     lock: name.clone(),
                     key: view.backend_key(),
                     backend: other.backend.clone(),
-                    terms: CallTerms {
-                        max_holders: view.max_holders(),
-                        lock_delay: std::time::Duration::from_secs(
-                            u64::try_from(view.lock_delay_seconds()).unwrap_or(0),
-                        ),
-                    },
+                    terms: CallTerms::of(view),
                     high_water: plan.map_or(0, crate::core::Plan::high_water),
                     holds,
                     token: recorded,

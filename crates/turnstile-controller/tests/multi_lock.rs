@@ -28,7 +28,7 @@ use turnstile_controller::writer::{PassWrite, PassWrites, Target, Write};
 use turnstile_lock::{Backend, MemoryBackend};
 
 mod sim;
-use sim::{patched, paused_runtime};
+use sim::{decided_writes, patched, paused_runtime};
 
 const NS: &str = "team-a";
 const LOCKS: [&str; 4] = ["a", "b", "c", "d"];
@@ -179,7 +179,7 @@ impl World {
                 others.insert(
                     name.clone(),
                     OtherLock {
-                        lock: Some(other_view),
+                        lock: other_view,
                         claims: self.views_of(&name),
                         backend: Some(self.backend.clone()),
                         view: backend_view,
@@ -224,18 +224,7 @@ impl World {
         members.record_grants(&mut input.claims);
         let mut decision = fold(&input, &planned, &outcomes);
         members.give_back(&mut decision, &input.claims).await;
-        let statuses: BTreeMap<String, _> = self
-            .claims
-            .iter()
-            .map(|(name, claim)| (name.clone(), claim.status.clone()))
-            .collect();
-        let pass_writes = writes
-            .decision(
-                &object,
-                |name| statuses.get(name).and_then(Option::as_ref),
-                &decision,
-            )
-            .expect("serializable statuses");
+        let pass_writes = decided_writes(&mut writes, &object, &self.claims, &decision);
         for PassWrite { target, write } in &pass_writes {
             match target {
                 Target::Claim => self.apply_to_claim(write),

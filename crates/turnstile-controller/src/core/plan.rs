@@ -401,6 +401,16 @@ pub struct CallTerms {
     pub lock_delay: Duration,
 }
 
+impl CallTerms {
+    /// The terms of `lock` as its spec says now (clamped into the accepted ranges).
+    pub fn of(lock: &super::model::LockView) -> Self {
+        Self {
+            max_holders: lock.max_holders(),
+            lock_delay: Duration::from_secs(u64::try_from(lock.lock_delay_seconds()).unwrap_or(0)),
+        }
+    }
+}
+
 /// How short an involuntarily ended grant's lease is cut (the backends' resolution): it runs
 /// out at once, as an expired lease, and the backend's lock-delay starts.
 pub const LEASE_CUT: Duration = Duration::from_millis(1);
@@ -894,12 +904,7 @@ pub fn plan(input: &LockInput) -> Plan {
     Plan {
         finalizers_to_add,
         ops,
-        terms: CallTerms {
-            max_holders: input.lock.max_holders(),
-            lock_delay: Duration::from_secs(
-                u64::try_from(input.lock.lock_delay_seconds()).unwrap_or(0),
-            ),
-        },
+        terms: CallTerms::of(&input.lock),
         mode,
         intents,
         high_water,

@@ -287,18 +287,7 @@ impl Sim {
         }
         let outcomes = execute(self.backend.as_ref(), &key, planned.terms, &planned.ops).await;
         let decision = fold(&input, &planned, &outcomes);
-        let statuses: BTreeMap<String, Option<LockClaimStatus>> = self
-            .claims
-            .iter()
-            .map(|(name, claim)| (name.clone(), claim.status.clone()))
-            .collect();
-        let pass_writes = writes
-            .decision(
-                &self.lock,
-                |name| statuses.get(name).and_then(Option::as_ref),
-                &decision,
-            )
-            .expect("serializable statuses");
+        let pass_writes = decided_writes(&mut writes, &self.lock, &self.claims, &decision);
         for PassWrite { target, write } in &pass_writes {
             match target {
                 Target::Claim => self.apply_to_claim(write),
@@ -618,6 +607,23 @@ impl Sim {
             assert!(status.fencing_token >= Some(max_token));
         }
     }
+}
+
+/// The writes the shell decides for `decision` over `claims` as they stand (before the pass's
+/// own writes), in the order it makes them.
+pub fn decided_writes(
+    writes: &mut PassWrites,
+    lock: &DistributedLock,
+    claims: &BTreeMap<String, LockClaim>,
+    decision: &Decision,
+) -> Vec<PassWrite> {
+    let statuses: BTreeMap<&str, Option<&LockClaimStatus>> = claims
+        .iter()
+        .map(|(name, claim)| (name.as_str(), claim.status.as_ref()))
+        .collect();
+    writes
+        .decision(lock, |name| statuses.get(name).copied().flatten(), decision)
+        .expect("serializable statuses")
 }
 
 /// `object` with `write`'s merge patch applied, as the API server stores it.
