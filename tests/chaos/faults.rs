@@ -137,16 +137,21 @@ impl Targets<'_> {
                 self.log(kind, format!("next {count} writes under {target}"));
             }
             "slow API responses" => {
+                // A spell of time, not a count of requests: with a count, one client's
+                // sequential requests (a re-list's hundreds of pages) soaked up the whole
+                // slowness meant for every client, and the leader was blind for up to 45 s.
                 let delay = Duration::from_millis(rng.random_range(200..1_500));
-                let count = rng.random_range(5..30);
-                self.fake.inject_delays(&claims_path, count, delay);
+                let length = Duration::from_millis(rng.random_range(2_000..10_000));
+                self.fake.slow_down(&claims_path, length, delay);
                 self.log(
                     kind,
                     format!(
-                        "next {count} requests under {claims_path}, {} ms each",
+                        "every request under {claims_path} for {} ms, {} ms late",
+                        length.as_millis(),
                         delay.as_millis()
                     ),
                 );
+                tokio::time::sleep(length).await;
             }
             "Redis restarted (data lost)" => {
                 blocking(|| self.redis.down());

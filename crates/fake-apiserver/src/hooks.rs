@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// One request as the server saw it, with its Kubernetes request attributes
 /// (what RBAC would authorise).
@@ -69,11 +69,22 @@ fn take<T: Copy>(list: &Mutex<Vec<Armed<T>>>, path: &str) -> Option<T> {
     Some(what)
 }
 
+/// A time during which every request under `path_prefix` is answered `delay` late: an
+/// overloaded API server is slow for a while, for every client at once, so one client's
+/// sequential requests (the pages of a list) do not soak up a slowness meant for all.
+#[derive(Debug, Clone)]
+struct SlowSpell {
+    path_prefix: String,
+    until: Instant,
+    delay: Duration,
+}
+
 /// The hooks' shared state.
 #[derive(Debug, Default)]
 pub(crate) struct Hooks {
     faults: Mutex<Vec<Armed<u16>>>,
     delays: Mutex<Vec<Armed<Duration>>>,
+    slow_spells: Mutex<Vec<SlowSpell>>,
     log: Mutex<Vec<RecordedRequest>>,
 }
 
@@ -97,9 +108,29 @@ impl Hooks {
         arm(&self.delays, path_prefix, count, delay);
     }
 
-    /// Consumes one delay matching `path`, returning how long to wait before answering.
+    /// Makes every request under `path_prefix` that arrives in the next `length` answer
+    /// `delay` late.
+    pub(crate) fn slow_down(&self, path_prefix: &str, length: Duration, delay: Duration) {
+        lock(&self.slow_spells).push(SlowSpell {
+            path_prefix: path_prefix.to_string(),
+            until: Instant::now() + length,
+            delay,
+        });
+    }
+
+    /// How long to wait before answering `path`: one armed delay (consumed), else the
+    /// longest slow spell it falls in.
     pub(crate) fn take_delay(&self, path: &str) -> Option<Duration> {
-        take(&self.delays, path)
+        take(&self.delays, path).or_else(|| {
+            let now = Instant::now();
+            let mut spells = lock(&self.slow_spells);
+            spells.retain(|spell| spell.until > now);
+            spells
+                .iter()
+                .filter(|spell| path.starts_with(&spell.path_prefix))
+                .map(|spell| spell.delay)
+                .max()
+        })
     }
 
     /// Records a request.
@@ -165,5 +196,19 @@ mod tests {
             );
         }
         assert_eq!(hooks.take_delay("/apis/x/v1/things"), None);
+    }
+
+    #[test]
+    fn a_slow_spell_delays_every_request_under_its_prefix_until_it_ends() {
+        let hooks = Hooks::default();
+        let delay = Duration::from_millis(300);
+        hooks.slow_down("/apis/x", Duration::from_secs(3_600), delay);
+        hooks.slow_down("/apis/y", Duration::ZERO, delay);
+        assert_eq!(hooks.take_delay("/api/v1/pods"), None);
+        for _ in 0..50 {
+            assert_eq!(hooks.take_delay("/apis/x/v1/things"), Some(delay));
+        }
+        // A spell that has ended delays nothing.
+        assert_eq!(hooks.take_delay("/apis/y/v1/things"), None);
     }
 }

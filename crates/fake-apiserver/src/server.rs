@@ -233,6 +233,20 @@ impl FakeApiServer {
         self.state.hooks.inject_delay(path_prefix, count, delay);
     }
 
+    /// Makes every request (reads, watches and writes) whose URL path starts with
+    /// `path_prefix` and that arrives within the next `length` wait `delay` before it is
+    /// served: an API server overloaded for a while. Unlike [`inject_delays`](Self::inject_delays),
+    /// the slowness lasts a time, not a number of requests, so a client paging through a
+    /// long list is slowed only while the spell lasts.
+    pub fn slow_down(
+        &self,
+        path_prefix: &str,
+        length: std::time::Duration,
+        delay: std::time::Duration,
+    ) {
+        self.state.hooks.slow_down(path_prefix, length, delay);
+    }
+
     /// Stores `object` as it is, bypassing admission, the schema and every other check, and
     /// emits ADDED (or MODIFIED when the object exists) to the watches: the way an object
     /// written under an older or newer CRD schema looks to a client whose types disagree.

@@ -90,3 +90,33 @@ async fn injected_delays_slow_the_next_requests_down() {
     // Used up: the request is served and the object is unchanged by the delays.
     assert_eq!(api.get("w").await.unwrap().data["spec"]["size"], 1);
 }
+
+#[tokio::test]
+async fn a_slow_spell_slows_every_request_down_until_it_ends() {
+    let Some(env) = Env::fake_only("a_slow_spell_slows_every_request_down_until_it_ends").await
+    else {
+        return;
+    };
+    env.install_widget_crd().await;
+    let api = env.widgets();
+    create(&api, "w", json!({"size": 1})).await;
+    let delay = Duration::from_millis(300);
+    let length = Duration::from_secs(2);
+    env.server()
+        .slow_down(&widget_path(&env, "w"), length, delay);
+    let spell = std::time::Instant::now();
+    // More requests than a count-based delay would take: the spell is a time, not a number.
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        api.get("w").await.unwrap();
+        assert!(started.elapsed() >= delay, "{:?}", started.elapsed());
+    }
+    tokio::time::sleep(length.saturating_sub(spell.elapsed())).await;
+    let started = std::time::Instant::now();
+    api.get("w").await.unwrap();
+    assert!(
+        started.elapsed() < delay,
+        "after the spell: {:?}",
+        started.elapsed()
+    );
+}
