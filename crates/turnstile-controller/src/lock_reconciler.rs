@@ -254,12 +254,12 @@ async fn reconcile_inner(
     }
     record_observations(&ctx.metrics, kind, &decision.observations);
     publish_events(ctx, lock, &objects, &input, &decision, None).await;
-    // Claims on several locks that this one now admits: their first lock may grant them.
-    for claim in input
-        .claims
-        .iter()
-        .filter(|claim| planned.admits_for_other_locks.contains(&claim.name))
-    {
+    // Claims on several locks that this one now admits: their first lock may grant them. A
+    // lock being deleted ends such claims' grants: their first lock's pass does that.
+    for claim in input.claims.iter().filter(|claim| {
+        planned.admits_for_other_locks.contains(&claim.name)
+            || (input.lock.deleting && claim.kept_by(&input.lock.name))
+    }) {
         ctx.wakes
             .wake(ObjectRef::new(claim.first_lock()).within(&input.lock.namespace));
     }

@@ -133,7 +133,11 @@ impl Part {
             return Err(failed);
         }
         match self.call(&self.acquire(owner, ttl)).await {
-            OpOutcome::Granted { fencing_token, .. } if fencing_token == token => Ok(()),
+            OpOutcome::Granted { fencing_token, .. } if fencing_token == token => {
+                // Held again: given back after the fold if the claim does not stay held.
+                self.holds = Some(true);
+                Ok(())
+            }
             // Another token: the grant was not continuous. Given back; the claim is lost.
             OpOutcome::Granted { .. } => {
                 self.release(owner).await?;
@@ -322,6 +326,15 @@ impl MemberGrants {
             ) => {
                 for part in parts.iter_mut().filter(|part| part.holds == Some(false)) {
                     if let Err(refusal) = part.retake(owner, *ttl).await {
+                        // The claim is lost (someone else has that lock now): the first
+                        // lock's grant, just taken back, goes too, as at the end of a lease
+                        // (its lock-delay starts); the parts retaken so far are given back
+                        // after the fold.
+                        let release = BackendOp::Release {
+                            owner: owner.clone(),
+                            involuntary: true,
+                        };
+                        let _ = perform(first.backend, first.key, first.terms, &release).await;
                         return refusal;
                     }
                 }

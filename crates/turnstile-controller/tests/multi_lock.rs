@@ -21,11 +21,13 @@ use proptest::prelude::*;
 use turnstile_api::{
     BackendKind, ClaimPhase, DistributedLock, DistributedLockSpec, LockClaim, LockClaimSpec,
 };
-use turnstile_controller::core::{fold, plan, BackendView, ClaimView, LockInput, LockView};
+use turnstile_controller::core::{
+    fold, plan, BackendView, ClaimView, LockInput, LockView, LEASE_CUT,
+};
 use turnstile_controller::lock_reconciler::execute_following;
 use turnstile_controller::multi_lock::{other_locks_needed, prepare, OtherLock};
 use turnstile_controller::writer::{PassWrite, PassWrites, Target, Write};
-use turnstile_lock::{Backend, MemoryBackend};
+use turnstile_lock::{AcquireMode, AcquireRequest, Backend, MemoryBackend};
 
 mod sim;
 use sim::{decided_writes, patched, paused_runtime};
@@ -317,7 +319,8 @@ impl World {
                 }
                 continue;
             }
-            // Not held: no backend keeps any grant of it.
+            // Not held: no backend keeps any grant of it (a lease cut to run out at once, as
+            // an involuntary end leaves it, is none).
             let uid = claim.metadata.uid.clone().unwrap_or_default();
             for lock in &locks {
                 let key = format!("{NS}/{lock}");
@@ -326,7 +329,7 @@ impl World {
                     !snapshot
                         .holders
                         .iter()
-                        .any(|holder| holder.owner == uid && !holder.expires_in.is_zero()),
+                        .any(|holder| holder.owner == uid && holder.expires_in > LEASE_CUT),
                     "{name} ({:?}) keeps a grant of lock {lock}",
                     phase(claim)
                 );
@@ -645,5 +648,133 @@ fn deleting_one_of_its_locks_ends_the_grant_and_gives_the_others_back() {
         );
         assert_eq!(backend_grant(&world, &both, "a").await, None);
         assert_eq!(backend_grant(&world, &both, "b").await, None);
+    });
+}
+
+fn renew(world: &mut World, claim: &str) {
+    let now = Time(world.now());
+    if let Some(claim) = world.claims.get_mut(claim) {
+        claim.spec.renew_time = Some(now);
+    }
+}
+
+#[test]
+fn the_shortest_maximum_hold_of_its_locks_ends_the_grant_on_every_lock() {
+    paused_runtime().block_on(async {
+        let mut world = World::new(&[1, 1, 1, 1]);
+        if let Some(lock) = world.locks.get_mut("b") {
+            lock.spec.max_hold_seconds = Some(5);
+        }
+        let both = world.create(&["a", "b"]);
+        world.pass("a", true).await;
+        assert_eq!(phase(&world.claims[&both]), ClaimPhase::Held);
+        let status = world.claims[&both].status.clone().unwrap_or_default();
+        let cap = status.acquired_at.as_ref().map(|t| t.0.as_second() + 5);
+        assert_eq!(
+            status.expires_at.as_ref().map(|t| t.0.as_second()),
+            cap,
+            "lock b's maximum hold caps the 60 s lease: {status:?}"
+        );
+        // Renewals do not carry it past the cap.
+        world.advance(Duration::from_secs(3)).await;
+        renew(&mut world, &both);
+        world.pass("a", true).await;
+        world.check().await;
+        assert_eq!(phase(&world.claims[&both]), ClaimPhase::Held);
+        world.advance(Duration::from_secs(3)).await;
+        renew(&mut world, &both);
+        world.pass("a", true).await;
+        world.check().await;
+        let status = world.claims[&both].status.clone().unwrap_or_default();
+        assert_eq!(status.phase, Some(ClaimPhase::Expired), "{status:?}");
+        assert_eq!(status.reason.as_deref(), Some("MaxHoldExceeded"));
+        assert_eq!(backend_grant(&world, &both, "a").await, None);
+        assert_eq!(backend_grant(&world, &both, "b").await, None);
+    });
+}
+
+#[test]
+fn a_lock_someone_else_took_in_the_backend_ends_the_grant_on_every_lock() {
+    paused_runtime().block_on(async {
+        let mut world = World::new(&[1, 1, 1, 1]);
+        let both = world.create(&["a", "b", "c"]);
+        world.pass("a", true).await;
+        assert_eq!(phase(&world.claims[&both]), ClaimPhase::Held);
+
+        // The backend loses everything, and a process outside Kubernetes takes lock c
+        // before the controller re-attaches the claim (b is taken back before c refuses).
+        world.backend = Arc::new(MemoryBackend::new());
+        let key = format!("{NS}/c");
+        let outsider = AcquireRequest::new(
+            &key,
+            "outsider",
+            Duration::from_secs(300),
+            1,
+            AcquireMode::Try,
+            Duration::from_secs(10),
+        );
+        world
+            .backend
+            .acquire(&outsider)
+            .await
+            .expect("the outsider's acquire");
+        world.pass("a", true).await;
+        world.check().await;
+        let status = world.claims[&both].status.clone().unwrap_or_default();
+        assert_eq!(status.phase, Some(ClaimPhase::Expired), "{status:?}");
+        assert_eq!(status.reason.as_deref(), Some("LockLost"));
+        // Locks a and b, re-attached, are not kept for a claim that holds nothing: a's lease
+        // is cut, as at the end of a lease, b is given back; the next claims get them.
+        world.advance(Duration::from_millis(10)).await;
+        for lock in ["a", "b"] {
+            assert_eq!(
+                backend_grant(&world, &both, lock).await,
+                None,
+                "lock {lock}"
+            );
+            let next = world.create(&[lock]);
+            world.pass(lock, true).await;
+            world.check().await;
+            assert_eq!(phase(&world.claims[&next]), ClaimPhase::Held, "lock {lock}");
+        }
+        let holders: Vec<String> = world
+            .backend
+            .snapshot(&key)
+            .await
+            .expect("snapshot")
+            .holders
+            .into_iter()
+            .map(|holder| holder.owner)
+            .collect();
+        assert_eq!(holders, ["outsider"]);
+    });
+}
+
+#[test]
+fn a_claim_on_several_locks_times_out_like_any_other_holding_nothing() {
+    paused_runtime().block_on(async {
+        let mut world = World::new(&[1, 1, 1, 1]);
+        let on_b = world.create(&["b"]);
+        world.pass("b", true).await;
+        let both = world.create(&["a", "b"]);
+        if let Some(claim) = world.claims.get_mut(&both) {
+            claim.spec.acquire_timeout_seconds = Some(2);
+        }
+        world.pass("a", true).await;
+        world.check().await;
+        assert_eq!(phase(&world.claims[&both]), ClaimPhase::Pending);
+        world.advance(Duration::from_secs(3)).await;
+        world.pass("a", true).await;
+        world.pass("b", true).await;
+        world.check().await;
+        let status = world.claims[&both].status.clone().unwrap_or_default();
+        assert_eq!(status.phase, Some(ClaimPhase::Failed), "{status:?}");
+        assert_eq!(status.reason.as_deref(), Some("AcquireTimeout"));
+        assert_eq!(backend_grant(&world, &both, "a").await, None);
+        assert_eq!(phase(&world.claims[&on_b]), ClaimPhase::Held);
+        // Lock a is free for the next claim at once.
+        let later = world.create(&["a"]);
+        world.pass("a", true).await;
+        assert_eq!(phase(&world.claims[&later]), ClaimPhase::Held);
     });
 }
