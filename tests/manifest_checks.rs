@@ -34,20 +34,7 @@ use serde_json::Value;
 
 /// `tool` on PATH, or None after saying why (a failure under `CI=true`).
 fn tool(name: &str, test: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join(name))
-            .find(|path| path.is_file())
-    });
-    if found.is_none() {
-        let why = format!("{name} is not on PATH (PyPI; `bash .ci/install` installs it)");
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{test}: {why}"
-        );
-        println!("skipped {test}: {why}");
-    }
-    found
+    test_servers::tool_or_skip(name, test, "PyPI; `bash .ci/install` installs it")
 }
 
 /// The oldest and newest supported Kubernetes versions, from the README's line

@@ -35,21 +35,11 @@ fn rendered() -> Vec<Value> {
 
 /// `promtool`, or None after saying why (a failure under `CI=true`).
 fn promtool(test: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join("promtool"))
-            .find(|path| path.is_file())
-    });
-    if found.is_none() {
-        let why =
-            "promtool is not on PATH (Debian package `prometheus`; `bash .ci/install` installs it)";
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{test}: {why}"
-        );
-        println!("skipped {test}: {why}");
-    }
-    found
+    test_servers::tool_or_skip(
+        "promtool",
+        test,
+        "Debian package `prometheus`; `bash .ci/install` installs it",
+    )
 }
 
 fn run_promtool(promtool: &Path, dir: &Path, args: &[&str]) -> String {
@@ -172,6 +162,7 @@ fn the_service_monitor_scrapes_the_metrics_port_of_the_controller_service() {
     let port = str_at(&endpoints[0], "/port").expect("an endpoint port name");
     assert!(ports.contains(&port), "no Service port {port} in {ports:?}");
     assert_eq!(str_at(&endpoints[0], "/path"), Some("/metrics"));
+    assert_eq!(str_at(&endpoints[0], "/interval"), Some("30s"));
     // The job the rules select on is the Service's name (no jobLabel override).
     assert!(monitor["spec"].get("jobLabel").is_none());
     assert_eq!(str_at(service, "/metadata/name"), Some(JOB));

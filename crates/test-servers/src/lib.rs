@@ -12,6 +12,8 @@
 //! - [`RedisSentinel`]: a master, a replica and three sentinels (`redis-server --sentinel`);
 //!   optionally all over TLS ([`RedisSentinel::start_tls`]).
 //! - [`MongoServer`]: a MongoDB-wire-compatible server (SecantusDB), or `MONGODB_URI`'s.
+//! - [`tool_or_skip`]: a command-line tool from `PATH`, or a skip that fails under CI
+//!   ([`under_ci`]).
 //!
 //! New launchers (MongoDB-compatible servers, ...) go in their own module and reuse
 //! [`free_port`], [`wait_until`] and [`ServerProcess`].
@@ -21,9 +23,11 @@ mod process;
 mod redis;
 mod redis_cluster;
 mod redis_sentinel;
+mod tools;
 
-pub use self::mongo::{under_ci, MongoFlavor, MongoServer, Unavailable};
+pub use self::mongo::{MongoFlavor, MongoServer, Unavailable};
 pub use self::process::{free_port, wait_until, ServerProcess};
 pub use self::redis::{RedisOptions, RedisServer, TlsClientAuth, TlsFiles};
 pub use self::redis_cluster::{ClusterNode, RedisCluster};
 pub use self::redis_sentinel::{RedisSentinel, MASTER_NAME as SENTINEL_MASTER_NAME};
+pub use self::tools::{skip_or_fail, tool_or_skip, under_ci};

@@ -20,6 +20,7 @@ use std::time::Duration;
 use tempfile::TempDir;
 
 use crate::process::{free_port, wait_until, ServerProcess};
+use crate::tools::under_ci;
 
 /// How many fresh ports to try before giving up on a start.
 const START_ATTEMPTS: usize = 5;
@@ -307,12 +308,6 @@ impl MongoServer {
             process.stop();
         }
     }
-}
-
-/// Whether the tests run under CI (`CI=true` or `CI=1`): there a test must not pass by
-/// skipping, so a missing or lacking test server fails it.
-pub fn under_ci() -> bool {
-    std::env::var("CI").is_ok_and(|value| value.eq_ignore_ascii_case("true") || value == "1")
 }
 
 fn find_binary() -> io::Result<PathBuf> {
