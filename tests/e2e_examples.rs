@@ -35,6 +35,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use e2e_support::jobs::{finish_job, is_suspended, jobs, wait_job};
 use e2e_support::{phase_of, position_of, token_of, Env, WAIT};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
@@ -147,10 +148,6 @@ fn pods(env: &Env) -> Api<Pod> {
     Api::namespaced(env.client.clone(), &env.namespace)
 }
 
-fn jobs(env: &Env) -> Api<Job> {
-    Api::namespaced(env.client.clone(), &env.namespace)
-}
-
 /// Plays the Job controller: a Pod from the Job's template, owned by the Job. Returns its uid.
 async fn start_pod_of_job(env: &Env, job: &str, pod: &str) -> String {
     let job = jobs(env).get(job).await.expect("get job");
@@ -189,20 +186,6 @@ async fn set_pod_phase(env: &Env, pod: &str, phase: &str) {
 
 async fn complete_job(env: &Env, job: &str) {
     finish_job(env, job, "Complete").await;
-}
-
-/// Plays the Job controller: the Job gets the condition `condition` (`Complete`, `Failed`).
-async fn finish_job(env: &Env, job: &str, condition: &str) {
-    jobs(env)
-        .patch_status(
-            job,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"status": {"conditions": [
-                {"type": condition, "status": "True"}
-            ]}})),
-        )
-        .await
-        .expect("job status");
 }
 
 /// The first init container of the Job `job` in the example documents.
@@ -680,31 +663,12 @@ impl GateMonitor {
     }
 }
 
-fn is_suspended(job: &Job) -> bool {
-    job.spec.as_ref().and_then(|s| s.suspend) == Some(true)
-}
-
 fn annotation(
     object_annotations: Option<&std::collections::BTreeMap<String, String>>,
 ) -> Option<String> {
     object_annotations
         .and_then(|a| a.get(TOKEN_ANNOTATION))
         .cloned()
-}
-
-async fn wait_job(env: &Env, name: &str, done: impl Fn(&Job) -> bool) -> Job {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let job = jobs(env).get(name).await.expect("get job");
-        if done(&job) {
-            return job;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "Job {name} never got there: {job:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,14 +2,17 @@
 //! (`spec.lockNames`). Two claims on `[a, b]` and `[b, a]` applied together both complete in
 //! turn, never both held, each with one increasing token per lock; a claim on several locks
 //! waits at the head of the queue of a busy lock while holding nothing, and nobody behind it
-//! on its free lock overtakes it; its lease runs out like any other, freeing all its locks.
+//! on its free lock overtakes it; its lease runs out like any other, freeing all its locks; a
+//! gated Job with `turnstile.dev/locks` runs only while it holds all of them; deleting one of
+//! its locks ends the grant and frees the others at once; a missing lock holds back nobody.
 
 mod e2e_support;
 
 use std::time::Duration;
 
+use e2e_support::jobs::{finish_job, is_suspended, jobs, wait_job};
 use e2e_support::{phase_of, reason_of, token_on, Env, HolderMonitor};
-use turnstile_api::{ClaimPhase, LockClaim};
+use turnstile_api::{ClaimPhase, LockClaim, TOKEN_ANNOTATION};
 
 fn multi_claim(name: &str, locks: &str, extra: &str) -> String {
     format!(
@@ -164,5 +167,111 @@ async fn an_unrenewed_claim_on_several_locks_expires_and_frees_them_all() {
     assert_eq!(reason_of(&expired).as_deref(), Some("LeaseExpired"));
     env.wait_phase("next-a", ClaimPhase::Held).await;
     env.wait_phase("next-b", ClaimPhase::Held).await;
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gated_job_with_the_locks_annotation_runs_holding_all_its_locks() {
+    let mut env = Env::new().await;
+    env.start_default_controller();
+    env.apply_lock("cache", "leaseDurationSeconds: 300");
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.apply_claim("holds-cache", "cache", "");
+    env.wait_phase("holds-cache", ClaimPhase::Held).await;
+    env.apply(
+        "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: report\n  annotations:\n    turnstile.dev/lock: db\n    turnstile.dev/locks: db,cache\nspec:\n  suspend: true\n  template:\n    spec:\n      restartPolicy: Never\n      containers:\n        - name: report\n          image: busybox:1.36\n",
+    );
+    // One claim on both locks, named after the Job and the lock that marks it, owned by it.
+    let claim = env
+        .wait_claim("report-db", |claim| {
+            reason_of(claim).as_deref() == Some("Queued")
+        })
+        .await;
+    assert_eq!(
+        claim.spec.lock_names,
+        Some(vec!["cache".to_owned(), "db".to_owned()])
+    );
+    let owners = claim.metadata.owner_references.clone().unwrap_or_default();
+    assert_eq!(
+        owners.iter().map(|o| o.kind.as_str()).collect::<Vec<_>>(),
+        ["Job"]
+    );
+    // Lock db is free, but cache is not: the Job stays suspended, and db is not taken.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(is_suspended(&jobs(&env).get("report").await.expect("job")));
+    let db = env.lock("db").await.status.unwrap_or_default();
+    assert!(db.holders.is_empty(), "it holds nothing while it waits");
+
+    env.delete_claim("holds-cache").await;
+    let held = env.wait_phase("report-db", ClaimPhase::Held).await;
+    let cache_token = token_on(&held, "cache").expect("a token on cache");
+    assert!(token_on(&held, "db").is_some(), "a token on db");
+    let job = wait_job(&env, "report", |job| !is_suspended(job)).await;
+    assert_eq!(
+        job.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(TOKEN_ANNOTATION))
+            .cloned(),
+        Some(cache_token.to_string()),
+        "the first lock's (cache) token"
+    );
+
+    // The Job completes: both locks go on to the claims behind it.
+    env.apply_claim("next-cache", "cache", "");
+    env.apply_claim("next-db", "db", "");
+    finish_job(&env, "report", "Complete").await;
+    let released = env.wait_phase("report-db", ClaimPhase::Released).await;
+    assert_eq!(reason_of(&released).as_deref(), Some("OwnerFinished"));
+    // Its tokens stay as a record; the leases are gone.
+    let record = released.status.clone().unwrap_or_default();
+    assert_eq!(lock_names(&released), ["cache", "db"], "{record:?}");
+    assert!(
+        record.locks.iter().all(|entry| entry.expires_at.is_none()),
+        "no lease after the end: {record:?}"
+    );
+    env.wait_phase("next-cache", ClaimPhase::Held).await;
+    env.wait_phase("next-db", ClaimPhase::Held).await;
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_one_of_its_locks_ends_the_grant_and_frees_the_others() {
+    let mut env = Env::new().await;
+    env.start_default_controller();
+    env.apply_lock("a", "leaseDurationSeconds: 300");
+    env.apply_lock("b", "leaseDurationSeconds: 300");
+    env.apply(&multi_claim("ab", "a, b", ""));
+    env.wait_phase("ab", ClaimPhase::Held).await;
+    env.apply_claim("later-on-a", "a", "");
+    env.wait_phase("later-on-a", ClaimPhase::Pending).await;
+
+    env.kubectl(&["delete", "distributedlock", "b", "--wait=false"]);
+    let ended = env.wait_phase("ab", ClaimPhase::Expired).await;
+    assert_eq!(reason_of(&ended).as_deref(), Some("LockDeleted"));
+    // Lock a is given back at once, not at the end of its 300 s lease.
+    let later = env.wait_phase("later-on-a", ClaimPhase::Held).await;
+    assert_eq!(token_on(&later, "a"), Some(2));
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_naming_a_missing_lock_waits_and_holds_back_nobody() {
+    let mut env = Env::new().await;
+    env.start_default_controller();
+    env.apply_lock("present", "leaseDurationSeconds: 300");
+    env.apply(&multi_claim("both", "absent, present", ""));
+    let waiting = env
+        .wait_claim("both", |claim| {
+            reason_of(claim).as_deref() == Some("LockNotFound")
+        })
+        .await;
+    assert_eq!(phase_of(&waiting), Some(ClaimPhase::Pending));
+    // Queued nowhere: a later claim on the lock that exists is granted.
+    env.apply_claim("later", "present", "");
+    env.wait_phase("later", ClaimPhase::Held).await;
+    let present = env.lock("present").await.status.unwrap_or_default();
+    assert_eq!(present.waiting, 0, "{present:?}");
+    env.wait_event("both", "LockNotFound").await;
     env.stop_controller().await;
 }

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod actor;
+pub mod jobs;
 pub mod scrape;
 
 use std::io::Write as _;
