@@ -169,6 +169,52 @@ mod tests {
     }
 
     #[test]
+    fn run_flags_that_need_another_are_refused_alone() {
+        // Each flag alone, and the one it needs named in the error.
+        for (args, needed) in [
+            (&["--redis-min-replica-acks", "1"][..], "--redis-url"),
+            (
+                &[
+                    "--redis-url",
+                    "redis://h",
+                    "--redis-replica-ack-timeout",
+                    "1s",
+                ][..],
+                "--redis-min-replica-acks",
+            ),
+            (&["--mongo-database", "d"][..], "--mongo-url"),
+            (&["--mongo-collection", "c"][..], "--mongo-url"),
+        ] {
+            let command: Vec<&str> = ["turnstile", "run"].iter().chain(args).copied().collect();
+            let error = Cli::try_parse_from(&command).expect_err("a usage error");
+            assert_eq!(
+                error.kind(),
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "{command:?}: {error}"
+            );
+            assert!(error.to_string().contains(needed), "{command:?}: {error}");
+        }
+        // With what they need, they parse.
+        Cli::try_parse_from([
+            "turnstile",
+            "run",
+            "--redis-url",
+            "redis://h",
+            "--redis-min-replica-acks",
+            "1",
+            "--redis-replica-ack-timeout",
+            "500ms",
+            "--mongo-url",
+            "mongodb://h",
+            "--mongo-database",
+            "d",
+            "--mongo-collection",
+            "c",
+        ])
+        .expect("a complete command line");
+    }
+
+    #[test]
     fn other_subcommands_and_help_keep_clap_output() {
         assert_eq!(failure(&["lock"]), None);
         assert_eq!(failure(&["wait", "--help"]), None);

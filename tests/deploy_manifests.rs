@@ -11,8 +11,8 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use deploy_support::{
-    file_names, find, grants, kind_of, name_of, render_base, render_with_component, repo, str_at,
-    strings, Grant,
+    file_names, find, grants, kind_of, kustomize, name_of, relative, render_base,
+    render_with_component, repo, str_at, strings, Grant,
 };
 use serde_json::Value;
 use turnstile_controller::leader::{DEFAULT_LEASE_NAME, POD_NAMESPACE_ENV, POD_NAME_ENV};
@@ -181,6 +181,20 @@ fn the_controller_runs_two_leader_elected_replicas() {
     assert!(
         !tag.is_empty() && tag != "latest" && !tag.contains('/'),
         "pin the image tag: {image}"
+    );
+    // A rolling update replaces one replica at a time: one new Pod may start before an old
+    // one stops, and at most one is unavailable.
+    assert_eq!(
+        deployment.pointer("/spec/strategy/type"),
+        Some(&Value::from("RollingUpdate"))
+    );
+    assert_eq!(
+        deployment.pointer("/spec/strategy/rollingUpdate/maxUnavailable"),
+        Some(&Value::from(1))
+    );
+    assert_eq!(
+        deployment.pointer("/spec/strategy/rollingUpdate/maxSurge"),
+        Some(&Value::from(1))
     );
     // Two replicas never drain together and prefer different nodes.
     let pdb = find(&objects, "PodDisruptionBudget", CONTROLLER);
@@ -633,4 +647,66 @@ fn the_redis_component_wires_the_url_from_a_secret() {
     let base = render_base();
     assert!(env_var(controller_container(&base), "TURNSTILE_REDIS_URL").is_none());
     assert!(base.iter().all(|o| !name_of(o).contains("redis")));
+}
+
+/// The name of the Secret the controller reads `TURNSTILE_REDIS_URL` from.
+fn redis_url_secret(objects: &[Value]) -> String {
+    let env = env_var(controller_container(objects), "TURNSTILE_REDIS_URL").expect("the env");
+    str_at(env, "/valueFrom/secretKeyRef/name")
+        .expect("a secretKeyRef")
+        .to_owned()
+}
+
+#[test]
+fn the_component_redis_keeps_no_data_and_a_url_change_rolls_the_controller() {
+    let objects = render_with_redis();
+    // No persistence: no RDB snapshots, no append-only file, and only an emptyDir for /data.
+    let redis = find(&objects, "Deployment", "turnstile-redis");
+    let pod = &redis["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert_eq!(
+        strings(container.get("args")),
+        ["--save", "", "--appendonly", "no"]
+    );
+    for volume in pod["volumes"].as_array().expect("volumes") {
+        assert!(volume.get("emptyDir").is_some(), "{volume}");
+    }
+    // kustomize names the generated Secret after its content, and the controller's Pod
+    // template names the Secret: a changed URL is a changed template, so a rollout.
+    let secret = redis_url_secret(&objects);
+    assert!(secret.starts_with("turnstile-redis-"), "{secret}");
+    let changed = objects_with_redis_url("redis://elsewhere.example:6379");
+    let renamed = redis_url_secret(&changed);
+    assert!(renamed.starts_with("turnstile-redis-"), "{renamed}");
+    assert_ne!(secret, renamed, "a new URL must rename the Secret");
+    find(&changed, "Secret", &renamed);
+}
+
+/// The base and a copy of the Redis component whose Secret holds `url` instead, through an
+/// overlay: what a user who edits the component's URL renders.
+fn objects_with_redis_url(url: &str) -> Vec<Value> {
+    const URL: &str = "url=redis://turnstile-redis.turnstile-system.svc:6379";
+    let overlay = tempfile::Builder::new()
+        .prefix("deploy-overlay-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("temporary overlay directory");
+    let root = overlay.path().canonicalize().expect("overlay path");
+    let component = repo().join("deploy").join("components").join("redis");
+    let copy = root.join("redis");
+    std::fs::create_dir(&copy).expect("the component's copy");
+    for file in file_names(&component) {
+        let text = std::fs::read_to_string(component.join(&file)).expect("component file");
+        if file == "kustomization.yaml" {
+            assert!(text.contains(URL), "the component's URL literal moved");
+        }
+        std::fs::write(copy.join(&file), text.replace(URL, &format!("url={url}")))
+            .expect("copy the component");
+    }
+    let deploy = repo().join("deploy").canonicalize().expect("deploy path");
+    let kustomization = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - {}\ncomponents:\n  - redis\n",
+        relative(&root, &deploy).display()
+    );
+    std::fs::write(root.join("kustomization.yaml"), kustomization).expect("write the overlay");
+    kustomize(&root)
 }

@@ -12,7 +12,7 @@ use e2e_support::{Env, WAIT};
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use serde_json::json;
-use turnstile_api::{object_event_reasons, ClaimPhase};
+use turnstile_api::{object_event_reasons, ClaimPhase, DistributedLock};
 use turnstile_controller::ControllerConfig;
 
 fn bad_claim(namespace: &str, release: serde_json::Value, label: usize) -> serde_json::Value {
@@ -120,6 +120,110 @@ async fn a_claim_that_does_not_decode_stops_nothing_and_is_picked_up_once_fixed(
         bad_claim(&env.namespace, json!(false), 99),
     );
     env.wait_phase("bad", ClaimPhase::Held).await;
+    eventually("turnstile_invalid_objects is 0", || async {
+        invalid_objects(metrics_addr).await == Some(0.0)
+    })
+    .await;
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_that_does_not_decode_keeps_its_holder_stops_no_other_lock_and_is_picked_up() {
+    let Some(mut env) = Env::fake_only("a_lock_that_does_not_decode").await else {
+        return;
+    };
+    let metrics_addr: SocketAddr = TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("free port");
+    env.start_controller(ControllerConfig {
+        metrics_addr: Some(metrics_addr),
+        ..ControllerConfig::default()
+    });
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.apply_lock("other", "leaseDurationSeconds: 300");
+    env.apply_claim("holder", "db", "");
+    let granted = env.wait_phase("holder", ClaimPhase::Held).await;
+    let token = granted.status.and_then(|s| s.fencing_token);
+
+    // The lock as stored, with a field of another type (an older or newer schema).
+    let stored = env.kubectl(&["get", "distributedlock", "db", "-o", "json"]);
+    let mut lock: serde_json::Value = serde_json::from_str(&stored).expect("the lock as JSON");
+    lock["spec"]["maxHolders"] = json!("two");
+    env.server().store_unvalidated(
+        "turnstile.dev",
+        "distributedlocks",
+        &env.namespace,
+        lock.clone(),
+    );
+    env.wait_event("db", object_event_reasons::INVALID_OBJECT)
+        .await;
+    let events: Api<Event> = Api::namespaced(env.client.clone(), &env.namespace);
+    let notes: Vec<String> = events
+        .list(&Default::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|event| event.reason.as_deref() == Some(object_event_reasons::INVALID_OBJECT))
+        .filter(|event| event.type_.as_deref() == Some("Warning"))
+        .filter_map(|event| event.note)
+        .collect();
+    assert!(
+        notes.iter().any(|note| note.contains("spec.maxHolders")),
+        "{notes:?}"
+    );
+    eventually("turnstile_invalid_objects is 1", || async {
+        invalid_objects(metrics_addr).await == Some(1.0)
+    })
+    .await;
+
+    // Other locks are served at once.
+    let created = Instant::now();
+    env.apply_claim("elsewhere", "other", "");
+    env.wait_phase("elsewhere", ClaimPhase::Held).await;
+    assert!(
+        created.elapsed() < Duration::from_secs(3),
+        "another lock's claim took {:?} behind the bad lock",
+        created.elapsed()
+    );
+    // The lock's cached good version (maxHolders 1) stays in force: its holder keeps the
+    // grant (no LockDeleted), and a new claim queues behind it.
+    env.apply_claim("next", "db", "");
+    env.wait_claim("next", |claim| {
+        claim.status.as_ref().and_then(|s| s.phase) == Some(ClaimPhase::Pending)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let holder = env.claim("holder").await;
+    let status = holder.status.expect("status");
+    assert_eq!(status.phase, Some(ClaimPhase::Held), "{status:?}");
+    assert_eq!(status.fencing_token, token);
+    assert_eq!(
+        env.claim("next").await.status.and_then(|s| s.phase),
+        Some(ClaimPhase::Pending)
+    );
+
+    // Fixed (a new generation of it): picked up, its status computed from the fixed
+    // generation, and the queue moves on as usual.
+    let generation = lock["metadata"]["generation"].as_i64().expect("generation") + 1;
+    lock["spec"]["maxHolders"] = json!(1);
+    lock["metadata"]["generation"] = json!(generation);
+    env.server()
+        .store_unvalidated("turnstile.dev", "distributedlocks", &env.namespace, lock);
+    let locks: Api<DistributedLock> = Api::namespaced(env.client.clone(), &env.namespace);
+    eventually("the fixed lock's status names its generation", || async {
+        locks
+            .get("db")
+            .await
+            .ok()
+            .and_then(|lock| lock.status)
+            .and_then(|status| status.observed_generation)
+            == Some(generation)
+    })
+    .await;
+    env.delete_claim("holder").await;
+    let next = env.wait_phase("next", ClaimPhase::Held).await;
+    assert!(next.status.and_then(|s| s.fencing_token) > token);
     eventually("turnstile_invalid_objects is 0", || async {
         invalid_objects(metrics_addr).await == Some(0.0)
     })

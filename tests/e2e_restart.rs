@@ -1,12 +1,14 @@
 //! End to end: the controller survives its own restarts (memory backend: grants rebuilt from
-//! the claims' statuses), a forced watch 410 and injected 409/500 write errors — same holder,
+//! the claims' statuses), forced watch 410s (each followed by a re-list, however often they
+//! come) and injected 409/500 write errors — same holder,
 //! same order, tokens still increasing, never a double grant.
 
 mod e2e_support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use e2e_support::{phase_of, position_of, token_of, Env, HolderMonitor};
+use fake_apiserver::FakeApiServer;
 use turnstile_api::ClaimPhase;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -69,6 +71,53 @@ async fn forced_watch_410_does_not_break_anything() {
     env.wait_claim("d", |c| position_of(c) == Some(2)).await;
 
     monitor.finish().await;
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_watch_410_is_followed_by_a_relist_however_often_it_comes() {
+    // No bookmarks: they would move the claim watch's resourceVersion past the compaction.
+    let fake = FakeApiServer::builder().bookmark_interval(Duration::from_secs(3_600));
+    let Some(mut env) = Env::fake_only_with("every_watch_410_is_followed_by_a_relist", fake).await
+    else {
+        return;
+    };
+    env.start_default_controller();
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.apply_claim("first", "db", "");
+    env.wait_phase("first", ClaimPhase::Held).await;
+    let claim_requests = |verb: &str| {
+        env.server()
+            .request_log()
+            .iter()
+            .filter(|r| r.resource == "lockclaims" && r.verb == verb)
+            .count()
+    };
+    // Six 410s in a row, each once the claim watch is back from the one before.
+    for round in 0..6 {
+        let (lists, watches) = (claim_requests("list"), claim_requests("watch"));
+        // A write the claim watch does not see, then its resourceVersion compacted away.
+        env.apply_lock(&format!("free-{round}"), "leaseDurationSeconds: 300");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        env.server().compact();
+        env.server().close_watches();
+        let deadline = Instant::now() + Duration::from_secs(90);
+        // Re-listed, and watching again (after the resume the 410 answered).
+        while claim_requests("list") <= lists || claim_requests("watch") < watches + 2 {
+            assert!(Instant::now() < deadline, "round {round}: no re-list");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    env.server().compact();
+    env.server().close_watches();
+    let started = Instant::now();
+    env.apply_claim("after", "free-0", "");
+    env.wait_phase("after", ClaimPhase::Held).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "a claim created after the seventh 410 took {:?}",
+        started.elapsed()
+    );
     env.stop_controller().await;
 }
 

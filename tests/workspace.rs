@@ -76,3 +76,49 @@ fn the_engine_builds_memory_only_and_packages() {
         &cargo(&["package", "-p", "turnstile-lock", "--allow-dirty"]),
     );
 }
+
+/// The commands a shell script runs, one per line: comments, blank lines and `set` left out.
+fn commands(script: &str) -> Vec<String> {
+    script
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#') && !line.starts_with("set "))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn ci_runs_the_readmes_test_command_and_nothing_else() {
+    let readme = std::fs::read_to_string(workspace().join("README.md")).expect("README.md");
+    let row = readme
+        .lines()
+        .find(|line| line.starts_with("| pass the tests:"))
+        .expect("the README's set-up row for the tests");
+    let command = row
+        .rsplit('|')
+        .map(str::trim)
+        .find(|cell| !cell.is_empty())
+        .and_then(|cell| cell.strip_prefix('`')?.strip_suffix('`'))
+        .expect("the row's command, in backticks");
+    let (install, test) = command.split_once(" && ").expect("install && test");
+
+    let script = std::fs::read_to_string(workspace().join(".ci/run")).expect(".ci/run");
+    let commands = commands(&script);
+    // The README's two steps, in its order, and besides them only the cd to the
+    // repository and the environment the README names.
+    let expected = [
+        r#"cd "$(dirname "$0")/..""#,
+        install,
+        "export CARGO_INCREMENTAL=0",
+        "export CI=true",
+        "export CARGO_PROFILE_DEV_DEBUG=line-tables-only",
+        test,
+    ];
+    assert_eq!(commands, expected, "{script}");
+    for variable in ["CARGO_INCREMENTAL=0", "CI=true", "line-table"] {
+        assert!(
+            readme.contains(variable),
+            "the README should name {variable}"
+        );
+    }
+}

@@ -88,20 +88,7 @@ pub fn check_adoptable(claim: &LockClaim, lock: &str, pod: &PodIdentity) -> Resu
 
 /// The claim `--create` makes: `name` asking for `lock`, owned by `pod`.
 pub fn claim_for_pod(name: &str, namespace: &str, lock: &str, pod: &PodIdentity) -> LockClaim {
-    let mut claim = LockClaim::new(
-        name,
-        LockClaimSpec {
-            lock_name: lock.to_owned(),
-            lock_names: None,
-            holder_identity: None,
-            lease_duration_seconds: None,
-            acquire_timeout_seconds: None,
-            renew_time: None,
-            release: None,
-            priority: None,
-            mode: None,
-        },
-    );
+    let mut claim = LockClaim::new(name, LockClaimSpec::for_lock(lock));
     claim.metadata.namespace = Some(namespace.to_owned());
     claim.metadata.owner_references = Some(vec![pod.owner_reference()]);
     claim

@@ -74,20 +74,7 @@ mod tests {
     use turnstile_api::{LockClaimSpec, LockClaimStatus};
 
     fn claim(status: Option<LockClaimStatus>) -> LockClaim {
-        let mut claim = LockClaim::new(
-            "c",
-            LockClaimSpec {
-                lock_name: "db".into(),
-                lock_names: None,
-                holder_identity: None,
-                lease_duration_seconds: None,
-                acquire_timeout_seconds: None,
-                renew_time: None,
-                release: None,
-                priority: None,
-                mode: None,
-            },
-        );
+        let mut claim = LockClaim::new("c", LockClaimSpec::for_lock("db"));
         claim.status = status;
         claim
     }

@@ -266,10 +266,21 @@ async fn invalid_lock_blocks_grants_with_a_condition() {
         (ready.status.as_str(), ready.reason.as_str()),
         ("False", "InvalidSpec")
     );
+    // One `InvalidSpec` Event on the lock, when its condition turned; none while it stays.
+    let lock_events = |sim: &Sim, reason: &str| {
+        sim.events
+            .iter()
+            .filter(|(subject, r)| subject == "lock/db" && *r == reason)
+            .count()
+    };
+    assert_eq!(lock_events(&sim, "InvalidSpec"), 1, "{:?}", sim.events);
+    sim.advance(Duration::from_secs(60)).await;
+    assert_eq!(lock_events(&sim, "InvalidSpec"), 1, "{:?}", sim.events);
 
     sim.lock.spec.max_holders = 1;
     sim.settle().await;
     assert_eq!(sim.phase("a"), Some(ClaimPhase::Held));
+    assert_eq!(lock_events(&sim, "BackendReady"), 1, "{:?}", sim.events);
 }
 
 #[tokio::test(start_paused = true)]

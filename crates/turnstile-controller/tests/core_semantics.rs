@@ -204,6 +204,35 @@ async fn limits_changed_live_take_effect_at_the_next_grant_and_revoke_nobody() {
     assert_eq!(lease, 7);
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_changed_lease_applies_from_the_holders_next_renewal() {
+    let mut sim = Sim::new(1, 30);
+    sim.create("a", Sim::claim_spec(None, None));
+    sim.settle().await;
+    let expires = |sim: &Sim| {
+        let status = sim.claims["a"].status.clone().expect("status");
+        status.expires_at.expect("expiresAt").0.as_second()
+    };
+    let granted = expires(&sim);
+    // The lock's lease changes: the holder's expiry stays until it renews.
+    sim.lock.spec.lease_duration_seconds = 90;
+    sim.lock.metadata.generation = sim.lock.metadata.generation.map(|g| g + 1);
+    sim.advance(Duration::from_secs(10)).await;
+    assert_eq!(expires(&sim), granted, "no renewal yet");
+    sim.renew("a");
+    let renewed_at = sim.now().as_second();
+    sim.settle().await;
+    assert_eq!(sim.phase("a"), Some(ClaimPhase::Held));
+    assert_eq!(
+        expires(&sim),
+        renewed_at + 90,
+        "the renewal takes the new lease"
+    );
+    // And the backend keeps it that long: past the old lease, still held.
+    sim.advance(Duration::from_secs(60)).await;
+    assert_eq!(sim.phase("a"), Some(ClaimPhase::Held));
+}
+
 #[derive(Debug, Clone)]
 enum Step {
     Create {

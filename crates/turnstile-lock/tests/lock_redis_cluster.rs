@@ -14,6 +14,7 @@ use support::contended::{run_contended_with_fault, ContendedRun};
 
 use support::tls::{assert_an_unknown_ca_is_rejected, mutual_tls_config};
 use test_servers::RedisCluster;
+use turnstile_lock::backend::redis::RedisConnectError;
 use turnstile_lock::{Locker, RedisBackend, RedisBackendConfig, RetryPolicy};
 
 /// Parses a RESP integer reply (`:42\r\n`).
@@ -291,6 +292,34 @@ async fn a_locks_keys_and_channel_live_on_one_slot_of_the_cluster() {
         owners.len() > 1,
         "the test keys should spread over primaries"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acks_are_refused_on_a_cluster() {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::shared)
+        .await
+        .expect("launcher thread")
+        .expect("Redis Cluster starts");
+    // `WAIT` answers for one primary's replicas only, so on a cluster it promises nothing
+    // about the slot's next owner: refused at connect, by the config and by the URL option.
+    let url = cluster.url();
+    let separator = if url.contains('?') { '&' } else { '?' };
+    for config in [
+        RedisBackendConfig::new(url).min_replica_acks(1, Duration::from_millis(500)),
+        RedisBackendConfig::new(format!("{url}{separator}min_replica_acks=1")),
+    ] {
+        let error = match RedisBackend::connect(config).await {
+            Ok(_) => panic!("replica acks on a cluster should be refused"),
+            Err(error) => error,
+        };
+        assert!(
+            matches!(
+                RedisConnectError::find(&error),
+                Some(RedisConnectError::ReplicaAcksOnCluster)
+            ),
+            "{error:?}"
+        );
+    }
 }
 
 /// The port of the replica of the primary `primary_id`.

@@ -290,18 +290,8 @@ impl MongoBackend {
                     == Some(NAMESPACE_EXISTS) => {}
             Err(error) => return Err(error),
         }
-        // Majority writes: an acknowledged grant survives a failover. Majority reads: a read
-        // never shows a grant that could still be rolled back.
-        let collection = database.collection_with_options::<Document>(
-            &config.collection,
-            CollectionOptions::builder()
-                .write_concern(WriteConcern::majority())
-                .read_concern(ReadConcern::majority())
-                .selection_criteria(SelectionCriteria::ReadPreference(
-                    mongodb::options::ReadPreference::Primary,
-                ))
-                .build(),
-        );
+        let collection = database
+            .collection_with_options::<Document>(&config.collection, lock_collection_options());
         let wakes = Self::start_wakes(&collection, &config).await?;
         tracing::info!(database = %database_name, collection = %config.collection, wake_source = ?wakes.source(), "mongo lock backend connected");
         Ok(MongoBackend {
@@ -557,5 +547,36 @@ impl Backend for MongoBackend {
             .subscribe(key, owner)
             .await
             .map_err(mongo_error("subscribe"))
+    }
+}
+
+/// How the locks collection is read and written. Majority writes: an acknowledged grant
+/// survives a failover. Majority reads from the primary: a read never shows a grant that
+/// could still be rolled back.
+fn lock_collection_options() -> CollectionOptions {
+    CollectionOptions::builder()
+        .write_concern(WriteConcern::majority())
+        .read_concern(ReadConcern::majority())
+        .selection_criteria(SelectionCriteria::ReadPreference(
+            mongodb::options::ReadPreference::Primary,
+        ))
+        .build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_locks_collection_reads_and_writes_by_majority_on_the_primary() {
+        let options = lock_collection_options();
+        assert_eq!(options.write_concern, Some(WriteConcern::majority()));
+        assert_eq!(options.read_concern, Some(ReadConcern::majority()));
+        assert!(matches!(
+            options.selection_criteria,
+            Some(SelectionCriteria::ReadPreference(
+                mongodb::options::ReadPreference::Primary
+            ))
+        ));
     }
 }
