@@ -375,6 +375,15 @@ async fn create_pod(cluster: &Cluster, name: &str) -> String {
     pod.metadata.uid.expect("uid")
 }
 
+/// The downward API variables of the Pod `name` with `uid`, as `--create` reads them.
+fn downward_api<'a>(name: &'a str, uid: &'a str) -> [(&'static str, &'a str); 3] {
+    [
+        ("POD_NAME", name),
+        ("POD_NAMESPACE", NAMESPACE),
+        ("POD_UID", uid),
+    ]
+}
+
 fn read_token(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap()
 }
@@ -384,11 +393,7 @@ async fn create_makes_the_claim_owned_by_the_pod_and_adopts_it_on_restart() {
     let cluster = Cluster::start().await;
     cluster.create_lock("db").await;
     let uid = create_pod(&cluster, "web-0").await;
-    let env = [
-        ("POD_NAME", "web-0"),
-        ("POD_NAMESPACE", NAMESPACE),
-        ("POD_UID", uid.as_str()),
-    ];
+    let env = downward_api("web-0", &uid);
     let token_dir = tempfile::tempdir().unwrap();
     let token_file = token_dir.path().join("token");
     let token_arg = token_file.to_str().unwrap();
@@ -439,11 +444,7 @@ async fn create_makes_the_claim_owned_by_the_pod_and_adopts_it_on_restart() {
 
     // Another Pod reusing the name must not take this Pod's grant for its own.
     let other_uid = create_pod(&cluster, "web-1").await;
-    let other_env = [
-        ("POD_NAME", "web-1"),
-        ("POD_NAMESPACE", NAMESPACE),
-        ("POD_UID", other_uid.as_str()),
-    ];
+    let other_env = downward_api("web-1", &other_uid);
     let stolen =
         finish(cluster.spawn_wait(&["web-0-db", "--create", "--lock", "db"], &other_env)).await;
     assert_eq!(code(&stolen), 8, "{}", stderr(&stolen));
@@ -684,11 +685,7 @@ async fn wait_uses_exactly_the_verbs_the_readme_and_the_example_role_grant() {
     let cluster = Cluster::start().await;
     cluster.create_lock("db").await;
     let uid = create_pod(&cluster, "web-0").await;
-    let env = [
-        ("POD_NAME", "web-0"),
-        ("POD_NAMESPACE", NAMESPACE),
-        ("POD_UID", uid.as_str()),
-    ];
+    let env = downward_api("web-0", &uid);
     let args = ["web-0-db", "--create", "--lock", "db"];
     // From here on every request is the binary's, but the test's one status write.
     cluster.server.clear_request_log();

@@ -48,11 +48,9 @@ where
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_that_does_not_decode_stops_nothing_and_is_picked_up_once_fixed() {
-    let Some(mut env) = Env::fake_only("a_claim_that_does_not_decode_stops_nothing").await else {
-        return;
-    };
+/// Starts the controller with `/metrics` on a free port (returned) and applies the locks
+/// `db` and `other`.
+fn start_with_two_locks(env: &mut Env) -> SocketAddr {
     let metrics_addr: SocketAddr = TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .expect("free port");
@@ -62,6 +60,30 @@ async fn a_claim_that_does_not_decode_stops_nothing_and_is_picked_up_once_fixed(
     });
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.apply_lock("other", "leaseDurationSeconds: 300");
+    metrics_addr
+}
+
+/// The notes of the Warning Events `InvalidObject` in the test's namespace.
+async fn invalid_object_warnings(env: &Env) -> Vec<String> {
+    let events: Api<Event> = Api::namespaced(env.client.clone(), &env.namespace);
+    events
+        .list(&Default::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|event| event.reason.as_deref() == Some(object_event_reasons::INVALID_OBJECT))
+        .filter(|event| event.type_.as_deref() == Some("Warning"))
+        .filter_map(|event| event.note)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_does_not_decode_stops_nothing_and_is_picked_up_once_fixed() {
+    let Some(mut env) = Env::fake_only("a_claim_that_does_not_decode_stops_nothing").await else {
+        return;
+    };
+    let metrics_addr = start_with_two_locks(&mut env);
 
     // The bad claim, then five more edits of it: before the fix each event failed the shared
     // claim watch and stalled every grant for seconds (about 59 s after six events).
@@ -85,16 +107,7 @@ async fn a_claim_that_does_not_decode_stops_nothing_and_is_picked_up_once_fixed(
     // The bad object is named, with its field, in a Warning Event, a log line and the gauge.
     env.wait_event("bad", object_event_reasons::INVALID_OBJECT)
         .await;
-    let events: Api<Event> = Api::namespaced(env.client.clone(), &env.namespace);
-    let notes: Vec<String> = events
-        .list(&Default::default())
-        .await
-        .expect("events")
-        .items
-        .into_iter()
-        .filter(|event| event.reason.as_deref() == Some(object_event_reasons::INVALID_OBJECT))
-        .filter_map(|event| event.note)
-        .collect();
+    let notes = invalid_object_warnings(&env).await;
     assert!(
         notes.iter().any(|note| note.contains("spec.release")),
         "{notes:?}"
@@ -132,15 +145,7 @@ async fn a_lock_that_does_not_decode_keeps_its_holder_stops_no_other_lock_and_is
     let Some(mut env) = Env::fake_only("a_lock_that_does_not_decode").await else {
         return;
     };
-    let metrics_addr: SocketAddr = TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("free port");
-    env.start_controller(ControllerConfig {
-        metrics_addr: Some(metrics_addr),
-        ..ControllerConfig::default()
-    });
-    env.apply_lock("db", "leaseDurationSeconds: 300");
-    env.apply_lock("other", "leaseDurationSeconds: 300");
+    let metrics_addr = start_with_two_locks(&mut env);
     env.apply_claim("holder", "db", "");
     let granted = env.wait_phase("holder", ClaimPhase::Held).await;
     let token = granted.status.and_then(|s| s.fencing_token);
@@ -157,17 +162,7 @@ async fn a_lock_that_does_not_decode_keeps_its_holder_stops_no_other_lock_and_is
     );
     env.wait_event("db", object_event_reasons::INVALID_OBJECT)
         .await;
-    let events: Api<Event> = Api::namespaced(env.client.clone(), &env.namespace);
-    let notes: Vec<String> = events
-        .list(&Default::default())
-        .await
-        .expect("events")
-        .items
-        .into_iter()
-        .filter(|event| event.reason.as_deref() == Some(object_event_reasons::INVALID_OBJECT))
-        .filter(|event| event.type_.as_deref() == Some("Warning"))
-        .filter_map(|event| event.note)
-        .collect();
+    let notes = invalid_object_warnings(&env).await;
     assert!(
         notes.iter().any(|note| note.contains("spec.maxHolders")),
         "{notes:?}"
