@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::{Config as ControllerRuntimeConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
@@ -36,7 +36,7 @@ use super::claim_reconciler::{claim_error_policy, reconcile_claim};
 use super::context::{cache_filled, Context, LeadershipGate};
 use super::core::WorkloadKind;
 use super::error::ControllerError;
-use super::gate::pod::{trim_gated_pod, GATED_PODS};
+use super::gate::pod::{phase_only, trim_gated_pod, GATED_PODS};
 use super::gate::{run_gate, GateContext};
 use super::lock_reconciler::{lock_error_policy, reconcile_lock};
 use super::owner_watch::{owner_trigger, FINISHED_PODS};
@@ -146,10 +146,13 @@ fn trim<K: kube::Resource>(object: &mut K) {
 fn trim_pod(pod: &mut Pod) {
     trim(pod);
     pod.spec = None;
-    pod.status = pod.status.take().map(|status| PodStatus {
-        phase: status.phase,
-        ..PodStatus::default()
-    });
+    pod.status = phase_only(pod.status.take());
+}
+
+/// [`trim`] and [`trim_gated_pod`]: a gated Pod as the gate's cache keeps it.
+fn trim_gated(pod: &mut Pod) {
+    trim(pod);
+    trim_gated_pod(pod);
 }
 
 /// Polls a shared watch (which feeds its cache and subscribers) until it ends.
@@ -346,7 +349,7 @@ async fn run_controllers(
         watcher::Config::default().labels(GATED_PODS),
     )
     .default_backoff()
-    .modify(trim_gated_pod)
+    .modify(trim_gated)
     .reflect_shared(gated_pod_writer);
     let job_watch = watcher(api::<Job>(client, namespace), watcher::Config::default())
         .default_backoff()
@@ -506,4 +509,46 @@ async fn run_controllers(
     }
     synced.abort();
     relay.abort();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+
+    fn pod_as_stored() -> Pod {
+        let mut pod = Pod::default();
+        pod.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
+        pod.metadata.annotations = Some(
+            [
+                ("kubectl.kubernetes.io/last-applied-configuration", "{}"),
+                ("team", "a"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+        );
+        pod.spec = Some(PodSpec::default());
+        pod.status = Some(PodStatus {
+            phase: Some("Running".to_owned()),
+            message: Some("long".to_owned()),
+            ..PodStatus::default()
+        });
+        pod
+    }
+
+    #[test]
+    fn cached_pods_drop_field_ownership_the_last_applied_copy_and_unread_status() {
+        for trimmed in [trim_pod as fn(&mut Pod), trim_gated] {
+            let mut pod = pod_as_stored();
+            trimmed(&mut pod);
+            assert_eq!(pod.metadata.managed_fields, None);
+            let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+            assert_eq!(annotations.keys().collect::<Vec<_>>(), ["team"]);
+            let status = pod.status.clone().expect("status");
+            assert_eq!(status.phase.as_deref(), Some("Running"));
+            assert_eq!(status.message, None);
+        }
+    }
 }

@@ -72,10 +72,15 @@ pub fn trim_gated_pod(pod: &mut Pod) {
         scheduling_gates: spec.scheduling_gates,
         ..PodSpec::default()
     });
-    pod.status = pod.status.take().map(|status| PodStatus {
+    pod.status = phase_only(pod.status.take());
+}
+
+/// A Pod status with only its phase: all that the gate and the owner states read of it.
+pub fn phase_only(status: Option<PodStatus>) -> Option<PodStatus> {
+    status.map(|status| PodStatus {
         phase: status.phase,
         ..PodStatus::default()
-    });
+    })
 }
 
 #[cfg(test)]
