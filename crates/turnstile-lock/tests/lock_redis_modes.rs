@@ -217,3 +217,31 @@ fn config_debug_hides_the_password() {
     assert!(!debug.contains("hunter2"), "{debug}");
     assert!(debug.contains("redis.example:6380"), "{debug}");
 }
+
+#[tokio::test]
+async fn a_replica_ack_timeout_must_be_below_the_response_timeout() {
+    let server = start(RedisOptions::new()).await;
+    // The default response timeout is 5 s: an acknowledgement wait of 5 s could never end
+    // before the reply it waits in.
+    let error = connect_error(
+        RedisBackend::connect(
+            RedisBackendConfig::new(server.url()).min_replica_acks(1, Duration::from_secs(5)),
+        )
+        .await,
+    );
+    assert!(
+        matches!(
+            typed(&error),
+            RedisConnectError::ReplicaAcksTimeout { acks, response }
+                if *acks == Duration::from_secs(5) && *response == Duration::from_secs(5)
+        ),
+        "{error:?}"
+    );
+    // The default (1 s) is below it: the backend connects.
+    RedisBackend::connect(RedisBackendConfig::new(format!(
+        "{}?min_replica_acks=1",
+        server.url()
+    )))
+    .await
+    .expect("the default acknowledgement timeout");
+}

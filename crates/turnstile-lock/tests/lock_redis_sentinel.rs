@@ -136,6 +136,13 @@ async fn an_unacknowledged_grant_is_released_and_reported_with_acks_from_the_url
         .unwrap_or_else(|| panic!("not ReplicaAcksMissing: {error:?}"));
     assert_eq!((missing.acknowledged, missing.wanted), (0, 1));
     assert!(started.elapsed() >= Duration::from_millis(300));
+    // A lease extension is not waited for: the grant made before the cut is renewed at once,
+    // where waiting for an acknowledgement would have failed like the acquire.
+    let extended = backend
+        .extend("before", "owner-1", Duration::from_secs(30))
+        .await
+        .expect("an extension without replica acknowledgements");
+    assert!(extended.is_some(), "the earlier grant is extended");
     // Released: nobody holds it, and another owner gets it (without acks).
     let snapshot = plain.snapshot("after").await.expect("snapshot");
     assert!(snapshot.holders.is_empty(), "{snapshot:?}");
