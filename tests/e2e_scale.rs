@@ -1,6 +1,7 @@
 //! The operator's cost shape, counted on the fake API server (counts, not timings): a hand-off
 //! costs the same small number of API writes whether 50 or 400 claims wait behind it, the
-//! head of the queue shows exact positions, and every waiter's position stays an upper bound.
+//! head of the queue shows exact positions, and every waiter's position stays an upper bound;
+//! a new waiting claim costs four writes.
 
 mod e2e_support;
 
@@ -143,6 +144,56 @@ async fn writes_per_hand_off(waiters: usize) -> Option<Vec<usize>> {
     }
     controller.stop().await;
     Some(counts)
+}
+
+/// The controller's writes as `verb resource[/subresource]`, sorted.
+fn shapes(writes: &[RecordedRequest]) -> Vec<String> {
+    let mut shapes: Vec<String> = writes
+        .iter()
+        .map(|request| {
+            let resource = if request.subresource.is_empty() {
+                request.resource.clone()
+            } else {
+                format!("{}/{}", request.resource, request.subresource)
+            };
+            format!("{} {resource}", request.verb)
+        })
+        .collect();
+    shapes.sort();
+    shapes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_waiting_claim_costs_four_writes() {
+    let Some(env) = Env::fake_only("a_new_waiting_claim_costs_four_writes").await else {
+        return;
+    };
+    let controller = env.spawn_controller_with(
+        tagged_client(env.server(), CONTROLLER),
+        ControllerConfig::default(),
+    );
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.apply_claim("holder", "db", "");
+    env.wait_phase("holder", ClaimPhase::Held).await;
+    let before = settled_writes(&env, Duration::from_millis(500)).await.len();
+
+    env.apply_claim("waiter", "db", "");
+    env.wait_claim("waiter", |claim| position_of(claim) == Some(1))
+        .await;
+    let after = settled_writes(&env, Duration::from_millis(500)).await;
+    // Its finalizer, its status, the lock's `waiting`, one `Queued` Event.
+    assert_eq!(
+        shapes(&after[before..]),
+        [
+            "create events",
+            "patch distributedlocks/status",
+            "patch lockclaims",
+            "patch lockclaims/status",
+        ],
+        "{:?}",
+        &after[before..]
+    );
+    controller.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
