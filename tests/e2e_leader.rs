@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use e2e_support::actor::{requests_of, tagged_client};
+use e2e_support::jobs::{is_suspended, jobs};
 use e2e_support::scrape::{get, sample};
 use e2e_support::{phase_of, position_of, token_of, Env, HolderMonitor, WAIT};
 use kube::runtime::events::{Recorder, Reporter};
@@ -237,6 +238,7 @@ async fn a_replica_that_loses_the_lease_stops_granting() {
         },
     );
     env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.apply_lock("free", "leaseDurationSeconds: 300");
     env.queue_of_three("db").await;
     let leader_gauge = || async {
         sample(
@@ -268,6 +270,10 @@ async fn a_replica_that_loses_the_lease_stops_granting() {
     env.patch_claim_spec("a", serde_json::json!({"release": true}))
         .await;
     env.apply_claim("d", "db", "");
+    // A gated Job on a free lock: a leader would create its claim and un-suspend it.
+    env.apply(
+        "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: gated\n  annotations:\n    turnstile.dev/lock: free\nspec:\n  suspend: true\n  template:\n    spec:\n      restartPolicy: Never\n      containers:\n        - name: job\n          image: busybox:1.36\n",
+    );
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     let log = env.server().request_log();
@@ -283,5 +289,13 @@ async fn a_replica_that_loses_the_lease_stops_granting() {
     assert_eq!(after, Vec::<String>::new(), "writes after losing the lease");
     assert_eq!(phase_of(&env.claim("b").await), Some(ClaimPhase::Pending));
     assert_eq!(phase_of(&env.claim("d").await), None);
+    // The Job gate stopped too: no claim for the Job, and the Job still suspended.
+    assert!(env
+        .claims()
+        .get_opt("gated-free")
+        .await
+        .expect("get")
+        .is_none());
+    assert!(is_suspended(&jobs(&env).get("gated").await.expect("job")));
     replica.stop().await;
 }
