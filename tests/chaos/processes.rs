@@ -72,7 +72,8 @@ impl Replica {
             .env("POD_NAMESPACE", &self.namespace)
             .env("RUST_LOG", replica_log_filter())
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            // The binary's log lines go to stdout; errors before logging starts to stderr.
+            .stdout(log.try_clone().expect("replica log"))
             .stderr(log)
             .spawn()
             .expect("start turnstile run");
