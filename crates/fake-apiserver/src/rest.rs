@@ -66,24 +66,40 @@ impl Target {
 
     /// The stored objects in this target's scope (one namespace, or all) that match `selectors`.
     pub(crate) fn matching(&self, inner: &Inner, selectors: &Selectors) -> Vec<Arc<Value>> {
+        self.matching_after(inner, selectors, None)
+    }
+
+    /// [`Self::matching`], only the objects whose `(namespace, name)` sorts after `after`.
+    pub(crate) fn matching_after(
+        &self,
+        inner: &Inner,
+        selectors: &Selectors,
+        after: Option<(&str, &str)>,
+    ) -> Vec<Arc<Value>> {
         let namespace = if self.rtype.namespaced {
             self.namespace.as_deref()
         } else {
             None
         };
         inner
-            .list(&self.rtype.storage_group, &self.rtype.plural, namespace)
+            .list(
+                &self.rtype.storage_group,
+                &self.rtype.plural,
+                namespace,
+                after,
+            )
             .into_iter()
             .filter(|o| selectors.matches(o))
             .collect()
     }
 
-    /// [`Self::matching`] as the store was at resourceVersion `rv`, or `Err(oldest)` when
-    /// that is compacted away.
+    /// [`Self::matching_after`] as the store was at resourceVersion `rv`, or `Err(oldest)`
+    /// when that is compacted away.
     pub(crate) fn matching_at(
         &self,
         inner: &Inner,
         selectors: &Selectors,
+        after: Option<(&str, &str)>,
         rv: u64,
     ) -> Result<Vec<Arc<Value>>, u64> {
         let namespace = if self.rtype.namespaced {
@@ -92,7 +108,13 @@ impl Target {
             None
         };
         Ok(inner
-            .list_at(&self.rtype.storage_group, &self.rtype.plural, namespace, rv)?
+            .list_at(
+                &self.rtype.storage_group,
+                &self.rtype.plural,
+                namespace,
+                after,
+                rv,
+            )?
             .into_iter()
             .filter(|o| selectors.matches(o))
             .collect())

@@ -1,7 +1,5 @@
 //! The reads: get one object, and list a collection page by page.
 
-use std::sync::Arc;
-
 use base64::Engine as _;
 use serde_json::{json, Value};
 
@@ -82,25 +80,17 @@ pub(crate) fn list(store: &Store, t: &Target, opts: &ListOptions) -> Result<List
         .map(decode_continue)
         .transpose()?;
     store.with(|inner| {
-        let (rv, snapshot) = match &after {
+        // Only what follows the cursor is read: a page costs what is left, not the whole list.
+        let (rv, matching) = match &after {
             None => (inner.current_rv(), t.matching(inner, &opts.selectors)),
             Some(after) => {
+                let cursor = Some((after.namespace.as_str(), after.name.as_str()));
                 let snapshot = t
-                    .matching_at(inner, &opts.selectors, after.rv)
+                    .matching_at(inner, &opts.selectors, cursor, after.rv)
                     .map_err(|_| ApiError::continue_expired())?;
                 (after.rv, snapshot)
             }
         };
-        let matching: Vec<Arc<Value>> = snapshot
-            .into_iter()
-            .filter(|o| match &after {
-                Some(after) => {
-                    (meta::namespace(o), meta::name(o))
-                        > (after.namespace.as_str(), after.name.as_str())
-                }
-                None => true,
-            })
-            .collect();
         let total = matching.len();
         let take = opts.limit.filter(|l| *l > 0).unwrap_or(total).min(total);
         let items: Vec<Value> = matching[..take]

@@ -200,3 +200,82 @@ async fn a_server_page_limit_caps_only_the_lists_that_ask_for_pages() {
         "a list without a limit is whole"
     );
 }
+
+#[tokio::test]
+async fn a_paged_list_serves_each_object_once_in_order_and_keeps_to_its_namespace() {
+    // Each page is read from its cursor on (a range of the store's key order, not a scan of
+    // every object): pages must still meet at namespace boundaries and stop at the end of
+    // the listed namespace, with other kinds stored around them.
+    let Some(env) = Env::fake_only("a_paged_list_serves_each_object_once_in_order").await else {
+        return;
+    };
+    let first = env.namespace.clone();
+    let second = format!("{first}-z");
+    let namespaces: Api<Namespace> = Api::all(env.client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": second}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    for namespace in [&first, &second] {
+        let maps: Api<ConfigMap> = Api::namespaced(env.client.clone(), namespace);
+        let secrets: Api<Secret> = Api::namespaced(env.client.clone(), namespace);
+        for name in ["m1", "m2", "m3"] {
+            let object = json!({"metadata": {"name": name}});
+            maps.create(
+                &PostParams::default(),
+                &serde_json::from_value(object.clone()).unwrap(),
+            )
+            .await
+            .unwrap();
+            secrets
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(object).unwrap(),
+                )
+                .await
+                .unwrap();
+        }
+    }
+    async fn pages(api: &Api<ConfigMap>, limit: u32) -> Vec<String> {
+        let mut params = ListParams::default().limit(limit);
+        let mut seen = Vec::new();
+        loop {
+            let page = api.list(&params).await.unwrap();
+            seen.extend(page.items.iter().map(|m| {
+                format!(
+                    "{}/{}",
+                    m.metadata.namespace.as_deref().unwrap_or_default(),
+                    m.metadata.name.as_deref().unwrap_or_default()
+                )
+            }));
+            match page.metadata.continue_.filter(|token| !token.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => return seen,
+            }
+        }
+    }
+    let in_first: Api<ConfigMap> = Api::namespaced(env.client.clone(), &first);
+    let everywhere: Api<ConfigMap> = Api::all(env.client.clone());
+    let want_first: Vec<String> = ["m1", "m2", "m3"]
+        .iter()
+        .map(|name| format!("{first}/{name}"))
+        .collect();
+    for limit in [1, 2, 3] {
+        assert_eq!(pages(&in_first, limit).await, want_first, "limit {limit}");
+        let all: Vec<String> = pages(&everywhere, limit)
+            .await
+            .into_iter()
+            .filter(|key| key.starts_with(&first))
+            .collect();
+        let mut want_all = want_first.clone();
+        want_all.extend(
+            ["m1", "m2", "m3"]
+                .iter()
+                .map(|name| format!("{second}/{name}")),
+        );
+        assert_eq!(all, want_all, "all namespaces, limit {limit}");
+    }
+}
