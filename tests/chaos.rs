@@ -25,6 +25,7 @@ mod chaos {
     pub mod history;
     pub mod processes;
     pub mod register;
+    mod seed_tests;
     pub mod workers;
 }
 

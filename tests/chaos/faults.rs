@@ -50,21 +50,55 @@ fn blocking<T>(work: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(work)
 }
 
+/// One fault as drawn: its kind and every parameter, from the seed alone (applying it draws
+/// nothing, so the schedule cannot depend on how the run went).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fault {
+    /// The wait before it.
+    pub gap: Duration,
+    /// Its name in the table (one of `KINDS`).
+    pub kind: &'static str,
+    /// How long a stopped process or paused server stays down.
+    pub down: Duration,
+    /// For injected errors: which path (0 claims, 1 locks, 2 the whole group) and how many.
+    pub target: u8,
+    pub count: usize,
+    /// For slow responses: how late, and for how long.
+    pub delay: Duration,
+    pub length: Duration,
+}
+
+/// The seeded sequence of faults; `with_mongo: false` turns MongoDB crashes into `FLUSHALL`s.
+pub fn schedule(seed: u64, with_mongo: bool) -> impl Iterator<Item = Fault> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0xfa17);
+    std::iter::from_fn(move || {
+        let gap = Duration::from_millis(rng.random_range(2_000..6_000));
+        let mut kind = KINDS[rng.random_range(0..KINDS.len())];
+        if kind.starts_with("MongoDB") && !with_mongo {
+            kind = "Redis FLUSHALL";
+        }
+        Some(Fault {
+            gap,
+            kind,
+            down: Duration::from_millis(rng.random_range(1_000..3_000)),
+            target: rng.random_range(0..3),
+            count: rng.random_range(2..8),
+            delay: Duration::from_millis(rng.random_range(200..1_500)),
+            length: Duration::from_millis(rng.random_range(2_000..10_000)),
+        })
+    })
+}
+
 impl Targets<'_> {
-    /// Draws and applies faults until `until`; every fault is healed when this returns.
+    /// Applies the faults of `seed`'s schedule until `until`; every fault is healed when this
+    /// returns.
     pub async fn run_schedule(&mut self, seed: u64, until: Instant) {
-        let mut rng = StdRng::seed_from_u64(seed ^ 0xfa17);
-        while Instant::now() < until {
-            let gap = rng.random_range(2_000..6_000);
-            tokio::time::sleep(Duration::from_millis(gap)).await;
-            if Instant::now() >= until {
+        for fault in schedule(seed, self.mongo.is_some()) {
+            if Instant::now() + fault.gap >= until {
                 break;
             }
-            let mut kind = KINDS[rng.random_range(0..KINDS.len())];
-            if kind.starts_with("MongoDB") && self.mongo.is_none() {
-                kind = "Redis FLUSHALL";
-            }
-            self.apply(kind, &mut rng).await;
+            tokio::time::sleep(fault.gap).await;
+            self.apply(&fault).await;
         }
     }
 
@@ -83,8 +117,8 @@ impl Targets<'_> {
             .find(|replica| (replica.identity == leader) == leading)
     }
 
-    async fn apply(&mut self, kind: &str, rng: &mut StdRng) {
-        let down = Duration::from_millis(rng.random_range(1_000..3_000));
+    async fn apply(&mut self, fault: &Fault) {
+        let (kind, down) = (fault.kind, fault.down);
         let claims_path = format!(
             "/apis/turnstile.dev/v1alpha1/namespaces/{}/",
             self.namespace
@@ -127,12 +161,12 @@ impl Targets<'_> {
             | "injected 500 InternalError"
             | "injected 429 TooManyRequests" => {
                 let status = kind["injected ".len()..][..3].parse().expect("status");
-                let target = match rng.random_range(0..3) {
+                let target = match fault.target {
                     0 => format!("{claims_path}lockclaims"),
                     1 => format!("{claims_path}distributedlocks"),
                     _ => claims_path.clone(),
                 };
-                let count = rng.random_range(2..8);
+                let count = fault.count;
                 self.fake.inject_faults(&target, count, status);
                 self.log(kind, format!("next {count} writes under {target}"));
             }
@@ -140,8 +174,7 @@ impl Targets<'_> {
                 // A spell of time, not a count of requests: with a count, one client's
                 // sequential requests (a re-list's hundreds of pages) soaked up the whole
                 // slowness meant for every client, and the leader was blind for up to 45 s.
-                let delay = Duration::from_millis(rng.random_range(200..1_500));
-                let length = Duration::from_millis(rng.random_range(2_000..10_000));
+                let (delay, length) = (fault.delay, fault.length);
                 self.fake.slow_down(&claims_path, length, delay);
                 self.log(
                     kind,

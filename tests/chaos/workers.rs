@@ -85,21 +85,62 @@ fn never(_: &kube::Error) -> bool {
     false
 }
 
+/// One job's choices, drawn whole before it starts: the seed decides them, however the job
+/// goes (a job that gives up early draws no less).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Choices {
+    /// A Pod owns the claim (it ends with the Pod), or it is a plain claim (renewed).
+    pub pod_owned: bool,
+    /// A plain claim's worker stops renewing and sleeps past its lease before it writes.
+    pub pause: bool,
+    /// How long it holds (or, paused, sleeps), in milliseconds.
+    pub hold_ms: u64,
+    /// Delete (the claim, or its Pod) rather than release (or finish the Pod).
+    pub delete: bool,
+    /// The wait before the next job, in milliseconds.
+    pub gap_ms: u64,
+}
+
+/// The seeded choices of one worker's jobs, for a lock of `lease_ms`.
+pub fn choices(
+    seed: u64,
+    pod_share: f64,
+    pause_share: f64,
+    lease_ms: u64,
+) -> impl Iterator<Item = Choices> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    std::iter::from_fn(move || {
+        let pod_owned = rng.random_bool(pod_share);
+        let pause = rng.random_bool(pause_share) && !pod_owned;
+        let paused_ms = lease_ms + rng.random_range(4_000..6_000);
+        let held_ms = rng.random_range(50..lease_ms * 3 / 2);
+        Some(Choices {
+            pod_owned,
+            pause,
+            hold_ms: if pause { paused_ms } else { held_ms },
+            delete: rng.random_bool(0.5),
+            gap_ms: rng.random_range(0..400),
+        })
+    })
+}
+
 impl Workload {
     /// Runs jobs one after another until `until`.
     pub async fn run_worker(self, seed: u64, until: Instant) {
-        let mut rng = StdRng::seed_from_u64(seed);
-        while Instant::now() < until {
-            self.job(&mut rng).await;
-            let gap = rng.random_range(0..400);
-            tokio::time::sleep(Duration::from_millis(gap)).await;
+        let lease_ms = (self.lease_seconds * 1000) as u64;
+        for choices in choices(seed, self.pod_share, self.pause_share, lease_ms) {
+            if Instant::now() >= until {
+                break;
+            }
+            self.job(&choices).await;
+            tokio::time::sleep(Duration::from_millis(choices.gap_ms)).await;
         }
     }
 
-    async fn job(&self, rng: &mut StdRng) {
+    async fn job(&self, choices: &Choices) {
         let seq = self.seq.fetch_add(1, Ordering::SeqCst);
         let name = format!("{}-{seq:05}", self.lock);
-        let pod_owned = rng.random_bool(self.pod_share);
+        let pod_owned = choices.pod_owned;
         let Some(claim) = self.create(&name, pod_owned).await else {
             return;
         };
@@ -120,23 +161,21 @@ impl Workload {
             claim: claim.clone(),
             token,
         });
-        let pause = !pod_owned && rng.random_bool(self.pause_share);
-        let lease_ms = (self.lease_seconds * 1000) as u64;
+        let pause = choices.pause;
         let renewer = (!pod_owned).then(|| self.renew_while_held(&claim));
         let read = self.register.as_ref().and_then(|r| r.read(&claim, token));
         if pause {
             if let Some(renewer) = &renewer {
                 renewer.abort();
             }
-            let sleep = lease_ms + rng.random_range(4_000..6_000);
+            let sleep = choices.hold_ms;
             self.history.record(Event::Fault {
                 kind: "worker paused past its lease".into(),
                 detail: format!("{claim} sleeps {sleep} ms without renewing"),
             });
             tokio::time::sleep(Duration::from_millis(sleep)).await;
         } else {
-            let hold = rng.random_range(50..lease_ms * 3 / 2);
-            tokio::time::sleep(Duration::from_millis(hold)).await;
+            tokio::time::sleep(Duration::from_millis(choices.hold_ms)).await;
         }
         if let (Some(register), Some(read)) = (&self.register, read) {
             register.write_next(&claim, token, read);
@@ -144,7 +183,7 @@ impl Workload {
         if let Some(renewer) = renewer {
             renewer.abort();
         }
-        self.end(&claim, pod_owned, rng).await;
+        self.end(&claim, pod_owned, choices.delete).await;
     }
 
     /// Creates the claim (and its Running Pod); returns its name.
@@ -228,8 +267,8 @@ impl Workload {
         })
     }
 
-    async fn end(&self, claim: &str, pod_owned: bool, rng: &mut StdRng) {
-        let ending = match (pod_owned, rng.random_bool(0.5)) {
+    async fn end(&self, claim: &str, pod_owned: bool, delete: bool) {
+        let ending = match (pod_owned, delete) {
             (false, true) => Ending::Delete,
             (false, false) => Ending::Release,
             (true, true) => Ending::PodSucceeded,

@@ -189,6 +189,18 @@ pub struct FirstLock<'a> {
     pub terms: CallTerms,
 }
 
+impl FirstLock<'_> {
+    /// Gives `owner`'s grant on the first lock back; `involuntary` as at the end of a lease
+    /// (its lock-delay starts). A grant not given back now is given back by a later pass.
+    async fn release(&self, owner: &str, involuntary: bool) {
+        let release = BackendOp::Release {
+            owner: owner.to_owned(),
+            involuntary,
+        };
+        let _ = perform(self.backend, self.key, self.terms, &release).await;
+    }
+}
+
 /// Fills in what the pass of `lock` needs about its claims on several locks, before it plans:
 /// for those it is first for, the other locks ([`MemberLock`]: do they exist, would they
 /// admit the claim, do their backends hold its grant) and the shortest lease and maximum hold
@@ -305,11 +317,7 @@ impl MemberGrants {
                             // A part not given back now is given back by the next pass.
                             let _ = part.release(owner).await;
                         }
-                        let release = BackendOp::Release {
-                            owner: owner.clone(),
-                            involuntary: false,
-                        };
-                        let _ = perform(first.backend, first.key, first.terms, &release).await;
+                        first.release(owner, false).await;
                         return refusal;
                     }
                 }
@@ -330,11 +338,7 @@ impl MemberGrants {
                         // lock's grant, just taken back, goes too, as at the end of a lease
                         // (its lock-delay starts); the parts retaken so far are given back
                         // after the fold.
-                        let release = BackendOp::Release {
-                            owner: owner.clone(),
-                            involuntary: true,
-                        };
-                        let _ = perform(first.backend, first.key, first.terms, &release).await;
+                        first.release(owner, true).await;
                         return refusal;
                     }
                 }
