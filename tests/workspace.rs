@@ -122,3 +122,45 @@ fn ci_runs_the_readmes_test_command_and_nothing_else() {
         );
     }
 }
+
+/// What `.ci/install` promises to leave behind, checked where it ran (`CI=true`): every tool
+/// the suite needs on `PATH`, and no Prometheus server running (the package is there only
+/// for promtool, installed with service starts denied).
+#[test]
+fn ci_install_leaves_every_tool_on_path_and_no_prometheus_running() {
+    const TEST: &str = "ci_install_leaves_every_tool_on_path_and_no_prometheus_running";
+    if !test_servers::under_ci() {
+        println!("skipped {TEST}: it checks a machine `.ci/install` set up (CI=true)");
+        return;
+    }
+    for tool in [
+        "redis-server",
+        "redis-cli",
+        "openssl",
+        "kubectl",
+        "promtool",
+        "kubernetes-validate",
+        "checkov",
+    ] {
+        // Under CI a missing tool fails here, naming it.
+        test_servers::tool_or_skip(tool, TEST, "`bash .ci/install` installs it");
+    }
+    let on_path = |name: &str| {
+        std::env::var_os("PATH")
+            .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(name).is_file()))
+    };
+    assert!(
+        on_path("secantusd-rs") || on_path("secantusd-py"),
+        "no MongoDB test server (secantusd-rs or secantusd-py) on PATH"
+    );
+    let prometheus: Vec<PathBuf> = std::fs::read_dir("/proc")
+        .expect("read /proc")
+        .flatten()
+        .map(|entry| entry.path().join("comm"))
+        .filter(|comm| std::fs::read_to_string(comm).is_ok_and(|name| name.trim() == "prometheus"))
+        .collect();
+    assert!(
+        prometheus.is_empty(),
+        "a Prometheus server runs: {prometheus:?}"
+    );
+}

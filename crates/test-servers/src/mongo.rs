@@ -101,6 +101,18 @@ impl Launch {
     }
 }
 
+/// What a failed start means for a test: no server binary installed skips it, except under
+/// `CI=true` (where `.ci/install` put one there); any other failure fails it.
+fn unavailable(error: io::Error, ci: bool) -> Unavailable {
+    if error.kind() == io::ErrorKind::NotFound && !ci {
+        Unavailable::Skip(format!(
+            "no MongoDB test server: set MONGODB_URI or install secantusd-rs (.ci/install): {error}"
+        ))
+    } else {
+        Unavailable::Fail(error)
+    }
+}
+
 /// Why no server is available for a test.
 #[derive(Debug)]
 pub enum Unavailable {
@@ -116,15 +128,8 @@ impl MongoServer {
     /// give each test its own database). Returns [`Unavailable::Skip`] when no server binary
     /// is installed, unless `CI=true`.
     pub fn for_tests() -> Result<Arc<MongoServer>, Unavailable> {
-        if let Some(uri) = std::env::var("MONGODB_URI")
-            .ok()
-            .filter(|uri| !uri.is_empty())
-        {
-            return Ok(Arc::new(MongoServer {
-                process: None,
-                uri,
-                launch: None,
-            }));
+        if let Some(external) = Self::external(std::env::var("MONGODB_URI").ok()) {
+            return Ok(Arc::new(external));
         }
         static SHARED: Mutex<Weak<MongoServer>> = Mutex::new(Weak::new());
         let mut shared = SHARED
@@ -133,17 +138,20 @@ impl MongoServer {
         if let Some(server) = shared.upgrade() {
             return Ok(server);
         }
-        let server = match Self::start(MongoFlavor::ReplicaSet) {
-            Ok(server) => Arc::new(server),
-            Err(error) if error.kind() == io::ErrorKind::NotFound && !under_ci() => {
-                return Err(Unavailable::Skip(format!(
-                    "no MongoDB test server: set MONGODB_URI or install secantusd-rs (.ci/install): {error}"
-                )))
-            }
-            Err(error) => return Err(Unavailable::Fail(error)),
-        };
+        let server = Arc::new(
+            Self::start(MongoFlavor::ReplicaSet).map_err(|error| unavailable(error, under_ci()))?,
+        );
         *shared = Arc::downgrade(&server);
         Ok(server)
+    }
+
+    /// The server a non-empty `MONGODB_URI` names (never started nor stopped here).
+    fn external(uri: Option<String>) -> Option<MongoServer> {
+        uri.filter(|uri| !uri.is_empty()).map(|uri| MongoServer {
+            process: None,
+            uri,
+            launch: None,
+        })
     }
 
     /// [`Self::for_tests`] for a test body: the server, or `None` after one `skipped:` line
@@ -390,6 +398,35 @@ fn reply_is_ok(body: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mongodb_uri_else_the_test_server_else_a_skip_that_fails_under_ci() {
+        let external = MongoServer::external(Some("mongodb://db.example:27017/".into()))
+            .expect("a URI names the server");
+        assert_eq!(external.uri(), "mongodb://db.example:27017/");
+        assert!(
+            external.process.is_none(),
+            "an external server is never stopped"
+        );
+        assert!(
+            MongoServer::external(Some(String::new())).is_none(),
+            "empty: start ours"
+        );
+        assert!(MongoServer::external(None).is_none());
+        let missing = || io::Error::new(io::ErrorKind::NotFound, "secantusd-rs");
+        assert!(
+            matches!(unavailable(missing(), false), Unavailable::Skip(why) if why.contains("MONGODB_URI"))
+        );
+        assert!(
+            matches!(unavailable(missing(), true), Unavailable::Fail(_)),
+            "under CI"
+        );
+        let broken = io::Error::other("exited at once");
+        assert!(
+            matches!(unavailable(broken, false), Unavailable::Fail(_)),
+            "a server that fails"
+        );
+    }
 
     fn start_or_skip(flavor: MongoFlavor) -> Option<MongoServer> {
         match MongoServer::start(flavor) {

@@ -242,6 +242,44 @@ mod tests {
     use super::*;
 
     #[test]
+    fn without_a_ca_file_the_server_is_checked_against_mozillas_roots() {
+        // No root certificate of ours (with or without a client certificate): redis' rustls
+        // client then verifies the server against its built-in store, which this crate
+        // builds as webpki-roots (Mozilla's), never as the no-verification "insecure" one.
+        // (That it does verify: `lock_redis_modes::a_server_certificate_from_another_ca_…`.)
+        let plain = RedisBackendConfig::new("rediss://h:6380/0");
+        assert!(plain.tls_certificates().expect("no file to read").is_none());
+        let dir = std::env::temp_dir().join(format!("turnstile-roots-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let (cert, key) = (dir.join("client.pem"), dir.join("client.key"));
+        std::fs::write(&cert, "cert").expect("write");
+        std::fs::write(&key, "key").expect("write");
+        let mutual = RedisBackendConfig::new("rediss://h:6380/0").client_cert(&cert, &key);
+        let certificates = mutual.tls_certificates().expect("readable").expect("some");
+        assert!(
+            certificates.root_cert.is_none(),
+            "no CA file, no roots of ours"
+        );
+        let with_ca = RedisBackendConfig::new("rediss://h:6380/0").ca_file(&cert);
+        let certificates = with_ca.tls_certificates().expect("readable").expect("some");
+        assert_eq!(
+            certificates.root_cert.as_deref(),
+            Some(&b"cert"[..]),
+            "the CA file replaces them"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        let manifest = include_str!("../../../Cargo.toml");
+        assert!(
+            manifest.contains("\"tls-rustls-webpki-roots\""),
+            "redis built with Mozilla's roots"
+        );
+        assert!(
+            !manifest.contains("insecure"),
+            "and never without verification"
+        );
+    }
+
+    #[test]
     fn replica_acks_come_out_of_the_url_query() {
         let mut config = RedisBackendConfig::new(
             "redis+sentinel://s1:26379/m?protocol=resp3&min_replica_acks=2&replica_ack_timeout_ms=250",
