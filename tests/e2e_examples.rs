@@ -31,10 +31,12 @@
 
 mod e2e_support;
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use e2e_support::actor::tagged_client;
 use e2e_support::jobs::{finish_job, is_suspended, jobs, wait_job};
 use e2e_support::{phase_of, position_of, token_of, Env, WAIT};
 use k8s_openapi::api::batch::v1::Job;
@@ -396,6 +398,34 @@ async fn the_priority_example_serves_the_hotfix_first() {
 }
 
 /// Starts an init container for Pod `pod` with uid `uid`; returns it and its token file.
+/// The stock-kubectl init container's script as written, run as Pod `pod` (`uid`), with the
+/// token file on a scratch path instead of the volume. Returns the process and that path.
+fn spawn_kubectl_wait_script(
+    scratch: &Scratch,
+    init: &Value,
+    pod: &str,
+    uid: &str,
+) -> (tokio::process::Child, PathBuf) {
+    let token_file = scratch.file(&format!("{pod}.token"));
+    let script = init["args"][0]
+        .as_str()
+        .expect("script")
+        .replace("/turnstile/token", &token_file.display().to_string());
+    let child = Command::new("/bin/bash")
+        .arg("-c")
+        .arg(script)
+        .env("POD_NAME", pod)
+        .env("POD_UID", uid)
+        .env("KUBECONFIG", &scratch.kubeconfig)
+        .env("KUBECACHEDIR", scratch.cache_dir())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run the init script");
+    (child, token_file)
+}
+
 type SpawnInit<'a> = dyn Fn(&str, &str) -> (tokio::process::Child, PathBuf) + 'a;
 
 /// The first Pod of `job`: created, its init container run to success. Returns the Pod's uid,
@@ -468,27 +498,7 @@ async fn the_kubectl_wait_job_example_gates_its_pods_one_at_a_time() {
     let init = init_container(&docs, "nightly-report");
     assert_eq!(init["command"], json!(["/bin/bash", "-c"]));
 
-    // The script as written, with the token file on a scratch path instead of the volume.
-    let spawn_init = |pod: &str, uid: &str| {
-        let token_file = scratch.file(&format!("{pod}.token"));
-        let script = init["args"][0]
-            .as_str()
-            .expect("script")
-            .replace("/turnstile/token", &token_file.display().to_string());
-        let child = Command::new("/bin/bash")
-            .arg("-c")
-            .arg(script)
-            .env("POD_NAME", pod)
-            .env("POD_UID", uid)
-            .env("KUBECONFIG", &scratch.kubeconfig)
-            .env("KUBECACHEDIR", scratch.cache_dir())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("run the init script");
-        (child, token_file)
-    };
+    let spawn_init = |pod: &str, uid: &str| spawn_kubectl_wait_script(&scratch, init, pod, uid);
 
     let first = "nightly-report-aaaaa";
     let (_, claim, stdout) =
@@ -936,4 +946,144 @@ async fn the_cronjobs_example_never_runs_two_jobs_at_once() {
     let expected: Vec<Option<String>> = (1..=4).map(|t| Some(t.to_string())).collect();
     assert_eq!(tokens, expected, "one after the other, tokens increasing");
     env.stop_controller().await;
+}
+
+/// The verbs `role` (a Role in `docs`) grants on `lockclaims`.
+fn lockclaim_verbs(docs: &[Value], role: &str) -> BTreeSet<String> {
+    let role = docs
+        .iter()
+        .find(|doc| doc["kind"] == "Role" && doc["metadata"]["name"] == role)
+        .expect("the Role");
+    role["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .filter(|rule| rule["resources"] == json!(["lockclaims"]))
+        .flat_map(|rule| rule["verbs"].as_array().expect("verbs").clone())
+        .map(|verb| verb.as_str().expect("a verb").to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubectl_wait_script_uses_exactly_the_verbs_of_its_role() {
+    // No controller: the test plays it (and the kubelet) through a client of its own, so
+    // every other request in the fake's log is the script's kubectl.
+    let Some(env) = Env::fake_only("the_kubectl_wait_script_uses_exactly_the_verbs").await else {
+        return;
+    };
+    let scratch = Scratch::new(&env);
+    let docs = documents(&example("kubectl-wait-job.yaml"));
+    let init = init_container(&docs, "nightly-report");
+    let as_test = tagged_client(env.server(), "test");
+    let claims: Api<LockClaim> = Api::namespaced(as_test.clone(), &env.namespace);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "nightly-report-aaaaa"},
+        "spec": {"containers": [{"name": "report", "image": "busybox"}]}
+    }))
+    .expect("pod");
+    let pod = Api::<Pod>::namespaced(as_test, &env.namespace)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    let (name, uid) = (pod.metadata.name.unwrap(), pod.metadata.uid.unwrap());
+    let claim = format!("{name}-{LOCK}");
+    env.server().clear_request_log();
+
+    let (waiting, token_file) = spawn_kubectl_wait_script(&scratch, init, &name, &uid);
+    let deadline = Instant::now() + WAIT;
+    while claims.get_opt(&claim).await.expect("get claim").is_none() {
+        assert!(Instant::now() < deadline, "the script created no claim");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let held = json!({"status": {"phase": "Held", "fencingToken": 5, "conditions": [{
+        "type": turnstile_api::HELD_CONDITION, "status": "True",
+        "reason": turnstile_api::reasons::ACQUIRED, "message": "granted",
+        "lastTransitionTime": now}]}});
+    claims
+        .patch_status(&claim, &PatchParams::default(), &Patch::Merge(&held))
+        .await
+        .expect("mark held");
+    let (code, stdout, stderr) = finished(waiting).await;
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert_eq!(std::fs::read_to_string(&token_file).expect("token"), "5");
+    // Restarted (restartPolicy: OnFailure): the same claim is applied again, found Held.
+    let (again, _) = spawn_kubectl_wait_script(&scratch, init, &name, &uid);
+    let (code, stdout, stderr) = finished(again).await;
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+
+    let log = env.server().request_log();
+    let script: Vec<_> = log
+        .into_iter()
+        .filter(|request| !e2e_support::actor::sent_by(request, "test"))
+        .collect();
+    let used = fake_apiserver::rbac_summary(&script);
+    let on_claims = used
+        .get(&("turnstile.dev".to_owned(), "lockclaims".to_owned()))
+        .cloned()
+        .unwrap_or_default();
+    let granted = lockclaim_verbs(&docs, "turnstile-kubectl-wait");
+    assert_eq!(
+        used.keys().filter(|(group, _)| group != "").count(),
+        1,
+        "nothing but lockclaims: {used:?}"
+    );
+    let readme: BTreeSet<String> = ["get", "list", "watch", "create"].map(String::from).into();
+    assert_eq!(
+        on_claims, readme,
+        "what the script used, against the README's list"
+    );
+    assert_eq!(granted, readme, "the example's Role");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_or_expired_claim_leaves_kubectl_wait_waiting_until_its_timeout() {
+    // kubectl wait knows only "Held or not yet": the README's caveat, shown.
+    let Some(env) = Env::fake_only("a_failed_or_expired_claim_leaves_kubectl_wait").await else {
+        return;
+    };
+    let scratch = Scratch::new(&env);
+    let claims: Api<LockClaim> = Api::namespaced(env.client.clone(), &env.namespace);
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    for (name, phase, reason) in [
+        (
+            "timed-out",
+            "Failed",
+            turnstile_api::reasons::ACQUIRE_TIMEOUT,
+        ),
+        ("ran-out", "Expired", turnstile_api::reasons::LEASE_EXPIRED),
+    ] {
+        let claim: LockClaim =
+            serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"lockName": LOCK}}))
+                .expect("claim");
+        claims
+            .create(&PostParams::default(), &claim)
+            .await
+            .expect("create");
+        let ended = json!({"status": {"phase": phase, "reason": reason, "conditions": [{
+            "type": turnstile_api::HELD_CONDITION, "status": "False", "reason": reason,
+            "message": "ended", "lastTransitionTime": now}]}});
+        claims
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&ended))
+            .await
+            .expect("end the claim");
+        let started = Instant::now();
+        let output = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&scratch.kubeconfig)
+            .arg("--cache-dir")
+            .arg(scratch.cache_dir())
+            .args(["wait", "--for=condition=Held", &format!("lockclaim/{name}")])
+            .arg("--timeout=2s")
+            .output()
+            .await
+            .expect("kubectl wait");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{phase}: {stderr}");
+        assert!(stderr.contains("timed out"), "{phase}: {stderr}");
+        assert!(
+            started.elapsed() >= Duration::from_secs(2),
+            "{phase}: it waited out the timeout"
+        );
+    }
 }
