@@ -2,7 +2,9 @@
 //! `redis-server --sentinel` processes with generated config files, all on free 127.0.0.1
 //! ports, each in its own temporary directory, stopped by PID on drop. With TLS
 //! ([`RedisSentinel::start_tls`]) every process also listens on a TLS port, and replication
-//! and the sentinels' own connections use TLS with client certificates.
+//! and the sentinels' own connections use TLS with client certificates. With a password
+//! ([`RedisSentinel::start_with_password`]) the data nodes require it (replication and the
+//! sentinels authenticate with it) and the sentinels themselves do not.
 
 use std::io;
 use std::path::Path;
@@ -15,7 +17,7 @@ use tempfile::TempDir;
 use crate::process::{free_port, shared_instance, wait_until, ServerProcess};
 use crate::redis::{
     add_ephemeral_args, add_settings, command_on, redis_server_binary, retry_start,
-    tls_peer_settings, wait_for_pong, TlsFiles,
+    tls_peer_settings, wait_for_pong, wait_ready, TlsFiles,
 };
 
 /// The name the sentinels monitor the master under.
@@ -34,12 +36,14 @@ struct Node {
     port: u16,
     /// The port clients and the sentinels use: the TLS port with TLS, else `port`.
     client_port: u16,
+    /// What the node requires (`requirepass`), if anything.
+    password: Option<String>,
     _dir: TempDir,
 }
 
 impl Node {
     fn command(&self, args: &[&str]) -> io::Result<String> {
-        command_on(self.port, None, args)
+        command_on(self.port, self.password.as_deref(), args)
     }
 }
 
@@ -59,7 +63,14 @@ impl RedisSentinel {
     /// Starts the master, the replica (waits for its link to be up), the three sentinels, and
     /// waits until every sentinel knows the replica and the two other sentinels.
     pub fn start() -> io::Result<Self> {
-        Self::start_with_tls(None)
+        Self::start_with(None, None)
+    }
+
+    /// As [`Self::start`], the data nodes requiring `password` (`requirepass`, and
+    /// `masterauth` for replication; the sentinels' `auth-pass`); the sentinels require
+    /// nothing. [`Self::url`] carries no credentials: a client adds them.
+    pub fn start_with_password(password: &str) -> io::Result<Self> {
+        Self::start_with(None, Some(password))
     }
 
     /// As [`Self::start`], every process also on a TLS port (certificates generated for this
@@ -67,16 +78,16 @@ impl RedisSentinel {
     /// data nodes over TLS (`rediss+sentinel://…`), replication and the sentinels' own
     /// connections use TLS too. The tests' own commands use the plain ports.
     pub fn start_tls() -> io::Result<Self> {
-        Self::start_with_tls(Some(TlsFiles::generate_in_new_dir(
-            "turnstile-redis-sentinel-tls-",
-        )?))
+        let files = TlsFiles::generate_in_new_dir("turnstile-redis-sentinel-tls-")?;
+        Self::start_with(Some(files), None)
     }
 
-    fn start_with_tls(tls: Option<(TempDir, TlsFiles)>) -> io::Result<Self> {
+    fn start_with(tls: Option<(TempDir, TlsFiles)>, password: Option<&str>) -> io::Result<Self> {
         let binary = redis_server_binary();
         let files = tls.as_ref().map(|(_, files)| files);
-        let master = retry_start(|| start_data_node(&binary, None, files))?;
-        let replica = retry_start(|| start_data_node(&binary, Some(master.client_port), files))?;
+        let master = retry_start(|| start_data_node(&binary, None, files, password))?;
+        let replica =
+            retry_start(|| start_data_node(&binary, Some(master.client_port), files, password))?;
         let linked = wait_until(READY_TIMEOUT, || {
             replica
                 .command(&["INFO", "replication"])
@@ -88,7 +99,7 @@ impl RedisSentinel {
         let mut sentinels = Vec::with_capacity(SENTINELS);
         for _ in 0..SENTINELS {
             sentinels.push(retry_start(|| {
-                start_sentinel(&binary, master.client_port, files)
+                start_sentinel(&binary, master.client_port, files, password)
             })?);
         }
         let ready = wait_until(READY_TIMEOUT, || {
@@ -262,8 +273,13 @@ impl RedisSentinel {
     }
 }
 
-/// A data node; a replica of `master` if given.
-fn start_data_node(binary: &Path, master: Option<u16>, tls: Option<&TlsFiles>) -> io::Result<Node> {
+/// A data node; a replica of `master` if given; requiring `password` if given.
+fn start_data_node(
+    binary: &Path,
+    master: Option<u16>,
+    tls: Option<&TlsFiles>,
+    password: Option<&str>,
+) -> io::Result<Node> {
     let dir = tempfile::Builder::new()
         .prefix("turnstile-redis-sentinel-data-")
         .tempdir()?;
@@ -288,19 +304,35 @@ fn start_data_node(binary: &Path, master: Option<u16>, tls: Option<&TlsFiles>) -
             .arg("127.0.0.1")
             .arg(master.to_string());
     }
+    if let Some(password) = password {
+        // Either node may be the master, so each authenticates to the other with it too.
+        command
+            .arg("--requirepass")
+            .arg(password)
+            .arg("--masterauth")
+            .arg(password);
+    }
     let mut process = ServerProcess::spawn(command)?;
-    wait_for_pong(&mut process, port, "redis-server")?;
+    wait_ready(&mut process, port, "redis-server", || {
+        command_on(port, password, &["PING"]).is_ok_and(|reply| reply == "+PONG\r\n")
+    })?;
     Ok(Node {
         process: Mutex::new(process),
         port,
         client_port,
+        password: password.map(str::to_owned),
         _dir: dir,
     })
 }
 
-/// A sentinel monitoring the master on `master`, its config file in its own directory (the
-/// sentinel rewrites it).
-fn start_sentinel(binary: &Path, master: u16, tls: Option<&TlsFiles>) -> io::Result<Node> {
+/// A sentinel monitoring the master on `master` (which requires `password`, if given), its
+/// config file in its own directory (the sentinel rewrites it).
+fn start_sentinel(
+    binary: &Path,
+    master: u16,
+    tls: Option<&TlsFiles>,
+    password: Option<&str>,
+) -> io::Result<Node> {
     let dir = tempfile::Builder::new()
         .prefix("turnstile-redis-sentinel-")
         .tempdir()?;
@@ -316,6 +348,10 @@ fn start_sentinel(binary: &Path, master: u16, tls: Option<&TlsFiles>) -> io::Res
             .collect(),
         None => String::new(),
     };
+    let auth_line = match password {
+        Some(password) => format!("sentinel auth-pass {MASTER_NAME} {password}\n"),
+        None => String::new(),
+    };
     let config = dir.path().join("sentinel.conf");
     std::fs::write(
         &config,
@@ -329,6 +365,7 @@ fn start_sentinel(binary: &Path, master: u16, tls: Option<&TlsFiles>) -> io::Res
              sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
              sentinel failover-timeout {MASTER_NAME} 10000\n\
              sentinel parallel-syncs {MASTER_NAME} 1\n\
+             {auth_line}\
              {tls_lines}",
             dir = dir.path().display(),
         ),
@@ -341,6 +378,7 @@ fn start_sentinel(binary: &Path, master: u16, tls: Option<&TlsFiles>) -> io::Res
         process: Mutex::new(process),
         port,
         client_port,
+        password: None,
         _dir: dir,
     })
 }

@@ -10,6 +10,8 @@
 //!   `min_replica_acks(1, …)` both counts must be zero; without, they are recorded;
 //! - `rediss+sentinel://` with mutual TLS to the sentinels and the data nodes, through a
 //!   failover.
+//! - a password-protected master and replica behind unprotected sentinels: the URL's
+//!   password reaches the data nodes (the sentinels are asked without it).
 //! - after a failover, a waiter's wake-up channel is subscribed on the new master and a
 //!   release hands the lock over by push.
 
@@ -537,4 +539,62 @@ async fn the_pubsub_connection_follows_the_failover_and_still_hands_over() {
         "{:?}",
         released_at.elapsed()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_urls_password_goes_to_a_protected_master_and_not_to_the_sentinels() {
+    let setup = tokio::task::spawn_blocking(|| RedisSentinel::start_with_password("s3cret"))
+        .await
+        .expect("launcher thread")
+        .expect("password-protected Redis Sentinel setup starts");
+    // The sentinels require no password: had the client sent it to them, they would refuse
+    // the AUTH ("AUTH <password> called without any password configured").
+    let with_password = setup.url().replace("sentinel://", "sentinel://:s3cret@");
+    let backend = RedisBackend::connect(RedisBackendConfig::new(&with_password).key_prefix("pw:"))
+        .await
+        .expect("connect with the data nodes' password");
+    let locker = Locker::new(backend);
+    let lock = locker
+        .lock("k", Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("acquire on the protected master");
+    assert_eq!(lock.fencing_token(), 1);
+    let master = setup.master_port().expect("master");
+    assert_eq!(
+        setup
+            .node_command(master, &["ZCARD", "pw:{k}:holders"])
+            .expect("ZCARD"),
+        ":1\r\n",
+        "the grant is on the protected master"
+    );
+    lock.release().await.expect("release");
+
+    // Without the password the master refuses: a clear error, not a grant.
+    let refused = match RedisBackend::connect(RedisBackendConfig::new(setup.url())).await {
+        Err(error) => error,
+        Ok(backend) => {
+            let request = AcquireRequest::new(
+                "k2",
+                "me",
+                Duration::from_secs(5),
+                1,
+                AcquireMode::Try,
+                Duration::from_secs(5),
+            );
+            backend
+                .acquire(&request)
+                .await
+                .expect_err("no password, no grant")
+        }
+    };
+    assert!(refused.is_backend_unavailable(), "{refused}");
+    // The cause travels in the error's chain, as the CLI prints it.
+    let mut chain = refused.to_string();
+    let mut source = std::error::Error::source(&refused);
+    while let Some(cause) = source {
+        chain.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    assert!(chain.contains("NOAUTH"), "{chain}");
 }
