@@ -63,7 +63,7 @@ impl Fixture {
 
     /// `turnstile lock --backend URL KEY ARGS… -- sh -c SCRIPT`, run in the directory.
     fn lock(&self, key: &str, args: &[&str], script: &str) -> Child {
-        spawn_lock(&self.url, key, args, script, &self.dir)
+        spawn_lock(&self.url, key, args, script, &self.dir, Stdio::null())
     }
 
     /// Runs `turnstile lock` to the end.
@@ -126,8 +126,15 @@ impl Fixture {
     }
 }
 
-/// `turnstile lock --backend URL KEY ARGS… -- sh -c SCRIPT`, run in `dir`.
-fn spawn_lock(url: &str, key: &str, args: &[&str], script: &str, dir: &TempDir) -> Child {
+/// `turnstile lock --backend URL KEY ARGS… -- sh -c SCRIPT`, run in `dir` with `stdin`.
+fn spawn_lock(
+    url: &str,
+    key: &str,
+    args: &[&str],
+    script: &str,
+    dir: &TempDir,
+    stdin: Stdio,
+) -> Child {
     Command::new(env!("CARGO_BIN_EXE_turnstile"))
         .arg("lock")
         .args(["--backend", url, key])
@@ -135,7 +142,7 @@ fn spawn_lock(url: &str, key: &str, args: &[&str], script: &str, dir: &TempDir) 
         .args(["--", "sh", "-c", script])
         .current_dir(dir.path())
         .env_remove("TURNSTILE_BACKEND_URL")
-        .stdin(Stdio::null())
+        .stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
@@ -489,6 +496,72 @@ async fn a_lost_lock_stops_the_command_and_what_it_started() {
     assert!(!fx.path("survived").exists());
 }
 
+/// The process group of `pid` (field 5 of `/proc/PID/stat`).
+fn process_group(pid: i32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let (_, rest) = stat.rsplit_once(')').expect("stat fields");
+    rest.split_whitespace()
+        .nth(2)
+        .expect("pgrp")
+        .parse()
+        .expect("a number")
+}
+
+#[tokio::test]
+async fn on_a_terminal_the_command_stays_in_turnstiles_group_and_only_it_is_signalled() {
+    let fx = Fixture::start().await;
+    // stdin a terminal: the far side of a fresh pseudo-terminal.
+    let terminal = nix::pty::openpty(None, None).expect("openpty");
+    let holder = spawn_lock(
+        &fx.url,
+        "interactive",
+        &[],
+        // (The sleep's output away from turnstile's pipes, whose end the test waits for.)
+        "sleep 60 >/dev/null 2>&1 & echo $! > sleeper.pid; echo $$ > shell.pid; wait; touch survived",
+        &fx.dir,
+        Stdio::from(terminal.slave),
+    );
+    let (shell_file, sleeper_file) = (fx.path("shell.pid"), fx.path("sleeper.pid"));
+    eventually("the command runs", || {
+        [&shell_file, &sleeper_file]
+            .iter()
+            .all(|file| std::fs::read_to_string(file).is_ok_and(|pid| pid.ends_with('\n')))
+    })
+    .await;
+    let pid_in = |file: &PathBuf| -> i32 {
+        std::fs::read_to_string(file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (shell, sleeper) = (pid_in(&shell_file), pid_in(&sleeper_file));
+    let turnstile = pid_of(&holder);
+    assert_eq!(
+        process_group(shell),
+        process_group(turnstile.as_raw()),
+        "the command is in turnstile's (foreground) group"
+    );
+    assert_ne!(process_group(shell), shell, "not a group of its own");
+
+    kill(turnstile, Signal::SIGTERM).expect("SIGTERM turnstile");
+    let holder = finish(holder).await;
+    assert_eq!(
+        code(&holder),
+        128 + 15,
+        "the shell's SIGTERM: {}",
+        stderr(&holder)
+    );
+    let survived = !process_gone(sleeper);
+    // Ours to end (a grandchild this test started), by PID.
+    let _ = kill(Pid::from_raw(sleeper), Signal::SIGKILL);
+    assert!(
+        survived,
+        "only the command itself was signalled, not what it started"
+    );
+    assert!(!fx.path("survived").exists());
+}
+
 #[tokio::test]
 async fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {
     let mut fx = Fixture::start().await;
@@ -563,7 +636,15 @@ async fn concurrent_processes_never_overlap() {
 #[tokio::test]
 async fn memory_is_refused_and_an_unreachable_backend_reported() {
     let dir = tempfile::tempdir().unwrap();
-    let memory = finish(spawn_lock("memory://", "k", &[], "touch ran", &dir)).await;
+    let memory = finish(spawn_lock(
+        "memory://",
+        "k",
+        &[],
+        "touch ran",
+        &dir,
+        Stdio::null(),
+    ))
+    .await;
     assert_eq!(code(&memory), 2);
     assert!(
         stderr(&memory).contains("memory backend"),
@@ -573,7 +654,7 @@ async fn memory_is_refused_and_an_unreachable_backend_reported() {
 
     let port = test_servers::free_port().unwrap();
     let url = format!("redis://127.0.0.1:{port}/");
-    let unreachable = finish(spawn_lock(&url, "k", &[], "touch ran", &dir)).await;
+    let unreachable = finish(spawn_lock(&url, "k", &[], "touch ran", &dir, Stdio::null())).await;
     assert_eq!(code(&unreachable), 69, "{}", stderr(&unreachable));
     let message = stderr(&unreachable);
     assert!(
@@ -595,9 +676,9 @@ async fn runs_on_mongodb_too() {
     let url = mongo.uri().to_owned();
     let key = format!("cli-{}", std::process::id());
     let script = r#"echo "$TURNSTILE_FENCING_TOKEN""#;
-    let first = finish(spawn_lock(&url, &key, &[], script, &dir)).await;
+    let first = finish(spawn_lock(&url, &key, &[], script, &dir, Stdio::null())).await;
     assert_eq!(code(&first), 0, "{}", stderr(&first));
-    let second = finish(spawn_lock(&url, &key, &[], script, &dir)).await;
+    let second = finish(spawn_lock(&url, &key, &[], script, &dir, Stdio::null())).await;
     assert_eq!(code(&second), 0, "{}", stderr(&second));
     let tokens: Vec<u64> = [&first, &second]
         .iter()
