@@ -164,3 +164,65 @@ fn ci_install_leaves_every_tool_on_path_and_no_prometheus_running() {
         "a Prometheus server runs: {prometheus:?}"
     );
 }
+
+/// The README's Layout: each crate depends only on those above it (lock → api → controller →
+/// root); the test support crates are never a normal dependency of a product crate.
+#[test]
+fn each_crate_depends_only_on_the_crates_above_it() {
+    let output = Command::new(env!("CARGO"))
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(workspace())
+        .output()
+        .expect("run cargo metadata");
+    let metadata: serde_json::Value =
+        serde_json::from_str(&succeeded("cargo metadata", &output)).expect("metadata JSON");
+    let layers = [
+        "turnstile-lock",
+        "turnstile-api",
+        "turnstile-controller",
+        "turnstile",
+    ];
+    let members: Vec<&str> = metadata["packages"]
+        .as_array()
+        .expect("packages")
+        .iter()
+        .filter_map(|package| package["name"].as_str())
+        .collect();
+    let mut edges = Vec::new();
+    for package in metadata["packages"].as_array().expect("packages") {
+        let name = package["name"].as_str().expect("name");
+        let Some(layer) = layers.iter().position(|layer| *layer == name) else {
+            continue;
+        };
+        let ours: Vec<&str> = package["dependencies"]
+            .as_array()
+            .expect("dependencies")
+            .iter()
+            // Normal dependencies (dev and build ones have a kind).
+            .filter(|dependency| dependency["kind"].is_null())
+            .filter_map(|dependency| dependency["name"].as_str())
+            .filter(|dependency| members.contains(dependency))
+            .collect();
+        for dependency in ours {
+            let above = layers[..layer].contains(&dependency);
+            assert!(
+                above,
+                "{name} depends on {dependency}, which is not above it"
+            );
+            edges.push((name, dependency));
+        }
+    }
+    // The graph was read: the controller builds on both crates above it.
+    for edge in [
+        ("turnstile-controller", "turnstile-api"),
+        ("turnstile-controller", "turnstile-lock"),
+    ] {
+        assert!(edges.contains(&edge), "{edge:?} missing from {edges:?}");
+    }
+}

@@ -426,6 +426,52 @@ mod tests {
     }
 
     #[test]
+    fn defaults_durations_and_the_shared_exclusive_conflict_are_as_the_help_says() {
+        let defaults = parse(&["--backend", "redis://h", "k", "--", "true"]).unwrap();
+        assert_eq!(
+            defaults.ttl,
+            Duration::from_secs(30),
+            "--ttl defaults to 30s"
+        );
+        assert_eq!(defaults.max_holders, 1, "--max-holders defaults to 1");
+        assert_eq!(defaults.wait, None, "--wait: forever");
+        let both = [
+            "--backend",
+            "redis://h",
+            "k",
+            "--shared",
+            "--exclusive",
+            "--",
+            "true",
+        ];
+        let conflict = parse(&both).unwrap_err();
+        assert_eq!(
+            conflict.kind(),
+            clap::error::ErrorKind::ArgumentConflict,
+            "{conflict}"
+        );
+        // Seconds (whole or fractional) or a duration, for both flags.
+        for (value, want) in [
+            ("90", Duration::from_secs(90)),
+            ("1.5", Duration::from_millis(1500)),
+            ("90s", Duration::from_secs(90)),
+            ("500ms", Duration::from_millis(500)),
+            ("5m", Duration::from_secs(300)),
+        ] {
+            for flag in ["--max-hold", "--lock-delay"] {
+                let args = parse(&["--backend", "redis://h", "k", flag, value, "--", "true"])
+                    .unwrap_or_else(|error| panic!("{flag} {value}: {error}"));
+                let got = if flag == "--max-hold" {
+                    args.max_hold
+                } else {
+                    args.lock_delay
+                };
+                assert_eq!(got, Some(want), "{flag} {value}");
+            }
+        }
+    }
+
+    #[test]
     fn wait_flag_maps_to_the_retry_policy() {
         assert_eq!(retry_policy(None).fail_after_limit(), None);
         let zero = format!("{:?}", retry_policy(Some(Duration::ZERO)));

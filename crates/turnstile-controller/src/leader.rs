@@ -479,6 +479,21 @@ mod tests {
     #[test]
     fn default_timings_are_valid() {
         assert!(LeaderConfig::new("ns", "me").validate().is_ok());
+        // As the README's High availability section says: renew every 2 s, step down after
+        // 10 s without a renewal, before the 15 s lease could be taken.
+        let config = LeaderConfig::new("ns", "me");
+        assert_eq!(
+            (
+                config.retry_period,
+                config.renew_deadline,
+                config.lease_duration
+            ),
+            (
+                Duration::from_secs(2),
+                Duration::from_secs(10),
+                Duration::from_secs(15)
+            )
+        );
     }
 
     #[test]
