@@ -463,6 +463,47 @@ mod tests {
     }
 
     #[test]
+    fn deleting_and_withdrawn_claims_do_not_wait_and_an_overdue_holder_shows_a_negative_expiry() {
+        let now = 1_767_225_660; // 2026-01-01T00:01:00Z
+        let mut deleting = claim("deleting", T0, json!({"phase": "Pending"}));
+        deleting.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(T1.parse().expect("time")),
+        );
+        deleting.metadata.finalizers = Some(vec![turnstile_api::FINALIZER.to_owned()]);
+        let mut withdrawn = claim("withdrawn", T0, json!({"phase": "Pending"}));
+        withdrawn.spec.release = Some(true);
+        let claims = [
+            deleting,
+            withdrawn,
+            claim("waits", T1, json!({"phase": "Pending"})),
+            claim(
+                "overdue",
+                T0,
+                json!({"phase": "Held", "fencingToken": 2, "acquiredAt": T0,
+                       "expiresAt": "2026-01-01T00:00:50Z"}),
+            ),
+        ];
+        let view = queue_view(&lock(1), &claims, now);
+        let waiters: Vec<_> = view.waiters.iter().map(|w| w.claim.as_str()).collect();
+        assert_eq!(
+            waiters,
+            ["waits"],
+            "neither a deleting nor a withdrawn claim waits"
+        );
+        assert_eq!(view.waiters[0].position, 1);
+        assert_eq!(
+            view.holders[0].expires_in_seconds,
+            Some(-10),
+            "10 s overdue"
+        );
+        assert!(
+            render_table(&view, false).contains("-10s"),
+            "{}",
+            render_table(&view, false)
+        );
+    }
+
+    #[test]
     fn durations_read_like_kubectl_ages() {
         assert_eq!(short_duration(45), "45s");
         assert_eq!(short_duration(303), "5m3s");

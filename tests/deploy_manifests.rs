@@ -349,6 +349,11 @@ fn probes_and_the_metrics_service_use_the_metrics_port() {
     }
     let service_port = &service["spec"]["ports"][0];
     assert_eq!(service_port["name"], "metrics");
+    assert_eq!(
+        service_port["port"].as_i64(),
+        Some(8080),
+        "the README's port"
+    );
     assert!(names_the_port(&service_port["targetPort"]));
 }
 

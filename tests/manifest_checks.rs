@@ -481,17 +481,18 @@ fn the_controller_network_policy_admits_only_the_metrics_port() {
             )
         })
         .collect();
-    for port in [
+    // Exactly the README's list: DNS, the API server, the backends (Redis plain and TLS).
+    let listed: BTreeSet<(i64, String)> = [
         (53, "UDP"),
         (53, "TCP"),
         (443, "TCP"),
         (6443, "TCP"),
         (6379, "TCP"),
+        (6380, "TCP"),
         (27017, "TCP"),
-    ] {
-        assert!(
-            egress_ports.contains(&(port.0, port.1.to_string())),
-            "no egress to {port:?}"
-        );
-    }
+    ]
+    .into_iter()
+    .map(|(port, protocol)| (port, protocol.to_owned()))
+    .collect();
+    assert_eq!(egress_ports, listed, "egress ports");
 }

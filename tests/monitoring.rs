@@ -273,14 +273,22 @@ fn the_dashboard_is_a_labelled_config_map_with_the_panels_operators_need() {
     assert_eq!(str_at(&board, "/uid"), Some("turnstile"));
     let queries = dashboard_queries(&board);
     let uses = |metric: &str| queries.iter().any(|(_, expr)| expr.contains(metric));
+    // Every panel the README lists, in its order.
     for metric in [
         "turnstile_grants_total",
+        "turnstile_releases_total",
+        "turnstile_expiries_total",
+        "turnstile_renewals_total",
         "turnstile_wait_seconds_bucket",
         "turnstile_hold_seconds_bucket",
         "turnstile_queue_depth",
         "turnstile_lock_lost_total",
         "turnstile_backend_errors_total",
+        "turnstile_reconcile_total",
+        "turnstile_reconcile_errors_total",
+        "turnstile_reconcile_duration_seconds_bucket",
         "turnstile_leader",
+        "turnstile_invalid_objects",
     ] {
         assert!(uses(metric), "no panel shows {metric}");
     }
@@ -296,6 +304,13 @@ fn the_dashboard_is_a_labelled_config_map_with_the_panels_operators_need() {
     assert!(
         by("turnstile_backend_errors_total", "backend, operation"),
         "backend errors by operation"
+    );
+    assert!(
+        queries
+            .iter()
+            .any(|(_, expr)| expr.contains("histogram_quantile(0.99,")
+                && expr.contains("turnstile_reconcile_duration_seconds_bucket")),
+        "no p99 of the reconcile duration"
     );
     for quantile in ["0.5", "0.9", "0.99"] {
         for metric in [

@@ -164,10 +164,19 @@ mod tests {
             decide(&job, Some(&foreign)),
             GateStep::Blocked { .. }
         ));
-        let failed = claim_of(&job, json!({"phase": "Failed"}));
-        assert!(matches!(
-            decide(&job, Some(&failed)),
-            GateStep::Blocked { .. }
-        ));
+        // A claim that ended before its grant is never granted again: the Job stays
+        // suspended, and the reason (for the Warning Event and the log) names the phase.
+        for phase in ["Failed", "Expired"] {
+            let dead = claim_of(&job, json!({"phase": phase}));
+            match decide(&job, Some(&dead)) {
+                GateStep::Blocked { reason } => {
+                    assert!(
+                        reason.contains(phase) && reason.contains("suspended"),
+                        "{reason}"
+                    );
+                }
+                other => panic!("{phase}: {other:?}"),
+            }
+        }
     }
 }
