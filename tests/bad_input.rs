@@ -13,7 +13,7 @@ use e2e_support::{phase_of, Env};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, PostParams};
 use serde_json::{json, Value};
-use turnstile_api::{ClaimPhase, DistributedLock};
+use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
 
 /// What a row must lead to.
 enum Outcome {
@@ -477,6 +477,44 @@ async fn every_bad_input_is_rejected_or_reported_and_nothing_wedges() {
         println!("bad input {index}: {}", row.what);
         check_row(&env, index, row).await;
     }
+
+    // What a user reads: the identity an empty one falls back to, the missing lock named in
+    // a Warning Event, the shared key named.
+    let ident = env.claim("c-ident-empty").await;
+    let shown = ident.status.and_then(|status| status.holder_identity);
+    assert_eq!(shown.as_deref(), Some("c-ident-empty"), "the claim's name");
+    let held_message = |claim: LockClaim| -> String {
+        let status = json!(claim.status);
+        status["conditions"]
+            .as_array()
+            .and_then(|conditions| conditions.iter().find(|c| c["type"] == "Held"))
+            .and_then(|held| held["message"].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    for (name, missing) in [
+        ("c-elsewhere", "elsewhere"),
+        ("c-ns-slash", "other/elsewhere"),
+    ] {
+        let message = held_message(env.claim(name).await);
+        let names_it = format!("DistributedLock {missing} does not exist");
+        assert!(message.contains(&names_it), "{name}: {message}");
+        let not_found: Vec<_> = env
+            .events_about(name)
+            .await
+            .into_iter()
+            .filter(|event| event.reason.as_deref() == Some("LockNotFound"))
+            .collect();
+        assert_eq!(
+            not_found.len(),
+            1,
+            "{name}: one LockNotFound Event per wait"
+        );
+        assert_eq!(not_found[0].type_.as_deref(), Some("Warning"), "{name}");
+    }
+    let busy = held_message(env.claim("c-share-b").await);
+    let key = format!("{}/shared", env.namespace);
+    assert!(busy.contains(&key), "the busy key named: {busy}");
 
     // Nothing lost: every claim an accepted row made is still there, with a status.
     for row in &rows {

@@ -248,6 +248,10 @@ async fn queue_shows_holders_and_waiters_in_grant_order() {
         .collect();
     assert_eq!(reported, ["1", "2", "3", "4"], "{wide}");
     assert_eq!(cell(&waiters[0], "REASON"), "Queued", "{wide}");
+    for row in &waiters {
+        assert!(cell(row, "CREATED").ends_with('Z'), "{wide}");
+        assert_ne!(cell(row, "HOLDER"), "", "{wide}");
+    }
 
     // -o json.
     let json_args = [&args[..], &["-o", "json"]].concat();
@@ -276,6 +280,49 @@ async fn queue_shows_holders_and_waiters_in_grant_order() {
         })
         .unwrap_or_default();
     assert_eq!(positions, [1, 2, 3, 4]);
+    // Every field the README documents, at every level.
+    let has = |object: &serde_json::Value, keys: &[&str]| {
+        for key in keys {
+            assert!(object.get(key).is_some(), "no {key} in {object}");
+        }
+    };
+    has(
+        &value,
+        &[
+            "lock",
+            "namespace",
+            "backend",
+            "maxHolders",
+            "holders",
+            "waiters",
+        ],
+    );
+    has(
+        &value["holders"][0],
+        &[
+            "claim",
+            "fencingToken",
+            "holderIdentity",
+            "owner",
+            "acquiredAt",
+            "expiresAt",
+            "heldForSeconds",
+            "expiresInSeconds",
+        ],
+    );
+    has(
+        &value["waiters"][0],
+        &[
+            "position",
+            "claim",
+            "holderIdentity",
+            "owner",
+            "createdAt",
+            "waitingForSeconds",
+            "reportedPosition",
+            "reason",
+        ],
+    );
 
     // A lock that does not exist.
     let output = run(
@@ -317,15 +364,21 @@ async fn queue_shows_holders_and_waiters_in_grant_order() {
 
     if let (Some(fake), Some(start)) = (&env.fake, log_start) {
         let log = fake.request_log();
-        let writes: Vec<String> = log[start..]
-            .iter()
-            .filter(|r| {
-                !matches!(r.verb.as_str(), "get" | "list" | "watch") && r.is_resource_request
-            })
-            .map(|r| format!("{} {}", r.verb, r.path))
-            .collect();
         assert!(log.len() > start, "the queue commands were logged");
-        assert!(writes.is_empty(), "turnstile queue wrote: {writes:?}");
+        // Exactly the README's RBAC: `get` on distributedlocks, `list` on lockclaims.
+        let used = fake_apiserver::rbac_summary(&log[start..]);
+        let only = |verb: &str| std::collections::BTreeSet::from([verb.to_owned()]);
+        let readme = std::collections::BTreeMap::from([
+            (
+                ("turnstile.dev".to_owned(), "distributedlocks".to_owned()),
+                only("get"),
+            ),
+            (
+                ("turnstile.dev".to_owned(), "lockclaims".to_owned()),
+                only("list"),
+            ),
+        ]);
+        assert_eq!(used, readme, "turnstile queue's requests");
     }
 }
 

@@ -68,6 +68,11 @@ async fn apply_get_locks_and_wait_for_the_next_holder() {
 
     let a = env.wait_phase("a", ClaimPhase::Held).await;
     assert_eq!(token_of(&a), Some(1));
+    // The finalizer by its documented name: deleting the claim releases it first.
+    assert_eq!(
+        a.metadata.finalizers.as_deref(),
+        Some(&["turnstile.dev/release".to_owned()][..])
+    );
     let b = env.wait_claim("b", |c| position_of(c) == Some(1)).await;
     let c = env.wait_claim("c", |c| position_of(c) == Some(2)).await;
     assert_eq!(phase_of(&b), Some(ClaimPhase::Pending));
@@ -171,6 +176,7 @@ async fn an_idle_controller_writes_nothing() {
     // Let the passes triggered by the controller's own writes run out.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let before = env.lock_and_claim_writes();
+    let requests_before = env.server().request_log().len();
     tokio::time::sleep(Duration::from_secs(4)).await;
     let after = env.lock_and_claim_writes();
     assert_eq!(
@@ -179,5 +185,12 @@ async fn an_idle_controller_writes_nothing() {
         "writes while idle: {:?}",
         &after[before.len()..]
     );
+    // Nor reads, nor Events: nothing but the open watches.
+    let requests: Vec<String> = env.server().request_log()[requests_before..]
+        .iter()
+        .filter(|request| request.verb != "watch")
+        .map(|request| format!("{} {}", request.verb, request.path))
+        .collect();
+    assert!(requests.is_empty(), "requests while idle: {requests:?}");
     env.stop_controller().await;
 }

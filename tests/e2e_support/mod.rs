@@ -464,6 +464,12 @@ impl Env {
 
     /// Reasons of the Events about object `name` in the test namespace, oldest first.
     pub async fn event_reasons(&self, name: &str) -> Vec<String> {
+        let found = self.events_about(name).await;
+        found.into_iter().filter_map(|event| event.reason).collect()
+    }
+
+    /// The Events about the object `name` in the test namespace, oldest first.
+    pub async fn events_about(&self, name: &str) -> Vec<k8s_openapi::api::events::v1::Event> {
         let events: Api<k8s_openapi::api::events::v1::Event> =
             Api::namespaced(self.client.clone(), &self.namespace);
         let mut found: Vec<_> = events
@@ -475,7 +481,7 @@ impl Env {
             .filter(|event| event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
             .collect();
         found.sort_by_key(|event| event.event_time.as_ref().map(|t| t.0));
-        found.into_iter().filter_map(|event| event.reason).collect()
+        found
     }
 
     /// Waits until an Event with `reason` about `name` exists.
