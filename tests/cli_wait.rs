@@ -169,6 +169,18 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
+/// Exited `expected` (non-zero) with exactly one stderr line starting `turnstile: `, as the
+/// README promises for every failure; returns that line.
+fn one_line_failure(output: &Output, expected: i32) -> String {
+    let line = stderr(output);
+    assert_eq!(code(output), expected, "{line}");
+    assert!(
+        line.starts_with("turnstile: ") && line.trim_end().lines().count() == 1,
+        "one `turnstile:` line: {line:?}"
+    );
+    line
+}
+
 fn pending(position: i32) -> Value {
     json!({"phase": "Pending", "position": position, "reason": "Queued",
            "message": format!("position {position} in the queue")})
@@ -229,7 +241,7 @@ async fn terminal_phases_exit_with_their_codes_and_reasons() {
         let phase = status["phase"].as_str().unwrap().to_owned();
         cluster.set_status(name, status).await;
         let output = finish(waiting).await;
-        assert_eq!(code(&output), expected, "{name}: {}", stderr(&output));
+        one_line_failure(&output, expected);
         assert_eq!(
             stdout(&output),
             "",
@@ -253,7 +265,7 @@ async fn timeout_exits_75_and_says_where_the_claim_stands() {
     cluster.create_claim("slow", "db").await;
     cluster.set_status("slow", pending(3)).await;
     let output = finish(cluster.spawn_wait(&["slow", "--timeout", "1s"], &[])).await;
-    assert_eq!(code(&output), 75, "{}", stderr(&output));
+    one_line_failure(&output, 75);
     let line = stderr(&output);
     assert!(line.contains("timed out after 1s"), "{line}");
     assert!(
@@ -282,7 +294,7 @@ async fn a_missing_lock_exits_6() {
     // --create checks the lock first and leaves nothing behind.
     let output =
         finish(cluster.spawn_wait(&["web-0-db", "--create", "--lock", "nope"], &pod_env)).await;
-    assert_eq!(code(&output), 6, "{}", stderr(&output));
+    one_line_failure(&output, 6);
     assert!(
         stderr(&output).contains("DistributedLock nope does not exist"),
         "{}",
@@ -298,7 +310,7 @@ async fn a_missing_lock_exits_6() {
     // An existing claim for a lock that does not exist.
     cluster.create_claim("orphan", "gone").await;
     let output = finish(cluster.spawn_wait(&["orphan"], &[])).await;
-    assert_eq!(code(&output), 6, "{}", stderr(&output));
+    one_line_failure(&output, 6);
 
     // The lock is deleted while we wait, and the controller says so.
     cluster.create_lock("db").await;
@@ -317,7 +329,7 @@ async fn a_missing_lock_exits_6() {
         )
         .await;
     let output = finish(waiting).await;
-    assert_eq!(code(&output), 6, "{}", stderr(&output));
+    one_line_failure(&output, 6);
 }
 
 #[tokio::test]
@@ -345,7 +357,7 @@ async fn a_missing_or_deleted_claim_exits_7() {
     let cluster = Cluster::start().await;
     cluster.create_lock("db").await;
     let output = finish(cluster.spawn_wait(&["never-made"], &[])).await;
-    assert_eq!(code(&output), 7, "{}", stderr(&output));
+    one_line_failure(&output, 7);
     assert!(stderr(&output).contains("LockClaim never-made in namespace default does not exist"));
 
     cluster.create_claim("doomed", "db").await;
@@ -356,7 +368,7 @@ async fn a_missing_or_deleted_claim_exits_7() {
         .await
         .unwrap();
     let output = finish(waiting).await;
-    assert_eq!(code(&output), 7, "{}", stderr(&output));
+    one_line_failure(&output, 7);
     assert!(
         stderr(&output).contains("was deleted"),
         "{}",
@@ -447,7 +459,7 @@ async fn create_makes_the_claim_owned_by_the_pod_and_adopts_it_on_restart() {
     let other_env = downward_api("web-1", &other_uid);
     let stolen =
         finish(cluster.spawn_wait(&["web-0-db", "--create", "--lock", "db"], &other_env)).await;
-    assert_eq!(code(&stolen), 8, "{}", stderr(&stolen));
+    one_line_failure(&stolen, 8);
     assert!(
         stderr(&stolen).contains("belongs to Pod web-0"),
         "{}",
@@ -459,7 +471,7 @@ async fn create_makes_the_claim_owned_by_the_pod_and_adopts_it_on_restart() {
     cluster.create_lock("other").await;
     let other_lock =
         finish(cluster.spawn_wait(&["web-0-db", "--create", "--lock", "other"], &env)).await;
-    assert_eq!(code(&other_lock), 8, "{}", stderr(&other_lock));
+    one_line_failure(&other_lock, 8);
     let line = stderr(&other_lock);
     assert!(
         line.starts_with("turnstile: ") && line.contains("already exists for lock \"db\""),
@@ -619,6 +631,21 @@ fn an_unreachable_api_server_exits_1_with_one_line_from_wait_and_queue() {
         assert_eq!(line.lines().count(), 1, "{args:?}: one line, got {line:?}");
         assert!(line.starts_with("turnstile: "), "{args:?}: {line:?}");
     }
+}
+
+#[tokio::test]
+async fn a_refused_request_exits_1_with_one_line() {
+    // As RBAC would refuse `create` on lockclaims: the Pod's Role lacks the verb.
+    let cluster = Cluster::start().await;
+    cluster.create_lock("db").await;
+    let uid = create_pod(&cluster, "web-0").await;
+    let env = downward_api("web-0", &uid);
+    let claims_path = format!("/apis/turnstile.dev/v1alpha1/namespaces/{NAMESPACE}/lockclaims");
+    cluster.server.inject_faults(&claims_path, 1, 403);
+    let output = finish(cluster.spawn_wait(&["web-0-db", "--create", "--lock", "db"], &env)).await;
+    let line = one_line_failure(&output, 1);
+    assert!(line.contains("forbidden"), "the refusal is named: {line}");
+    assert_eq!(stdout(&output), "");
 }
 
 #[test]

@@ -220,6 +220,16 @@ pub(crate) async fn handle(State(app): State<Arc<AppState>>, request: Request) -
                     &record.name,
                     ApiError::STALE,
                 ),
+                // As RBAC refuses: the caller lacks the verb.
+                403 => ApiError {
+                    code,
+                    reason: "Forbidden",
+                    message: format!(
+                        "{}.{} {:?} is forbidden: injected fault",
+                        record.resource, record.api_group, record.name
+                    ),
+                    details: None,
+                },
                 429 => ApiError {
                     code,
                     reason: "TooManyRequests",

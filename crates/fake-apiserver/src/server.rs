@@ -221,8 +221,9 @@ impl FakeApiServer {
     }
 
     /// Makes the next `count` writes (POST, PUT, PATCH, DELETE) whose URL path starts with
-    /// `path_prefix` answer `status` without effect: 409 Conflict, 429 TooManyRequests (with
-    /// `Retry-After: 1`, as priority and fairness answers), any other code InternalError.
+    /// `path_prefix` answer `status` without effect: 403 Forbidden (as RBAC refuses), 409
+    /// Conflict, 429 TooManyRequests (with `Retry-After: 1`, as priority and fairness
+    /// answers), any other code InternalError.
     pub fn inject_faults(&self, path_prefix: &str, count: usize, status: u16) {
         self.state.hooks.inject(path_prefix, count, status);
     }

@@ -32,8 +32,15 @@ async fn injected_faults_answer_the_next_writes() {
             .data["spec"]["size"],
         2
     );
+    env.server().inject_faults(&widget_path(&env, "w"), 1, 403);
+    let (code, reason, _) = api_code(merge(&api, "w", json!({"spec": {"size": 3}})).await);
+    assert_eq!(
+        (code, reason.as_str()),
+        (403, "Forbidden"),
+        "as RBAC refuses"
+    );
     let log = env.server().request_log();
-    assert_eq!(log.iter().filter(|r| r.injected_fault).count(), 3);
+    assert_eq!(log.iter().filter(|r| r.injected_fault).count(), 4);
 }
 
 /// Sent over a bare connection: kube's client retries a 429 by itself, which would hide it.
