@@ -174,6 +174,21 @@ pub async fn run_command(args: RunArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Harness {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    #[test]
+    fn without_metrics_addr_nothing_is_served() {
+        let defaults = Harness::try_parse_from(["run"]).expect("no flag is required");
+        assert_eq!(defaults.run.metrics_addr, None, "off by default");
+        let set = Harness::try_parse_from(["run", "--metrics-addr", "0.0.0.0:8080"]).unwrap();
+        assert_eq!(set.run.metrics_addr, Some("0.0.0.0:8080".parse().unwrap()));
+    }
 
     #[test]
     fn replica_acks_travel_in_the_redis_url() {

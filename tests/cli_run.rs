@@ -109,6 +109,21 @@ async fn run_takes_its_backends_from_the_environment() {
         .filter_map(|line| serde_json::from_str(line).ok())
         .collect();
     assert!(!lines.is_empty(), "no JSON log lines: {logs}");
+    // The grant's line names where and what (the fields `kubectl logs | jq` selects on).
+    let granted = lines.iter().find(|line| {
+        line["fields"]["message"] == "claim is Held" && line["fields"]["lock"] == "on-redis"
+    });
+    let granted = granted.unwrap_or_else(|| panic!("no grant line: {logs}"));
+    assert_eq!(granted["fields"]["namespace"], env.namespace.as_str());
+    assert_eq!(granted["fields"]["claim"], "r");
+    assert_eq!(granted["fields"]["token"], 1);
+    // RUST_LOG=info: nothing below info.
+    assert!(
+        lines
+            .iter()
+            .all(|line| line["level"] != "DEBUG" && line["level"] != "TRACE"),
+        "{logs}"
+    );
     assert!(
         lines
             .iter()
