@@ -430,6 +430,12 @@ async fn wait_gives_up_on_a_held_key_and_sigterm_reaches_the_holders_command() {
     let holder = finish(holder).await;
     assert_eq!(code(&holder), 128 + 15, "{}", stderr(&holder));
     assert_eq!(fx.zcard("busy", "holders").await, 0, "released");
+    // SIGINT (Ctrl-C) alike: on to the command, 128+2, released.
+    let holder = fx.holder("busy", &[], "held-again").await;
+    kill(pid_of(&holder), Signal::SIGINT).unwrap();
+    let holder = finish(holder).await;
+    assert_eq!(code(&holder), 128 + 2, "{}", stderr(&holder));
+    assert_eq!(fx.zcard("busy", "holders").await, 0, "released");
 }
 
 #[tokio::test]
@@ -491,6 +497,11 @@ async fn a_lost_lock_stops_the_command_and_what_it_started() {
     );
     eventually("the background sleep is stopped too", || {
         process_gone(sleeper)
+    })
+    .await;
+    // And reaped by turnstile (its subreaper), not left a zombie: its pid is gone entirely.
+    eventually("the background sleep is reaped", || {
+        !std::path::Path::new(&format!("/proc/{sleeper}")).exists()
     })
     .await;
     assert!(!fx.path("survived").exists());

@@ -426,6 +426,24 @@ mod tests {
     }
 
     #[test]
+    fn an_internal_failure_exits_70_and_a_finished_command_with_its_status() {
+        // Losing track of the child (waitpid failing) is turnstile's own failure.
+        let lost = command_ended(Err(std::io::Error::other("waitpid failed")));
+        assert_eq!(lost.code, exit_code::INTERNAL);
+        assert_eq!(exit_code::INTERNAL, 70);
+        assert!(lost
+            .reason
+            .unwrap_or_default()
+            .contains("lost track of the command"));
+        let done = command_ended(Ok(std::os::unix::process::ExitStatusExt::from_raw(3 << 8)));
+        assert_eq!(
+            (done.code, done.reason),
+            (3, None),
+            "the command's own exit, silently"
+        );
+    }
+
+    #[test]
     fn defaults_durations_and_the_shared_exclusive_conflict_are_as_the_help_says() {
         let defaults = parse(&["--backend", "redis://h", "k", "--", "true"]).unwrap();
         assert_eq!(
