@@ -256,6 +256,85 @@ async fn the_lock_delay_holds_off_a_process_outside_kubernetes() {
     env.stop_controller().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_controller_away_both_lock_delays_hold_and_the_grant_waits_for_the_later() {
+    use turnstile_lock::{AcquireMode, AcquireOutcome, AcquireRequest, Backend};
+    use turnstile_lock::{RedisBackend, RedisBackendConfig};
+
+    let server = redis();
+    let mut env = Env::new().await;
+    env.start_controller(redis_config(server.url()));
+    let delay = Duration::from_secs(4);
+    env.apply_lock(
+        "db",
+        "backend: redis\nleaseDurationSeconds: 2\nlockDelaySeconds: 4",
+    );
+    env.apply_claim("a", "db", "");
+    let a = env.wait_phase("a", ClaimPhase::Held).await;
+    let expires_at = a
+        .status
+        .as_ref()
+        .and_then(|s| s.expires_at.clone())
+        .expect("expiresAt");
+    // The controller goes away while a holds: nobody ends a's grant in the API.
+    env.stop_controller().await;
+    let until_expiry = (expires_at.0 - k8s_openapi::jiff::Timestamp::now())
+        .total(k8s_openapi::jiff::Unit::Millisecond)
+        .unwrap_or_default()
+        .max(0.0) as u64;
+    let expiry = Instant::now() + Duration::from_millis(until_expiry);
+
+    // The backend's own lease runs out (at most 5 s after expiresAt) and starts its
+    // lock-delay there: an outside process is refused meanwhile.
+    let outsider = RedisBackend::connect(RedisBackendConfig::new(server.url()))
+        .await
+        .expect("connect the outside process");
+    let key = format!("{}/db", env.namespace);
+    let request = AcquireRequest::new(
+        &key,
+        "outside-process",
+        Duration::from_millis(500),
+        1,
+        AcquireMode::Try,
+        Duration::from_secs(30),
+    );
+    tokio::time::sleep_until((expiry + Duration::from_secs(6)).into()).await;
+    let during = outsider.acquire(&request).await.expect("acquire");
+    assert!(
+        matches!(during, AcquireOutcome::Busy { .. }),
+        "the backend's lock-delay after its lease ran out: {during:?}"
+    );
+    // After it, the key is free in the backend (the outsider takes and drops it at once).
+    tokio::time::sleep_until(
+        (expiry + Duration::from_secs(5) + delay + Duration::from_millis(500)).into(),
+    )
+    .await;
+    match outsider.acquire(&request).await.expect("acquire") {
+        AcquireOutcome::Granted { .. } => {
+            outsider
+                .release(&key, "outside-process", 1)
+                .await
+                .expect("release");
+        }
+        other => panic!("the backend's delay should be over: {other:?}"),
+    }
+
+    // The controller returns, with b waiting: it ends a's grant now, and its own lock-delay
+    // starts now, later than the backend's; b waits for it.
+    env.apply_claim("b", "db", "");
+    let returned = Instant::now();
+    env.start_controller(redis_config(server.url()));
+    let a = env.wait_phase("a", ClaimPhase::Expired).await;
+    assert_eq!(reason_of(&a).as_deref(), Some("LeaseExpired"));
+    env.wait_phase("b", ClaimPhase::Held).await;
+    let waited = returned.elapsed();
+    assert!(
+        waited >= delay - Duration::from_secs(1),
+        "b granted {waited:?} after the controller's return, inside its {delay:?} lock-delay"
+    );
+    env.stop_controller().await;
+}
+
 /// Redis goes away while a claim holds the lock and others wait, and comes back empty (no
 /// persistence): the holder keeps its grant and token throughout, the lock reports
 /// `BackendUnavailable` and grants nothing, and on return the lost grant is re-attached with
