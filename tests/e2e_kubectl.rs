@@ -145,6 +145,44 @@ async fn apply_get_locks_and_wait_for_the_next_holder() {
     env.wait_event("a", "Released").await;
     env.wait_event("b", "Queued").await;
     env.wait_event("b", "Acquired").await;
+
+    // The README's renewal, release and Events, as the commands it shows. (A renewal in the
+    // second of the grant moves no whole-second expiry, so it is no news: wait one out.)
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    env.kubectl(&[
+        "patch",
+        "lockclaim",
+        "b",
+        "--type=merge",
+        "-p",
+        &format!(r#"{{"spec":{{"renewTime":"{now}"}}}}"#),
+    ]);
+    env.wait_event("b", "Renewed").await;
+    env.kubectl(&[
+        "patch",
+        "lockclaim",
+        "b",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"release":true}}"#,
+    ]);
+    env.wait_phase("b", ClaimPhase::Released).await;
+    env.wait_event("b", "Released").await;
+    let events = env.kubectl(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=b",
+        "-o",
+        "jsonpath={.items[*].reason}",
+    ]);
+    for reason in ["Queued", "Acquired", "Renewed", "Released"] {
+        assert!(
+            events.split_whitespace().any(|r| r == reason),
+            "no {reason}: {events}"
+        );
+    }
     env.stop_controller().await;
 }
 
