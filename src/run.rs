@@ -183,9 +183,14 @@ mod tests {
     }
 
     #[test]
-    fn without_metrics_addr_nothing_is_served() {
+    fn without_flags_nothing_is_served_and_the_default_backend_is_memory() {
         let defaults = Harness::try_parse_from(["run"]).expect("no flag is required");
         assert_eq!(defaults.run.metrics_addr, None, "off by default");
+        assert_eq!(
+            defaults.run.default_backend,
+            BackendKind::Memory,
+            "--default-backend"
+        );
         let set = Harness::try_parse_from(["run", "--metrics-addr", "0.0.0.0:8080"]).unwrap();
         assert_eq!(set.run.metrics_addr, Some("0.0.0.0:8080".parse().unwrap()));
     }

@@ -517,6 +517,30 @@ mod tests {
     use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 
+    #[test]
+    fn the_default_backend_is_memory_and_another_needs_its_url() {
+        let config = ControllerConfig::default();
+        assert_eq!(config.default_backend, BackendKind::Memory);
+        assert!(config.validate().is_ok());
+        for (kind, flag) in [
+            (BackendKind::Redis, "--redis-url"),
+            (BackendKind::Mongo, "--mongo-url"),
+        ] {
+            let missing = ControllerConfig {
+                default_backend: kind,
+                ..ControllerConfig::default()
+            };
+            let error = missing.validate().expect_err("refused without its URL");
+            assert!(error.to_string().contains(flag), "{kind:?}: {error}");
+        }
+        let redis = ControllerConfig {
+            default_backend: BackendKind::Redis,
+            redis_url: Some("redis://127.0.0.1:6379".to_owned()),
+            ..ControllerConfig::default()
+        };
+        assert!(redis.validate().is_ok());
+    }
+
     fn pod_as_stored() -> Pod {
         let mut pod = Pod::default();
         pod.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
