@@ -336,6 +336,16 @@ fn corpus() -> Vec<Row> {
             },
         },
         Row {
+            what: "MongoDB backend not configured on the controller",
+            setup: String::new(),
+            input: lock("unconfigured-mongo", "  backend: mongo"),
+            outcome: Outcome::Accepted {
+                object: Object::Lock("unconfigured-mongo"),
+                condition: ("Ready", "False", "BackendNotConfigured"),
+                event: "BackendNotConfigured",
+            },
+        },
+        Row {
             what: "claim on a lock whose backend is not configured",
             setup: String::new(),
             input: claim("c-unconfigured", "  lockName: unconfigured"),
