@@ -362,6 +362,39 @@ async fn queue_shows_holders_and_waiters_in_grant_order() {
     let (holders, waiters, _) = json_order(&String::from_utf8_lossy(&output.stdout));
     assert_eq!((holders, waiters), (holder_names, controller_order));
 
+    // Without -n: the namespace of the kubeconfig's context, as kubectl takes it.
+    let scoped = plugins.path().join("kubeconfig");
+    std::fs::copy(&env.kubeconfig, &scoped).expect("copy kubeconfig");
+    let set = Command::new(&kubectl)
+        .arg("--kubeconfig")
+        .arg(&scoped)
+        .args([
+            "config",
+            "set-context",
+            "--current",
+            "--namespace",
+            &namespace,
+        ])
+        .output()
+        .expect("kubectl config set-context");
+    assert!(set.status.success(), "{}", text(&set));
+    let output = Command::new(turnstile())
+        .args(["queue", "pool", "-o", "json"])
+        .env("KUBECONFIG", &scoped)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run turnstile queue");
+    assert!(output.status.success(), "{}", text(&output));
+    let (_, _, value) = json_order(&String::from_utf8_lossy(&output.stdout));
+    assert_eq!(
+        value["namespace"],
+        namespace.as_str(),
+        "the context's namespace"
+    );
+    // (The test's own kubeconfig names `default`, where there is no such lock.)
+    let elsewhere = run(&env, turnstile(), &["queue", "pool"], None);
+    assert_eq!(elsewhere.status.code(), Some(6), "{}", text(&elsewhere));
+
     if let (Some(fake), Some(start)) = (&env.fake, log_start) {
         let log = fake.request_log();
         assert!(log.len() > start, "the queue commands were logged");
