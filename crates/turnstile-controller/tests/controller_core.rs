@@ -31,7 +31,16 @@ async fn three_claims_one_holder_two_waiting_in_order() {
     let status = sim.lock.status.clone().expect("lock status");
     assert_eq!(status.waiting, 2);
     assert_eq!(status.fencing_token, Some(1));
-    assert_eq!(status.holders[0].claim, "a");
+    assert_eq!(status.holders.len(), 1);
+    // Each entry is the holder claim's own grant, field for field.
+    let holder = &status.holders[0];
+    let held = sim.claims["a"].status.clone().expect("a's status");
+    assert_eq!(holder.claim, "a");
+    assert_eq!(Some(&holder.holder_identity), held.holder_identity.as_ref());
+    assert_eq!(Some(holder.fencing_token), held.fencing_token);
+    assert_eq!(holder.acquired_at, held.acquired_at);
+    assert_eq!(holder.expires_at, held.expires_at);
+    assert!(holder.acquired_at.is_some() && holder.expires_at.is_some());
     let ready = &status.conditions[0];
     assert_eq!(
         (ready.type_.as_str(), ready.status.as_str()),

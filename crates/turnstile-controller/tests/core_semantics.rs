@@ -142,6 +142,64 @@ async fn a_lock_delay_follows_an_expiry_but_not_a_release() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_deletion_or_a_finished_owner_hands_on_at_once_under_a_lock_delay() {
+    let mut sim = Sim::new(1, 30);
+    sim.lock.spec.lock_delay_seconds = Some(20);
+    sim.create("a", Sim::claim_spec(None, None));
+    sim.create_owned("b", Sim::claim_spec(None, None));
+    sim.create("c", Sim::claim_spec(None, None));
+    sim.settle().await;
+    assert_eq!(sim.phase("a"), Some(ClaimPhase::Held));
+    // Deleting the holder is a voluntary end: b is granted in the same settle.
+    sim.delete("a");
+    sim.settle().await;
+    assert_eq!(sim.phase("b"), Some(ClaimPhase::Held));
+    // b's Pod finishes: also voluntary, c is granted at once.
+    sim.set_owner("b", OwnerState::Finished);
+    sim.settle().await;
+    assert_eq!(sim.phase("b"), Some(ClaimPhase::Released));
+    assert_eq!(
+        sim.phase("c"),
+        Some(ClaimPhase::Held),
+        "no lock-delay after a release"
+    );
+    let locked_until = sim
+        .lock
+        .status
+        .as_ref()
+        .and_then(|s| s.locked_until.clone());
+    assert_eq!(locked_until, None, "no delay was started");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_owned_claim_is_renewed_once_half_its_lease_has_passed() {
+    let mut sim = Sim::new(1, 10);
+    sim.create_owned("a", Sim::claim_spec(None, None));
+    sim.settle().await;
+    let expiry = |sim: &Sim| {
+        sim.claims["a"]
+            .status
+            .as_ref()
+            .and_then(|s| s.expires_at.clone())
+    };
+    let first = expiry(&sim).expect("expiresAt");
+    // Before half of the 10 s lease: no renewal (and no write).
+    sim.advance(Duration::from_secs(4)).await;
+    sim.settle().await;
+    assert_eq!(
+        expiry(&sim),
+        Some(first.clone()),
+        "renewed before half the lease"
+    );
+    // Past half: renewed, a lease from now.
+    sim.advance(Duration::from_secs(2)).await;
+    sim.settle().await;
+    let renewed = expiry(&sim).expect("expiresAt");
+    assert!(renewed.0 > first.0, "not renewed after 6 s of a 10 s lease");
+    assert_eq!(sim.phase("a"), Some(ClaimPhase::Held));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_vanished_owner_starts_the_lock_delay() {
     let mut sim = Sim::new(1, 30);
     sim.lock.spec.lock_delay_seconds = Some(15);
