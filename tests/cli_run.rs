@@ -1,5 +1,5 @@
 //! `turnstile run` as the binary, configured only by its environment, as `deploy/` passes
-//! Secrets: `TURNSTILE_REDIS_URL`, `TURNSTILE_MONGO_URL` and `TURNSTILE_MONGO_DATABASE` (a
+//! Secrets: `TURNSTILE_REDIS_URL`, `TURNSTILE_MONGO_URL`, `TURNSTILE_MONGO_DATABASE` and `TURNSTILE_MONGO_COLLECTION` (a
 //! real `redis-server` and the MongoDB test server), against the fake API server. A lock on
 //! each backend gets its claim granted, and the grant is in that backend under the
 //! documented names: the env vars work as their flags do. `--metrics-addr` serves the probes
@@ -19,6 +19,7 @@ use turnstile_lock::backend::{MongoBackend, MongoBackendConfig};
 use turnstile_lock::Backend;
 
 const DATABASE: &str = "turnstile_env_test";
+const COLLECTION: &str = "env_test_locks";
 
 fn spawn_run(env: &Env, vars: &[(&str, &str)], metrics: std::net::SocketAddr) -> Child {
     Command::new(env!("CARGO_BIN_EXE_turnstile"))
@@ -46,6 +47,7 @@ async fn run_takes_its_backends_from_the_environment() {
     if let Some(mongo) = &mongo {
         vars.push(("TURNSTILE_MONGO_URL", mongo.uri().to_owned()));
         vars.push(("TURNSTILE_MONGO_DATABASE", DATABASE.to_owned()));
+        vars.push(("TURNSTILE_MONGO_COLLECTION", COLLECTION.to_owned()));
     }
     let borrowed: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let metrics = {
@@ -77,11 +79,14 @@ async fn run_takes_its_backends_from_the_environment() {
         env.apply_lock("on-mongo", "backend: mongo\nleaseDurationSeconds: 300");
         env.apply_claim("m", "on-mongo", "");
         env.wait_phase("m", ClaimPhase::Held).await;
-        // In the database TURNSTILE_MONGO_DATABASE names, not the default one.
-        let reader =
-            MongoBackend::connect(mongo.uri(), MongoBackendConfig::new().database(DATABASE))
-                .await
-                .expect("connect to MongoDB");
+        // In the database and collection TURNSTILE_MONGO_DATABASE and _COLLECTION name, not
+        // the default ones.
+        let names = MongoBackendConfig::new()
+            .database(DATABASE)
+            .collection(COLLECTION);
+        let reader = MongoBackend::connect(mongo.uri(), names)
+            .await
+            .expect("connect to MongoDB");
         let snapshot = reader
             .snapshot(&format!("{}/on-mongo", env.namespace))
             .await

@@ -228,6 +228,31 @@ async fn a_standalone_server_falls_back_to_polling() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_is_the_urls_else_turnstile_and_the_collection_turnstile_locks() {
+    let Some(server) = shared_server().await else {
+        return;
+    };
+    let Some(base) = server.uri().strip_suffix('/') else {
+        println!(
+            "skipped: MONGODB_URI {} has a path or options of its own",
+            server.uri()
+        );
+        return;
+    };
+    let database = fresh_database();
+    for (url, want) in [
+        (format!("{base}/{database}"), database.as_str()),
+        (format!("{base}/"), "turnstile"),
+    ] {
+        let backend = MongoBackend::connect(&url, MongoBackendConfig::new())
+            .await
+            .unwrap_or_else(|error| panic!("{url}: {error}"));
+        assert_eq!(backend.database_name(), want, "{url}");
+        assert_eq!(backend.collection_name(), "turnstile_locks", "{url}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn names_are_configurable_and_one_document_holds_the_lock() {
     let Some(server) = shared_server().await else {
         return;
