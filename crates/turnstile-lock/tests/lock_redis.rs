@@ -88,10 +88,15 @@ async fn keys_share_one_hash_tag_use_the_prefix_and_expire() {
         .await;
         let keys: Vec<String> = raw.keys("*").await.expect("KEYS");
         assert!(keys.iter().all(|name| name.starts_with("app:")), "{keys:?}");
+        let mut suffixes: Vec<&str> = keys
+            .iter()
+            .filter_map(|name| name.rsplit(':').next())
+            .collect();
+        suffixes.sort_unstable();
         assert_eq!(
-            keys.len(),
-            8,
-            "holders tokens meta fence queue beats seq waits: {keys:?}"
+            suffixes,
+            ["beats", "fence", "holders", "meta", "queue", "seq", "tokens", "waits"],
+            "the documented layout: {keys:?}"
         );
         let tags: Vec<&str> = keys.iter().map(|name| hash_slot_input(name)).collect();
         assert!(
@@ -119,6 +124,33 @@ async fn keys_share_one_hash_tag_use_the_prefix_and_expire() {
             .await
             .expect("FLUSHALL");
     }
+    // A grant that ends involuntarily under a lock-delay leaves the `delay` key, which
+    // expires with the delay.
+    let short = locker
+        .lock("delayed", Duration::from_millis(300))
+        .lock_delay(Duration::from_secs(5))
+        .acquire()
+        .await
+        .expect("holder");
+    let token = short.fencing_token();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let next = locker
+        .lock("delayed", LONG)
+        .try_acquire()
+        .await
+        .expect("try");
+    assert!(
+        next.is_none(),
+        "granted inside the lock-delay after token {token}"
+    );
+    let keys: Vec<String> = raw.keys("app:{delayed}:delay").await.expect("KEYS");
+    assert_eq!(keys.len(), 1, "a delay key: {keys:?}");
+    let ttl: i64 = raw.pttl(&keys[0]).await.expect("PTTL");
+    assert!(
+        ttl > 0 && ttl <= 5_000,
+        "the delay key expires with the delay: {ttl}"
+    );
+    drop(short);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
