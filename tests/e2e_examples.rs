@@ -1087,3 +1087,75 @@ async fn a_failed_or_expired_claim_leaves_kubectl_wait_waiting_until_its_timeout
         );
     }
 }
+
+#[test]
+fn the_init_container_examples_share_the_token_through_an_empty_dir_with_downward_api_names() {
+    for (file, job, fields, image) in [
+        (
+            "wait-init-container.yaml",
+            "db-migrate",
+            &["POD_NAME", "POD_NAMESPACE", "POD_UID"][..],
+            "turnstile:",
+        ),
+        (
+            "kubectl-wait-job.yaml",
+            "nightly-report",
+            &["POD_NAME", "POD_UID"][..],
+            "registry.k8s.io/kubectl:",
+        ),
+    ] {
+        let docs = documents(&example(file));
+        let spec = &docs
+            .iter()
+            .find(|doc| doc["kind"] == "Job" && doc["metadata"]["name"] == job)
+            .unwrap_or_else(|| panic!("{file}: no Job {job}"))["spec"]["template"]["spec"];
+        let volume = spec["volumes"]
+            .as_array()
+            .and_then(|volumes| volumes.iter().find(|v| v["name"] == "turnstile"))
+            .unwrap_or_else(|| panic!("{file}: no turnstile volume"));
+        assert_eq!(
+            volume["emptyDir"],
+            json!({}),
+            "{file}: the token travels in an emptyDir"
+        );
+        let init = init_container(&docs, job);
+        assert!(
+            init["image"].as_str().is_some_and(|i| i.starts_with(image)),
+            "{file}: {}",
+            init["image"]
+        );
+        let mount = |container: &Value| {
+            container["volumeMounts"]
+                .as_array()
+                .and_then(|mounts| mounts.iter().find(|m| m["name"] == "turnstile"))
+                .and_then(|m| m["mountPath"].as_str())
+                .map(str::to_owned)
+        };
+        let main = &spec["containers"][0];
+        assert!(
+            mount(init).is_some(),
+            "{file}: the init container writes the token"
+        );
+        assert_eq!(
+            mount(init),
+            mount(main),
+            "{file}: the app reads it at the same path"
+        );
+        for name in fields {
+            let entry = init["env"]
+                .as_array()
+                .and_then(|env| env.iter().find(|e| e["name"] == *name))
+                .unwrap_or_else(|| panic!("{file}: no {name}"));
+            let path = entry["valueFrom"]["fieldRef"]["fieldPath"].as_str();
+            let want = format!(
+                "metadata.{}",
+                name.trim_start_matches("POD_").to_lowercase()
+            );
+            assert_eq!(
+                path,
+                Some(want.as_str()),
+                "{file}: {name} from the downward API"
+            );
+        }
+    }
+}
