@@ -121,6 +121,26 @@ fn the_dockerfile_user_entrypoint_and_port_match_the_deployment() {
     assert_eq!(pod["securityContext"]["runAsGroup"], NONROOT);
     assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
     assert!(last("FROM").contains("distroless/static") && last("FROM").ends_with(":nonroot"));
+    // distroless/static has no libc: the binary must be static, built for a musl target
+    // (with musl-tools for ring's C parts), and that binary is the one copied out.
+    let build = dockerfile()
+        .into_iter()
+        .filter(|(instruction, _)| instruction == "RUN")
+        .map(|(_, args)| args)
+        .find(|args| args.contains("cargo build"))
+        .expect("a RUN that builds");
+    assert!(build.contains("-unknown-linux-musl"), "{build}");
+    assert!(
+        build.contains("--target \"$target\"")
+            && build.contains("target/$target/release/turnstile"),
+        "{build}"
+    );
+    assert!(
+        dockerfile()
+            .iter()
+            .any(|(i, args)| i == "RUN" && args.contains("musl-tools")),
+        "musl-gcc for the static target"
+    );
 
     // The entrypoint is the binary the builder installs; the Deployment keeps it (no
     // `command`) and passes the subcommand CMD names first.
