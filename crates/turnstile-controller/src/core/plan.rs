@@ -298,6 +298,20 @@ fn backend_ttl(input: &LockInput, expiry: Seconds) -> Duration {
     input.until(expiry) + BACKEND_LEASE_GRACE
 }
 
+/// Whether the backend holds `claim`'s grant for longer than a lease ending at `expiry` would
+/// have given it (`expiry` plus the grace, and a second of rounding): then a pass that saw a
+/// later renewal extended it, and this pass's view of the claim is behind (a cache that lags
+/// the controller's own writes, a re-list still under way). Ending the grant on that view
+/// would cut a lease that was renewed in time, so it waits for a view that has caught up (or
+/// for the backend's lease to run out, if that renewal's status never reached the API).
+fn backend_lease_outlasts(input: &LockInput, claim: &ClaimView, expiry: Seconds) -> bool {
+    let Some(holder) = input.backend.holder(&claim.uid) else {
+        return false;
+    };
+    let overdue = Duration::from_secs(u64::try_from(input.now_seconds() - expiry).unwrap_or(0));
+    holder.expires_in + overdue > BACKEND_LEASE_GRACE + Duration::from_secs(1)
+}
+
 /// When a held claim's lease runs out, counting a renewal written before it ran out.
 /// Returns `(expiry, renewed)`.
 pub(crate) fn effective_expiry(input: &LockInput, claim: &ClaimView) -> (Seconds, bool) {
@@ -636,7 +650,7 @@ fn held_draft(
         };
     }
     let (expiry, renewed) = effective_expiry(input, claim);
-    if expiry <= now {
+    if expiry <= now && !backend_lease_outlasts(input, claim, expiry) {
         let (reason, message) = match claim.recorded_hold_deadline(&input.lock) {
             Some(deadline) if deadline <= expiry => (
                 reasons::MAX_HOLD_EXCEEDED,

@@ -60,6 +60,8 @@ pub struct Sim {
     pub involuntary_ends: Vec<(i64, usize)>,
     /// How many held the lock when `maxHolders` was last lowered below that.
     pub held_when_lowered: usize,
+    /// Claims whose lease ran out while the controller was down.
+    pub lapsed_while_down: std::collections::BTreeSet<String>,
 }
 
 impl Sim {
@@ -97,6 +99,7 @@ impl Sim {
             grant_times: Vec::new(),
             involuntary_ends: Vec::new(),
             held_when_lowered: 0,
+            lapsed_while_down: std::collections::BTreeSet::new(),
         }
     }
 
@@ -124,6 +127,24 @@ impl Sim {
     pub async fn advance_while_down(&mut self, by: Duration) {
         self.elapsed += by;
         tokio::time::advance(by).await;
+    }
+
+    /// The controller is down for `by`: a running owner's lease that runs out meanwhile is
+    /// not the controller's failure (nobody could renew it), so it is excused from the
+    /// "a running owner never loses its lease" invariant.
+    pub async fn controller_down(&mut self, by: Duration) {
+        self.advance_while_down(by).await;
+        let now = self.now();
+        for (name, claim) in &self.claims {
+            let status = claim.status.as_ref();
+            let held = status.and_then(|s| s.phase) == Some(ClaimPhase::Held);
+            let lapsed = status
+                .and_then(|s| s.expires_at.as_ref())
+                .is_some_and(|expires| expires.0 <= now);
+            if held && lapsed {
+                self.lapsed_while_down.insert(name.clone());
+            }
+        }
     }
 
     pub fn create(&mut self, name: &str, spec: LockClaimSpec) {
@@ -202,6 +223,13 @@ impl Sim {
         self.edit_spec(name, |spec| spec.renew_time = Some(now));
     }
 
+    /// Sets `spec.renewTime` to `offset_seconds` from now: a late renewal (negative, the
+    /// holder's clock behind or its patch delayed) or one from the future (a clock ahead).
+    pub fn renew_at(&mut self, name: &str, offset_seconds: i64) {
+        let at = Time(self.now() + k8s_openapi::jiff::SignedDuration::from_secs(offset_seconds));
+        self.edit_spec(name, |spec| spec.renew_time = Some(at));
+    }
+
     pub fn release(&mut self, name: &str) {
         self.edit_spec(name, |spec| spec.release = Some(true));
     }
@@ -268,6 +296,27 @@ impl Sim {
             now: self.now(),
             backend,
         }
+    }
+
+    /// One pass whose API writes all fail after its backend calls were made (a 500, or the
+    /// 409s of a stale cache), reading `view` as its claim cache (a stale one, or `None` for
+    /// the current claims). Nothing of it reaches the API; the backend keeps what it did.
+    pub async fn pass_losing_writes(&mut self, view: Option<BTreeMap<String, LockClaim>>) {
+        // Claims gone from the API meanwhile are gone from any cache that shows them again.
+        let current = self.claims.clone();
+        if let Some(mut stale) = view {
+            stale.retain(|name, _| current.contains_key(name));
+            self.claims = stale;
+        }
+        let key = LockView::from_resource(&self.lock).backend_key();
+        let snapshot = self.backend.snapshot(&key).await.expect("snapshot");
+        let input = self.input(BackendView::Ready {
+            backend: BackendKind::Memory,
+            snapshot,
+        });
+        let planned = plan(&input);
+        let _ = execute(self.backend.as_ref(), &key, planned.terms, &planned.ops).await;
+        self.claims = current;
     }
 
     /// One reconcile pass, as the shell performs it. Returns the plan's op count and the
@@ -416,7 +465,12 @@ impl Sim {
             let max_hold = self.claims.get(name).is_some_and(|claim| {
                 claim.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("MaxHoldExceeded")
             });
-            if *state == OwnerState::Alive && self.claims.contains_key(name) && !max_hold {
+            let excused = self.lapsed_while_down.contains(name);
+            if *state == OwnerState::Alive
+                && self.claims.contains_key(name)
+                && !max_hold
+                && !excused
+            {
                 assert_ne!(
                     self.phase(name),
                     Some(ClaimPhase::Expired),
