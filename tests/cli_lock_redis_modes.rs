@@ -263,17 +263,7 @@ async fn lock_on_a_redis_sentinel_url_with_and_without_replica_acks() {
 
     // The replica cut off (its reconnects fail: a wrong masterauth): no replica acknowledges
     // the grant, so `turnstile lock` exits 69 and the command does not run.
-    let replica = setup
-        .data_ports()
-        .into_iter()
-        .find(|&port| port != master)
-        .expect("replica");
-    setup
-        .node_command(replica, &["CONFIG", "SET", "masterauth", "cut-off"])
-        .expect("CONFIG SET");
-    setup
-        .node_command(master, &["CLIENT", "KILL", "TYPE", "replica"])
-        .expect("CLIENT KILL");
+    setup.cut_off_replica(master).expect("cut the replica off");
     let output = lock(&acked, "sentinel-cut", &[], "echo ran").await;
     assert_eq!(
         output.status.code(),

@@ -1024,7 +1024,7 @@ async fn the_kubectl_wait_script_uses_exactly_the_verbs_of_its_role() {
         .unwrap_or_default();
     let granted = lockclaim_verbs(&docs, "turnstile-kubectl-wait");
     assert_eq!(
-        used.keys().filter(|(group, _)| group != "").count(),
+        used.keys().filter(|(group, _)| !group.is_empty()).count(),
         1,
         "nothing but lockclaims: {used:?}"
     );

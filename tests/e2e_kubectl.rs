@@ -150,23 +150,11 @@ async fn apply_get_locks_and_wait_for_the_next_holder() {
     // second of the grant moves no whole-second expiry, so it is no news: wait one out.)
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    env.kubectl(&[
-        "patch",
-        "lockclaim",
-        "b",
-        "--type=merge",
-        "-p",
-        &format!(r#"{{"spec":{{"renewTime":"{now}"}}}}"#),
-    ]);
+    let patch_b =
+        |patch: &str| env.kubectl(&["patch", "lockclaim", "b", "--type=merge", "-p", patch]);
+    patch_b(&format!(r#"{{"spec":{{"renewTime":"{now}"}}}}"#));
     env.wait_event("b", "Renewed").await;
-    env.kubectl(&[
-        "patch",
-        "lockclaim",
-        "b",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"release":true}}"#,
-    ]);
+    patch_b(r#"{"spec":{"release":true}}"#);
     env.wait_phase("b", ClaimPhase::Released).await;
     env.wait_event("b", "Released").await;
     let events = env.kubectl(&[

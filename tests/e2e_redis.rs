@@ -197,10 +197,33 @@ async fn redis_down_reports_unavailable_then_recovers() {
 /// The lock-delay lives in Redis with the grant, so a process outside Kubernetes that locks
 /// the same key with the engine obeys it too: the controller cuts an expired grant's lease
 /// rather than deleting it, and Redis refuses the key for `lockDelaySeconds` after.
+/// A process outside Kubernetes on the controller's Redis, and the key of lock `db` there.
+async fn outside_process(
+    server: &RedisServer,
+    env: &Env,
+) -> (turnstile_lock::RedisBackend, String) {
+    let config = turnstile_lock::RedisBackendConfig::new(server.url());
+    let outsider = turnstile_lock::RedisBackend::connect(config)
+        .await
+        .expect("connect the outside process");
+    (outsider, format!("{}/db", env.namespace))
+}
+
+/// The outside process's one-shot try for `key`, held for `ttl` if granted.
+fn outside_request(key: &str, ttl: Duration) -> turnstile_lock::AcquireRequest<'_> {
+    turnstile_lock::AcquireRequest::new(
+        key,
+        "outside-process",
+        ttl,
+        1,
+        turnstile_lock::AcquireMode::Try,
+        Duration::from_secs(30),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lock_delay_holds_off_a_process_outside_kubernetes() {
-    use turnstile_lock::{AcquireMode, AcquireOutcome, AcquireRequest, Backend};
-    use turnstile_lock::{RedisBackend, RedisBackendConfig};
+    use turnstile_lock::{AcquireOutcome, Backend};
 
     let server = redis();
     let mut env = Env::new().await;
@@ -217,18 +240,8 @@ async fn the_lock_delay_holds_off_a_process_outside_kubernetes() {
     assert_eq!(reason_of(&a).as_deref(), Some("LeaseExpired"));
     let ended = std::time::Instant::now();
 
-    let outsider = RedisBackend::connect(RedisBackendConfig::new(server.url()))
-        .await
-        .expect("connect the outside process");
-    let key = format!("{}/db", env.namespace);
-    let request = AcquireRequest::new(
-        &key,
-        "outside-process",
-        Duration::from_secs(30),
-        1,
-        AcquireMode::Try,
-        Duration::from_secs(30),
-    );
+    let (outsider, key) = outside_process(&server, &env).await;
+    let request = outside_request(&key, Duration::from_secs(30));
     let first = outsider.acquire(&request).await.expect("acquire");
     assert!(
         matches!(first, AcquireOutcome::Busy { .. }),
@@ -258,8 +271,7 @@ async fn the_lock_delay_holds_off_a_process_outside_kubernetes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_controller_away_both_lock_delays_hold_and_the_grant_waits_for_the_later() {
-    use turnstile_lock::{AcquireMode, AcquireOutcome, AcquireRequest, Backend};
-    use turnstile_lock::{RedisBackend, RedisBackendConfig};
+    use turnstile_lock::{AcquireOutcome, Backend};
 
     let server = redis();
     let mut env = Env::new().await;
@@ -286,18 +298,8 @@ async fn with_the_controller_away_both_lock_delays_hold_and_the_grant_waits_for_
 
     // The backend's own lease runs out (at most 5 s after expiresAt) and starts its
     // lock-delay there: an outside process is refused meanwhile.
-    let outsider = RedisBackend::connect(RedisBackendConfig::new(server.url()))
-        .await
-        .expect("connect the outside process");
-    let key = format!("{}/db", env.namespace);
-    let request = AcquireRequest::new(
-        &key,
-        "outside-process",
-        Duration::from_millis(500),
-        1,
-        AcquireMode::Try,
-        Duration::from_secs(30),
-    );
+    let (outsider, key) = outside_process(&server, &env).await;
+    let request = outside_request(&key, Duration::from_millis(500));
     tokio::time::sleep_until((expiry + Duration::from_secs(6)).into()).await;
     let during = outsider.acquire(&request).await.expect("acquire");
     assert!(

@@ -252,6 +252,23 @@ impl RedisSentinel {
         }
     }
 
+    /// Cuts the replica of the master on `master` off and keeps it off: its link is killed
+    /// and its reconnects fail (a wrong `masterauth`: the master refuses the AUTH). Returns
+    /// the replica's port. (On a setup with a password the master refuses the wrong one too.)
+    pub fn cut_off_replica(&self, master: u16) -> io::Result<u16> {
+        let replica = self
+            .data_ports()
+            .into_iter()
+            .find(|&port| port != master)
+            .ok_or_else(|| io::Error::other("no replica"))?;
+        let set = self.node_command(replica, &["CONFIG", "SET", "masterauth", "cut-off"])?;
+        if set != "+OK\r\n" {
+            return Err(io::Error::other(format!("CONFIG SET masterauth: {set}")));
+        }
+        self.node_command(master, &["CLIENT", "KILL", "TYPE", "replica"])?;
+        Ok(replica)
+    }
+
     /// Kills the data node on `port` with SIGKILL (by its PID) and reaps it.
     pub fn kill(&self, port: u16) -> io::Result<()> {
         self.data_node(port)?

@@ -116,17 +116,7 @@ async fn an_unacknowledged_grant_is_released_and_reported_with_acks_from_the_url
 
     // Cut the replica off (its reconnects fail: a wrong masterauth).
     let master = setup.master_port().expect("master");
-    let replica = setup
-        .data_ports()
-        .into_iter()
-        .find(|&port| port != master)
-        .expect("replica");
-    setup
-        .node_command(replica, &["CONFIG", "SET", "masterauth", "cut-off"])
-        .expect("CONFIG SET");
-    setup
-        .node_command(master, &["CLIENT", "KILL", "TYPE", "replica"])
-        .expect("CLIENT KILL");
+    setup.cut_off_replica(master).expect("cut the replica off");
     let started = Instant::now();
     let error = backend
         .acquire(&request("after"))
@@ -326,20 +316,10 @@ async fn burst_through_a_kill(acks: bool) -> BurstReport {
             while granted.lock().unwrap().len() < 100 && Instant::now() < until {
                 std::thread::sleep(Duration::from_millis(1));
             }
-            // The replica falls behind: its link is cut, and its reconnects fail (a wrong
-            // `masterauth`: the master has no password, so AUTH is refused).
-            let replica = setup
-                .data_ports()
-                .into_iter()
-                .find(|&port| port != old_master)
-                .expect("the replica");
-            let set = setup
-                .node_command(replica, &["CONFIG", "SET", "masterauth", "cut-off"])
-                .expect("CONFIG SET masterauth");
-            assert_eq!(set, "+OK\r\n");
+            // The replica falls behind: its link is cut, and its reconnects fail.
             setup
-                .node_command(old_master, &["CLIENT", "KILL", "TYPE", "replica"])
-                .expect("CLIENT KILL TYPE replica");
+                .cut_off_replica(old_master)
+                .expect("cut the replica off");
             // Longer than the WAIT timeout: some grants are refused for want of acks.
             std::thread::sleep(Duration::from_millis(700));
             setup.kill(old_master).expect("SIGKILL the master");

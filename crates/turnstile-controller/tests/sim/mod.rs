@@ -16,7 +16,7 @@ use turnstile_api::{
 };
 use turnstile_controller::core::{
     fold, plan, BackendView, ClaimView, Decision, EventSubject, LockInput, LockView, OwnerState,
-    EXACT_POSITIONS,
+    Plan, EXACT_POSITIONS,
 };
 use turnstile_controller::lock_reconciler::execute;
 use turnstile_controller::patch::apply_merge_patch;
@@ -298,6 +298,19 @@ impl Sim {
         }
     }
 
+    /// A pass's first step on the current claims and backend: the lock's backend key, the
+    /// pass's input and its plan.
+    async fn plan_now(&self) -> (String, LockInput, Plan) {
+        let key = LockView::from_resource(&self.lock).backend_key();
+        let snapshot = self.backend.snapshot(&key).await.expect("snapshot");
+        let input = self.input(BackendView::Ready {
+            backend: BackendKind::Memory,
+            snapshot,
+        });
+        let planned = plan(&input);
+        (key, input, planned)
+    }
+
     /// One pass whose API writes all fail after its backend calls were made (a 500, or the
     /// 409s of a stale cache), reading `view` as its claim cache (a stale one, or `None` for
     /// the current claims). Nothing of it reaches the API; the backend keeps what it did.
@@ -308,13 +321,7 @@ impl Sim {
             stale.retain(|name, _| current.contains_key(name));
             self.claims = stale;
         }
-        let key = LockView::from_resource(&self.lock).backend_key();
-        let snapshot = self.backend.snapshot(&key).await.expect("snapshot");
-        let input = self.input(BackendView::Ready {
-            backend: BackendKind::Memory,
-            snapshot,
-        });
-        let planned = plan(&input);
+        let (key, _, planned) = self.plan_now().await;
         let _ = execute(self.backend.as_ref(), &key, planned.terms, &planned.ops).await;
         self.claims = current;
     }
@@ -322,13 +329,7 @@ impl Sim {
     /// One reconcile pass, as the shell performs it. Returns the plan's op count and the
     /// decision.
     pub async fn pass(&mut self) -> (usize, Decision) {
-        let key = LockView::from_resource(&self.lock).backend_key();
-        let snapshot = self.backend.snapshot(&key).await.expect("snapshot");
-        let input = self.input(BackendView::Ready {
-            backend: BackendKind::Memory,
-            snapshot,
-        });
-        let planned = plan(&input);
+        let (key, input, planned) = self.plan_now().await;
         // The shell's own write decisions, applied as the API server applies merge patches.
         let mut writes = PassWrites::new(self.claims.values());
         for write in writes.add_finalizers(&planned.finalizers_to_add) {
