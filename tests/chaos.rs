@@ -87,19 +87,11 @@ fn seed() -> u64 {
 /// Our own MongoDB test server (it gets crashed), or None after one line; under `CI=true` a
 /// missing server fails, as in the other MongoDB tests.
 fn mongo() -> Option<MongoServer> {
-    let under_ci = test_servers::under_ci();
     if std::env::var("MONGODB_URI").is_ok_and(|uri| !uri.is_empty()) {
         println!("chaos: no MongoDB lock: MONGODB_URI names an external server, which must not be crashed");
         return None;
     }
-    match MongoServer::start(MongoFlavor::ReplicaSet) {
-        Ok(server) => Some(server),
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound && !under_ci => {
-            println!("chaos: skipped the MongoDB lock: no MongoDB test server: {error}");
-            None
-        }
-        Err(error) => panic!("MongoDB test server failed to start: {error}"),
-    }
+    MongoServer::start_or_skip(MongoFlavor::ReplicaSet)
 }
 
 fn apply_locks(env: &Env, plan: &RunPlan, with_mongo: bool) -> Vec<LockUnderTest> {

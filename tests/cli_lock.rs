@@ -207,15 +207,18 @@ fn pid_of(child: &Child) -> Pid {
     Pid::from_raw(i32::try_from(child.id().expect("running")).unwrap())
 }
 
+/// The fields of `/proc/PID/stat` after the parenthesised command name (field 3 on), or
+/// `None` when there is no such process.
+fn stat_fields(pid: i32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
 /// Whether `pid` is gone (or a zombie nobody reaped yet: it runs no code either).
 fn process_gone(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        // Field 3, after the parenthesised command name, is the state.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
-    }
+    // Field 3 is the state.
+    stat_fields(pid).is_none_or(|fields| fields.first().is_some_and(|s| s.starts_with(['Z', 'X'])))
 }
 
 /// A shell loop that waits (at most 60 s) for file `go` to appear.
@@ -509,13 +512,8 @@ async fn a_lost_lock_stops_the_command_and_what_it_started() {
 
 /// The process group of `pid` (field 5 of `/proc/PID/stat`).
 fn process_group(pid: i32) -> i32 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-    let (_, rest) = stat.rsplit_once(')').expect("stat fields");
-    rest.split_whitespace()
-        .nth(2)
-        .expect("pgrp")
-        .parse()
-        .expect("a number")
+    let fields = stat_fields(pid).expect("a running process");
+    fields.get(2).expect("pgrp").parse().expect("a number")
 }
 
 #[tokio::test]

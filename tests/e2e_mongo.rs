@@ -33,18 +33,9 @@ async fn own_server() -> Option<MongoServer> {
         println!("skipped: MONGODB_URI names an external server, which a test must not crash");
         return None;
     }
-    let under_ci = test_servers::under_ci();
-    match tokio::task::spawn_blocking(|| MongoServer::start(MongoFlavor::ReplicaSet))
+    tokio::task::spawn_blocking(|| MongoServer::start_or_skip(MongoFlavor::ReplicaSet))
         .await
         .expect("launcher thread")
-    {
-        Ok(server) => Some(server),
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound && !under_ci => {
-            println!("skipped: no MongoDB test server can be started: {error}");
-            None
-        }
-        Err(error) => panic!("MongoDB test server failed to start: {error}"),
-    }
 }
 
 /// Whether the `what` step (a crash, an outage) could not be made on this test server, which

@@ -43,16 +43,7 @@ pub(crate) struct Target {
 impl Target {
     /// The storage key of `name` in this target's namespace.
     pub(crate) fn key(&self, name: &str) -> ObjectKey {
-        ObjectKey {
-            group: self.rtype.storage_group.clone(),
-            resource: self.rtype.plural.clone(),
-            namespace: if self.rtype.namespaced {
-                self.namespace.clone().unwrap_or_default()
-            } else {
-                String::new()
-            },
-            name: name.to_string(),
-        }
+        self.key_in(self.scope_namespace().unwrap_or_default(), name)
     }
 
     fn key_in(&self, namespace: &str, name: &str) -> ObjectKey {
@@ -61,6 +52,16 @@ impl Target {
             resource: self.rtype.plural.clone(),
             namespace: namespace.to_string(),
             name: name.to_string(),
+        }
+    }
+
+    /// This target's namespace for a namespaced kind (`None` there: all namespaces); `None`
+    /// for a cluster-scoped kind, whatever the URL said.
+    fn scope_namespace(&self) -> Option<&str> {
+        if self.rtype.namespaced {
+            self.namespace.as_deref()
+        } else {
+            None
         }
     }
 
@@ -76,11 +77,7 @@ impl Target {
         selectors: &Selectors,
         after: Option<(&str, &str)>,
     ) -> Vec<Arc<Value>> {
-        let namespace = if self.rtype.namespaced {
-            self.namespace.as_deref()
-        } else {
-            None
-        };
+        let namespace = self.scope_namespace();
         inner
             .list(
                 &self.rtype.storage_group,
@@ -102,11 +99,7 @@ impl Target {
         after: Option<(&str, &str)>,
         rv: u64,
     ) -> Result<Vec<Arc<Value>>, u64> {
-        let namespace = if self.rtype.namespaced {
-            self.namespace.as_deref()
-        } else {
-            None
-        };
+        let namespace = self.scope_namespace();
         Ok(inner
             .list_at(
                 &self.rtype.storage_group,

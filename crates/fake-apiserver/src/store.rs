@@ -200,15 +200,7 @@ impl Inner {
         group: &'a str,
         resource: &'a str,
     ) -> impl Iterator<Item = (&'a ObjectKey, &'a Arc<Value>)> + 'a {
-        let start = ObjectKey {
-            group: group.to_owned(),
-            resource: resource.to_owned(),
-            namespace: String::new(),
-            name: String::new(),
-        };
-        self.objects
-            .range(start..)
-            .take_while(move |(k, _)| k.group == group && k.resource == resource)
+        self.range_of(group, resource, None, None)
     }
 
     /// Whether a stored object has this uid.

@@ -101,15 +101,31 @@ impl Launch {
     }
 }
 
-/// What a failed start means for a test: no server binary installed skips it, except under
-/// `CI=true` (where `.ci/install` put one there); any other failure fails it.
+/// What a failed start means for a test: no server binary installed, or one that cannot run
+/// the flavor asked for, skips it, except under `CI=true` (where `.ci/install` put the right
+/// one there); any other failure fails it.
 fn unavailable(error: io::Error, ci: bool) -> Unavailable {
-    if error.kind() == io::ErrorKind::NotFound && !ci {
-        Unavailable::Skip(format!(
+    match error.kind() {
+        io::ErrorKind::NotFound if !ci => Unavailable::Skip(format!(
             "no MongoDB test server: set MONGODB_URI or install secantusd-rs (.ci/install): {error}"
-        ))
-    } else {
-        Unavailable::Fail(error)
+        )),
+        io::ErrorKind::Unsupported if !ci => Unavailable::Skip(error.to_string()),
+        _ => Unavailable::Fail(error),
+    }
+}
+
+/// The value, or `None` after one `skipped:` line.
+///
+/// # Panics
+/// On [`Unavailable::Fail`]: the test must fail, not pass by skipping.
+fn or_skip<T>(result: Result<T, Unavailable>) -> Option<T> {
+    match result {
+        Ok(value) => Some(value),
+        Err(Unavailable::Skip(reason)) => {
+            println!("skipped: {reason}");
+            None
+        }
+        Err(Unavailable::Fail(error)) => panic!("MongoDB test server unavailable: {error}"),
     }
 }
 
@@ -161,14 +177,16 @@ impl MongoServer {
     /// When a server should be there and is not ([`Unavailable::Fail`]: under `CI=true`, or a
     /// server that failed to start): the test must fail, not pass by skipping.
     pub fn shared_or_skip() -> Option<Arc<MongoServer>> {
-        match Self::for_tests() {
-            Ok(server) => Some(server),
-            Err(Unavailable::Skip(reason)) => {
-                println!("skipped: {reason}");
-                None
-            }
-            Err(Unavailable::Fail(error)) => panic!("MongoDB test server unavailable: {error}"),
-        }
+        or_skip(Self::for_tests())
+    }
+
+    /// [`Self::start`] for a test that needs a server of its own (to crash or restart it):
+    /// the server, or `None` after one `skipped:` line when none can be started here.
+    ///
+    /// # Panics
+    /// Under `CI=true`, or when an installed server fails to start.
+    pub fn start_or_skip(flavor: MongoFlavor) -> Option<MongoServer> {
+        or_skip(Self::start(flavor).map_err(|error| unavailable(error, under_ci())))
     }
 
     /// Starts a server of `flavor` and waits until it answers `ping`. The binary is
@@ -421,26 +439,17 @@ mod tests {
             matches!(unavailable(missing(), true), Unavailable::Fail(_)),
             "under CI"
         );
+        let flavor = || io::Error::new(io::ErrorKind::Unsupported, "no standalone here");
+        assert!(matches!(unavailable(flavor(), false), Unavailable::Skip(_)));
+        assert!(
+            matches!(unavailable(flavor(), true), Unavailable::Fail(_)),
+            "under CI"
+        );
         let broken = io::Error::other("exited at once");
         assert!(
             matches!(unavailable(broken, false), Unavailable::Fail(_)),
             "a server that fails"
         );
-    }
-
-    fn start_or_skip(flavor: MongoFlavor) -> Option<MongoServer> {
-        match MongoServer::start(flavor) {
-            Ok(server) => Some(server),
-            Err(error) if error.kind() == io::ErrorKind::NotFound && !under_ci() => {
-                println!("skipped: no MongoDB test server installed ({error})");
-                None
-            }
-            Err(error) if error.kind() == io::ErrorKind::Unsupported && !under_ci() => {
-                println!("skipped: {error}");
-                None
-            }
-            Err(error) => panic!("MongoDB test server failed to start: {error}"),
-        }
     }
 
     fn port_of(server: &MongoServer) -> u16 {
@@ -454,7 +463,7 @@ mod tests {
 
     #[test]
     fn starts_answers_ping_and_stops_by_pid() {
-        let Some(server) = start_or_skip(MongoFlavor::ReplicaSet) else {
+        let Some(server) = MongoServer::start_or_skip(MongoFlavor::ReplicaSet) else {
             return;
         };
         assert!(server.uri().starts_with("mongodb://127.0.0.1:"));
@@ -467,7 +476,7 @@ mod tests {
 
     #[test]
     fn restart_serves_the_same_port_again() {
-        let Some(mut server) = start_or_skip(MongoFlavor::Standalone) else {
+        let Some(mut server) = MongoServer::start_or_skip(MongoFlavor::Standalone) else {
             return;
         };
         let (port, pid) = (port_of(&server), server.pid());

@@ -4,7 +4,7 @@
 // Each test binary uses a different part of this shared support.
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,7 +61,7 @@ pub struct Sim {
     /// How many held the lock when `maxHolders` was last lowered below that.
     pub held_when_lowered: usize,
     /// Claims whose lease ran out while the controller was down.
-    pub lapsed_while_down: std::collections::BTreeSet<String>,
+    pub lapsed_while_down: BTreeSet<String>,
 }
 
 impl Sim {
@@ -99,7 +99,7 @@ impl Sim {
             grant_times: Vec::new(),
             involuntary_ends: Vec::new(),
             held_when_lowered: 0,
-            lapsed_while_down: std::collections::BTreeSet::new(),
+            lapsed_while_down: BTreeSet::new(),
         }
     }
 
