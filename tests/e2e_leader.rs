@@ -57,7 +57,11 @@ async fn reporting_instances(env: &Env) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standby_takes_over_without_double_grants() {
     let env = Env::new().await;
-    let first = env.spawn_controller(replica(&env, "replica-1"));
+    let leader_metrics = free_addr();
+    let first = env.spawn_controller(ControllerConfig {
+        metrics_addr: Some(leader_metrics),
+        ..replica(&env, "replica-1")
+    });
     // Let replica-1 win the Lease before replica-2 starts.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let standby_metrics = free_addr();
@@ -82,6 +86,31 @@ async fn standby_takes_over_without_double_grants() {
         standby_gauge().await,
         Some(0.0),
         "the standby does not lead"
+    );
+    // Both replicas serve OpenMetrics text, the leader and the standby alike.
+    for (replica, addr) in [("leader", leader_metrics), ("standby", standby_metrics)] {
+        let answer = get(addr, "/metrics").await;
+        assert_eq!(answer.status, 200, "{replica}");
+        assert!(
+            answer
+                .content_type
+                .starts_with("application/openmetrics-text"),
+            "{replica}: {}",
+            answer.content_type
+        );
+        assert!(
+            answer.body.ends_with("# EOF\n"),
+            "{replica}: {}",
+            answer.body
+        );
+    }
+    assert_eq!(
+        sample(
+            &get(leader_metrics, "/metrics").await.body,
+            "turnstile_leader"
+        ),
+        Some(1.0),
+        "the leader leads"
     );
 
     // Only the leader acted: every Event so far comes from replica-1. Events are published

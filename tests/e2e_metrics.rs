@@ -1,6 +1,7 @@
 //! End to end with the controller's metrics server on a free 127.0.0.1 port: after a flow of
 //! known grants, one release and one expiry, `/metrics` (scraped over HTTP) shows exactly
-//! those counts, the queue depth follows the queue, and `/readyz` answers ready.
+//! those counts, the queue depth follows the queue, and `/readyz` answers ready; then every
+//! other way a grant or claim ends, and the error and reconcile series, one event at a time.
 
 mod e2e_support;
 
@@ -9,6 +10,10 @@ use std::time::{Duration, Instant};
 
 use e2e_support::scrape::{get, sample};
 use e2e_support::{position_of, Env, WAIT};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use turnstile_api::ClaimPhase;
 use turnstile_controller::ControllerConfig;
 
@@ -113,5 +118,163 @@ async fn a_flow_shows_its_grants_releases_and_expiries_in_metrics() {
     );
     let ready = get(addr, "/readyz").await;
     assert_eq!(ready.status, 200, "{}", ready.body);
+    env.stop_controller().await;
+}
+
+/// Waits until `series` shows at least `at_least`; returns the exposition.
+async fn wait_for_at_least(addr: SocketAddr, series: &str, at_least: f64) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let body = get(addr, "/metrics").await.body;
+        if sample(&body, series).is_some_and(|value| value >= at_least) {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{series} never reached {at_least} in:\n{body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every other way a grant or a claim ends, one at a time, each shown by its own counter as
+/// the controller counts it: a renewal, a release on deletion and when the owner Pod
+/// finishes, a claim timing out, a lock deleted under its holder (`lock_lost` and
+/// `hold_seconds{outcome="lost"}`), injected API errors (`reconcile_errors_total{kind="api"}`)
+/// and a Redis nobody listens on (`backend_errors_total{operation="connect"}`), beside the
+/// reconcile counts and durations of the passes that did all this.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_failures_losses_and_errors_are_counted_as_they_happen() {
+    let Some(mut env) =
+        Env::fake_only("renewals_failures_losses_and_errors_are_counted_as_they_happen").await
+    else {
+        return;
+    };
+    let addr = free_addr();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("free port");
+    env.start_controller(ControllerConfig {
+        metrics_addr: Some(addr),
+        // A port nothing listens on once the probe above is dropped.
+        redis_url: Some(format!("redis://{closed}/")),
+        ..ControllerConfig::default()
+    });
+    let renewals = r#"turnstile_renewals_total{backend="memory"}"#;
+    let failures = r#"turnstile_claim_failures_total{backend="memory"}"#;
+    let deleted = r#"turnstile_lock_lost_total{backend="memory",cause="lock_deleted"}"#;
+    let lost = r#"turnstile_hold_seconds_count{backend="memory",outcome="lost"}"#;
+    let released = r#"turnstile_hold_seconds_count{backend="memory",outcome="released"}"#;
+
+    // A renewal.
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.apply_claim("a", "db", "");
+    env.wait_phase("a", ClaimPhase::Held).await;
+    env.apply_claim("b", "db", "acquireTimeoutSeconds: 1");
+    wait_for_samples(addr, &[(renewals, 0.0), (failures, 0.0), (RELEASES, 0.0)]).await;
+    env.patch_claim_spec(
+        "a",
+        serde_json::json!({"renewTime": Time(Timestamp::now())}),
+    )
+    .await;
+    env.wait_event("a", "Renewed").await;
+    // b times out behind a.
+    env.wait_phase("b", ClaimPhase::Failed).await;
+    wait_for_samples(addr, &[(renewals, 1.0), (failures, 1.0), (RELEASES, 0.0)]).await;
+
+    // The holder's claim is deleted: a release.
+    env.delete_claim("a").await;
+    env.wait_gone("a").await;
+    wait_for_samples(addr, &[(RELEASES, 1.0), (released, 1.0)]).await;
+
+    // A Pod-owned holder whose Pod finishes: a release.
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "worker"},
+        "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+    }))
+    .expect("pod");
+    let uid = pods
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod")
+        .metadata
+        .uid
+        .expect("uid");
+    let set_phase = |phase: &'static str| {
+        let pods = pods.clone();
+        async move {
+            pods.patch_status(
+                "worker",
+                &PatchParams::default(),
+                &Patch::Merge(&serde_json::json!({"status": {"phase": phase}})),
+            )
+            .await
+            .expect("pod status");
+        }
+    };
+    set_phase("Running").await;
+    env.apply(&format!(
+        "apiVersion: turnstile.dev/v1alpha1
+kind: LockClaim
+metadata:
+  name: worker-db
+  ownerReferences:
+  - apiVersion: v1
+    kind: Pod
+    name: worker
+    uid: {uid}
+    controller: true
+spec:
+  lockName: db
+"
+    ));
+    env.wait_phase("worker-db", ClaimPhase::Held).await;
+    set_phase("Succeeded").await;
+    env.wait_phase("worker-db", ClaimPhase::Released).await;
+    wait_for_samples(addr, &[(RELEASES, 2.0), (released, 2.0)]).await;
+
+    // The lock is deleted under a holder: lost, not released.
+    env.apply_lock("doomed", "leaseDurationSeconds: 300");
+    env.apply_claim("h", "doomed", "");
+    env.wait_phase("h", ClaimPhase::Held).await;
+    env.locks()
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .expect("delete lock");
+    env.wait_phase("h", ClaimPhase::Expired).await;
+    wait_for_samples(addr, &[(deleted, 1.0), (lost, 1.0), (RELEASES, 2.0)]).await;
+
+    // Injected server errors on a claim's status writes fail a pass: an API error.
+    let base = format!("/apis/turnstile.dev/v1alpha1/namespaces/{}", env.namespace);
+    let api_errors = r#"turnstile_reconcile_errors_total{kind="api"}"#;
+    let before = sample(&get(addr, "/metrics").await.body, api_errors).expect("api errors");
+    env.server()
+        .inject_faults(&format!("{base}/lockclaims/c/status"), 2, 500);
+    env.apply_claim("c", "db", "");
+    env.wait_phase("c", ClaimPhase::Held).await;
+    wait_for_at_least(addr, api_errors, before + 1.0).await;
+
+    // A Redis lock while nobody listens on the controller's Redis: connect errors.
+    env.apply_lock("cache", "backend: redis\nleaseDurationSeconds: 300");
+    env.wait_ready("cache", "False").await;
+    let text = wait_for_at_least(
+        addr,
+        r#"turnstile_backend_errors_total{backend="redis",operation="connect"}"#,
+        1.0,
+    )
+    .await;
+
+    // The passes that did all this are counted and timed.
+    for series in [
+        r#"turnstile_reconcile_total{controller="lock",result="ok"}"#,
+        r#"turnstile_reconcile_total{controller="lock",result="error"}"#,
+        r#"turnstile_reconcile_duration_seconds_count{controller="lock"}"#,
+    ] {
+        assert!(
+            sample(&text, series).is_some_and(|value| value >= 1.0),
+            "{series} in:\n{text}"
+        );
+    }
     env.stop_controller().await;
 }
