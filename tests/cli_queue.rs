@@ -17,10 +17,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
+use e2e_support::pods::create_pod;
 use e2e_support::{position_of, Env};
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, PostParams};
-use serde_json::{json, Value};
+use serde_json::Value;
 use turnstile_api::{ClaimPhase, LockClaim};
 
 fn text(output: &Output) -> String {
@@ -101,20 +100,6 @@ fn json_order(out: &str) -> (Vec<String>, Vec<String>, Value) {
             .collect()
     };
     (names("holders"), names("waiters"), value)
-}
-
-async fn create_pod(env: &Env, name: &str) -> String {
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-        "spec": {"containers": [{"name": "app", "image": "busybox"}]}
-    }))
-    .expect("pod");
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
-    let pod = pods
-        .create(&PostParams::default(), &pod)
-        .await
-        .expect("create pod");
-    pod.metadata.uid.expect("uid")
 }
 
 /// `(creationTimestamp, name)` of a claim: the order the controller grants in.

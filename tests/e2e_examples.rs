@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use e2e_support::actor::tagged_client;
 use e2e_support::jobs::{finish_job, is_suspended, jobs, wait_job};
+use e2e_support::pods::{pods, set_pod_phase};
 use e2e_support::{phase_of, position_of, token_of, Env, WAIT};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
@@ -146,10 +147,6 @@ impl Scratch {
     }
 }
 
-fn pods(env: &Env) -> Api<Pod> {
-    Api::namespaced(env.client.clone(), &env.namespace)
-}
-
 /// Plays the Job controller: a Pod from the Job's template, owned by the Job. Returns its uid.
 async fn start_pod_of_job(env: &Env, job: &str, pod: &str) -> String {
     let job = jobs(env).get(job).await.expect("get job");
@@ -173,17 +170,6 @@ async fn start_pod_of_job(env: &Env, job: &str, pod: &str) -> String {
     // Init containers run while the Pod is Pending.
     set_pod_phase(env, pod, "Pending").await;
     created.metadata.uid.expect("uid")
-}
-
-async fn set_pod_phase(env: &Env, pod: &str, phase: &str) {
-    pods(env)
-        .patch_status(
-            pod,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"status": {"phase": phase}})),
-        )
-        .await
-        .expect("pod status");
 }
 
 async fn complete_job(env: &Env, job: &str) {

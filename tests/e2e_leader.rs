@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use e2e_support::actor::{requests_of, tagged_client};
 use e2e_support::jobs::{is_suspended, jobs};
-use e2e_support::scrape::{get, sample};
+use e2e_support::scrape::{free_addr, get, sample};
 use e2e_support::{phase_of, position_of, token_of, Env, HolderMonitor, WAIT};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
@@ -147,12 +147,6 @@ async fn standby_takes_over_without_double_grants() {
     let report = monitor.finish().await;
     assert_eq!(report.tokens(), [1, 2]);
     second.stop().await;
-}
-
-/// A loopback address with a port free right now.
-fn free_addr() -> std::net::SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
-    listener.local_addr().expect("address")
 }
 
 /// Caches filled from the API as a watch would fill them (for driving one pass by hand).

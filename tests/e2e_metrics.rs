@@ -8,42 +8,51 @@ mod e2e_support;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use e2e_support::scrape::{get, sample};
+use e2e_support::pods::{create_pod, owned_claim, set_pod_phase};
+use e2e_support::scrape::{free_addr, get, sample};
 use e2e_support::{position_of, Env, WAIT};
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::DeleteParams;
 use turnstile_api::ClaimPhase;
 use turnstile_controller::ControllerConfig;
 
-fn free_addr() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
-    listener.local_addr().expect("address")
-}
-
-/// Scrapes until every `(series, value)` in `expected` is shown (the metrics of a pass are
-/// recorded just after its writes, so a scrape may briefly lag the API); panics with the
-/// exposition after [`WAIT`].
-async fn wait_for_samples(addr: SocketAddr, expected: &[(&str, f64)]) -> String {
+/// Scrapes until `done` holds for the exposition (the metrics of a pass are recorded just
+/// after its writes, so a scrape may briefly lag the API); returns it, or panics with it and
+/// `what` after [`WAIT`].
+async fn scrape_until(addr: SocketAddr, what: &str, done: impl Fn(&str) -> bool) -> String {
     let deadline = Instant::now() + WAIT;
     loop {
         let answer = get(addr, "/metrics").await;
         assert_eq!(answer.status, 200);
-        let missing: Vec<_> = expected
-            .iter()
-            .filter(|(series, value)| sample(&answer.body, series) != Some(*value))
-            .collect();
-        if missing.is_empty() {
+        if done(&answer.body) {
             return answer.body;
         }
         assert!(
             Instant::now() < deadline,
-            "never saw {missing:?} in:\n{}",
+            "never saw {what} in:\n{}",
             answer.body
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Scrapes until every `(series, value)` in `expected` is shown exactly.
+async fn wait_for_samples(addr: SocketAddr, expected: &[(&str, f64)]) -> String {
+    scrape_until(addr, &format!("{expected:?}"), |body| {
+        expected
+            .iter()
+            .all(|(series, value)| sample(body, series) == Some(*value))
+    })
+    .await
+}
+
+/// Scrapes until `series` shows at least `at_least`.
+async fn wait_for_at_least(addr: SocketAddr, series: &str, at_least: f64) -> String {
+    scrape_until(addr, &format!("{series} >= {at_least}"), |body| {
+        sample(body, series).is_some_and(|value| value >= at_least)
+    })
+    .await
 }
 
 const GRANTS: &str = r#"turnstile_grants_total{backend="memory"}"#;
@@ -121,22 +130,6 @@ async fn a_flow_shows_its_grants_releases_and_expiries_in_metrics() {
     env.stop_controller().await;
 }
 
-/// Waits until `series` shows at least `at_least`; returns the exposition.
-async fn wait_for_at_least(addr: SocketAddr, series: &str, at_least: f64) -> String {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let body = get(addr, "/metrics").await.body;
-        if sample(&body, series).is_some_and(|value| value >= at_least) {
-            return body;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{series} never reached {at_least} in:\n{body}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Every other way a grant or a claim ends, one at a time, each shown by its own counter as
 /// the controller counts it: a renewal, a release on deletion and when the owner Pod
 /// finishes, a claim timing out, a lock deleted under its holder (`lock_lost` and
@@ -151,12 +144,10 @@ async fn renewals_failures_losses_and_errors_are_counted_as_they_happen() {
         return;
     };
     let addr = free_addr();
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("free port");
+    let closed = free_addr();
     env.start_controller(ControllerConfig {
         metrics_addr: Some(addr),
-        // A port nothing listens on once the probe above is dropped.
+        // A port nothing listens on.
         redis_url: Some(format!("redis://{closed}/")),
         ..ControllerConfig::default()
     });
@@ -169,9 +160,19 @@ async fn renewals_failures_losses_and_errors_are_counted_as_they_happen() {
     // A renewal.
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.apply_claim("a", "db", "");
-    env.wait_phase("a", ClaimPhase::Held).await;
+    let a = env.wait_phase("a", ClaimPhase::Held).await;
     env.apply_claim("b", "db", "acquireTimeoutSeconds: 1");
     wait_for_samples(addr, &[(renewals, 0.0), (failures, 0.0), (RELEASES, 0.0)]).await;
+    // Times are whole seconds: a renewal dated in the grant's own second extends nothing.
+    let acquired = a
+        .status
+        .and_then(|status| status.acquired_at)
+        .expect("acquiredAt")
+        .0
+        .as_second();
+    while Timestamp::now().as_second() <= acquired {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     env.patch_claim_spec(
         "a",
         serde_json::json!({"renewTime": Time(Timestamp::now())}),
@@ -188,49 +189,11 @@ async fn renewals_failures_losses_and_errors_are_counted_as_they_happen() {
     wait_for_samples(addr, &[(RELEASES, 1.0), (released, 1.0)]).await;
 
     // A Pod-owned holder whose Pod finishes: a release.
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
-    let pod: Pod = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "worker"},
-        "spec": {"containers": [{"name": "main", "image": "busybox"}]},
-    }))
-    .expect("pod");
-    let uid = pods
-        .create(&PostParams::default(), &pod)
-        .await
-        .expect("create pod")
-        .metadata
-        .uid
-        .expect("uid");
-    let set_phase = |phase: &'static str| {
-        let pods = pods.clone();
-        async move {
-            pods.patch_status(
-                "worker",
-                &PatchParams::default(),
-                &Patch::Merge(&serde_json::json!({"status": {"phase": phase}})),
-            )
-            .await
-            .expect("pod status");
-        }
-    };
-    set_phase("Running").await;
-    env.apply(&format!(
-        "apiVersion: turnstile.dev/v1alpha1
-kind: LockClaim
-metadata:
-  name: worker-db
-  ownerReferences:
-  - apiVersion: v1
-    kind: Pod
-    name: worker
-    uid: {uid}
-    controller: true
-spec:
-  lockName: db
-"
-    ));
+    let uid = create_pod(&env, "worker").await;
+    set_pod_phase(&env, "worker", "Running").await;
+    env.apply(&owned_claim("worker-db", "db", "Pod", "v1", "worker", &uid));
     env.wait_phase("worker-db", ClaimPhase::Held).await;
-    set_phase("Succeeded").await;
+    set_pod_phase(&env, "worker", "Succeeded").await;
     env.wait_phase("worker-db", ClaimPhase::Released).await;
     wait_for_samples(addr, &[(RELEASES, 2.0), (released, 2.0)]).await;
 

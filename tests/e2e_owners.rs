@@ -9,9 +9,9 @@ mod e2e_support;
 
 use std::time::{Duration, Instant};
 
+use e2e_support::pods::{create_pod, owned_claim, pods, set_pod_phase};
 use e2e_support::{phase_of, position_of, reason_of, token_of, Env};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use turnstile_api::ClaimPhase;
@@ -36,60 +36,15 @@ fn assert_prompt(since: Instant, what: &str) {
     );
 }
 
-async fn create_pod(env: &Env, name: &str) -> String {
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {"containers": [{"name": "main", "image": "busybox"}]}
-    }))
-    .expect("pod");
-    let pod = pods
-        .create(&PostParams::default(), &pod)
-        .await
-        .expect("create pod");
+/// A Pod `name` in phase `Running`; returns its uid.
+async fn start_pod(env: &Env, name: &str) -> String {
+    let uid = create_pod(env, name).await;
     set_pod_phase(env, name, "Running").await;
-    pod.metadata.uid.expect("uid")
+    uid
 }
 
 async fn delete_pod(env: &Env, name: &str, params: &DeleteParams) {
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
-    pods.delete(name, params).await.expect("delete pod");
-}
-
-async fn set_pod_phase(env: &Env, name: &str, phase: &str) {
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
-    pods.patch_status(
-        name,
-        &PatchParams::default(),
-        &Patch::Merge(&json!({"status": {"phase": phase}})),
-    )
-    .await
-    .expect("pod status");
-}
-
-fn owned_claim(
-    name: &str,
-    lock: &str,
-    kind: &str,
-    api_version: &str,
-    owner: &str,
-    uid: &str,
-) -> String {
-    format!(
-        "apiVersion: turnstile.dev/v1alpha1
-kind: LockClaim
-metadata:
-  name: {name}
-  ownerReferences:
-  - apiVersion: {api_version}
-    kind: {kind}
-    name: {owner}
-    uid: {uid}
-    controller: true
-spec:
-  lockName: {lock}
-"
-    )
+    pods(env).delete(name, params).await.expect("delete pod");
 }
 
 /// A running Pod `pod` whose claim `<pod>-db` holds lock `db` (with `lease_line`), and a
@@ -100,7 +55,7 @@ async fn pod_holds_with_one_waiting(
     lease_line: &str,
 ) -> (String, turnstile_api::LockClaim) {
     env.apply_lock("db", lease_line);
-    let uid = create_pod(env, pod).await;
+    let uid = start_pod(env, pod).await;
     let claim = format!("{pod}-db");
     env.apply(&owned_claim(&claim, "db", "Pod", "v1", pod, &uid));
     env.apply_claim("next", "db", "");
@@ -281,7 +236,7 @@ async fn pod_owned_waiters_cost_no_api_lookup_per_pass() {
     const WAITERS: usize = 20;
     for n in 0..=WAITERS {
         let pod = format!("worker-{n:02}");
-        let uid = create_pod(&env, &pod).await;
+        let uid = start_pod(&env, &pod).await;
         env.apply(&owned_claim(
             &format!("{pod}-db"),
             "db",

@@ -14,18 +14,15 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use e2e_support::pods::{pods, set_pod_phase};
 use e2e_support::{phase_of, reason_of, token_of, Env, WAIT};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 use turnstile_api::{ClaimPhase, LOCKS_ANNOTATION, LOCK_LABEL, SCHEDULING_GATE, TOKEN_ANNOTATION};
 
 /// How soon after its predecessor ends the next Pod must be let go: far below the 300 s lease.
 const HANDOFF: Duration = Duration::from_secs(15);
-
-fn pods(env: &Env) -> Api<Pod> {
-    Api::namespaced(env.client.clone(), &env.namespace)
-}
 
 /// A replica as a ReplicaSet makes it from a gated template.
 async fn create_gated_pod(env: &Env, name: &str, lock: &str) {
@@ -87,17 +84,6 @@ async fn next_running(env: &Env, done: &BTreeSet<String>) -> String {
         assert!(Instant::now() < deadline, "no single next Pod ran: {now:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-async fn set_pod_phase(env: &Env, name: &str, phase: &str) {
-    pods(env)
-        .patch_status(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"status": {"phase": phase}})),
-        )
-        .await
-        .expect("pod status");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

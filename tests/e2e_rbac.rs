@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use deploy_support::{find, grants, render_base, Grant};
 use e2e_support::actor::{requests_of, tagged_client};
+use e2e_support::pods::owned_claim;
 use e2e_support::{Env, WAIT};
 use fake_apiserver::{rbac_summary, RecordedRequest};
 use k8s_openapi::api::batch::v1::Job;
@@ -67,19 +68,6 @@ where
     )
 }
 
-fn owned_claim_yaml(
-    name: &str,
-    lock: &str,
-    kind: &str,
-    api_version: &str,
-    owner: &(String, String),
-) -> String {
-    format!(
-        "apiVersion: turnstile.dev/v1alpha1\nkind: LockClaim\nmetadata:\n  name: {name}\n  ownerReferences:\n  - apiVersion: {api_version}\n    kind: {kind}\n    name: {}\n    uid: {}\n    controller: true\nspec:\n  lockName: {lock}\n",
-        owner.0, owner.1
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deployed_rbac_grants_every_call_the_controller_makes() {
     let Some(env) =
@@ -118,7 +106,7 @@ async fn the_deployed_rbac_grants_every_call_the_controller_makes() {
     )
     .await
     .expect("pod status");
-    env.apply(&owned_claim_yaml("worker-db", "db", "Pod", "v1", &pod));
+    env.apply(&owned_claim("worker-db", "db", "Pod", "v1", &pod.0, &pod.1));
     env.wait_phase("worker-db", ClaimPhase::Held).await;
     let job = create_owner::<Job>(
         &env,
@@ -127,12 +115,13 @@ async fn the_deployed_rbac_grants_every_call_the_controller_makes() {
                  "containers": [{"name": "main", "image": "busybox"}]}}}}),
     )
     .await;
-    env.apply(&owned_claim_yaml(
+    env.apply(&owned_claim(
         "migrate-db",
         "db",
         "Job",
         "batch/v1",
-        &job,
+        &job.0,
+        &job.1,
     ));
     env.apply_claim("plain", "db", "");
 

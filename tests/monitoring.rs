@@ -13,12 +13,11 @@ mod deploy_support;
 mod e2e_support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use deploy_support::{find, render_with_component, repo, str_at, strings};
-use e2e_support::scrape::get;
+use e2e_support::scrape::{free_addr, get};
 use e2e_support::Env;
 use serde_json::{json, Value};
 use turnstile_controller::ControllerConfig;
@@ -457,11 +456,6 @@ fn exposition(text: &str) -> BTreeMap<String, Vec<BTreeMap<String, String>>> {
         out.entry(name).or_default().push(labels);
     }
     out
-}
-
-fn free_addr() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
-    listener.local_addr().expect("address")
 }
 
 #[test]

@@ -6,6 +6,7 @@
 
 pub mod actor;
 pub mod jobs;
+pub mod pods;
 pub mod scrape;
 
 use std::io::Write as _;

@@ -9,6 +9,14 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// A loopback address with a port free right now (for a metrics server, or a port that
+/// nothing listens on).
+pub fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("free loopback port")
+}
+
 /// An HTTP answer.
 pub struct Answer {
     /// Status code.
