@@ -3,7 +3,9 @@
 //! runs with the grant's fencing token, a second run waits for the first, the lease is
 //! renewed while the command runs, and the claim is deleted when it ends. A claim lost while
 //! the command runs stops it (exit 76); `--wait` gives up (75) and SIGTERM while waiting exits
-//! 143, both leaving no claim behind; a lock that does not exist is a usage error (2).
+//! 143, both leaving no claim behind; a lock that does not exist is a usage error (2). An API
+//! server that cannot be reached is 69; the requests it makes need exactly the RBAC verbs the
+//! README lists; a `turnstile lock` killed outright frees the lock once its `--ttl` runs out.
 
 mod e2e_support;
 
@@ -11,10 +13,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
+use std::collections::BTreeMap;
+
+use e2e_support::actor::{sent_by, tagged_client};
+use e2e_support::roles::{example_role, verbs};
 use e2e_support::{phase_of, Env, WAIT};
 use kube::api::ListParams;
 use tokio::process::{Child, Command};
 use turnstile_api::{ClaimPhase, LockClaim};
+use turnstile_controller::ControllerConfig;
 
 /// `turnstile lock --lock LOCK ARGS… -- sh -c SCRIPT` in `dir`, against the test's cluster.
 fn spawn_lock(env: &Env, lock: &str, args: &[&str], script: &str, dir: &Path) -> Child {
@@ -241,4 +248,168 @@ async fn giving_up_leaves_no_claim_behind() {
     );
     assert!(claims_of(&env, "nope").await.is_empty());
     env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uses_exactly_the_rbac_verbs_the_readme_lists() {
+    let env = Env::new().await;
+    // The controller's requests are tagged, so what is left in the log is the binary's.
+    let controller = env.spawn_controller_with(
+        tagged_client(env.server(), "controller"),
+        ControllerConfig::default(),
+    );
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.wait_ready("db", "True").await;
+    env.server().clear_request_log();
+    let dir = tempfile::tempdir().expect("dir");
+    // A 3 s lease renewed every second, so a 2.5 s command sees renewals.
+    let output = finish(spawn_lock(
+        &env,
+        "db",
+        &["--ttl", "3s"],
+        "sleep 2.5",
+        dir.path(),
+    ))
+    .await;
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let log: Vec<_> = env
+        .server()
+        .request_log()
+        .into_iter()
+        .filter(|request| !sent_by(request, "controller"))
+        .collect();
+    let readme = BTreeMap::from([
+        (
+            ("turnstile.dev".to_owned(), "lockclaims".to_owned()),
+            verbs(&["create", "list", "watch", "patch", "delete"]),
+        ),
+        (
+            ("turnstile.dev".to_owned(), "distributedlocks".to_owned()),
+            verbs(&["get"]),
+        ),
+    ]);
+    assert_eq!(
+        fake_apiserver::rbac_summary(&log),
+        readme,
+        "what turnstile lock --lock used, against the README's list"
+    );
+    assert_eq!(
+        example_role("lock-in-a-container.yaml", "turnstile-lock"),
+        readme,
+        "the example's Role"
+    );
+    controller.stop().await;
+}
+
+#[test]
+fn an_unreachable_api_server_exits_69_with_one_line() {
+    let port = test_servers::free_port().expect("free port");
+    let dir = tempfile::tempdir().expect("dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: gone\n  cluster:\n    server: http://127.0.0.1:{port}\n\
+             contexts:\n- name: gone\n  context:\n    cluster: gone\n    user: nobody\n    namespace: default\n\
+             current-context: gone\nusers:\n- name: nobody\n  user: {{}}\n"
+        ),
+    )
+    .expect("write kubeconfig");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["lock", "--lock", "db", "--", "sh", "-c", "touch ran"])
+        .current_dir(dir.path())
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run turnstile lock");
+    let line = stderr(&output);
+    assert_eq!(code(&output), 69, "{line}");
+    assert_eq!(line.lines().count(), 1, "one line, got {line:?}");
+    assert!(line.starts_with("turnstile: "), "{line:?}");
+    assert!(!dir.path().join("ran").exists(), "the command ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_turnstile_frees_the_lock_once_its_ttl_runs_out() {
+    let mut env = env_with_lock().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let ttl = Duration::from_secs(3);
+    // The command records its shell's PID, so the test can end it after killing turnstile.
+    let mut first = spawn_lock(
+        &env,
+        "db",
+        &["--ttl", "3s"],
+        &format!("set -- first; {RECORD}; echo $$ > first.pid; sleep 60"),
+        dir.path(),
+    );
+    until_exists(dir.path().join("first.pid")).await;
+    // SIGKILL: no cleanup at all, the claim stays behind unrenewed.
+    first.start_kill().expect("SIGKILL turnstile lock");
+    let _ = first.wait().await;
+    let killed = Instant::now();
+    let second = spawn_lock(
+        &env,
+        "db",
+        &["--ttl", "3s"],
+        &format!("set -- second; {RECORD}"),
+        dir.path(),
+    );
+    let second = finish(second).await;
+    let waited = killed.elapsed();
+    if let Ok(pid) = read(dir.path(), "first.pid").parse::<i32>() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    assert_eq!(code(&second), 0, "{}", stderr(&second));
+    assert_eq!(read(dir.path(), "second.token"), "2");
+    // The first claim was not released but left to expire, and that came well within a wide
+    // margin of its lease.
+    let first_claim = env.claim(&read(dir.path(), "first.claim")).await;
+    assert_eq!(
+        phase_of(&first_claim),
+        Some(ClaimPhase::Expired),
+        "{first_claim:?}"
+    );
+    assert!(waited < ttl + Duration::from_secs(15), "{waited:?}");
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_refused_for_a_whole_ttl_stop_the_command_with_76() {
+    let mut env = env_with_lock().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let run = spawn_lock(
+        &env,
+        "db",
+        &["--ttl", "3s", "--grace", "2s"],
+        &format!("set -- run; {RECORD}; sleep 60"),
+        dir.path(),
+    );
+    until_exists(dir.path().join("run.token")).await;
+    // The controller away (the claim keeps reading `Held`), then every write to the claims
+    // refused with 503, which the client retries for minutes: turnstile cannot know the grant
+    // lasts past its lease.
+    env.stop_controller().await;
+    let claims_path = format!(
+        "/apis/turnstile.dev/v1alpha1/namespaces/{}/lockclaims",
+        env.namespace
+    );
+    env.server().inject_faults(&claims_path, 100_000, 503);
+    let refused = Instant::now();
+    let output = finish(run).await;
+    let after = refused.elapsed();
+    assert_eq!(code(&output), 76, "{}", stderr(&output));
+    // The last line says why (before it, a warning that the claim could not be deleted).
+    let said = stderr(&output);
+    assert!(
+        said.lines().last().is_some_and(|line| line.starts_with(
+            "turnstile: lost lock db (fencing token 1): no renewal reached the API server"
+        )),
+        "{said}"
+    );
+    // About one lease after the last renewal that landed, plus the grace: far below 60 s.
+    assert!(after < Duration::from_secs(3 + 2 + 15), "{after:?}");
 }

@@ -11,16 +11,18 @@
 //! - `--create` makes the claim owned by the Pod from the downward API variables, adopts it
 //!   again after a restart, refuses another Pod's claim (8), and `--token-file` gets the token.
 
-use std::collections::{BTreeMap, BTreeSet};
+mod e2e_support;
+
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
+use e2e_support::roles::{example_role, verbs};
 use fake_apiserver::FakeApiServer;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 use turnstile_api::{DistributedLock, LockClaim};
@@ -672,41 +674,6 @@ fn help_never_shows_the_backend_urls_from_the_environment() {
     }
 }
 
-/// The verbs per `(group, resource)` the example's `Role` named `role` grants.
-fn example_role(file: &str, role: &str) -> BTreeMap<(String, String), BTreeSet<String>> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("examples")
-        .join(file);
-    let text = std::fs::read_to_string(&path).expect("the example");
-    let mut verbs: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
-    for document in serde_yaml::Deserializer::from_str(&text) {
-        let object = Value::deserialize(document).expect("YAML");
-        if object["kind"] != "Role" || object["metadata"]["name"] != role {
-            continue;
-        }
-        for rule in object["rules"].as_array().expect("rules") {
-            let strings = |field: &str| -> Vec<String> {
-                rule[field]
-                    .as_array()
-                    .expect("a list")
-                    .iter()
-                    .map(|v| v.as_str().expect("a string").to_owned())
-                    .collect()
-            };
-            for group in strings("apiGroups") {
-                for resource in strings("resources") {
-                    verbs
-                        .entry((group.clone(), resource))
-                        .or_default()
-                        .extend(strings("verbs"));
-                }
-            }
-        }
-    }
-    assert!(!verbs.is_empty(), "no Role {role} in {file}");
-    verbs
-}
-
 #[tokio::test]
 async fn wait_uses_exactly_the_verbs_the_readme_and_the_example_role_grant() {
     let cluster = Cluster::start().await;
@@ -733,7 +700,6 @@ async fn wait_uses_exactly_the_verbs_the_readme_and_the_example_role_grant() {
         + before_status;
     log.remove(test_write);
     let used = fake_apiserver::rbac_summary(&log);
-    let verbs = |list: &[&str]| list.iter().map(|v| v.to_string()).collect::<BTreeSet<_>>();
     let readme = BTreeMap::from([
         (
             ("turnstile.dev".to_owned(), "lockclaims".to_owned()),

@@ -16,6 +16,7 @@
 use std::pin::pin;
 use std::time::Duration;
 
+use futures::future::{FusedFuture, FutureExt};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -35,6 +36,10 @@ use turnstile_api::{ClaimMode, DistributedLock, LockClaim, LockClaimSpec};
 
 /// Longest pause between watch retries after errors.
 const MAX_WATCH_BACKOFF: Duration = Duration::from_secs(5);
+
+/// How long turnstile tries to delete its claim once the command has ended, before it leaves
+/// the claim to its lease.
+const DELETE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Runs `turnstile lock --lock NAME` (see the module docs) and says how it ended; the claim
 /// is deleted before it returns.
@@ -87,9 +92,20 @@ pub async fn lock_through_claim(args: &LockArgs, signals: &mut TerminationSignal
     };
     let outcome = holding.acquire_and_run(signals).await;
     // Deleting hands the lock on at once (the controller's finalizer releases the grant).
-    if let Err(error) = claims.delete(&name, &DeleteParams::default()).await {
-        if !matches!(&error, kube::Error::Api(status) if status.code == 404) {
+    // Bounded: the client retries a 503 for minutes, and the lease ends the claim anyway.
+    match tokio::time::timeout(
+        DELETE_TIMEOUT,
+        claims.delete(&name, &DeleteParams::default()),
+    )
+    .await
+    {
+        Ok(Ok(_)) => {}
+        Ok(Err(kube::Error::Api(status))) if status.code == 404 => {}
+        Ok(Err(error)) => {
             tracing::warn!(claim = %name, error = %error_chain(&error), "could not delete the claim; its lease will run out");
+        }
+        Err(_) => {
+            tracing::warn!(claim = %name, timeout_s = DELETE_TIMEOUT.as_secs(), "the claim's deletion did not complete; its lease will run out");
         }
     }
     outcome
@@ -215,18 +231,24 @@ impl Holding<'_> {
             Err(error) => return spawn_failure(&self.args.command, &error),
         };
         let what = format!("lock {} (fencing token {token})", self.lock);
-        let mut renew = tokio::time::interval(renewal_interval(self.args.ttl));
+        let period = renewal_interval(self.args.ttl);
+        let mut renew = tokio::time::interval_at(Instant::now() + period, period);
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The lease as the API server last confirmed it: past this, the controller has ended it.
         let mut lease_ends = Instant::now() + self.args.ttl;
+        // The renewal in flight is polled beside everything else, never awaited inside a
+        // branch: against an API server answering 503 the client retries one request for
+        // minutes, and the lease's end, the command's end and signals must not wait for it.
+        let mut renewal = pin!(self.renew().fuse());
         loop {
             tokio::select! {
                 status = command.wait() => return command_ended(status),
                 signal = signals.recv() => pass_on(&mut command, signal),
-                _ = renew.tick() => match self.renew().await {
+                renewed = &mut renewal => match renewed {
                     Ok(()) => lease_ends = Instant::now() + self.args.ttl,
                     Err(error) => tracing::warn!(claim = %self.name, error = %error_chain(&error), "renewal failed; retrying"),
                 },
+                _ = renew.tick(), if renewal.is_terminated() => renewal.set(self.renew().fuse()),
                 () = tokio::time::sleep_until(lease_ends) => {
                     return stop_after_loss(self.args, &what, &mut command, &"no renewal reached the API server for a whole lease").await;
                 }

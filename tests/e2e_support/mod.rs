@@ -7,6 +7,7 @@
 pub mod actor;
 pub mod jobs;
 pub mod pods;
+pub mod roles;
 pub mod scrape;
 
 use std::io::Write as _;
