@@ -49,14 +49,32 @@ fn write_executable(path: &Path, body: &str) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod stub");
 }
 
-/// Stand-ins for the kind path's tools: each appends `tool args…` to `$STUB_LOG`. `kind get
-/// clusters` lists none; `kubectl apply -k DIR` writes what the real `kubectl kustomize DIR`
-/// renders to `$STUB_APPLIED`; `kubectl get deployment/…` finds nothing; `kubectl get
-/// distributedlocks …` answers a token, so the script's wait for a grant ends at once.
+/// Stand-ins for the kind path's tools: each appends `tool args…` to `$STUB_LOG`. `docker
+/// info` fails when `$STUB_DOCKER_DOWN` is set (no daemon); `kind get clusters` lists
+/// `$STUB_CLUSTERS`; `kubectl apply -k DIR` writes what the real `kubectl kustomize DIR`
+/// renders to `$STUB_APPLIED`; `kubectl get deployment/…` finds it only when `$STUB_DEPLOYED`
+/// is set; `kubectl get distributedlocks …` answers a token, so the script's wait for a
+/// grant ends at once.
 fn write_kind_stubs(bin: &Path) {
     let log = "#!/usr/bin/env bash\necho \"$(basename \"$0\") $*\" >> \"$STUB_LOG\"\n";
-    write_executable(&bin.join("docker"), log);
-    write_executable(&bin.join("kind"), log);
+    write_executable(
+        &bin.join("docker"),
+        &format!(
+            "{log}{}",
+            r#"[ "$1" = info ] && [ -n "${STUB_DOCKER_DOWN:-}" ] && exit 1
+exit 0
+"#
+        ),
+    );
+    write_executable(
+        &bin.join("kind"),
+        &format!(
+            "{log}{}",
+            r#"[ "$1 $2" = "get clusters" ] && [ -n "${STUB_CLUSTERS:-}" ] && echo "$STUB_CLUSTERS"
+exit 0
+"#
+        ),
+    );
     write_executable(
         &bin.join("kubectl"),
         &format!(
@@ -66,13 +84,25 @@ for i in "${!args[@]}"; do
   case "${args[$i]}" in
     -k) exec "$REAL_KUBECTL" kustomize "${args[$((i + 1))]}" > "$STUB_APPLIED" ;;
     distributedlocks) echo 1; exit 0 ;;
-    deployment/*) [ "${args[$((i - 1))]}" = get ] && exit 1 ;;
+    deployment/*) [ "${args[$((i - 1))]}" = get ] && { [ -n "${STUB_DEPLOYED:-}" ]; exit; } ;;
   esac
 done
 exit 0
 "#
         ),
     );
+}
+
+/// A directory of stand-ins (see [`write_kind_stubs`]) and the `PATH` that puts them first.
+fn kind_stubs(dir: &Path) -> String {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).expect("bin dir");
+    write_kind_stubs(&bin);
+    format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
 }
 
 /// What one run of the kind path did.
@@ -85,20 +115,27 @@ struct KindRun {
     applied: String,
 }
 
-/// Runs the script's kind path with the stand-ins, `CLUSTER=cluster` and `IMAGE=image`
-/// (unset when `None`).
-fn run_kind_path(cluster: &str, image: Option<&str>) -> KindRun {
+/// How the kind path is run: what the environment names and what the stand-ins find.
+#[derive(Default)]
+struct KindSetup<'a> {
+    /// `CLUSTER` (unset when `None`).
+    cluster: Option<&'a str>,
+    /// `IMAGE` (unset when `None`).
+    image: Option<&'a str>,
+    /// `TURNSTILE_QUICKSTART` (unset when `None`: the script chooses).
+    mode: Option<&'a str>,
+    /// The clusters `kind get clusters` lists.
+    existing_cluster: Option<&'a str>,
+    /// Whether the controller's Deployment exists already.
+    deployed: bool,
+}
+
+/// Runs the script's kind path with the stand-ins.
+fn run_kind_path(setup: KindSetup<'_>) -> KindRun {
     let dir = tempfile::tempdir().expect("tempdir");
-    let bin = dir.path().join("bin");
-    std::fs::create_dir(&bin).expect("bin dir");
-    write_kind_stubs(&bin);
+    let path = kind_stubs(dir.path());
     let log = dir.path().join("calls.log");
     let applied = dir.path().join("applied.yaml");
-    let path = format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
     let mut command = Command::new("bash");
     command
         .arg(repo().join("scripts/quickstart.sh"))
@@ -106,14 +143,22 @@ fn run_kind_path(cluster: &str, image: Option<&str>) -> KindRun {
         .env("REAL_KUBECTL", real_kubectl())
         .env("STUB_LOG", &log)
         .env("STUB_APPLIED", &applied)
-        .env("CLUSTER", cluster)
-        .env("TURNSTILE_QUICKSTART", "kind")
         .env("TURNSTILE_QUICKSTART_DIR", dir.path().join("state"))
+        .env_remove("STUB_DOCKER_DOWN")
         .stdin(Stdio::null());
-    match image {
-        Some(image) => command.env("IMAGE", image),
-        None => command.env_remove("IMAGE"),
-    };
+    let optional = [
+        ("CLUSTER", setup.cluster),
+        ("IMAGE", setup.image),
+        ("TURNSTILE_QUICKSTART", setup.mode),
+        ("STUB_CLUSTERS", setup.existing_cluster),
+        ("STUB_DEPLOYED", setup.deployed.then_some("1")),
+    ];
+    for (name, value) in optional {
+        match value {
+            Some(value) => command.env(name, value),
+            None => command.env_remove(name),
+        };
+    }
     let output = command.output().expect("run quickstart.sh");
     assert!(output.status.success(), "{}", text(&output));
 
@@ -144,6 +189,26 @@ fn run_kind_path(cluster: &str, image: Option<&str>) -> KindRun {
     }
 }
 
+impl KindRun {
+    /// Where the first call starting with `prefix` came, in call order.
+    fn index_of(&self, prefix: &str) -> Option<usize> {
+        self.calls.iter().position(|call| call.starts_with(prefix))
+    }
+
+    /// Panics unless a call starts with each of `prefixes`, in this order.
+    fn assert_in_order(&self, prefixes: &[String]) {
+        let order: Vec<Option<usize>> = prefixes
+            .iter()
+            .map(|prefix| self.index_of(prefix))
+            .collect();
+        assert!(
+            order.iter().all(Option::is_some) && order.is_sorted(),
+            "calls missing or out of order ({order:?} for {prefixes:#?}): {:#?}",
+            self.calls
+        );
+    }
+}
+
 #[test]
 fn kind_path_rolls_out_the_image_it_built_and_loaded() {
     // (IMAGE, the image reference docker, kind and the Deployment must all use)
@@ -156,7 +221,12 @@ fn kind_path_rolls_out_the_image_it_built_and_loaded() {
         (None, "turnstile:dev"),
     ];
     for (image, expected) in cases {
-        let run = run_kind_path("qs-test", image);
+        let run = run_kind_path(KindSetup {
+            cluster: Some("qs-test"),
+            image,
+            mode: Some("kind"),
+            ..KindSetup::default()
+        });
         let built = image.unwrap_or("turnstile:dev");
         let wanted = [
             "kind create cluster --name qs-test --config kind-config.yaml --wait 120s".to_owned(),
@@ -184,6 +254,84 @@ fn kind_path_rolls_out_the_image_it_built_and_loaded() {
                 "{image:?}: {call}"
             );
         }
+    }
+}
+
+#[test]
+fn the_default_cluster_has_three_nodes_and_the_examples_follow_the_rollout() {
+    let config: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo().join("kind-config.yaml")).expect("kind-config.yaml"),
+    )
+    .expect("kind-config.yaml is YAML");
+    assert_eq!(config["name"].as_str(), Some("turnstile"));
+    let roles: Vec<&str> = config["nodes"]
+        .as_sequence()
+        .expect("nodes")
+        .iter()
+        .filter_map(|node| node["role"].as_str())
+        .collect();
+    assert_eq!(roles, ["control-plane", "worker", "worker"]);
+
+    let run = run_kind_path(KindSetup {
+        mode: Some("kind"),
+        ..KindSetup::default()
+    });
+    let k = "kubectl --context kind-turnstile";
+    run.assert_in_order(&[
+        "kind create cluster --name turnstile --config kind-config.yaml --wait 120s".to_owned(),
+        "kind load docker-image turnstile:dev --name turnstile".to_owned(),
+        format!("{k} apply -k "),
+        format!("{k} -n turnstile-system rollout status deployment/turnstile-controller"),
+        format!("{k} apply -f examples/lock.yaml"),
+        format!("{k} apply -f examples/claims.yaml"),
+        format!("{k} get locks"),
+    ]);
+    // A first run has nothing to restart.
+    assert_eq!(
+        run.index_of(&format!("{k} -n turnstile-system rollout restart")),
+        None
+    );
+}
+
+#[test]
+fn a_second_kind_run_reuses_the_cluster_rebuilds_and_restarts_the_controller() {
+    let run = run_kind_path(KindSetup {
+        cluster: Some("qs-again"),
+        mode: Some("kind"),
+        existing_cluster: Some("qs-again"),
+        deployed: true,
+        ..KindSetup::default()
+    });
+    assert_eq!(run.index_of("kind create"), None, "{:#?}", run.calls);
+    let k = "kubectl --context kind-qs-again -n turnstile-system";
+    run.assert_in_order(&[
+        "kind get clusters".to_owned(),
+        "docker build -t turnstile:dev .".to_owned(),
+        "kind load docker-image turnstile:dev --name qs-again".to_owned(),
+        "kubectl --context kind-qs-again apply -k ".to_owned(),
+        format!("{k} rollout restart deployment/turnstile-controller"),
+        format!("{k} rollout status deployment/turnstile-controller"),
+    ]);
+}
+
+#[test]
+fn without_turnstile_quickstart_kind_and_an_answering_docker_mean_the_kind_path() {
+    // Another cluster exists: this one is still created.
+    let run = run_kind_path(KindSetup {
+        cluster: Some("qs-auto"),
+        existing_cluster: Some("someone-elses"),
+        ..KindSetup::default()
+    });
+    for call in [
+        "docker info",
+        "kind create cluster --name qs-auto --config kind-config.yaml --wait 120s",
+        "docker build -t turnstile:dev .",
+    ] {
+        assert!(
+            run.index_of(call).is_some(),
+            "no `{call}` in {:#?}",
+            run.calls
+        );
     }
 }
 
@@ -251,6 +399,13 @@ struct Playground {
 }
 
 impl Playground {
+    fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("tempdir"),
+            fake_apiserver: fake_apiserver_bin(),
+        }
+    }
+
     fn state(&self) -> PathBuf {
         self.dir.path().join("state")
     }
@@ -258,9 +413,22 @@ impl Playground {
     /// `bash scripts/quickstart.sh ARGS…` for this playground, its output in files (the
     /// processes it leaves running must not hold a pipe of ours open), within `limit`.
     fn script(&self, args: &[&str], limit: Duration) -> Output {
+        self.script_with(args, &[], limit)
+    }
+
+    /// [`script`](Self::script) with the environment changed: each `(name, Some(value))`
+    /// set, each `(name, None)` removed, after this playground's own settings
+    /// (`TURNSTILE_QUICKSTART=playground`, no `PLAYGROUND_PORT`).
+    fn script_with(
+        &self,
+        args: &[&str],
+        changes: &[(&str, Option<&std::ffi::OsStr>)],
+        limit: Duration,
+    ) -> Output {
         let stdout = self.dir.path().join("script.out");
         let stderr = self.dir.path().join("script.err");
-        let mut child = Command::new("bash")
+        let mut command = Command::new("bash");
+        command
             .arg(repo().join("scripts/quickstart.sh"))
             .args(args)
             .env("TURNSTILE_QUICKSTART", "playground")
@@ -268,7 +436,14 @@ impl Playground {
             .env("TURNSTILE_BIN", env!("CARGO_BIN_EXE_turnstile"))
             .env("FAKE_APISERVER_BIN", &self.fake_apiserver)
             .env_remove("KUBECONFIG")
-            .env_remove("PLAYGROUND_PORT")
+            .env_remove("PLAYGROUND_PORT");
+        for (name, value) in changes {
+            match value {
+                Some(value) => command.env(name, value),
+                None => command.env_remove(name),
+            };
+        }
+        let mut child = command
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&stdout).expect("stdout file"))
             .stderr(std::fs::File::create(&stderr).expect("stderr file"))
@@ -358,10 +533,7 @@ fn cell<'a>(row: &'a [(String, String)], column: &str) -> &'a str {
 
 #[test]
 fn playground_ends_on_a_held_lock_and_stops_by_pid() {
-    let playground = Playground {
-        dir: tempfile::tempdir().expect("tempdir"),
-        fake_apiserver: fake_apiserver_bin(),
-    };
+    let playground = Playground::new();
     let output = playground.script(&[], Duration::from_secs(180));
     let out = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(output.status.success(), "{}", text(&output));
@@ -424,4 +596,80 @@ fn playground_ends_on_a_held_lock_and_stops_by_pid() {
         assert!(!running(*pid), "{name} (PID {pid}) still runs after stop");
     }
     assert!(playground.pids().is_empty(), "the PID file is gone");
+}
+
+#[test]
+fn without_docker_the_script_starts_the_playground_and_a_second_run_replaces_the_first() {
+    // `kind` is installed but no Docker daemon answers: the script must choose the playground.
+    let stubs = tempfile::tempdir().expect("tempdir");
+    let path = kind_stubs(stubs.path());
+    // The playground runs the real kubectl.
+    std::fs::remove_file(stubs.path().join("bin/kubectl")).expect("drop the kubectl stand-in");
+    let log = stubs.path().join("calls.log");
+    let port = test_servers::free_port().expect("free port").to_string();
+    let playground = Playground::new();
+    let first = playground.script_with(
+        &[],
+        &[
+            ("TURNSTILE_QUICKSTART", None),
+            ("PATH", Some(path.as_ref())),
+            ("STUB_LOG", Some(log.as_os_str())),
+            ("STUB_DOCKER_DOWN", Some("1".as_ref())),
+            ("PLAYGROUND_PORT", Some(port.as_ref())),
+        ],
+        Duration::from_secs(180),
+    );
+    let out = String::from_utf8_lossy(&first.stdout).into_owned();
+    assert!(first.status.success(), "{}", text(&first));
+    assert!(
+        out.contains("kind or a Docker daemon is missing: starting the local playground instead"),
+        "{out}"
+    );
+    let calls = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(calls.lines().any(|call| call == "docker info"), "{calls}");
+    assert!(!calls.contains("kind create"), "{calls}");
+    // PLAYGROUND_PORT is where the API server listens and what the kubeconfig names.
+    let address = format!("127.0.0.1:{port}");
+    let kubeconfig =
+        std::fs::read_to_string(playground.state().join("kubeconfig")).expect("kubeconfig");
+    assert!(kubeconfig.contains(&address), "{kubeconfig}");
+    assert!(
+        std::net::TcpStream::connect(&address).is_ok(),
+        "nothing listens on {address}"
+    );
+    let first_pids = playground.pids();
+    assert_eq!(first_pids.len(), 2, "{first_pids:?}");
+    for (name, pid) in &first_pids {
+        assert!(running(*pid), "{name} (PID {pid}) is not running");
+    }
+
+    // Again, without `stop`: the first pair is ended by PID and one new pair runs.
+    let second = playground.script(&[], Duration::from_secs(180));
+    let out = String::from_utf8_lossy(&second.stdout).into_owned();
+    assert!(second.status.success(), "{}", text(&second));
+    assert!(
+        out.contains("stopping the previous playground first"),
+        "{out}"
+    );
+    for (name, pid) in &first_pids {
+        assert!(!running(*pid), "the first {name} (PID {pid}) still runs");
+    }
+    let second_pids = playground.pids();
+    let names: Vec<&str> = second_pids.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names, ["fake-apiserver", "turnstile"], "{second_pids:?}");
+    for (name, pid) in &second_pids {
+        assert!(running(*pid), "the new {name} (PID {pid}) is not running");
+        assert!(
+            !first_pids.iter().any(|(_, old)| old == pid),
+            "{name} kept PID {pid}"
+        );
+    }
+    let table = out
+        .rsplit_once("==> kubectl get locks")
+        .map(|(_, table)| table.to_owned())
+        .unwrap_or_default();
+    let lock = table_row(&table, "distributedlock.turnstile.dev/db-migrations")
+        .unwrap_or_else(|| panic!("no db-migrations row:\n{out}"));
+    // A fresh API server: the grant starts over at token 1.
+    assert_eq!(cell(&lock, "TOKEN"), "1", "{table}");
 }
