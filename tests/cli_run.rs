@@ -4,6 +4,13 @@
 //! each backend gets its claim granted, and the grant is in that backend under the
 //! documented names: the env vars work as their flags do. `--metrics-addr` serves the probes
 //! and the metrics; `--log-format json` writes JSON lines.
+//!
+//! Also through the binary: `--namespace` scopes the watch (and a claim that does not decode
+//! is one WARN line naming it), without it every namespace is served; the TLS files come from
+//! `TURNSTILE_REDIS_CA_FILE` / `_CLIENT_CERT` / `_CLIENT_KEY` (a certificate without its key
+//! refuses to start); on Redis Sentinel with `TURNSTILE_REDIS_MIN_REPLICA_ACKS` the lock is
+//! handed on, a grant no replica acknowledges makes the lock `Ready=False` /
+//! `BackendUnavailable`, and it is granted once the replica is back.
 
 mod e2e_support;
 
@@ -11,20 +18,62 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use e2e_support::scrape::get;
-use e2e_support::{token_of, Env, WAIT};
-use test_servers::{MongoServer, RedisServer};
+use e2e_support::{phase_of, token_of, Env, WAIT};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use test_servers::{MongoServer, RedisOptions, RedisSentinel, RedisServer, TlsClientAuth};
 use tokio::process::{Child, Command};
-use turnstile_api::ClaimPhase;
+use turnstile_api::{ClaimPhase, LockClaim};
 use turnstile_lock::backend::{MongoBackend, MongoBackendConfig};
 use turnstile_lock::Backend;
 
 const DATABASE: &str = "turnstile_env_test";
 const COLLECTION: &str = "env_test_locks";
 
+/// Stops `turnstile run` (SIGKILL) and returns what it logged, whole and as JSON lines.
+async fn stop(mut controller: Child) -> (String, Vec<serde_json::Value>) {
+    controller.start_kill().expect("stop turnstile run");
+    let output = controller.wait_with_output().await.expect("output");
+    let logs = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    let lines = logs
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect();
+    (logs, lines)
+}
+
+/// A free loopback address for `--metrics-addr`.
+fn free_metrics_addr() -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
+    listener.local_addr().expect("address")
+}
+
+/// `turnstile run --namespace <the test's> --log-format json` with `--metrics-addr`.
 fn spawn_run(env: &Env, vars: &[(&str, &str)], metrics: std::net::SocketAddr) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_turnstile"))
-        .args(["run", "--namespace", &env.namespace, "--log-format", "json"])
-        .arg(format!("--metrics-addr={metrics}"))
+    spawn_run_with(
+        env,
+        &[
+            "--namespace",
+            &env.namespace,
+            &format!("--metrics-addr={metrics}"),
+        ],
+        vars,
+    )
+}
+
+/// `turnstile run --log-format json ARGS…` with only `vars` of the `TURNSTILE_*` variables.
+fn spawn_run_with(env: &Env, args: &[&str], vars: &[(&str, &str)]) -> Child {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
+    for (name, _) in std::env::vars() {
+        if name.starts_with("TURNSTILE_") {
+            command.env_remove(name);
+        }
+    }
+    command
+        .args(["run", "--log-format", "json"])
+        .args(args)
         .envs(vars.iter().copied())
         .env("KUBECONFIG", &env.kubeconfig)
         .env("RUST_LOG", "info")
@@ -50,11 +99,8 @@ async fn run_takes_its_backends_from_the_environment() {
         vars.push(("TURNSTILE_MONGO_COLLECTION", COLLECTION.to_owned()));
     }
     let borrowed: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let metrics = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
-        listener.local_addr().expect("address")
-    };
-    let mut controller = spawn_run(&env, &borrowed, metrics);
+    let metrics = free_metrics_addr();
+    let controller = spawn_run(&env, &borrowed, metrics);
 
     env.apply_lock("on-redis", "backend: redis\nleaseDurationSeconds: 300");
     env.apply_claim("r", "on-redis", "");
@@ -104,15 +150,8 @@ async fn run_takes_its_backends_from_the_environment() {
         scraped.body
     );
 
-    controller.start_kill().expect("stop turnstile run");
-    let output = controller.wait_with_output().await.expect("output");
     // JSON lines with a level, a message and the span's lock.
-    let logs = String::from_utf8_lossy(&output.stdout).into_owned()
-        + &String::from_utf8_lossy(&output.stderr);
-    let lines: Vec<serde_json::Value> = logs
-        .lines()
-        .filter_map(|line| serde_json::from_str(line).ok())
-        .collect();
+    let (logs, lines) = stop(controller).await;
     assert!(!lines.is_empty(), "no JSON log lines: {logs}");
     // The grant's line names where and what (the fields `kubectl logs | jq` selects on).
     let granted = lines.iter().find(|line| {
@@ -141,4 +180,216 @@ async fn run_takes_its_backends_from_the_environment() {
             .any(|line| line["fields"]["message"] == "controller starting"),
         "{logs}"
     );
+}
+
+/// Creates namespace `name` and, in it, the memory lock `db` and the claim `theirs` on it.
+async fn other_namespace_with_a_claim(env: &Env, name: &str) -> Api<LockClaim> {
+    let namespaces: Api<Namespace> = Api::all(env.client.clone());
+    let namespace = serde_json::from_value(json!({"metadata": {"name": name}})).expect("ns");
+    namespaces
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("create namespace");
+    let locks: Api<turnstile_api::DistributedLock> = Api::namespaced(env.client.clone(), name);
+    let lock = serde_json::from_value(json!({
+        "apiVersion": "turnstile.dev/v1alpha1", "kind": "DistributedLock",
+        "metadata": {"name": "db"}, "spec": {"leaseDurationSeconds": 300}
+    }))
+    .expect("lock");
+    locks
+        .create(&PostParams::default(), &lock)
+        .await
+        .expect("create lock");
+    let claims: Api<LockClaim> = Api::namespaced(env.client.clone(), name);
+    let claim = serde_json::from_value(json!({
+        "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
+        "metadata": {"name": "theirs"}, "spec": {"lockName": "db"}
+    }))
+    .expect("claim");
+    claims
+        .create(&PostParams::default(), &claim)
+        .await
+        .expect("create claim");
+    claims
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_scopes_the_watch_and_without_it_every_namespace_is_served() {
+    let env = Env::new().await;
+    let other = format!("{}-other", env.namespace);
+    let theirs = other_namespace_with_a_claim(&env, &other).await;
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.apply_claim("mine", "db", "");
+
+    let scoped = spawn_run_with(&env, &["--namespace", &env.namespace], &[]);
+    let held = env.wait_phase("mine", ClaimPhase::Held).await;
+    assert_eq!(token_of(&held), Some(1));
+    // A claim in the watched namespace that does not decode: skipped and named in one line.
+    env.server().store_unvalidated(
+        "turnstile.dev",
+        "lockclaims",
+        &env.namespace,
+        json!({
+            "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
+            "metadata": {
+                "name": "bad", "namespace": env.namespace, "uid": "bad-claim-uid",
+                "creationTimestamp": "2026-01-01T00:00:00Z", "generation": 1
+            },
+            "spec": {"lockName": "db", "release": "yes please"}
+        }),
+    );
+    // Long enough for a watch event and a pass: the scoped controller never touches `other`.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let untouched = theirs.get("theirs").await.expect("get theirs");
+    assert_eq!(phase_of(&untouched), None, "{untouched:?}");
+    let (logs, lines) = stop(scoped).await;
+    let object = format!("LockClaim/{}/bad", env.namespace);
+    let skipped: Vec<_> = lines
+        .iter()
+        .filter(|line| line["fields"]["object"] == object.as_str())
+        .collect();
+    assert_eq!(skipped.len(), 1, "{logs}");
+    assert_eq!(skipped[0]["level"], "WARN", "{logs}");
+    assert_eq!(
+        skipped[0]["fields"]["message"], "skipping an object that does not match the schema",
+        "{logs}"
+    );
+    assert!(
+        skipped[0]["fields"]["problem"]
+            .as_str()
+            .is_some_and(|problem| problem.contains("spec.release")),
+        "the problem names the field: {logs}"
+    );
+
+    // Without --namespace: every namespace, the other one's claim granted too.
+    let everywhere = spawn_run_with(&env, &[], &[]);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let claim = theirs.get("theirs").await.expect("get theirs");
+        if phase_of(&claim) == Some(ClaimPhase::Held) {
+            assert_eq!(token_of(&claim), Some(1));
+            break;
+        }
+        assert!(Instant::now() < deadline, "theirs never held: {claim:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        token_of(&env.claim("mine").await),
+        Some(1),
+        "mine kept its grant"
+    );
+    stop(everywhere).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_takes_the_redis_tls_files_from_the_environment() {
+    let redis = tokio::task::spawn_blocking(|| {
+        RedisServer::start_with(&RedisOptions::new().tls(TlsClientAuth::Required))
+    })
+    .await
+    .expect("launcher thread")
+    .expect("redis-server with TLS");
+    let files = redis.tls_files().expect("certificates").clone();
+    assert!(redis.url().starts_with("rediss://"), "{}", redis.url());
+    let env = Env::new().await;
+    env.apply_lock("db", "backend: redis\nleaseDurationSeconds: 300");
+    let (ca, cert, key) = (
+        files.ca_cert.display().to_string(),
+        files.client_cert.display().to_string(),
+        files.client_key.display().to_string(),
+    );
+    let url = ("TURNSTILE_REDIS_URL", redis.url());
+    let namespace = ["--namespace", env.namespace.as_str()];
+
+    // A client certificate without its key: refused before anything starts.
+    let half = spawn_run_with(
+        &env,
+        &namespace,
+        &[url, ("TURNSTILE_REDIS_CLIENT_CERT", &cert)],
+    );
+    let output = tokio::time::timeout(WAIT, half.wait_with_output())
+        .await
+        .expect("exits in time")
+        .expect("output");
+    let said = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(!output.status.success(), "{said}");
+    assert!(said.contains("client"), "names what is missing: {said}");
+
+    // Without the CA file the test CA is not among the trusted roots: the server's
+    // certificate is rejected and the lock says so.
+    let untrusting = spawn_run_with(&env, &namespace, &[url]);
+    let ready = env.wait_ready("db", "False").await;
+    assert_eq!(ready.reason, "BackendUnavailable", "{ready:?}");
+    assert!(ready.message.contains("certificate"), "{ready:?}");
+    stop(untrusting).await;
+
+    // The CA and the client pair from the environment: mutual TLS, the claim granted.
+    let trusting = spawn_run_with(
+        &env,
+        &namespace,
+        &[
+            url,
+            ("TURNSTILE_REDIS_CA_FILE", &ca),
+            ("TURNSTILE_REDIS_CLIENT_CERT", &cert),
+            ("TURNSTILE_REDIS_CLIENT_KEY", &key),
+        ],
+    );
+    env.apply_claim("c", "db", "");
+    let held = env.wait_phase("c", ClaimPhase::Held).await;
+    assert_eq!(token_of(&held), Some(1));
+    env.wait_ready("db", "True").await;
+    stop(trusting).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sentinel_grants_wait_for_the_replica_acks_the_environment_asks_for() {
+    let sentinel = tokio::task::spawn_blocking(RedisSentinel::start)
+        .await
+        .expect("launcher thread")
+        .expect("Redis Sentinel starts");
+    let env = Env::new().await;
+    env.apply_lock("db", "backend: redis\nleaseDurationSeconds: 300");
+    let controller = spawn_run_with(
+        &env,
+        &["--namespace", &env.namespace],
+        &[
+            ("TURNSTILE_REDIS_URL", sentinel.url()),
+            ("TURNSTILE_REDIS_MIN_REPLICA_ACKS", "1"),
+            ("TURNSTILE_REDIS_REPLICA_ACK_TIMEOUT", "300ms"),
+        ],
+    );
+    // Hand-offs through the master Sentinel names, each grant acknowledged by the replica.
+    env.apply_claim("a", "db", "");
+    env.apply_claim("b", "db", "");
+    assert_eq!(
+        token_of(&env.wait_phase("a", ClaimPhase::Held).await),
+        Some(1)
+    );
+    env.delete_claim("a").await;
+    assert_eq!(
+        token_of(&env.wait_phase("b", ClaimPhase::Held).await),
+        Some(2)
+    );
+
+    // The replica cut off: the next grant is not acknowledged, so it is released again and
+    // the lock reports its backend unavailable; `c` keeps waiting.
+    let master = sentinel.master_port().expect("master");
+    let replica = sentinel
+        .cut_off_replica(master)
+        .expect("cut the replica off");
+    env.apply_claim("c", "db", "");
+    env.delete_claim("b").await;
+    let ready = env.wait_ready("db", "False").await;
+    assert_eq!(ready.reason, "BackendUnavailable", "{ready:?}");
+    assert_eq!(phase_of(&env.claim("c").await), Some(ClaimPhase::Pending));
+
+    // The replica back: retried with backoff, `c` is granted with a larger token.
+    let restored = sentinel
+        .node_command(replica, &["CONFIG", "SET", "masterauth", ""])
+        .expect("restore masterauth");
+    assert_eq!(restored, "+OK\r\n");
+    let held = env.wait_phase("c", ClaimPhase::Held).await;
+    assert!(token_of(&held) > Some(2), "{held:?}");
+    env.wait_ready("db", "True").await;
+    stop(controller).await;
 }
