@@ -1,7 +1,8 @@
 //! End to end with the Redis backend (a real `redis-server` on a free 127.0.0.1 port): the
 //! same flows as with the memory backend, a controller restart mid-queue, `FLUSHALL` between
 //! grants (the next token is still greater), and Redis down at first (Ready=False, retried
-//! with backoff, then served).
+//! with backoff, then served). A grant Redis lost, and that a process outside Kubernetes took,
+//! ends `Expired` / `LockLost` at the holder's next renewal.
 
 mod e2e_support;
 
@@ -194,9 +195,6 @@ async fn redis_down_reports_unavailable_then_recovers() {
     process.stop();
 }
 
-/// The lock-delay lives in Redis with the grant, so a process outside Kubernetes that locks
-/// the same key with the engine obeys it too: the controller cuts an expired grant's lease
-/// rather than deleting it, and Redis refuses the key for `lockDelaySeconds` after.
 /// A process outside Kubernetes on the controller's Redis, and the key of lock `db` there.
 async fn outside_process(
     server: &RedisServer,
@@ -221,6 +219,9 @@ fn outside_request(key: &str, ttl: Duration) -> turnstile_lock::AcquireRequest<'
     )
 }
 
+/// The lock-delay lives in Redis with the grant, so a process outside Kubernetes that locks
+/// the same key with the engine obeys it too: the controller cuts an expired grant's lease
+/// rather than deleting it, and Redis refuses the key for `lockDelaySeconds` after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lock_delay_holds_off_a_process_outside_kubernetes() {
     use turnstile_lock::{AcquireOutcome, Backend};
@@ -433,4 +434,60 @@ async fn the_end_of_a_long_outage_wakes_the_waiting_lock_at_once() {
     env.wait_gone("a").await;
     env.stop_controller().await;
     process.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_redis_lost_to_an_outsider_ends_lock_lost_at_the_next_renewal() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+    use turnstile_lock::{AcquireOutcome, Backend as _};
+
+    let server = redis();
+    let mut env = Env::new().await;
+    env.start_controller(redis_config(server.url()));
+    env.apply_lock("db", "backend: redis\nleaseDurationSeconds: 300");
+    env.a_holds_and_b_waits("db").await;
+
+    // Redis forgets a's grant (its lease, not the token counter), and a process outside
+    // Kubernetes takes the free key.
+    let (outsider, key) = outside_process(&server, &env).await;
+    server
+        .command(&["DEL", &format!("turnstile:{{{key}}}:holders")])
+        .expect("DEL");
+    // Its lease is short: a refused grant is retried at the holder's expiry.
+    let taken = outsider
+        .acquire(&outside_request(&key, Duration::from_secs(6)))
+        .await
+        .expect("acquire");
+    let AcquireOutcome::Granted { fencing_token, .. } = taken else {
+        panic!("the outsider did not get the freed key: {taken:?}");
+    };
+    assert_eq!(fencing_token, 2, "the counter survived");
+
+    // a renews (whole-second times: a renewal in the grant's own second extends nothing,
+    // so it keeps renewing): the backend no longer holds its grant.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let a = loop {
+        env.patch_claim_spec(
+            "a",
+            serde_json::json!({"renewTime": Time(Timestamp::now())}),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let a = env.claim("a").await;
+        if phase_of(&a) != Some(ClaimPhase::Held) {
+            break a;
+        }
+        assert!(Instant::now() < deadline, "a still holds: {a:?}");
+    };
+    assert_eq!(phase_of(&a), Some(ClaimPhase::Expired), "{a:?}");
+    assert_eq!(reason_of(&a).as_deref(), Some("LockLost"), "{a:?}");
+    env.wait_event("a", "LockLost").await;
+    // The outsider holds the key: b waits until its lease runs out, then gets a larger token.
+    let b = env.claim("b").await;
+    assert_eq!(phase_of(&b), Some(ClaimPhase::Pending), "{b:?}");
+    assert_eq!(reason_of(&b).as_deref(), Some("LockBusy"), "{b:?}");
+    let b = env.wait_phase("b", ClaimPhase::Held).await;
+    assert_eq!(token_of(&b), Some(3));
+    env.stop_controller().await;
 }

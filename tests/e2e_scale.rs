@@ -1,7 +1,8 @@
 //! The operator's cost shape, counted on the fake API server (counts, not timings): a hand-off
 //! costs the same small number of API writes whether 50 or 400 claims wait behind it, the
-//! head of the queue shows exact positions, and every waiter's position stays an upper bound;
-//! a new waiting claim costs four writes.
+//! head of the queue shows exact positions, every waiter's position stays an upper bound, each
+//! hand-off brings exactly two stale ones behind the head up to date, and a claim joining
+//! behind hundreds shows its exact place at once; a new waiting claim costs four writes.
 
 mod e2e_support;
 
@@ -12,7 +13,7 @@ use e2e_support::{phase_of, position_of, Env, WAIT};
 use fake_apiserver::RecordedRequest;
 use kube::api::{DeleteParams, PostParams};
 use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
-use turnstile_controller::core::EXACT_POSITIONS;
+use turnstile_controller::core::{EXACT_POSITIONS, POSITION_REFRESHES_PER_PASS};
 use turnstile_controller::ControllerConfig;
 
 const CONTROLLER: &str = "controller";
@@ -127,6 +128,7 @@ async fn writes_per_hand_off(waiters: usize) -> Option<Vec<usize>> {
         Some((waiters - HAND_OFFS) as i32),
         "status.waiting stays exact"
     );
+    let mut exact_behind_the_head = Vec::new();
     for (place, index) in (HAND_OFFS + 1..=waiters).enumerate() {
         let claim = env.claim(&claim_name(index)).await;
         assert_eq!(phase_of(&claim), Some(ClaimPhase::Pending));
@@ -140,8 +142,39 @@ async fn writes_per_hand_off(waiters: usize) -> Option<Vec<usize>> {
                 "{} shows {shown}, is {exact}",
                 claim_name(index)
             );
+            if shown == exact {
+                exact_behind_the_head.push(claim_name(index));
+            }
         }
     }
+    // The last hand-off moved every waiter up one place; behind the head only the ones it
+    // refreshed show the truth.
+    assert_eq!(
+        exact_behind_the_head.len(),
+        POSITION_REFRESHES_PER_PASS,
+        "{waiters} waiters: refreshed after the last hand-off: {exact_behind_the_head:?}"
+    );
+
+    // A claim joining the queue shows its exact place at once, however deep.
+    let late: LockClaim = serde_json::from_value(serde_json::json!({
+        "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
+        "metadata": {"name": "late"},
+        "spec": {"lockName": "db"}
+    }))
+    .expect("claim");
+    env.claims()
+        .create(&PostParams::default(), &late)
+        .await
+        .expect("create the late claim");
+    let late = env
+        .wait_claim("late", |claim| position_of(claim).is_some())
+        .await;
+    assert_eq!(
+        position_of(&late),
+        Some((waiters - HAND_OFFS + 1) as i32),
+        "the first position written for a claim joining behind {} waiters",
+        waiters - HAND_OFFS
+    );
     controller.stop().await;
     Some(counts)
 }
@@ -323,4 +356,55 @@ async fn a_restart_re_syncs_without_writing() {
     assert!(extra.is_empty(), "the re-sync wrote: {extra:?}");
     assert_eq!(phase_of(&env.claim("a").await), Some(ClaimPhase::Held));
     restarted.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_watch_per_kind_and_pods_only_through_selectors() {
+    let Some(env) = Env::fake_only("one_watch_per_kind_and_pods_only_through_selectors").await
+    else {
+        return;
+    };
+    let controller = env.spawn_controller_with(
+        tagged_client(env.server(), CONTROLLER),
+        ControllerConfig::default(),
+    );
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.queue_of_three("db").await;
+    env.delete_claim("a").await;
+    env.wait_phase("b", ClaimPhase::Held).await;
+    settled_writes(&env, Duration::from_millis(500)).await;
+
+    let requests = requests_of(&env.server().request_log(), CONTROLLER);
+    let mut watches: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for request in requests.iter().filter(|request| request.verb == "watch") {
+        watches
+            .entry(request.resource.as_str())
+            .or_default()
+            .push(request.query.as_str());
+    }
+    let count = |resource: &str| watches.get(resource).map_or(0, Vec::len);
+    // Every consumer of claims and Jobs shares one watch; locks have one of their own.
+    assert_eq!(count("lockclaims"), 1, "{watches:#?}");
+    assert_eq!(count("jobs"), 1, "{watches:#?}");
+    assert_eq!(count("distributedlocks"), 1, "{watches:#?}");
+    // Pods: the labelled ones (gating) and the finished ones (owners), never all of them.
+    assert_eq!(count("pods"), 2, "{watches:#?}");
+    let pod_reads: Vec<&str> = requests
+        .iter()
+        .filter(|request| request.resource == "pods" && request.name.is_empty())
+        .map(|request| request.query.as_str())
+        .collect();
+    let by_label = |query: &&str| query.contains("labelSelector=turnstile.dev%2Flock");
+    let by_phase = |query: &&str| query.contains("fieldSelector=status.phase");
+    assert!(
+        pod_reads
+            .iter()
+            .all(|query| by_label(query) || by_phase(query)),
+        "a list or watch of every Pod: {pod_reads:#?}"
+    );
+    assert!(
+        watches["pods"].iter().any(by_label) && watches["pods"].iter().any(by_phase),
+        "{watches:#?}"
+    );
+    controller.stop().await;
 }
