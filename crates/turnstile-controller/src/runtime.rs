@@ -18,6 +18,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::batch::v1::Job;
@@ -56,6 +57,12 @@ const MAX_CONCURRENT_PASSES: u16 = 16;
 
 /// Events a shared cache buffers for its slowest consumer before the watch waits for it.
 const SHARED_BUFFER: usize = 1024;
+
+/// How long the passes in flight get to finish once the controllers are told to stop. A pass
+/// can be stuck for minutes in the client's retries of an API server answering 503; past
+/// this it is abandoned, which is safe (the next term finds the grants in the backend, as
+/// after a pass whose writes failed) and keeps a SIGTERM within the Deployment's 30 s.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// How `turnstile run` is configured.
 #[derive(Debug, Clone)]
@@ -501,11 +508,21 @@ async fn run_controllers(
         pod_gate_done,
         probe_done,
     );
+    let grace_over = {
+        let stopped = raised(&stop_rx);
+        async move {
+            stopped.await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        }
+    };
     tokio::select! {
         _ = controllers => {}
         () = drive(claim_watch, "claim") => {}
         () = drive(job_watch, "job") => {}
         () = drive(gated_pod_watch, "gated pod") => {}
+        () = grace_over => {
+            tracing::warn!(grace_s = SHUTDOWN_GRACE.as_secs(), "passes still in flight after the shutdown grace: abandoned");
+        }
     }
     synced.abort();
     relay.abort();
