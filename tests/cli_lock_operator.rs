@@ -413,3 +413,28 @@ async fn renewals_refused_for_a_whole_ttl_stop_the_command_with_76() {
     // About one lease after the last renewal that landed, plus the grace: far below 60 s.
     assert!(after < Duration::from_secs(3 + 2 + 15), "{after:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_the_controller_expires_stops_the_command_with_76() {
+    let mut env = env_with_lock().await;
+    // The lock's maximum hold ends every grant after 2 s, renewed or not.
+    env.apply_lock("short", "leaseDurationSeconds: 300\nmaxHoldSeconds: 2");
+    let dir = tempfile::tempdir().expect("dir");
+    let run = spawn_lock(
+        &env,
+        "short",
+        &["--grace", "2s"],
+        &format!("set -- run; {RECORD}; sleep 60"),
+        dir.path(),
+    );
+    until_exists(dir.path().join("run.token")).await;
+    let output = finish(run).await;
+    assert_eq!(code(&output), 76, "{}", stderr(&output));
+    let said = stderr(&output);
+    assert!(
+        said.starts_with("turnstile: lost lock short (fencing token 1)")
+            && said.contains("Expired"),
+        "{said}"
+    );
+    env.stop_controller().await;
+}
