@@ -7,6 +7,10 @@
 //!   waits for every shared holder;
 //!   `--wait 1s` on a held key exits 75;
 //! - `--max-hold` stops the command when the hold time is up, renewals notwithstanding (76);
+//! - `--priority`: a later waiter of higher priority is served first, the holder kept;
+//!   `--lock-delay` keeps the key from everyone after an involuntary end, not after a release;
+//!   a new `--max-holders` takes effect at the next grant and lowering it revokes nobody; a
+//!   waiting `--exclusive` keeps later `--shared` requests out;
 //! - SIGTERM is passed on to the command; SIGTERM while waiting leaves the queue;
 //! - a lost lock (holder keys deleted, or Redis gone until the lease runs out) stops the
 //!   command and everything it started (SIGKILL after `--grace` if SIGTERM is ignored) and
@@ -100,11 +104,16 @@ impl Fixture {
 
     /// Waits until someone is queued for `key`.
     async fn until_queued(&mut self, key: &str) {
+        self.until_waiting(key, 1).await;
+    }
+
+    /// Waits until at least `count` requests are queued for `key`.
+    async fn until_waiting(&mut self, key: &str, count: u64) {
         let deadline = tokio::time::Instant::now() + PATIENCE;
-        while self.zcard(key, "queue").await == 0 {
+        while self.zcard(key, "queue").await < count {
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "nobody queued for {key}"
+                "fewer than {count} queued for {key}"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -694,4 +703,116 @@ async fn runs_on_mongodb_too() {
         .map(|output| stdout(output).trim().parse().expect("a token"))
         .collect();
     assert!(tokens[1] > tokens[0], "{tokens:?}");
+}
+
+#[tokio::test]
+async fn a_later_waiter_of_higher_priority_is_served_first_and_the_holder_kept() {
+    let mut fx = Fixture::start().await;
+    let holder = fx.holder("prio", &[], "holder.in").await;
+    let low = fx.lock("prio", &[], "echo low >> order");
+    fx.until_waiting("prio", 1).await;
+    let high = fx.lock("prio", &["--priority", "5"], "echo high >> order");
+    fx.until_waiting("prio", 2).await;
+    // Nobody preempts the holder: it is still inside when both wait.
+    assert!(!fx.path("order").exists(), "a waiter ran beside the holder");
+    fx.go();
+    let (holder, low, high) = (finish(holder).await, finish(low).await, finish(high).await);
+    assert_succeeded(&[&holder, &low, &high]);
+    let order = std::fs::read_to_string(fx.path("order")).expect("order");
+    assert_eq!(
+        order, "high\nlow\n",
+        "the later, higher-priority waiter first"
+    );
+}
+
+#[tokio::test]
+async fn lock_delay_follows_an_involuntary_end_but_not_a_release() {
+    let fx = Fixture::start().await;
+    // Released: the next one gets the key at once (a 1 s wait is plenty).
+    let released = fx.run("delayed", &["--lock-delay", "3"], "true").await;
+    let next = fx.run("delayed", &["--wait", "1s"], "touch next.ran").await;
+    assert_succeeded(&[&released, &next]);
+    assert!(fx.path("next.ran").exists());
+
+    // Ended by its maximum hold: nobody gets the key for the 3 s delay, not even a process
+    // that never heard of it, then the key is free again.
+    let cut = fx
+        .run(
+            "delayed",
+            &["--ttl", "600ms", "--max-hold", "1", "--lock-delay", "3"],
+            "sleep 30",
+        )
+        .await;
+    assert_lost(&cut, "lost lock \"delayed\"");
+    let refused = fx
+        .run("delayed", &["--wait", "1s"], "touch refused.ran")
+        .await;
+    assert_eq!(code(&refused), NOT_ACQUIRED, "{}", stderr(&refused));
+    assert!(!fx.path("refused.ran").exists(), "granted inside the delay");
+    let later = fx.run("delayed", &[], "touch later.ran").await;
+    assert_succeeded(&[&later]);
+    assert!(fx.path("later.ran").exists());
+}
+
+#[tokio::test]
+async fn a_new_max_holders_applies_at_the_next_grant_and_lowering_it_revokes_nobody() {
+    let fx = Fixture::start().await;
+    // Shared holders (a mutex would be exclusive, and hold alone whatever the limit): one
+    // holds under a limit of 1; a request that raises the limit to 2 is granted beside it.
+    let first = fx
+        .holder("live", &["--max-holders", "1", "--shared"], "first.in")
+        .await;
+    let second = fx
+        .holder(
+            "live",
+            &["--max-holders", "2", "--shared", "--wait", "1s"],
+            "second.in",
+        )
+        .await;
+    // Back to 1 with two holding: nobody is revoked, the newcomer waits in vain.
+    let third = fx
+        .run(
+            "live",
+            &["--max-holders", "1", "--shared", "--wait", "1s"],
+            "touch third.ran",
+        )
+        .await;
+    assert_eq!(code(&third), NOT_ACQUIRED, "{}", stderr(&third));
+    assert!(!fx.path("third.ran").exists());
+    fx.go();
+    let (first, second) = (finish(first).await, finish(second).await);
+    assert_succeeded(&[&first, &second]);
+}
+
+#[tokio::test]
+async fn a_waiting_exclusive_request_keeps_later_shared_ones_out() {
+    let mut fx = Fixture::start().await;
+    let rw = ["--max-holders", "3"];
+    let reader = fx
+        .holder("rwq", &[&rw[..], &["--shared"]].concat(), "reader.in")
+        .await;
+    let writer = fx.lock(
+        "rwq",
+        &[&rw[..], &["--exclusive"]].concat(),
+        "test -e reader.out && touch writer.ok",
+    );
+    fx.until_queued("rwq").await;
+    // Room for two more readers, but a writer waits first: no writer starvation.
+    let late_reader = fx
+        .run(
+            "rwq",
+            &[&rw[..], &["--shared", "--wait", "1s"]].concat(),
+            "touch late.ran",
+        )
+        .await;
+    assert_eq!(code(&late_reader), NOT_ACQUIRED, "{}", stderr(&late_reader));
+    assert!(!fx.path("late.ran").exists());
+    std::fs::write(fx.path("reader.out"), "").expect("reader.out");
+    fx.go();
+    let (reader, writer) = (finish(reader).await, finish(writer).await);
+    assert_succeeded(&[&reader, &writer]);
+    assert!(
+        fx.path("writer.ok").exists(),
+        "the writer overlapped the reader"
+    );
 }

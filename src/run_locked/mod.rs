@@ -182,8 +182,13 @@ pub async fn lock_command(args: LockArgs) -> Outcome {
     };
     tracing::info!(%key, fencing_token = lock.fencing_token(), "lock acquired");
     let outcome = hold(&args, &key, &lock, &mut signals).await;
-    if let Err(error) = lock.release().await {
-        tracing::warn!(%key, fencing_token = lock.fencing_token(), error = %error_chain(&error), "release failed; the lease will run out");
+    // A lost grant is not released: it has ended in the backend (or ends there at its lease
+    // or maximum hold, which turnstile's own clock may reach a moment earlier), and a release
+    // would hand the key on at once, cancelling the `--lock-delay` an involuntary end owes.
+    if outcome.code != exit_code::LOCK_LOST {
+        if let Err(error) = lock.release().await {
+            tracing::warn!(%key, fencing_token = lock.fencing_token(), error = %error_chain(&error), "release failed; the lease will run out");
+        }
     }
     outcome
 }
