@@ -7,7 +7,8 @@
 //!   `creationTimestamp`-then-name — a claim created a second earlier comes first whatever
 //!   its name;
 //! - `-o wide` adds columns, `-o json` parses with the same order;
-//! - a missing lock exits 6 with one `turnstile:` line;
+//! - a missing lock exits 6 with one `turnstile:` line; a read the API server refuses (403, as
+//!   RBAC refuses a verb) exits 1 with one `turnstile:` line naming the refusal;
 //! - as a kubectl plugin: the binary run through a symlink named `kubectl-turnstile`, and
 //!   `kubectl turnstile queue` with only that symlink's directory on `PATH`.
 
@@ -408,4 +409,37 @@ fn which(program: &str) -> PathBuf {
         .map(|dir| dir.join(program))
         .find(|path| path.is_file())
         .unwrap_or_else(|| panic!("{program} is not on PATH"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_read_exits_1_with_one_line() {
+    let Some(env) = Env::fake_only("a_refused_read_exits_1_with_one_line").await else {
+        return;
+    };
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    // As RBAC would refuse `list` on lockclaims: the Role lacks the verb.
+    let claims = format!(
+        "/apis/turnstile.dev/v1alpha1/namespaces/{}/lockclaims",
+        env.namespace
+    );
+    env.server().inject_read_faults(&claims, 1, 403);
+    let output = run(
+        &env,
+        turnstile(),
+        &["queue", "db", "-n", &env.namespace],
+        None,
+    );
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output));
+    let said = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(said.lines().count(), 1, "one line: {said:?}");
+    assert!(said.starts_with("turnstile: "), "{said:?}");
+    assert!(said.contains("forbidden"), "the refusal is named: {said:?}");
+    assert!(output.stdout.is_empty(), "{}", text(&output));
+    assert!(
+        env.server()
+            .request_log()
+            .iter()
+            .any(|request| request.injected_fault && request.path == claims),
+        "the fault was what turnstile met"
+    );
 }

@@ -83,6 +83,7 @@ struct SlowSpell {
 #[derive(Debug, Default)]
 pub(crate) struct Hooks {
     faults: Mutex<Vec<Armed<u16>>>,
+    read_faults: Mutex<Vec<Armed<u16>>>,
     delays: Mutex<Vec<Armed<Duration>>>,
     slow_spells: Mutex<Vec<SlowSpell>>,
     log: Mutex<Vec<RecordedRequest>>,
@@ -101,6 +102,17 @@ impl Hooks {
     /// Consumes one fault matching `path`, returning the status to answer.
     pub(crate) fn take_fault(&self, path: &str) -> Option<u16> {
         take(&self.faults, path)
+    }
+
+    /// Arms a fault for reads: the next `count` gets, lists and watches under `path_prefix`
+    /// answer `status`.
+    pub(crate) fn inject_read(&self, path_prefix: &str, count: usize, status: u16) {
+        arm(&self.read_faults, path_prefix, count, status);
+    }
+
+    /// Consumes one read fault matching `path`, returning the status to answer.
+    pub(crate) fn take_read_fault(&self, path: &str) -> Option<u16> {
+        take(&self.read_faults, path)
     }
 
     /// Arms a delay: the next `count` requests under `path_prefix` are answered `delay` late.
@@ -182,6 +194,15 @@ mod tests {
         assert_eq!(hooks.take_fault("/apis/x/v1/things"), Some(409));
         assert_eq!(hooks.take_fault("/apis/x/v1/things"), Some(409));
         assert_eq!(hooks.take_fault("/apis/x/v1/things"), None);
+    }
+
+    #[test]
+    fn read_faults_are_armed_apart_from_write_faults() {
+        let hooks = Hooks::default();
+        hooks.inject_read("/apis/x", 1, 403);
+        assert_eq!(hooks.take_fault("/apis/x/v1/things"), None);
+        assert_eq!(hooks.take_read_fault("/apis/x/v1/things"), Some(403));
+        assert_eq!(hooks.take_read_fault("/apis/x/v1/things"), None);
     }
 
     #[test]

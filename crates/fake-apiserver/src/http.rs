@@ -207,10 +207,12 @@ pub(crate) async fn handle(State(app): State<Arc<AppState>>, request: Request) -
         method,
         Method::POST | Method::PUT | Method::PATCH | Method::DELETE
     );
-    let response = match (is_write && record.is_resource_request)
-        .then(|| app.hooks.take_fault(&path))
-        .flatten()
-    {
+    let fault = match (record.is_resource_request, is_write) {
+        (false, _) => None,
+        (true, true) => app.hooks.take_fault(&path),
+        (true, false) => app.hooks.take_read_fault(&path),
+    };
+    let response = match fault {
         Some(code) => {
             record.injected_fault = true;
             let err = match code {

@@ -228,6 +228,13 @@ impl FakeApiServer {
         self.state.hooks.inject(path_prefix, count, status);
     }
 
+    /// Makes the next `count` reads (GET: get, list, watch) whose URL path starts with
+    /// `path_prefix` answer `status` without effect, with the same bodies as
+    /// [`inject_faults`](Self::inject_faults): 403 as RBAC refuses a verb, and so on.
+    pub fn inject_read_faults(&self, path_prefix: &str, count: usize, status: u16) {
+        self.state.hooks.inject_read(path_prefix, count, status);
+    }
+
     /// Makes the next `count` requests (reads, watches and writes) whose URL path starts with
     /// `path_prefix` wait `delay` before they are served: a slow or overloaded API server.
     pub fn inject_delays(&self, path_prefix: &str, count: usize, delay: std::time::Duration) {
