@@ -673,3 +673,61 @@ fn without_docker_the_script_starts_the_playground_and_a_second_run_replaces_the
     // A fresh API server: the grant starts over at token 1.
     assert_eq!(cell(&lock, "TOKEN"), "1", "{table}");
 }
+
+#[test]
+fn without_the_binaries_given_the_playground_builds_them_with_cargo() {
+    // A stand-in for cargo: records its arguments and names the binaries this test run
+    // already built, as `cargo build --message-format=json-render-diagnostics` does.
+    let playground = Playground::new();
+    let stubs = tempfile::tempdir().expect("tempdir");
+    let bin = stubs.path().join("bin");
+    std::fs::create_dir(&bin).expect("bin dir");
+    let log = stubs.path().join("cargo.log");
+    let turnstile = env!("CARGO_BIN_EXE_turnstile");
+    write_executable(
+        &bin.join("cargo"),
+        &format!(
+            "#!/usr/bin/env bash\necho \"$*\" >> {log}\n\
+             echo '{{\"reason\":\"compiler-artifact\",\"executable\":\"{turnstile}\"}}'\n\
+             echo '{{\"reason\":\"compiler-artifact\",\"executable\":\"{fake}\"}}'\n",
+            log = log.display(),
+            fake = playground.fake_apiserver.display(),
+        ),
+    );
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let output = playground.script_with(
+        &[],
+        &[
+            ("TURNSTILE_BIN", None),
+            ("FAKE_APISERVER_BIN", None),
+            ("PATH", Some(path.as_ref())),
+        ],
+        Duration::from_secs(180),
+    );
+    assert!(output.status.success(), "{}", text(&output));
+    let calls = std::fs::read_to_string(&log).expect("cargo was called");
+    assert_eq!(
+        calls,
+        "build -p turnstile -p fake-apiserver --bins --message-format=json-render-diagnostics\n"
+    );
+    // The processes left running are the binaries cargo named.
+    let expected = [
+        ("fake-apiserver", playground.fake_apiserver.clone()),
+        ("turnstile", PathBuf::from(turnstile)),
+    ];
+    let pids = playground.pids();
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    for ((name, pid), (expected_name, expected_exe)) in pids.iter().zip(expected) {
+        assert_eq!(name, expected_name);
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).expect("exe of a running PID");
+        assert_eq!(
+            exe.canonicalize().ok(),
+            expected_exe.canonicalize().ok(),
+            "{name}"
+        );
+    }
+}
