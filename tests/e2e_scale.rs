@@ -408,3 +408,86 @@ async fn one_watch_per_kind_and_pods_only_through_selectors() {
     );
     controller.stop().await;
 }
+
+/// Locks changed at once in the concurrency test.
+const BURST: usize = 40;
+
+/// The most requests of `requests` in flight at one instant.
+fn most_in_flight(requests: &[RecordedRequest]) -> usize {
+    // (when, +1 at arrival / -1 at the answer); answers sort before arrivals at one instant.
+    let mut edges: Vec<(Instant, i32)> = requests
+        .iter()
+        .flat_map(|request| [(request.received, 1), (request.answered, -1)])
+        .collect();
+    edges.sort();
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, step) in edges {
+        now += step;
+        most = most.max(now);
+    }
+    usize::try_from(most).unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_sixteen_passes_write_at_once() {
+    let Some(env) = Env::fake_only("at_most_sixteen_passes_write_at_once").await else {
+        return;
+    };
+    for index in 0..BURST {
+        let lock: DistributedLock = serde_json::from_value(serde_json::json!({
+            "apiVersion": "turnstile.dev/v1alpha1", "kind": "DistributedLock",
+            "metadata": {"name": format!("burst-{index}")},
+            "spec": {"leaseDurationSeconds": 300}
+        }))
+        .expect("lock");
+        env.locks()
+            .create(&PostParams::default(), &lock)
+            .await
+            .expect("create lock");
+        let claim: LockClaim = serde_json::from_value(serde_json::json!({
+            "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
+            "metadata": {"name": format!("claim-{index}")},
+            "spec": {"lockName": format!("burst-{index}")}
+        }))
+        .expect("claim");
+        env.claims()
+            .create(&PostParams::default(), &claim)
+            .await
+            .expect("create claim");
+    }
+    // Every request answered a second late: each pass's writes stay in flight long enough
+    // to overlap with every other pass's that runs at the same time.
+    env.server().slow_down(
+        "/apis/turnstile.dev",
+        Duration::from_secs(120),
+        Duration::from_secs(1),
+    );
+    let controller = env.spawn_controller_with(
+        tagged_client(env.server(), CONTROLLER),
+        ControllerConfig::default(),
+    );
+    // One list a round (each read is a second late too).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let claims = env.claims().list(&Default::default()).await.expect("list");
+        let held = claims
+            .items
+            .iter()
+            .filter(|claim| phase_of(claim) == Some(ClaimPhase::Held))
+            .count();
+        if held == BURST {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{held} of {BURST} claims held");
+    }
+    let writes: Vec<RecordedRequest> = controller_writes(&env)
+        .into_iter()
+        .filter(|request| request.api_group == "turnstile.dev")
+        .collect();
+    let most = most_in_flight(&writes);
+    println!("{BURST} locks at once, every request 1 s late: at most {most} writes in flight");
+    assert!(most <= 16, "{most} passes wrote at once");
+    // The bound was reached, not just respected by a slow start.
+    assert!(most >= 8, "only {most} writes ever overlapped");
+    controller.stop().await;
+}

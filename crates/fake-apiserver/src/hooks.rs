@@ -37,6 +37,10 @@ pub struct RecordedRequest {
     pub status: u16,
     /// Whether the answer was an injected fault.
     pub injected_fault: bool,
+    /// When the request arrived (before any injected delay).
+    pub received: Instant,
+    /// When its answer was ready (for a watch: when the stream began).
+    pub answered: Instant,
 }
 
 /// Something armed for the next `remaining` requests whose path starts with `path_prefix`:

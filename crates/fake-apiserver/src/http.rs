@@ -189,6 +189,8 @@ pub(crate) async fn handle(State(app): State<Arc<AppState>>, request: Request) -
         content_type: content_type.clone(),
         status: 0,
         injected_fault: false,
+        received: std::time::Instant::now(),
+        answered: std::time::Instant::now(),
     };
     if let Route::Resource(r) = &route {
         record.is_resource_request = true;
@@ -263,6 +265,7 @@ pub(crate) async fn handle(State(app): State<Arc<AppState>>, request: Request) -
         },
     };
     record.status = response.status().as_u16();
+    record.answered = std::time::Instant::now();
     tracing::debug!(method = %record.method, path = %record.path, verb = %record.verb, status = record.status, "request");
     app.hooks.record(record);
     response
