@@ -226,3 +226,80 @@ fn each_crate_depends_only_on_the_crates_above_it() {
         assert!(edges.contains(&edge), "{edge:?} missing from {edges:?}");
     }
 }
+
+/// The newest test binary `name-<hash>` beside this one (`cargo test --workspace` builds
+/// every test binary before it runs any).
+fn sibling_test_binary(name: &str) -> Option<PathBuf> {
+    let current = std::env::current_exe().ok()?;
+    let dir = current.parent()?;
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| {
+            path.extension().is_none()
+                && path
+                    .file_name()
+                    .and_then(|file| file.to_str())
+                    .and_then(|file| file.strip_prefix(name))
+                    .and_then(|rest| rest.strip_prefix('-'))
+                    .is_some_and(|hash| hash.chars().all(|c| c.is_ascii_hexdigit()))
+        })
+        .max_by_key(|path| {
+            std::fs::metadata(path)
+                .and_then(|meta| meta.modified())
+                .ok()
+        })
+}
+
+#[test]
+fn under_ci_a_test_missing_its_tool_or_server_fails_and_otherwise_skips() {
+    // A tool (promtool) and a test server (the MongoDB one), each taken away by an empty PATH.
+    let cases = [
+        (
+            "monitoring",
+            "the_rules_pass_promtool_check_and_every_unit_case",
+        ),
+        ("e2e_mongo", "fifo_handover_with_increasing_tokens_on_mongo"),
+    ];
+    let empty = tempfile::tempdir().expect("an empty directory for PATH");
+    for (binary, test) in cases {
+        let Some(path) = sibling_test_binary(binary) else {
+            test_servers::skip_or_fail(
+                "under_ci_a_test_missing_its_tool_or_server_fails",
+                &format!("no {binary} test binary beside this one (run cargo test --workspace)"),
+                test_servers::under_ci(),
+            );
+            continue;
+        };
+        let run = |ci: Option<&str>| {
+            let mut command = Command::new(&path);
+            command
+                .args([test, "--exact", "--nocapture", "--test-threads=1"])
+                .env("PATH", empty.path())
+                .env_remove("MONGODB_URI")
+                .env_remove("TURNSTILE_MONGO_SERVER")
+                .env_remove("TURNSTILE_E2E_KUBECONFIG");
+            match ci {
+                Some(value) => command.env("CI", value),
+                None => command.env_remove("CI"),
+            };
+            let output = command.output().expect("run the test binary");
+            let said = String::from_utf8_lossy(&output.stdout).into_owned()
+                + &String::from_utf8_lossy(&output.stderr);
+            (output.status.success(), said)
+        };
+        let (passed, said) = run(None);
+        assert!(passed, "{binary}::{test} without CI: {said}");
+        assert!(
+            said.contains("skipped"),
+            "{binary}::{test} said why: {said}"
+        );
+        assert!(said.contains("1 passed"), "{binary}::{test} ran: {said}");
+        for ci in ["true", "1"] {
+            let (passed, said) = run(Some(ci));
+            assert!(!passed, "{binary}::{test} passed under CI={ci}: {said}");
+            assert!(said.contains("1 failed"), "{binary}::{test}: {said}");
+        }
+    }
+}
