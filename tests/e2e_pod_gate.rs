@@ -6,6 +6,10 @@
 //! one at a time (a sampler counts ungated Pods at once), and the next one is let go when its
 //! predecessor is deleted or finishes. A gated Pod whose claim fails stays gated, with a
 //! Warning Event saying why.
+//!
+//! Also the Job gate's idempotence: a claim of the Job's fixed name that the gate's cache has
+//! not seen yet makes its create answer AlreadyExists; the claim is adopted, not re-created,
+//! and the Job's token and `suspend` are written once, across a controller restart too.
 
 mod e2e_support;
 
@@ -14,12 +18,19 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use e2e_support::actor::{requests_of, tagged_client};
+use e2e_support::jobs::{is_suspended, jobs, wait_job};
 use e2e_support::pods::{pods, set_pod_phase};
 use e2e_support::{phase_of, reason_of, token_of, Env, WAIT};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
 use serde_json::json;
-use turnstile_api::{ClaimPhase, LOCKS_ANNOTATION, LOCK_LABEL, SCHEDULING_GATE, TOKEN_ANNOTATION};
+use turnstile_api::{
+    ClaimPhase, LOCKS_ANNOTATION, LOCK_ANNOTATION, LOCK_LABEL, SCHEDULING_GATE, TOKEN_ANNOTATION,
+};
+use turnstile_controller::ControllerConfig;
 
 /// How soon after its predecessor ends the next Pod must be let go: far below the 300 s lease.
 const HANDOFF: Duration = Duration::from_secs(15);
@@ -318,4 +329,103 @@ async fn the_locks_annotation_gates_a_pod_on_all_its_locks() {
         Some(3)
     );
     env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gated_job_adopts_a_claim_of_its_name_and_is_let_go_once() {
+    let Some(env) = Env::fake_only("a_gated_job_adopts_a_claim_of_its_name").await else {
+        return;
+    };
+    let controller_client = || tagged_client(env.server(), "controller");
+    let controller = env.spawn_controller_with(controller_client(), ControllerConfig::default());
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.wait_ready("db", "True").await;
+    // Suspended, not yet gated: the test learns its uid first.
+    let job: Job = serde_json::from_value(json!({
+        "metadata": {"name": "migrate"},
+        "spec": {
+            "suspend": true,
+            "template": {"spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": "main", "image": "busybox"}]
+            }}
+        }
+    }))
+    .expect("job");
+    let job = jobs(&env)
+        .create(&PostParams::default(), &job)
+        .await
+        .expect("create job");
+    let uid = job.uid().expect("uid");
+
+    // The claim watch's next request is held back for 5 s, and the watch is cut: the cache
+    // cannot see the claim stored meanwhile (directly, no request of ours on that path).
+    let claims_path = format!(
+        "/apis/turnstile.dev/v1alpha1/namespaces/{}/lockclaims",
+        env.namespace
+    );
+    env.server()
+        .inject_delays(&claims_path, 1, Duration::from_secs(5));
+    env.server().close_watches();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    env.server().store_unvalidated(
+        "turnstile.dev",
+        "lockclaims",
+        &env.namespace,
+        json!({
+            "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
+            "metadata": {
+                "name": "migrate-db", "namespace": env.namespace, "uid": "adopted-claim-uid",
+                "creationTimestamp": "2026-01-01T00:00:00Z", "generation": 1,
+                "ownerReferences": [{
+                    "apiVersion": "batch/v1", "kind": "Job", "name": "migrate",
+                    "uid": uid, "controller": true
+                }]
+            },
+            "spec": {"lockName": "db"}
+        }),
+    );
+    jobs(&env)
+        .patch(
+            "migrate",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"annotations": {LOCK_ANNOTATION: "db"}}})),
+        )
+        .await
+        .expect("annotate the job");
+
+    let job = wait_job(&env, "migrate", |job| !is_suspended(job)).await;
+    let claim = env.claim("migrate-db").await;
+    assert_eq!(claim.uid().as_deref(), Some("adopted-claim-uid"), "adopted");
+    assert_eq!(phase_of(&claim), Some(ClaimPhase::Held));
+    assert_eq!(
+        job.annotations().get(TOKEN_ANNOTATION).cloned(),
+        token_of(&claim).map(|token| token.to_string())
+    );
+    let log = requests_of(&env.server().request_log(), "controller");
+    let creates: Vec<u16> = log
+        .iter()
+        .filter(|request| request.verb == "create" && request.resource == "lockclaims")
+        .map(|request| request.status)
+        .collect();
+    assert!(
+        !creates.is_empty() && creates.iter().all(|status| *status == 409),
+        "the gate's create met the claim (AlreadyExists) and created none: {creates:?}"
+    );
+
+    // A restarted controller finds the Job let go: nothing more is written to it.
+    controller.stop().await;
+    let restarted = env.spawn_controller_with(controller_client(), ControllerConfig::default());
+    env.wait_ready("db", "True").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    restarted.stop().await;
+    let job_writes = requests_of(&env.server().request_log(), "controller")
+        .into_iter()
+        .filter(|request| request.resource == "jobs" && request.verb == "patch")
+        .count();
+    assert_eq!(job_writes, 1, "token and suspend written once");
+    assert_eq!(
+        env.claim("migrate-db").await.uid().as_deref(),
+        Some("adopted-claim-uid")
+    );
 }
