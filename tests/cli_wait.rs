@@ -19,8 +19,9 @@ use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use e2e_support::roles::{example_role, verbs};
+use e2e_support::tls_front::tls_front;
 use fake_apiserver::FakeApiServer;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
@@ -718,5 +719,96 @@ async fn wait_uses_exactly_the_verbs_the_readme_and_the_example_role_grant() {
         example_role("wait-init-container.yaml", "turnstile-wait"),
         readme,
         "the example's Role"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_pod_it_finds_the_api_server_through_the_service_account() {
+    // What a Pod has: KUBERNETES_SERVICE_HOST/PORT (an HTTPS endpoint) and the service
+    // account's token, CA and namespace under /var/run/secrets/kubernetes.io/serviceaccount,
+    // given to turnstile in a mount namespace of its own; no kubeconfig anywhere.
+    let cluster = Cluster::start().await;
+    let namespace = "in-cluster";
+    let namespaces: Api<Namespace> = Api::all(cluster.client.clone());
+    let object = serde_json::from_value(json!({"metadata": {"name": namespace}})).expect("ns");
+    namespaces
+        .create(&PostParams::default(), &object)
+        .await
+        .expect("create namespace");
+    let locks: Api<DistributedLock> = Api::namespaced(cluster.client.clone(), namespace);
+    let lock = serde_json::from_value(json!({
+        "apiVersion": "turnstile.dev/v1alpha1", "kind": "DistributedLock",
+        "metadata": {"name": "db"}, "spec": {}
+    }))
+    .expect("lock");
+    locks
+        .create(&PostParams::default(), &lock)
+        .await
+        .expect("create lock");
+    let claims: Api<LockClaim> = Api::namespaced(cluster.client.clone(), namespace);
+    let claim = serde_json::from_value(json!({
+        "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
+        "metadata": {"name": "job-a"}, "spec": {"lockName": "db"}
+    }))
+    .expect("claim");
+    claims
+        .create(&PostParams::default(), &claim)
+        .await
+        .expect("create claim");
+
+    let dir = tempfile::tempdir().expect("dir");
+    let tls = tokio::task::spawn_blocking({
+        let dir = dir.path().join("tls");
+        move || {
+            std::fs::create_dir(&dir).expect("tls dir");
+            test_servers::TlsFiles::generate(&dir).expect("certificates")
+        }
+    })
+    .await
+    .expect("generate");
+    let front = tls_front(&tls.server_cert, &tls.server_key, cluster.server.addr()).await;
+    let account = dir.path().join("serviceaccount");
+    std::fs::create_dir(&account).expect("account dir");
+    std::fs::copy(&tls.ca_cert, account.join("ca.crt")).expect("ca.crt");
+    std::fs::write(account.join("token"), "a-service-account-token").expect("token");
+    std::fs::write(account.join("namespace"), namespace).expect("namespace");
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).expect("home");
+
+    let script = r#"mount -t tmpfs tmpfs /run &&
+        mkdir -p /run/secrets/kubernetes.io/serviceaccount &&
+        cp "$ACCOUNT"/* /run/secrets/kubernetes.io/serviceaccount/ &&
+        exec "$TURNSTILE" wait job-a"#;
+    let waiting = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", script])
+        .env("ACCOUNT", &account)
+        .env("TURNSTILE", env!("CARGO_BIN_EXE_turnstile"))
+        .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+        .env("KUBERNETES_SERVICE_PORT", front.addr.port().to_string())
+        .env("HOME", &home)
+        .env_remove("KUBECONFIG")
+        .env_remove("POD_NAMESPACE")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn unshare");
+    cluster.watched("job-a").await;
+    claims
+        .patch_status(
+            "job-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": held(7) })),
+        )
+        .await
+        .expect("status");
+    let output = finish(waiting).await;
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    assert_eq!(
+        stdout(&output),
+        "7\n",
+        "the claim in the service account's namespace"
     );
 }

@@ -9,6 +9,7 @@ pub mod jobs;
 pub mod pods;
 pub mod roles;
 pub mod scrape;
+pub mod tls_front;
 
 use std::io::Write as _;
 use std::path::PathBuf;
