@@ -16,7 +16,11 @@
 //!   command and everything it started (SIGKILL after `--grace` if SIGTERM is ignored) and
 //!   exits 76;
 //! - concurrent processes never overlap in the critical section (violations counted);
-//! - memory backends are refused (2) and unreachable ones reported (69).
+//! - memory backends are refused (2) and unreachable ones reported (69);
+//! - on MongoDB, by `mongodb://` and by `mongodb+srv://` (its SRV record served by a DNS
+//!   server of the test's, which turnstile is pointed at in a mount namespace of its own).
+
+mod e2e_support;
 
 use std::path::PathBuf;
 use std::process::{Output, Stdio};
@@ -814,5 +818,90 @@ async fn a_waiting_exclusive_request_keeps_later_shared_ones_out() {
     assert!(
         fx.path("writer.ok").exists(),
         "the writer overlapped the reader"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_on_a_mongodb_srv_url() {
+    use e2e_support::dns::{serve, Records};
+
+    let Some(mongo) = tokio::task::spawn_blocking(test_servers::MongoServer::shared_or_skip)
+        .await
+        .expect("launcher thread")
+    else {
+        return;
+    };
+    let port: u16 = mongo
+        .uri()
+        .trim_start_matches("mongodb://127.0.0.1:")
+        .trim_end_matches('/')
+        .parse()
+        .expect("the test server's port");
+    // The host the URL names has an SRV record listing the server (a host of the same
+    // domain, as the driver requires), whose A record is the loopback.
+    let records = Records {
+        srv: vec![(
+            "_mongodb._tcp.locks.turnstile.test".to_owned(),
+            "node1.turnstile.test".to_owned(),
+            port,
+        )],
+        a: vec![(
+            "node1.turnstile.test".to_owned(),
+            std::net::Ipv4Addr::LOCALHOST,
+        )],
+    };
+    let dns = match serve(records).await {
+        Ok(server) => server,
+        Err(error) => {
+            test_servers::skip_or_fail(
+                "runs_on_a_mongodb_srv_url",
+                &format!("cannot serve DNS on 127.0.0.1:53: {error}"),
+                test_servers::under_ci(),
+            );
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().expect("dir");
+    let resolv = dir.path().join("resolv.conf");
+    std::fs::write(
+        &resolv,
+        "nameserver 127.0.0.1\noptions timeout:2 attempts:2\n",
+    )
+    .expect("resolv.conf");
+    // The SRV form turns TLS on by default; the test server speaks plain TCP.
+    let url = "mongodb+srv://locks.turnstile.test/?tls=false";
+    let key = format!("srv-{}", std::process::id());
+    let script = r#"mount --bind "$RESOLV" /etc/resolv.conf &&
+        exec "$TURNSTILE" lock --backend "$URL" "$KEY" -- sh -c 'echo "$TURNSTILE_FENCING_TOKEN"'"#;
+    let run = || {
+        Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", script])
+            .env("RESOLV", &resolv)
+            .env("TURNSTILE", env!("CARGO_BIN_EXE_turnstile"))
+            .env("URL", url)
+            .env("KEY", &key)
+            .env_remove("TURNSTILE_BACKEND_URL")
+            .env_remove("RUST_LOG")
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn unshare")
+    };
+    let first = finish(run()).await;
+    assert_eq!(code(&first), 0, "{}", stderr(&first));
+    let second = finish(run()).await;
+    assert_eq!(code(&second), 0, "{}", stderr(&second));
+    let tokens: Vec<u64> = [&first, &second]
+        .iter()
+        .map(|output| stdout(output).trim().parse().expect("a token"))
+        .collect();
+    assert!(tokens[1] > tokens[0], "{tokens:?}");
+    let asked = dns.asked();
+    assert!(
+        asked.contains(&("_mongodb._tcp.locks.turnstile.test".to_owned(), 33)),
+        "the SRV record was looked up: {asked:?}"
     );
 }

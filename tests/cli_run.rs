@@ -393,3 +393,85 @@ async fn on_sentinel_grants_wait_for_the_replica_acks_the_environment_asks_for()
     env.wait_ready("db", "True").await;
     stop(controller).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_mongo_locks_from_a_mongodb_srv_url() {
+    use e2e_support::dns::{serve, Records};
+
+    let Some(mongo) = tokio::task::spawn_blocking(MongoServer::shared_or_skip)
+        .await
+        .expect("launcher thread")
+    else {
+        return;
+    };
+    let port: u16 = mongo
+        .uri()
+        .trim_start_matches("mongodb://127.0.0.1:")
+        .trim_end_matches('/')
+        .parse()
+        .expect("the test server's port");
+    let records = Records {
+        srv: vec![(
+            "_mongodb._tcp.locks.turnstile.test".to_owned(),
+            "node1.turnstile.test".to_owned(),
+            port,
+        )],
+        a: vec![(
+            "node1.turnstile.test".to_owned(),
+            std::net::Ipv4Addr::LOCALHOST,
+        )],
+    };
+    let dns = match serve(records).await {
+        Ok(server) => server,
+        Err(error) => {
+            test_servers::skip_or_fail(
+                "serves_mongo_locks_from_a_mongodb_srv_url",
+                &format!("cannot serve DNS on 127.0.0.1:53: {error}"),
+                test_servers::under_ci(),
+            );
+            return;
+        }
+    };
+    let env = Env::new().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let resolv = dir.path().join("resolv.conf");
+    std::fs::write(
+        &resolv,
+        "nameserver 127.0.0.1\noptions timeout:2 attempts:2\n",
+    )
+    .expect("resolv.conf");
+    let script = r#"mount --bind "$RESOLV" /etc/resolv.conf &&
+        exec "$TURNSTILE" run --namespace "$NAMESPACE" --log-format json"#;
+    let controller = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", script])
+        .env("RESOLV", &resolv)
+        .env("TURNSTILE", env!("CARGO_BIN_EXE_turnstile"))
+        .env("NAMESPACE", &env.namespace)
+        .env("KUBECONFIG", &env.kubeconfig)
+        .env(
+            "TURNSTILE_MONGO_URL",
+            "mongodb+srv://locks.turnstile.test/?tls=false",
+        )
+        .env("TURNSTILE_MONGO_DATABASE", "turnstile_srv_test")
+        .env_remove("TURNSTILE_REDIS_URL")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn unshare");
+    env.apply_lock("db", "backend: mongo\nleaseDurationSeconds: 300");
+    env.apply_claim("a", "db", "");
+    env.apply_claim("b", "db", "");
+    let a = env.wait_phase("a", ClaimPhase::Held).await;
+    env.delete_claim("a").await;
+    let b = env.wait_phase("b", ClaimPhase::Held).await;
+    assert!(token_of(&b) > token_of(&a), "{a:?} {b:?}");
+    let asked = dns.asked();
+    assert!(
+        asked.contains(&("_mongodb._tcp.locks.turnstile.test".to_owned(), 33)),
+        "the SRV record was looked up: {asked:?}"
+    );
+    stop(controller).await;
+}

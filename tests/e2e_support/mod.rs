@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod actor;
+pub mod dns;
 pub mod jobs;
 pub mod pods;
 pub mod roles;
