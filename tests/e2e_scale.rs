@@ -491,3 +491,43 @@ async fn at_most_sixteen_passes_write_at_once() {
     assert!(most >= 8, "only {most} writes ever overlapped");
     controller.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_after_a_hand_off_waits_for_its_writes_even_when_the_lock_cache_lags() {
+    let Some(env) = Env::fake_only("a_pass_after_a_hand_off_waits_for_its_writes").await else {
+        return;
+    };
+    // The lock's status reaches the controller 400 ms after it was written, the claims' at
+    // once: the claim events of a hand-off wake the lock's next pass while its cache still
+    // shows the lock as it was. Without the wait for its own writes that pass writes the
+    // lock's status from a stale resourceVersion and meets 409s.
+    env.server()
+        .delay_watch_events("distributedlocks", Duration::from_millis(400));
+    let controller = env.spawn_controller_with(
+        tagged_client(env.server(), CONTROLLER),
+        ControllerConfig::default(),
+    );
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    for index in 0..6 {
+        env.apply_claim(&claim_name(index), "db", "");
+    }
+    env.wait_phase(&claim_name(0), ClaimPhase::Held).await;
+    settled_writes(&env, Duration::from_millis(1000)).await;
+    let start = controller_writes(&env).len();
+    for index in 0..5 {
+        env.delete_claim(&claim_name(index)).await;
+        env.wait_phase(&claim_name(index + 1), ClaimPhase::Held)
+            .await;
+    }
+    let writes = settled_writes(&env, Duration::from_millis(1000)).await;
+    let conflicts: Vec<String> = writes[start..]
+        .iter()
+        .filter(|request| request.status == 409)
+        .map(|request| format!("{} {}", request.method, request.path))
+        .collect();
+    assert!(
+        conflicts.is_empty(),
+        "hand-offs met conflicts: {conflicts:?}"
+    );
+    controller.stop().await;
+}

@@ -90,6 +90,7 @@ pub(crate) struct Hooks {
     read_faults: Mutex<Vec<Armed<u16>>>,
     delays: Mutex<Vec<Armed<Duration>>>,
     slow_spells: Mutex<Vec<SlowSpell>>,
+    watch_event_delays: Mutex<BTreeMap<String, Duration>>,
     log: Mutex<Vec<RecordedRequest>>,
 }
 
@@ -147,6 +148,19 @@ impl Hooks {
                 .map(|spell| spell.delay)
                 .max()
         })
+    }
+
+    /// Makes the live events of `resource` reach watches started from now on `delay` late.
+    pub(crate) fn delay_watch_events(&self, resource: &str, delay: Duration) {
+        lock(&self.watch_event_delays).insert(resource.to_owned(), delay);
+    }
+
+    /// How late a new watch of `resource` gets its events.
+    pub(crate) fn watch_event_delay(&self, resource: &str) -> Duration {
+        lock(&self.watch_event_delays)
+            .get(resource)
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Records a request.

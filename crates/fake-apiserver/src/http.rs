@@ -518,6 +518,7 @@ fn resource(
             let settings = WatchSettings {
                 bookmark_interval: app.bookmark_interval,
                 close: app.close_watches.subscribe(),
+                event_delay: app.hooks.watch_event_delay(&r.resource),
             };
             let body = watch::start(app.store.clone(), target, params, settings)?;
             let mut response = Response::new(body);

@@ -235,6 +235,13 @@ impl FakeApiServer {
         self.state.hooks.inject_read(path_prefix, count, status);
     }
 
+    /// Makes every live event of `resource` (the plural: `distributedlocks`) reach the watches
+    /// started from now on `delay` late, in order and evenly spaced: a watch cache that lags
+    /// behind the writes, as an overloaded API server's does.
+    pub fn delay_watch_events(&self, resource: &str, delay: std::time::Duration) {
+        self.state.hooks.delay_watch_events(resource, delay);
+    }
+
     /// Makes the next `count` requests (reads, watches and writes) whose URL path starts with
     /// `path_prefix` wait `delay` before they are served: a slow or overloaded API server.
     pub fn inject_delays(&self, path_prefix: &str, count: usize, delay: std::time::Duration) {

@@ -50,6 +50,8 @@ pub(crate) struct StoredEvent {
     pub object: Arc<Value>,
     /// The object before the change, for selector transitions.
     pub previous: Option<Arc<Value>>,
+    /// When it happened (for watches whose events a test makes late).
+    pub at: tokio::time::Instant,
 }
 
 /// How many events are kept for watch resumption before the oldest are compacted away.
@@ -310,6 +312,7 @@ impl Inner {
             key,
             object: object.clone(),
             previous,
+            at: tokio::time::Instant::now(),
         });
         object
     }
@@ -341,6 +344,7 @@ impl Inner {
             key: key.clone(),
             object: object.clone(),
             previous,
+            at: tokio::time::Instant::now(),
         });
         object
     }

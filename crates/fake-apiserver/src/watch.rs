@@ -34,6 +34,8 @@ pub(crate) struct WatchParams {
 pub(crate) struct WatchSettings {
     pub bookmark_interval: Duration,
     pub close: watch::Receiver<u64>,
+    /// How late each live event reaches the client (a test hook; zero by default).
+    pub event_delay: Duration,
 }
 
 fn line(event_type: &str, object: Value) -> Bytes {
@@ -140,7 +142,7 @@ pub(crate) fn start(
         first_table: true,
     };
     let mut initial: Vec<Bytes> = Vec::new();
-    let mut close = settings.close;
+    let mut close = settings.close.clone();
     close.borrow_and_update();
     // Read the starting point and subscribe under one lock, so no event is missed or repeated.
     let (rx, start_rv) = store
@@ -188,15 +190,7 @@ pub(crate) fn start(
             }
         }
         let Some(rx) = rx else { return };
-        pump(
-            watcher,
-            rx,
-            out,
-            close,
-            start_rv,
-            settings.bookmark_interval,
-        )
-        .await;
+        pump(watcher, rx, out, close, start_rv, &settings).await;
     });
     let stream = futures::stream::unfold(out_rx, |mut rx| async move {
         rx.recv().await.map(|b| (Ok::<Bytes, Infallible>(b), rx))
@@ -211,8 +205,9 @@ async fn pump(
     out: mpsc::Sender<Bytes>,
     mut close: watch::Receiver<u64>,
     start_rv: u64,
-    bookmark_interval: Duration,
+    settings: &WatchSettings,
 ) {
+    let bookmark_interval = settings.bookmark_interval;
     let deadline = tokio::time::sleep(watcher.params.timeout);
     tokio::pin!(deadline);
     let mut ticker = tokio::time::interval_at(
@@ -242,7 +237,12 @@ async fn pump(
                 Ok(ev) => {
                     if ev.rv <= progress { None } else {
                         progress = ev.rv;
-                        watcher.translate(&ev)
+                        let translated = watcher.translate(&ev);
+                        if translated.is_some() && !settings.event_delay.is_zero() {
+                            // Late by the same amount each: events keep their order and spacing.
+                            tokio::time::sleep_until(ev.at + settings.event_delay).await;
+                        }
+                        translated
                     }
                 }
                 Err(broadcast::error::RecvError::Lagged(missed)) => {
