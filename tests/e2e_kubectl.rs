@@ -1,12 +1,14 @@
 //! End to end through `kubectl`, as a user drives it: apply a lock and three claims, read the
 //! printer columns, `kubectl wait` for the next holder while deleting the current one; and
-//! an idle controller writes nothing.
+//! an idle controller writes nothing; uninstalling as the README says, with the controller
+//! running and, with it gone, by removing the finalizers by hand.
 
 mod e2e_support;
 
 use std::time::Duration;
 
-use e2e_support::{phase_of, position_of, token_of, Env};
+use e2e_support::{phase_of, position_of, token_of, Env, WAIT};
+use kube::ResourceExt;
 use turnstile_api::ClaimPhase;
 
 const LOCK_AND_CLAIMS: &str = "\
@@ -219,4 +221,80 @@ async fn an_idle_controller_writes_nothing() {
         .collect();
     assert!(requests.is_empty(), "requests while idle: {requests:?}");
     env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uninstall_as_the_readme_says_with_the_controller_and_without_it() {
+    let mut env = Env::new().await;
+    env.start_default_controller();
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.a_holds_and_b_waits("db").await;
+    // With the controller running: every grant released, every finalizer removed.
+    // The README's command as a user types it: no `-n`.
+    let deleted = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&env.kubeconfig)
+        .args([
+            "delete",
+            "lockclaims,distributedlocks",
+            "--all",
+            "--all-namespaces",
+            "--wait",
+            "--timeout=60s",
+        ])
+        .output()
+        .expect("run kubectl");
+    assert!(
+        deleted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&deleted.stderr)
+    );
+    assert!(env
+        .claims()
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+        .is_empty());
+    assert!(env
+        .locks()
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+        .is_empty());
+
+    // The controller gone first: deletion waits on the finalizers until they are removed by
+    // hand with the README's patch.
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.apply_claim("a", "db", "");
+    env.wait_phase("a", ClaimPhase::Held).await;
+    env.stop_controller().await;
+    env.kubectl(&["delete", "lockclaim", "a", "--wait=false"]);
+    env.kubectl(&["delete", "distributedlock", "db", "--wait=false"]);
+    let stuck = env.claim("a").await;
+    assert!(
+        stuck.metadata.deletion_timestamp.is_some() && !stuck.finalizers().is_empty(),
+        "held back by its finalizer: {stuck:?}"
+    );
+    for kind in ["lockclaim/a", "distributedlock/db"] {
+        let (kind, name) = kind.split_once('/').expect("kind/name");
+        env.kubectl(&[
+            "patch",
+            kind,
+            name,
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"finalizers":null}}"#,
+        ]);
+    }
+    env.wait_gone("a").await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while env.locks().get_opt("db").await.expect("get").is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "lock db never went away"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
