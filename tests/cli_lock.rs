@@ -87,6 +87,15 @@ impl Fixture {
         child
     }
 
+    /// Runs `turnstile lock KEY ARGS… --wait 1s` and checks it was refused: exit 75, its
+    /// command (which would touch `marker`) never ran.
+    async fn assert_refused(&self, key: &str, args: &[&str], marker: &str) {
+        let args = [args, &["--wait", "1s"]].concat();
+        let output = self.run(key, &args, &format!("touch {marker}")).await;
+        assert_eq!(code(&output), NOT_ACQUIRED, "{}", stderr(&output));
+        assert!(!self.path(marker).exists(), "{marker}: granted");
+    }
+
     /// Lets every holder started with [`Fixture::holder`] finish.
     fn go(&self) {
         std::fs::write(self.path("go"), "").unwrap();
@@ -748,11 +757,7 @@ async fn lock_delay_follows_an_involuntary_end_but_not_a_release() {
         )
         .await;
     assert_lost(&cut, "lost lock \"delayed\"");
-    let refused = fx
-        .run("delayed", &["--wait", "1s"], "touch refused.ran")
-        .await;
-    assert_eq!(code(&refused), NOT_ACQUIRED, "{}", stderr(&refused));
-    assert!(!fx.path("refused.ran").exists(), "granted inside the delay");
+    fx.assert_refused("delayed", &[], "refused.ran").await;
     let later = fx.run("delayed", &[], "touch later.ran").await;
     assert_succeeded(&[&later]);
     assert!(fx.path("later.ran").exists());
@@ -774,15 +779,8 @@ async fn a_new_max_holders_applies_at_the_next_grant_and_lowering_it_revokes_nob
         )
         .await;
     // Back to 1 with two holding: nobody is revoked, the newcomer waits in vain.
-    let third = fx
-        .run(
-            "live",
-            &["--max-holders", "1", "--shared", "--wait", "1s"],
-            "touch third.ran",
-        )
+    fx.assert_refused("live", &["--max-holders", "1", "--shared"], "third.ran")
         .await;
-    assert_eq!(code(&third), NOT_ACQUIRED, "{}", stderr(&third));
-    assert!(!fx.path("third.ran").exists());
     fx.go();
     let (first, second) = (finish(first).await, finish(second).await);
     assert_succeeded(&[&first, &second]);
@@ -802,15 +800,8 @@ async fn a_waiting_exclusive_request_keeps_later_shared_ones_out() {
     );
     fx.until_queued("rwq").await;
     // Room for two more readers, but a writer waits first: no writer starvation.
-    let late_reader = fx
-        .run(
-            "rwq",
-            &[&rw[..], &["--shared", "--wait", "1s"]].concat(),
-            "touch late.ran",
-        )
+    fx.assert_refused("rwq", &[&rw[..], &["--shared"]].concat(), "late.ran")
         .await;
-    assert_eq!(code(&late_reader), NOT_ACQUIRED, "{}", stderr(&late_reader));
-    assert!(!fx.path("late.ran").exists());
     std::fs::write(fx.path("reader.out"), "").expect("reader.out");
     fx.go();
     let (reader, writer) = (finish(reader).await, finish(writer).await);
@@ -823,7 +814,7 @@ async fn a_waiting_exclusive_request_keeps_later_shared_ones_out() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_on_a_mongodb_srv_url() {
-    use e2e_support::dns::{serve, Records};
+    use e2e_support::dns::MongoSrv;
 
     let Some(mongo) = tokio::task::spawn_blocking(test_servers::MongoServer::shared_or_skip)
         .await
@@ -831,54 +822,19 @@ async fn runs_on_a_mongodb_srv_url() {
     else {
         return;
     };
-    let port: u16 = mongo
-        .uri()
-        .trim_start_matches("mongodb://127.0.0.1:")
-        .trim_end_matches('/')
-        .parse()
-        .expect("the test server's port");
-    // The host the URL names has an SRV record listing the server (a host of the same
-    // domain, as the driver requires), whose A record is the loopback.
-    let records = Records {
-        srv: vec![(
-            "_mongodb._tcp.locks.turnstile.test".to_owned(),
-            "node1.turnstile.test".to_owned(),
-            port,
-        )],
-        a: vec![(
-            "node1.turnstile.test".to_owned(),
-            std::net::Ipv4Addr::LOCALHOST,
-        )],
-    };
-    let dns = match serve(records).await {
-        Ok(server) => server,
-        Err(error) => {
-            test_servers::skip_or_fail(
-                "runs_on_a_mongodb_srv_url",
-                &format!("cannot serve DNS on 127.0.0.1:53: {error}"),
-                test_servers::under_ci(),
-            );
-            return;
-        }
+    let Some(srv) = MongoSrv::serve(mongo.uri(), "runs_on_a_mongodb_srv_url").await else {
+        return;
     };
     let dir = tempfile::tempdir().expect("dir");
-    let resolv = dir.path().join("resolv.conf");
-    std::fs::write(
-        &resolv,
-        "nameserver 127.0.0.1\noptions timeout:2 attempts:2\n",
-    )
-    .expect("resolv.conf");
-    // The SRV form turns TLS on by default; the test server speaks plain TCP.
-    let url = "mongodb+srv://locks.turnstile.test/?tls=false";
     let key = format!("srv-{}", std::process::id());
     let script = r#"mount --bind "$RESOLV" /etc/resolv.conf &&
         exec "$TURNSTILE" lock --backend "$URL" "$KEY" -- sh -c 'echo "$TURNSTILE_FENCING_TOKEN"'"#;
     let run = || {
         Command::new("unshare")
             .args(["--mount", "--propagation", "private", "sh", "-c", script])
-            .env("RESOLV", &resolv)
+            .env("RESOLV", &srv.resolv_conf)
             .env("TURNSTILE", env!("CARGO_BIN_EXE_turnstile"))
-            .env("URL", url)
+            .env("URL", srv.url)
             .env("KEY", &key)
             .env_remove("TURNSTILE_BACKEND_URL")
             .env_remove("RUST_LOG")
@@ -899,9 +855,5 @@ async fn runs_on_a_mongodb_srv_url() {
         .map(|output| stdout(output).trim().parse().expect("a token"))
         .collect();
     assert!(tokens[1] > tokens[0], "{tokens:?}");
-    let asked = dns.asked();
-    assert!(
-        asked.contains(&("_mongodb._tcp.locks.turnstile.test".to_owned(), 33)),
-        "the SRV record was looked up: {asked:?}"
-    );
+    srv.assert_srv_looked_up();
 }

@@ -18,13 +18,11 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use e2e_support::scrape::get;
-use e2e_support::{phase_of, token_of, Env, WAIT};
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, PostParams};
+use e2e_support::{namespace_with_a_claim, phase_of, token_of, Env, WAIT};
 use serde_json::json;
 use test_servers::{MongoServer, RedisOptions, RedisSentinel, RedisServer, TlsClientAuth};
 use tokio::process::{Child, Command};
-use turnstile_api::{ClaimPhase, LockClaim};
+use turnstile_api::ClaimPhase;
 use turnstile_lock::backend::{MongoBackend, MongoBackendConfig};
 use turnstile_lock::Backend;
 
@@ -182,42 +180,11 @@ async fn run_takes_its_backends_from_the_environment() {
     );
 }
 
-/// Creates namespace `name` and, in it, the memory lock `db` and the claim `theirs` on it.
-async fn other_namespace_with_a_claim(env: &Env, name: &str) -> Api<LockClaim> {
-    let namespaces: Api<Namespace> = Api::all(env.client.clone());
-    let namespace = serde_json::from_value(json!({"metadata": {"name": name}})).expect("ns");
-    namespaces
-        .create(&PostParams::default(), &namespace)
-        .await
-        .expect("create namespace");
-    let locks: Api<turnstile_api::DistributedLock> = Api::namespaced(env.client.clone(), name);
-    let lock = serde_json::from_value(json!({
-        "apiVersion": "turnstile.dev/v1alpha1", "kind": "DistributedLock",
-        "metadata": {"name": "db"}, "spec": {"leaseDurationSeconds": 300}
-    }))
-    .expect("lock");
-    locks
-        .create(&PostParams::default(), &lock)
-        .await
-        .expect("create lock");
-    let claims: Api<LockClaim> = Api::namespaced(env.client.clone(), name);
-    let claim = serde_json::from_value(json!({
-        "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
-        "metadata": {"name": "theirs"}, "spec": {"lockName": "db"}
-    }))
-    .expect("claim");
-    claims
-        .create(&PostParams::default(), &claim)
-        .await
-        .expect("create claim");
-    claims
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespace_scopes_the_watch_and_without_it_every_namespace_is_served() {
     let env = Env::new().await;
     let other = format!("{}-other", env.namespace);
-    let theirs = other_namespace_with_a_claim(&env, &other).await;
+    let theirs = namespace_with_a_claim(&env.client, &other, "db", "theirs").await;
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.apply_claim("mine", "db", "");
 
@@ -396,7 +363,7 @@ async fn on_sentinel_grants_wait_for_the_replica_acks_the_environment_asks_for()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serves_mongo_locks_from_a_mongodb_srv_url() {
-    use e2e_support::dns::{serve, Records};
+    use e2e_support::dns::MongoSrv;
 
     let Some(mongo) = tokio::task::spawn_blocking(MongoServer::shared_or_skip)
         .await
@@ -404,54 +371,20 @@ async fn serves_mongo_locks_from_a_mongodb_srv_url() {
     else {
         return;
     };
-    let port: u16 = mongo
-        .uri()
-        .trim_start_matches("mongodb://127.0.0.1:")
-        .trim_end_matches('/')
-        .parse()
-        .expect("the test server's port");
-    let records = Records {
-        srv: vec![(
-            "_mongodb._tcp.locks.turnstile.test".to_owned(),
-            "node1.turnstile.test".to_owned(),
-            port,
-        )],
-        a: vec![(
-            "node1.turnstile.test".to_owned(),
-            std::net::Ipv4Addr::LOCALHOST,
-        )],
-    };
-    let dns = match serve(records).await {
-        Ok(server) => server,
-        Err(error) => {
-            test_servers::skip_or_fail(
-                "serves_mongo_locks_from_a_mongodb_srv_url",
-                &format!("cannot serve DNS on 127.0.0.1:53: {error}"),
-                test_servers::under_ci(),
-            );
-            return;
-        }
+    let Some(srv) = MongoSrv::serve(mongo.uri(), "serves_mongo_locks_from_a_mongodb_srv_url").await
+    else {
+        return;
     };
     let env = Env::new().await;
-    let dir = tempfile::tempdir().expect("dir");
-    let resolv = dir.path().join("resolv.conf");
-    std::fs::write(
-        &resolv,
-        "nameserver 127.0.0.1\noptions timeout:2 attempts:2\n",
-    )
-    .expect("resolv.conf");
     let script = r#"mount --bind "$RESOLV" /etc/resolv.conf &&
         exec "$TURNSTILE" run --namespace "$NAMESPACE" --log-format json"#;
     let controller = Command::new("unshare")
         .args(["--mount", "--propagation", "private", "sh", "-c", script])
-        .env("RESOLV", &resolv)
+        .env("RESOLV", &srv.resolv_conf)
         .env("TURNSTILE", env!("CARGO_BIN_EXE_turnstile"))
         .env("NAMESPACE", &env.namespace)
         .env("KUBECONFIG", &env.kubeconfig)
-        .env(
-            "TURNSTILE_MONGO_URL",
-            "mongodb+srv://locks.turnstile.test/?tls=false",
-        )
+        .env("TURNSTILE_MONGO_URL", srv.url)
         .env("TURNSTILE_MONGO_DATABASE", "turnstile_srv_test")
         .env_remove("TURNSTILE_REDIS_URL")
         .env("RUST_LOG", "info")
@@ -468,10 +401,6 @@ async fn serves_mongo_locks_from_a_mongodb_srv_url() {
     env.delete_claim("a").await;
     let b = env.wait_phase("b", ClaimPhase::Held).await;
     assert!(token_of(&b) > token_of(&a), "{a:?} {b:?}");
-    let asked = dns.asked();
-    assert!(
-        asked.contains(&("_mongodb._tcp.locks.turnstile.test".to_owned(), 33)),
-        "the SRV record was looked up: {asked:?}"
-    );
+    srv.assert_srv_looked_up();
     stop(controller).await;
 }

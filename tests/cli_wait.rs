@@ -18,10 +18,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
+use e2e_support::namespace_with_a_claim;
 use e2e_support::roles::{example_role, verbs};
 use e2e_support::tls_front::tls_front;
 use fake_apiserver::FakeApiServer;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
@@ -729,32 +730,7 @@ async fn in_a_pod_it_finds_the_api_server_through_the_service_account() {
     // given to turnstile in a mount namespace of its own; no kubeconfig anywhere.
     let cluster = Cluster::start().await;
     let namespace = "in-cluster";
-    let namespaces: Api<Namespace> = Api::all(cluster.client.clone());
-    let object = serde_json::from_value(json!({"metadata": {"name": namespace}})).expect("ns");
-    namespaces
-        .create(&PostParams::default(), &object)
-        .await
-        .expect("create namespace");
-    let locks: Api<DistributedLock> = Api::namespaced(cluster.client.clone(), namespace);
-    let lock = serde_json::from_value(json!({
-        "apiVersion": "turnstile.dev/v1alpha1", "kind": "DistributedLock",
-        "metadata": {"name": "db"}, "spec": {}
-    }))
-    .expect("lock");
-    locks
-        .create(&PostParams::default(), &lock)
-        .await
-        .expect("create lock");
-    let claims: Api<LockClaim> = Api::namespaced(cluster.client.clone(), namespace);
-    let claim = serde_json::from_value(json!({
-        "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
-        "metadata": {"name": "job-a"}, "spec": {"lockName": "db"}
-    }))
-    .expect("claim");
-    claims
-        .create(&PostParams::default(), &claim)
-        .await
-        .expect("create claim");
+    let claims = namespace_with_a_claim(&cluster.client, namespace, "db", "job-a").await;
 
     let dir = tempfile::tempdir().expect("dir");
     let tls = tokio::task::spawn_blocking({

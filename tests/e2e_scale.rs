@@ -57,6 +57,34 @@ async fn settled_writes(env: &Env, quiet: Duration) -> Vec<RecordedRequest> {
     }
 }
 
+/// Creates lock `name` (lease 300 s) through the API (not kubectl: hundreds are quick).
+async fn create_lock(env: &Env, name: &str) {
+    let lock: DistributedLock = serde_json::from_value(serde_json::json!({
+        "apiVersion": "turnstile.dev/v1alpha1", "kind": "DistributedLock",
+        "metadata": {"name": name},
+        "spec": {"leaseDurationSeconds": 300}
+    }))
+    .expect("lock");
+    env.locks()
+        .create(&PostParams::default(), &lock)
+        .await
+        .expect("create lock");
+}
+
+/// Creates claim `name` on `lock` through the API.
+async fn create_claim(env: &Env, name: &str, lock: &str) {
+    let claim: LockClaim = serde_json::from_value(serde_json::json!({
+        "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
+        "metadata": {"name": name},
+        "spec": {"lockName": lock}
+    }))
+    .expect("claim");
+    env.claims()
+        .create(&PostParams::default(), &claim)
+        .await
+        .expect("create claim");
+}
+
 /// A lock with one holder and `waiters` claims queued behind it; returns the controller's
 /// writes for each of [`HAND_OFFS`] hand-offs (the holder's claim deleted, the next one `Held`).
 async fn writes_per_hand_off(waiters: usize) -> Option<Vec<usize>> {
@@ -65,27 +93,9 @@ async fn writes_per_hand_off(waiters: usize) -> Option<Vec<usize>> {
         tagged_client(env.server(), CONTROLLER),
         ControllerConfig::default(),
     );
-    let lock: DistributedLock = serde_json::from_value(serde_json::json!({
-        "apiVersion": "turnstile.dev/v1alpha1", "kind": "DistributedLock",
-        "metadata": {"name": "db"},
-        "spec": {"leaseDurationSeconds": 300}
-    }))
-    .expect("lock");
-    env.locks()
-        .create(&PostParams::default(), &lock)
-        .await
-        .expect("create lock");
+    create_lock(&env, "db").await;
     for index in 0..=waiters {
-        let claim: LockClaim = serde_json::from_value(serde_json::json!({
-            "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
-            "metadata": {"name": claim_name(index)},
-            "spec": {"lockName": "db"}
-        }))
-        .expect("claim");
-        env.claims()
-            .create(&PostParams::default(), &claim)
-            .await
-            .expect("create claim");
+        create_claim(&env, &claim_name(index), "db").await;
     }
     env.wait_phase(&claim_name(0), ClaimPhase::Held).await;
     env.wait_lock("db", |lock| {
@@ -156,16 +166,7 @@ async fn writes_per_hand_off(waiters: usize) -> Option<Vec<usize>> {
     );
 
     // A claim joining the queue shows its exact place at once, however deep.
-    let late: LockClaim = serde_json::from_value(serde_json::json!({
-        "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
-        "metadata": {"name": "late"},
-        "spec": {"lockName": "db"}
-    }))
-    .expect("claim");
-    env.claims()
-        .create(&PostParams::default(), &late)
-        .await
-        .expect("create the late claim");
+    create_claim(&env, "late", "db").await;
     let late = env
         .wait_claim("late", |claim| position_of(claim).is_some())
         .await;
@@ -434,26 +435,8 @@ async fn at_most_sixteen_passes_write_at_once() {
         return;
     };
     for index in 0..BURST {
-        let lock: DistributedLock = serde_json::from_value(serde_json::json!({
-            "apiVersion": "turnstile.dev/v1alpha1", "kind": "DistributedLock",
-            "metadata": {"name": format!("burst-{index}")},
-            "spec": {"leaseDurationSeconds": 300}
-        }))
-        .expect("lock");
-        env.locks()
-            .create(&PostParams::default(), &lock)
-            .await
-            .expect("create lock");
-        let claim: LockClaim = serde_json::from_value(serde_json::json!({
-            "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
-            "metadata": {"name": format!("claim-{index}")},
-            "spec": {"lockName": format!("burst-{index}")}
-        }))
-        .expect("claim");
-        env.claims()
-            .create(&PostParams::default(), &claim)
-            .await
-            .expect("create claim");
+        create_lock(&env, &format!("burst-{index}")).await;
+        create_claim(&env, &format!("claim-{index}"), &format!("burst-{index}")).await;
     }
     // Every request answered a second late: each pass's writes stay in flight long enough
     // to overlap with every other pass's that runs at the same time.

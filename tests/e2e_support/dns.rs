@@ -133,3 +133,73 @@ fn answer(query: &[u8], records: &Records) -> Option<((String, u16), Vec<u8>)> {
     }
     Some(((name, qtype), out))
 }
+
+/// A `mongodb+srv://` name for a MongoDB server on the loopback: the DNS server holding its
+/// SRV record, and a `resolv.conf` naming that server (bind-mount it over
+/// `/etc/resolv.conf` in the process's own mount namespace).
+pub struct MongoSrv {
+    /// The URL (TLS off: the SRV form turns it on by default, the test server speaks plain
+    /// TCP).
+    pub url: &'static str,
+    /// The `resolv.conf` to bind-mount.
+    pub resolv_conf: std::path::PathBuf,
+    dns: DnsServer,
+    _dir: tempfile::TempDir,
+}
+
+/// The host the URL names.
+const SRV_HOST: &str = "locks.turnstile.test";
+
+impl MongoSrv {
+    /// Serves an SRV record for the server at `mongodb_uri` (`mongodb://127.0.0.1:PORT/`),
+    /// listing a host of the same domain (as the driver requires) whose A record is the
+    /// loopback; `None` after [`test_servers::skip_or_fail`] when port 53 cannot be had.
+    pub async fn serve(mongodb_uri: &str, test: &str) -> Option<Self> {
+        let port: u16 = mongodb_uri
+            .trim_start_matches("mongodb://127.0.0.1:")
+            .trim_end_matches('/')
+            .parse()
+            .expect("the test server's port");
+        let records = Records {
+            srv: vec![(
+                format!("_mongodb._tcp.{SRV_HOST}"),
+                "node1.turnstile.test".to_owned(),
+                port,
+            )],
+            a: vec![("node1.turnstile.test".to_owned(), Ipv4Addr::LOCALHOST)],
+        };
+        let dns = match serve(records).await {
+            Ok(server) => server,
+            Err(error) => {
+                test_servers::skip_or_fail(
+                    test,
+                    &format!("cannot serve DNS on 127.0.0.1:53: {error}"),
+                    test_servers::under_ci(),
+                );
+                return None;
+            }
+        };
+        let dir = tempfile::tempdir().expect("dir");
+        let resolv_conf = dir.path().join("resolv.conf");
+        std::fs::write(
+            &resolv_conf,
+            "nameserver 127.0.0.1\noptions timeout:2 attempts:2\n",
+        )
+        .expect("resolv.conf");
+        Some(Self {
+            url: "mongodb+srv://locks.turnstile.test/?tls=false",
+            resolv_conf,
+            dns,
+            _dir: dir,
+        })
+    }
+
+    /// Panics unless someone looked up the SRV record.
+    pub fn assert_srv_looked_up(&self) {
+        let asked = self.dns.asked();
+        assert!(
+            asked.contains(&(format!("_mongodb._tcp.{SRV_HOST}"), TYPE_SRV)),
+            "the SRV record was looked up: {asked:?}"
+        );
+    }
+}

@@ -570,6 +570,43 @@ fn indent(spec: &str) -> String {
         .collect()
 }
 
+/// Creates namespace `namespace` and, in it, the memory lock `lock` and the claim `claim` on
+/// it (for a test about a namespace other than its own); returns the claims of that namespace.
+pub async fn namespace_with_a_claim(
+    client: &Client,
+    namespace: &str,
+    lock: &str,
+    claim: &str,
+) -> Api<LockClaim> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let object = serde_json::from_value(json!({"metadata": {"name": namespace}})).expect("ns");
+    namespaces
+        .create(&PostParams::default(), &object)
+        .await
+        .expect("create namespace");
+    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), namespace);
+    let object = serde_json::from_value(json!({
+        "apiVersion": "turnstile.dev/v1alpha1", "kind": "DistributedLock",
+        "metadata": {"name": lock}, "spec": {"leaseDurationSeconds": 300}
+    }))
+    .expect("lock");
+    locks
+        .create(&PostParams::default(), &object)
+        .await
+        .expect("create lock");
+    let claims: Api<LockClaim> = Api::namespaced(client.clone(), namespace);
+    let object = serde_json::from_value(json!({
+        "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
+        "metadata": {"name": claim}, "spec": {"lockName": lock}
+    }))
+    .expect("claim");
+    claims
+        .create(&PostParams::default(), &object)
+        .await
+        .expect("create claim");
+    claims
+}
+
 /// A claim's phase.
 pub fn phase_of(claim: &LockClaim) -> Option<ClaimPhase> {
     claim.status.as_ref().and_then(|status| status.phase)
