@@ -685,7 +685,11 @@ async fn the_gated_job_example_runs_only_while_its_claim_is_held() {
     env.start_default_controller();
 
     // The example, a second copy created after it, and a suspended Job without the annotation.
+    // The second comes once the first holds: claims created within one second (creation
+    // times are whole seconds) are queued by name, and `gated-migrate-2-…` sorts first.
     scratch.apply(&env, &docs).await;
+    env.wait_phase("gated-migrate-db-migrations", ClaimPhase::Held)
+        .await;
     let mut second = find(&docs, "Job").clone();
     second["metadata"]["name"] = json!("gated-migrate-2");
     let mut plain = find(&docs, "Job").clone();
