@@ -830,19 +830,13 @@ async fn runs_on_a_mongodb_srv_url() {
     let script = r#"mount --bind "$RESOLV" /etc/resolv.conf &&
         exec "$TURNSTILE" lock --backend "$URL" "$KEY" -- sh -c 'echo "$TURNSTILE_FENCING_TOKEN"'"#;
     let run = || {
-        Command::new("unshare")
-            .args(["--mount", "--propagation", "private", "sh", "-c", script])
+        e2e_support::in_own_mount_namespace(script)
             .env("RESOLV", &srv.resolv_conf)
-            .env("TURNSTILE", env!("CARGO_BIN_EXE_turnstile"))
             .env("URL", srv.url)
             .env("KEY", &key)
             .env_remove("TURNSTILE_BACKEND_URL")
             .env_remove("RUST_LOG")
             .current_dir(dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .expect("spawn unshare")
     };

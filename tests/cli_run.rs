@@ -378,20 +378,14 @@ async fn serves_mongo_locks_from_a_mongodb_srv_url() {
     let env = Env::new().await;
     let script = r#"mount --bind "$RESOLV" /etc/resolv.conf &&
         exec "$TURNSTILE" run --namespace "$NAMESPACE" --log-format json"#;
-    let controller = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c", script])
+    let controller = e2e_support::in_own_mount_namespace(script)
         .env("RESOLV", &srv.resolv_conf)
-        .env("TURNSTILE", env!("CARGO_BIN_EXE_turnstile"))
         .env("NAMESPACE", &env.namespace)
         .env("KUBECONFIG", &env.kubeconfig)
         .env("TURNSTILE_MONGO_URL", srv.url)
         .env("TURNSTILE_MONGO_DATABASE", "turnstile_srv_test")
         .env_remove("TURNSTILE_REDIS_URL")
         .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn unshare");
     env.apply_lock("db", "backend: mongo\nleaseDurationSeconds: 300");

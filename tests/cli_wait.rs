@@ -755,20 +755,14 @@ async fn in_a_pod_it_finds_the_api_server_through_the_service_account() {
         mkdir -p /run/secrets/kubernetes.io/serviceaccount &&
         cp "$ACCOUNT"/* /run/secrets/kubernetes.io/serviceaccount/ &&
         exec "$TURNSTILE" wait job-a"#;
-    let waiting = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c", script])
+    let waiting = e2e_support::in_own_mount_namespace(script)
         .env("ACCOUNT", &account)
-        .env("TURNSTILE", env!("CARGO_BIN_EXE_turnstile"))
         .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
         .env("KUBERNETES_SERVICE_PORT", front.addr.port().to_string())
         .env("HOME", &home)
         .env_remove("KUBECONFIG")
         .env_remove("POD_NAMESPACE")
         .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn unshare");
     cluster.watched("job-a").await;

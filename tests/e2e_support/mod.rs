@@ -570,6 +570,21 @@ fn indent(spec: &str) -> String {
         .collect()
 }
 
+/// `sh -c SCRIPT` in a mount namespace of its own (`unshare --mount`, as root), with
+/// `$TURNSTILE` the built binary and stdin closed, stdout and stderr piped; what the script
+/// mounts there (a service account, a `resolv.conf`) no other process sees.
+pub fn in_own_mount_namespace(script: &str) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new("unshare");
+    command
+        .args(["--mount", "--propagation", "private", "sh", "-c", script])
+        .env("TURNSTILE", env!("CARGO_BIN_EXE_turnstile"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    command
+}
+
 /// Creates namespace `namespace` and, in it, the memory lock `lock` and the claim `claim` on
 /// it (for a test about a namespace other than its own); returns the claims of that namespace.
 pub async fn namespace_with_a_claim(
