@@ -235,7 +235,9 @@ impl Holding<'_> {
         let mut renew = tokio::time::interval_at(Instant::now() + period, period);
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The lease as the API server last confirmed it: past this, the controller has ended it.
-        let mut lease_ends = Instant::now() + self.args.ttl;
+        // Until the first renewal (sent at once) gets through: the grant, seen just now, counted
+        // from the start of this second, as the controller counts it (whole seconds).
+        let mut lease_ends = lease_counted_from(Timestamp::now(), Instant::now()) + self.args.ttl;
         // The renewal in flight is polled beside everything else, never awaited inside a
         // branch: against an API server answering 503 the client retries one request for
         // minutes, and the lease's end, the command's end and signals must not wait for it.
@@ -245,7 +247,7 @@ impl Holding<'_> {
                 status = command.wait() => return command_ended(status),
                 signal = signals.recv() => pass_on(&mut command, signal),
                 renewed = &mut renewal => match renewed {
-                    Ok(()) => lease_ends = Instant::now() + self.args.ttl,
+                    Ok(stamped) => lease_ends = stamped + self.args.ttl,
                     Err(error) => tracing::warn!(claim = %self.name, error = %error_chain(&error), "renewal failed; retrying"),
                 },
                 _ = renew.tick(), if renewal.is_terminated() => renewal.set(self.renew().fuse()),
@@ -265,13 +267,15 @@ impl Holding<'_> {
         }
     }
 
-    /// Moves `spec.renewTime` to now: the controller extends the grant by a lease from here.
-    async fn renew(&self) -> Result<(), kube::Error> {
-        let patch = serde_json::json!({"spec": {"renewTime": Time(Timestamp::now())}});
+    /// Moves `spec.renewTime` to now: the controller extends the grant by a lease from there.
+    /// Returns the instant the new lease is counted from, by this process's clock.
+    async fn renew(&self) -> Result<Instant, kube::Error> {
+        let (stamp, at) = (Timestamp::now(), Instant::now());
+        let patch = serde_json::json!({"spec": {"renewTime": Time(stamp)}});
         self.claims
             .patch(self.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map(|_| ())
+            .await?;
+        Ok(lease_counted_from(stamp, at))
     }
 
     /// The claim's states as the watch shows them; watch errors are retried with backoff.
@@ -311,5 +315,32 @@ fn seen(claim: &LockClaim) -> Seen {
         Verdict::Waiting => Seen::Waiting,
         Verdict::LockMissing => Seen::Over("names a lock that does not exist".to_owned()),
         Verdict::Ended { .. } | Verdict::Deleting => Seen::Over(format!("is {}", describe(claim))),
+    }
+}
+
+/// The instant a lease stamped `stamp` (taken at `at`) is counted from: the controller counts
+/// `renewTime` and grants in whole seconds, so from the start of the stamp's second — not from
+/// when the request was answered, which may be much later (the client retries a 503 for a
+/// while), nor from the stamp itself (up to a second later than the controller's count).
+fn lease_counted_from(stamp: Timestamp, at: Instant) -> Instant {
+    let into_second = u64::try_from(stamp.subsec_nanosecond()).unwrap_or(0);
+    at.checked_sub(Duration::from_nanos(into_second))
+        .unwrap_or(at)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_counts_from_the_start_of_its_stamps_second() {
+        let at = Instant::now() + Duration::from_secs(5);
+        let stamp = Timestamp::new(1_800_000_000, 900_000_000).expect("valid timestamp");
+        assert_eq!(
+            lease_counted_from(stamp, at),
+            at - Duration::from_millis(900)
+        );
+        let whole = Timestamp::new(1_800_000_000, 0).expect("valid timestamp");
+        assert_eq!(lease_counted_from(whole, at), at);
     }
 }
