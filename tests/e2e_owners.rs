@@ -285,3 +285,58 @@ async fn an_orphaning_pod_delete_leaves_a_plain_claim_that_runs_out() {
     env.wait_phase("next", ClaimPhase::Held).await;
     env.stop_controller().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphaning_pod_delete_seen_before_the_claims_change_keeps_the_grant() {
+    let Some(mut env) =
+        Env::fake_only("an_orphaning_pod_delete_seen_before_the_claims_change_keeps_the_grant")
+            .await
+    else {
+        return;
+    };
+    // The claims' changes reach the controller 1.5 s late; a holder's Pod is looked up at
+    // once. So after an orphaning delete a pass finds the Pod gone while its cache still
+    // shows the claim's owner reference, which the garbage collector removed before the Pod.
+    env.server()
+        .delay_watch_events("lockclaims", Duration::from_millis(1500));
+    env.start_default_controller();
+    let (_, held) = pod_holds_with_one_waiting(&env, "worker-5", "leaseDurationSeconds: 20").await;
+    settle().await;
+    delete_pod(&env, "worker-5", &DeleteParams::orphan()).await;
+    // Wakes the lock's pass while the claim's change is still on its way.
+    env.locks()
+        .patch(
+            "db",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"test/wake": "1"}}})),
+        )
+        .await
+        .expect("annotate lock");
+    // Long after the claim's change has arrived: the plain claim still holds the same grant
+    // (its lease runs on); nothing was released on the stale view and taken again.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let claim = env.claim("worker-5-db").await;
+    assert!(claim
+        .metadata
+        .owner_references
+        .as_deref()
+        .unwrap_or_default()
+        .is_empty());
+    assert_eq!(
+        phase_of(&claim),
+        Some(ClaimPhase::Held),
+        "{:?}",
+        claim.status
+    );
+    assert_eq!(token_of(&claim), token_of(&held));
+    let reasons = env.event_reasons("worker-5-db").await;
+    assert!(
+        !reasons.iter().any(|r| r == "LockLost" || r == "Released"),
+        "{reasons:?}"
+    );
+    assert_eq!(
+        phase_of(&env.claim("next").await),
+        Some(ClaimPhase::Pending)
+    );
+    env.stop_controller().await;
+}

@@ -7,7 +7,8 @@
 //! the garbage collector deletes its claims. Only a holder's Pod is looked up (one `GET`, at
 //! most `maxHolders` per pass), so a holder whose Pod is gone ends with `OwnerGone` even
 //! before the garbage collector gets to its claim; a Job the cache does not know yet
-//! (created moments ago) is looked up too.
+//! (created moments ago) is looked up too. An owner found gone is confirmed against the
+//! claim itself (one more `GET`): an orphaning delete leaves the claim plain, not ended.
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
@@ -16,7 +17,8 @@ use kube::{Api, Client};
 
 use super::context::cache_filled;
 use super::core::{ClaimView, OwnerState, WorkloadKind, WorkloadOwner};
-use turnstile_api::ClaimPhase;
+use futures::FutureExt;
+use turnstile_api::{ClaimPhase, LockClaim};
 
 /// The watches' caches the owner states are read from.
 #[derive(Clone)]
@@ -140,13 +142,20 @@ pub async fn fill_owner_states(
         }
         let held = claim.phase() == ClaimPhase::Held;
         match caches.and_then(|caches| caches.state(namespace, &owner, held)) {
+            Some(OwnerState::Gone) => Some(confirm_gone(client, namespace, claim, owner).boxed()),
             Some(state) => {
                 claim.owner_state = state;
                 None
             }
-            None => Some(async move {
-                claim.owner_state = owner_state(client, namespace, &owner).await;
-            }),
+            None => Some(
+                async move {
+                    match owner_state(client, namespace, &owner).await {
+                        OwnerState::Gone => confirm_gone(client, namespace, claim, owner).await,
+                        state => claim.owner_state = state,
+                    }
+                }
+                .boxed(),
+            ),
         }
     });
     futures::StreamExt::for_each_concurrent(
@@ -155,6 +164,51 @@ pub async fn fill_owner_states(
         |lookup| lookup,
     )
     .await;
+}
+
+/// Sets `claim`'s owner state to `Gone` only if the claim, read afresh, still names `owner`;
+/// otherwise to `Unknown`.
+///
+/// An orphaning delete strips the claim's owner reference *before* the owner goes, but the
+/// claim's watch may bring that change after the owner's absence is seen. Ending the grant on
+/// the older view would release a claim that is now plain (its holder renews it, or its
+/// lease runs out) and, the status write then failing on the newer claim, read as a lost lock.
+/// One `GET` per vanished owner, not per pass: an ended claim is not looked up again.
+async fn confirm_gone(
+    client: &Client,
+    namespace: &str,
+    claim: &mut ClaimView,
+    owner: WorkloadOwner,
+) {
+    let fresh = Api::<LockClaim>::namespaced(client.clone(), namespace)
+        .get_opt(&claim.name)
+        .await;
+    claim.owner_state = match fresh {
+        // A claim already gone from the API goes with its owner.
+        Ok(None) => OwnerState::Gone,
+        Ok(Some(fresh)) => {
+            let owners = fresh
+                .metadata
+                .owner_references
+                .as_deref()
+                .unwrap_or_default();
+            if WorkloadOwner::of(owners).is_some_and(|now| now.uid == owner.uid) {
+                OwnerState::Gone
+            } else {
+                tracing::debug!(
+                    namespace,
+                    claim = %claim.name,
+                    owner = %owner.name,
+                    "owner gone but the claim no longer names it: waiting for the claim's watch"
+                );
+                OwnerState::Unknown
+            }
+        }
+        Err(error) => {
+            tracing::debug!(namespace, claim = %claim.name, %error, "cannot re-read claim");
+            OwnerState::Unknown
+        }
+    };
 }
 
 #[cfg(test)]
