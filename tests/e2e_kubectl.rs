@@ -156,6 +156,11 @@ async fn apply_get_locks_and_wait_for_the_next_holder() {
         |patch: &str| env.kubectl(&["patch", "lockclaim", "b", "--type=merge", "-p", patch]);
     patch_b(&format!(r#"{{"spec":{{"renewTime":"{now}"}}}}"#));
     env.wait_event("b", "Renewed").await;
+    // A second renewal is the same Event said again: its count rises, no second Event.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    patch_b(&format!(r#"{{"spec":{{"renewTime":"{now}"}}}}"#));
+    env.wait_event_said("b", "Renewed", 2).await;
     patch_b(r#"{"spec":{"release":true}}"#);
     env.wait_phase("b", ClaimPhase::Released).await;
     env.wait_event("b", "Released").await;

@@ -13,7 +13,7 @@ use e2e_support::actor::{requests_of, tagged_client};
 use e2e_support::jobs::{is_suspended, jobs};
 use e2e_support::scrape::{free_addr, get, sample};
 use e2e_support::{phase_of, position_of, token_of, Env, HolderMonitor, WAIT};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
 use tokio::sync::watch;
@@ -21,6 +21,7 @@ use turnstile_api::{BackendKind, ClaimPhase, DistributedLock, LockClaim};
 use turnstile_controller::backends::Backends;
 use turnstile_controller::claim_index::ClaimIndex;
 use turnstile_controller::context::{Context, LeadershipGate};
+use turnstile_controller::events::EventPublisher;
 use turnstile_controller::leader::LeaderConfig;
 use turnstile_controller::lock_reconciler::reconcile_lock;
 use turnstile_controller::metrics::Metrics;
@@ -199,7 +200,7 @@ async fn a_closed_leadership_gate_stops_grants_and_writes() {
     env.apply_claim("a", "db", "");
     let (locks, claims, index) = filled_stores(&env).await;
     let (is_leader, leading) = watch::channel(false);
-    let recorder = Recorder::new(
+    let events = EventPublisher::new(
         env.client.clone(),
         Reporter {
             controller: "turnstile".to_owned(),
@@ -213,7 +214,7 @@ async fn a_closed_leadership_gate_stops_grants_and_writes() {
             claims,
             index,
             Backends::new(BackendKind::Memory, None),
-            recorder,
+            events,
             Metrics::new(),
         )
         .with_leadership(LeadershipGate::following(leading)),

@@ -218,6 +218,16 @@ async fn a_gated_pod_whose_claim_fails_stays_gated_and_says_why() {
     let failed = env.wait_phase("web-x-db", ClaimPhase::Failed).await;
     assert_eq!(reason_of(&failed).as_deref(), Some("AcquireTimeout"));
     env.wait_event("web-x", "GateBlocked").await;
+    // Each change of the Pod says it again: one Event, its count rising.
+    pods(&env)
+        .patch(
+            "web-x",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"test/touch": "1"}}})),
+        )
+        .await
+        .expect("annotate pod");
+    env.wait_event_said("web-x", "GateBlocked", 2).await;
     let pod = pods(&env).get("web-x").await.expect("pod");
     assert!(is_gated(&pod), "a Pod whose claim failed stays gated");
 

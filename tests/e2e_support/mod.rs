@@ -504,6 +504,32 @@ impl Env {
         }
     }
 
+    /// Waits until the one Event with `reason` about `name` has been said `count` times (its
+    /// series' count); fails at once if there is more than one such Event.
+    pub async fn wait_event_said(&self, name: &str, reason: &str, count: i32) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let said: Vec<_> = self
+                .events_about(name)
+                .await
+                .into_iter()
+                .filter(|event| event.reason.as_deref() == Some(reason))
+                .collect();
+            assert!(said.len() <= 1, "{reason} said as several Events: {said:?}");
+            let times = said
+                .first()
+                .map(|event| event.series.as_ref().map_or(1, |s| s.count));
+            if times == Some(count) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{reason} about {name} never said {count} times: {said:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Writes (create/update/patch/delete) the fake has served so far.
     pub fn write_count(&self) -> usize {
         self.server()

@@ -85,7 +85,7 @@ async fn reconcile_orphan(claim: &LockClaim, ctx: &Context) -> Result<Action, Co
             break;
         }
         publish(
-            &ctx.recorder,
+            &ctx.events,
             &regarding,
             event,
             &namespace,

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use kube::runtime::events::Recorder;
+use super::events::EventPublisher;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::Client;
 use tokio::sync::watch;
@@ -97,7 +97,7 @@ pub struct Context {
     /// The lock backends.
     pub backends: Backends,
     /// Publishes Events.
-    pub recorder: Recorder,
+    pub events: EventPublisher,
     /// Prometheus metrics.
     pub metrics: Metrics,
     /// Closed once this replica is no longer the leader.
@@ -121,7 +121,7 @@ impl Context {
         claims: Store<LockClaim>,
         claim_index: ClaimIndex,
         backends: Backends,
-        recorder: Recorder,
+        events: EventPublisher,
         metrics: Metrics,
     ) -> Self {
         let wakes = LockWakes::default();
@@ -131,7 +131,7 @@ impl Context {
             claims,
             claim_index,
             backends,
-            recorder,
+            events,
             metrics,
             leadership: LeadershipGate::always_open(),
             own_writes: OwnWrites::default(),
@@ -237,7 +237,7 @@ mod tests {
         let client = Client::try_from(config).expect("client");
         let (locks, _) = reflector::store();
         let (claims, _) = reflector::store();
-        let recorder = Recorder::new(
+        let events = EventPublisher::new(
             client.clone(),
             Reporter {
                 controller: "turnstile".into(),
@@ -250,7 +250,7 @@ mod tests {
             claims,
             ClaimIndex::new(),
             Backends::new(BackendKind::Memory, None),
-            recorder,
+            events,
             Metrics::new(),
         );
         for _ in 0..10 {

@@ -370,7 +370,7 @@ async fn publish_events(
             },
         };
         publish(
-            &ctx.recorder,
+            &ctx.events,
             &regarding,
             event,
             &input.lock.namespace,

@@ -24,7 +24,7 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::{Config as ControllerRuntimeConfig, Controller};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
@@ -37,6 +37,7 @@ use super::claim_reconciler::{claim_error_policy, reconcile_claim};
 use super::context::{cache_filled, Context, LeadershipGate};
 use super::core::WorkloadKind;
 use super::error::ControllerError;
+use super::events::EventPublisher;
 use super::gate::pod::{phase_only, trim_gated_pod, GATED_PODS};
 use super::gate::{run_gate, GateContext};
 use super::lock_reconciler::{lock_error_policy, reconcile_lock};
@@ -312,7 +313,7 @@ async fn run_controllers(
     // shared reflectors): claims feed the lock controller, the orphan-claim controller and
     // the Job gate; Jobs feed the Job gate and the owner trigger. Cached objects are trimmed
     // of what no decision reads (managedFields, the last-applied annotation).
-    let recorder = Recorder::new(
+    let events = EventPublisher::new(
         client.clone(),
         Reporter {
             controller: CONTROLLER_NAME.to_owned(),
@@ -320,7 +321,7 @@ async fn run_controllers(
         },
     );
     // One bad object must not stop the watch of all the others (see `tolerant_watch`).
-    let invalid = InvalidObjects::new(metrics.clone(), recorder.clone(), leadership.clone());
+    let invalid = InvalidObjects::new(metrics.clone(), events.clone(), leadership.clone());
     let (claim_store, claim_writer) = reflector::store_shared::<LockClaim>(SHARED_BUFFER);
     let claims_for_locks = subscribe(&claim_writer);
     let claims_for_orphans = subscribe(&claim_writer);
@@ -427,7 +428,7 @@ async fn run_controllers(
                 Ok(config.redis_tls.clone()),
             )
             .with_mongo(config.mongo.clone()),
-            recorder,
+            events,
             metrics.clone(),
         )
         .with_leadership(leadership)
@@ -440,7 +441,7 @@ async fn run_controllers(
         client: client.clone(),
         claims: claim_store.clone(),
         leadership: ctx.leadership.clone(),
-        recorder: ctx.recorder.clone(),
+        events: ctx.events.clone(),
         metrics: ctx.metrics.clone(),
     });
     let job_gate_done = run_gate(

@@ -15,12 +15,13 @@ use futures::{Stream, TryStreamExt};
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ApiResource, DynamicObject};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use super::context::LeadershipGate;
+use super::events::{EventPublisher, Repeats};
 use crate::metrics::Metrics;
 use turnstile_api::{
     object_event_reasons, DistributedLock, DistributedLockSpec, LockClaim, LockClaimSpec,
@@ -62,17 +63,17 @@ impl Placeholder for DistributedLock {
 pub struct InvalidObjects {
     entries: Arc<Mutex<BTreeMap<String, String>>>,
     metrics: Metrics,
-    recorder: Recorder,
+    events: EventPublisher,
     leadership: LeadershipGate,
 }
 
 impl InvalidObjects {
-    /// Reports into `metrics` and, while `leadership` is open, as Events through `recorder`.
-    pub fn new(metrics: Metrics, recorder: Recorder, leadership: LeadershipGate) -> Self {
+    /// Reports into `metrics` and, while `leadership` is open, as Events through `events`.
+    pub fn new(metrics: Metrics, events: EventPublisher, leadership: LeadershipGate) -> Self {
         Self {
             entries: Arc::default(),
             metrics,
-            recorder,
+            events,
             leadership,
         }
     }
@@ -132,9 +133,10 @@ impl InvalidObjects {
             action: "Decode".to_owned(),
             secondary: None,
         };
-        let recorder = self.recorder.clone();
+        let events = self.events.clone();
         tokio::spawn(async move {
-            if let Err(error) = recorder.publish(&event, &regarding).await {
+            // Each watch event of a broken object reports it again.
+            if let Err(error) = events.publish(&event, &regarding, Repeats::Often).await {
                 tracing::debug!(%error, "cannot publish event");
             }
         });

@@ -30,7 +30,7 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::NamespaceResourceScope;
 use kube::runtime::controller::{Action, Config as ControllerRuntimeConfig, Controller};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -38,6 +38,7 @@ use serde::de::DeserializeOwned;
 use super::context::LeadershipGate;
 use super::core::{WorkloadKind, WorkloadOwner};
 use super::error::ControllerError;
+use super::events::{EventPublisher, Repeats};
 use super::writer::{ApiWriter, Created, Write};
 use crate::metrics::{ControllerKind, Metrics};
 use turnstile_api::{
@@ -247,7 +248,7 @@ pub struct GateContext {
     /// Checked right before every write: only the leader creates claims and lets workloads go.
     pub leadership: LeadershipGate,
     /// Publishes Events about the workloads (`kubectl describe` tells why one waits).
-    pub recorder: Recorder,
+    pub events: EventPublisher,
     /// Counts and times the passes.
     pub metrics: Metrics,
 }
@@ -266,8 +267,9 @@ impl GateContext {
             secondary: None,
         };
         if let Err(error) = self
-            .recorder
-            .publish(&event, &workload.object_ref(&()))
+            .events
+            // A blocked workload says so on each of its changes until it is fixed.
+            .publish(&event, &workload.object_ref(&()), Repeats::Often)
             .await
         {
             tracing::debug!(kind = W::NAME, name = %workload.name_any(), %error, "cannot publish gate Event");
