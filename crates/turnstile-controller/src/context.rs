@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::events::EventPublisher;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::Client;
 use tokio::sync::watch;
@@ -13,6 +12,7 @@ use tokio::sync::watch;
 use super::backend_outages::BackendOutages;
 use super::backends::Backends;
 use super::error::ControllerError;
+use super::events::EventPublisher;
 use crate::claim_index::ClaimIndex;
 use crate::lock_wakes::LockWakes;
 use crate::metrics::Metrics;

@@ -434,19 +434,30 @@ async fn a_semaphore_raced_by_several_clients_counts_zero_violations() {
     assert_eq!(tokens.len(), grants, "duplicate fencing tokens");
 }
 
-/// Retries `try_acquire` while the driver reconnects after a restart.
-async fn lock_after_restart(backend: &MongoBackend, key: &str) -> turnstile_lock::Lock {
-    for _ in 0..100 {
+/// Retries `try_acquire` while the driver reconnects after a restart. A clean restart loses
+/// nothing, so a held key is a failure (`lost_release_lease` zero); a crash may lose the key's
+/// last release too, leaving it held until that lease ends, so that is waited out.
+async fn lock_after_restart(
+    backend: &MongoBackend,
+    key: &str,
+    lost_release_lease: Duration,
+) -> turnstile_lock::Lock {
+    let deadline = tokio::time::Instant::now() + lost_release_lease + Duration::from_secs(10);
+    loop {
         match locker(backend).lock(key, LONG).try_acquire().await {
             Ok(Some(lock)) => return lock,
-            Ok(None) => panic!("{key} is held after the restart"),
-            Err(error) => {
-                assert!(error.is_backend_unavailable(), "{error}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            Ok(None) => assert!(
+                !lost_release_lease.is_zero(),
+                "{key} is held after the restart"
+            ),
+            Err(error) => assert!(error.is_backend_unavailable(), "{error}"),
         }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no lock on {key} within {lost_release_lease:?} and 10 s of the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("no lock on {key} within 10 s of the restart")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -471,7 +482,7 @@ async fn tokens_and_wake_ups_survive_restarts_and_the_floor_covers_data_loss() {
     })
     .await
     .expect("launcher thread");
-    let after = lock_after_restart(&releasing, "restart").await;
+    let after = lock_after_restart(&releasing, "restart", Duration::ZERO).await;
     assert!(
         after.fencing_token() > before.fencing_token(),
         "a clean restart keeps the counter"
@@ -482,8 +493,10 @@ async fn tokens_and_wake_ups_survive_restarts_and_the_floor_covers_data_loss() {
 
     // A crash may lose the latest writes (the test server does not sync each commit): the
     // high-water mark kept elsewhere (the DistributedLock's status) restores the order.
+    // A short lease: the crash may lose this grant's release, which then holds until it ends.
+    let crash_lease = Duration::from_secs(3);
     let high_water = locker(&releasing)
-        .lock("crash", LONG)
+        .lock("crash", crash_lease)
         .acquire()
         .await
         .expect("lock");
@@ -507,7 +520,7 @@ async fn tokens_and_wake_ups_survive_restarts_and_the_floor_covers_data_loss() {
         }
     };
     assert!(raised >= high_water.fencing_token());
-    let next = lock_after_restart(&releasing, "crash").await;
+    let next = lock_after_restart(&releasing, "crash", crash_lease).await;
     assert!(next.fencing_token() > high_water.fencing_token());
     next.release().await.expect("release");
     handoff_across_clients(&releasing, &waiting, "crash").await;
