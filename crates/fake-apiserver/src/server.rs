@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -88,6 +89,14 @@ impl Builder {
         let app = axum::Router::new()
             .fallback(http::handle)
             .with_state(state.clone());
+        // As kube-apiserver does (Go sets TCP_NODELAY on every connection): without it, a watch
+        // event written while the previous one is unacknowledged waits for the client's delayed
+        // ACK, 40 ms on Linux, which showed as a 40 ms step in the operator benchmark.
+        let listener = listener.tap_io(|stream| {
+            if let Err(error) = stream.set_nodelay(true) {
+                tracing::debug!(%error, "cannot set TCP_NODELAY");
+            }
+        });
         let server_task = tokio::spawn(async move {
             if let Err(err) = axum::serve(listener, app).await {
                 tracing::error!(error = %err, "fake apiserver stopped serving");
