@@ -1,16 +1,6 @@
-//! The operator benchmark: the real `turnstile run` process (memory backend) against the fake
-//! API server, driven by plain API clients; prints one Markdown table.
-//!
-//! `cargo bench -p turnstile --bench operator`. Every latency is also given as a multiple of
-//! the API floor measured in the same run: create an object and see it on your own watch.
-//! Knobs (environment): `TURNSTILE_BENCH_LOCKS` (default 1000; the scale rows' lock count,
-//! 10 claims each), `TURNSTILE_BENCH_DEEP` (default 1000 waiters), `TURNSTILE_BENCH_IDLE_SECONDS`
-//! (default 60), `TURNSTILE_BENCH_SAMPLES` (default 50).
-
-// The e2e tests' request tagging, so the fake's log tells the controller's requests apart.
-#[path = "../tests/e2e_support/actor.rs"]
-#[allow(dead_code)]
-mod actor;
+//! One run of the operator benchmark: the real `turnstile run` process (memory backend) against
+//! the fake API server, driven by plain API clients. Shared by the benchmark (`main.rs`) and by
+//! the suite's smoke run with tiny knobs (`tests/operator_bench.rs`), which includes this file.
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
@@ -18,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::actor;
 use fake_apiserver::{FakeApiServer, RecordedRequest};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
@@ -36,11 +27,60 @@ const BENCH: &str = "bench";
 /// Bound on any one wait: a stuck run fails instead of hanging.
 const WAIT: Duration = Duration::from_secs(600);
 
-fn env_number(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(default)
+/// The benchmark's knobs: how large and how long each part of the run is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Knobs {
+    /// Latency samples per row (`TURNSTILE_BENCH_SAMPLES`).
+    pub samples: usize,
+    /// Waiters behind the deep queue's holder (`TURNSTILE_BENCH_DEEP`).
+    pub deep: usize,
+    /// Locks of the scale rows, 10 claims each (`TURNSTILE_BENCH_LOCKS`).
+    pub locks: usize,
+    /// How long the idle row watches for writes (`TURNSTILE_BENCH_IDLE_SECONDS`).
+    pub idle_seconds: u64,
+}
+
+impl Knobs {
+    /// What `cargo bench` runs when no knob is set.
+    pub const DEFAULT: Self = Self {
+        samples: 50,
+        deep: 1000,
+        locks: 1000,
+        idle_seconds: 60,
+    };
+
+    /// `defaults`, with every knob that `lookup` (the environment, in the benchmark) sets.
+    /// A knob that is set but not a whole number is an error naming it, not a silent default.
+    pub fn read(lookup: impl Fn(&str) -> Option<String>, defaults: Self) -> Result<Self, String> {
+        let number = |name: &str, default: usize| match lookup(name) {
+            None => Ok(default),
+            Some(value) => value
+                .trim()
+                .parse()
+                .map_err(|_| format!("{name} must be a whole number, got {value:?}")),
+        };
+        Ok(Self {
+            samples: number("TURNSTILE_BENCH_SAMPLES", defaults.samples)?.max(1),
+            deep: number("TURNSTILE_BENCH_DEEP", defaults.deep)?.max(1),
+            locks: number("TURNSTILE_BENCH_LOCKS", defaults.locks)?.max(1),
+            idle_seconds: number(
+                "TURNSTILE_BENCH_IDLE_SECONDS",
+                defaults.idle_seconds as usize,
+            )? as u64,
+        })
+    }
+}
+
+/// What a run measured: the table's rows as printed, and the counts a smoke run checks.
+pub struct Report {
+    /// The Markdown rows, in order (without the header).
+    pub rows: Vec<String>,
+    /// API writes per hand-off in the deep queue, sorted.
+    pub writes_per_hand_off: Vec<usize>,
+    /// Controller writes during the idle row.
+    pub idle_writes: usize,
+    /// Controller writes (leases aside) during the re-sync after a restart.
+    pub resync_writes: usize,
 }
 
 /// When each object (by name) first met a condition, as seen on a watch.
@@ -325,12 +365,14 @@ where
         .await;
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
-    let samples = env_number("TURNSTILE_BENCH_SAMPLES", 50);
-    let deep = env_number("TURNSTILE_BENCH_DEEP", 1000);
-    let locks_at_scale = env_number("TURNSTILE_BENCH_LOCKS", 1000);
-    let idle_seconds = env_number("TURNSTILE_BENCH_IDLE_SECONDS", 60) as u64;
+/// Runs every scenario once with `knobs`, printing each row as it is measured.
+pub async fn run(knobs: Knobs) -> Report {
+    let Knobs {
+        samples,
+        deep,
+        locks: locks_at_scale,
+        idle_seconds,
+    } = knobs;
 
     let server = FakeApiServer::start().await.expect("fake API server");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -711,16 +753,11 @@ async fn main() {
         format!("{:.2} s / {resync_writes}", ready.as_secs_f64()),
     );
     controller.stop();
-
-    println!();
-    println!("Machine: {} cores; `turnstile run` built with the bench profile; fake API server in-process.", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0));
-    println!();
-    println!(
-        "| scenario | p50 ms (× floor) | p99 ms (× floor) | max ms (× floor) | samples | notes |"
-    );
-    println!("|---|---|---|---|---|---|");
-    for row in &table.rows {
-        println!("{row}");
+    Report {
+        rows: table.rows,
+        writes_per_hand_off: writes,
+        idle_writes,
+        resync_writes,
     }
 }
 

@@ -1,0 +1,50 @@
+//! The operator benchmark: the real `turnstile run` process (memory backend) against the fake
+//! API server, driven by plain API clients; prints one Markdown table.
+//!
+//! `cargo bench -p turnstile --bench operator`. Every latency is also given as a multiple of
+//! the API floor measured in the same run: create an object and see it on your own watch.
+//! Knobs (environment): `TURNSTILE_BENCH_LOCKS` (default 1000; the scale rows' lock count,
+//! 10 claims each), `TURNSTILE_BENCH_DEEP` (default 1000 waiters), `TURNSTILE_BENCH_IDLE_SECONDS`
+//! (default 60), `TURNSTILE_BENCH_SAMPLES` (default 50). The suite runs the same scenarios
+//! with tiny knobs (`tests/operator_bench.rs`).
+
+// The e2e tests' request tagging, so the fake's log tells the controller's requests apart.
+#[path = "../../tests/e2e_support/actor.rs"]
+#[allow(dead_code)]
+mod actor;
+mod run;
+
+use run::{Knobs, Report};
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let knobs = match Knobs::read(|name| std::env::var(name).ok(), Knobs::DEFAULT) {
+        Ok(knobs) => knobs,
+        Err(message) => {
+            eprintln!("operator benchmark: {message}");
+            std::process::exit(2);
+        }
+    };
+    let Report {
+        rows,
+        writes_per_hand_off,
+        idle_writes,
+        resync_writes,
+    } = run::run(knobs).await;
+    println!();
+    println!(
+        "Counts: API writes per deep-queue hand-off {writes_per_hand_off:?}; idle writes {idle_writes}; re-sync writes {resync_writes}."
+    );
+    println!(
+        "Machine: {} cores; `turnstile run` built with the bench profile; fake API server in-process.",
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
+    );
+    println!();
+    println!(
+        "| scenario | p50 ms (× floor) | p99 ms (× floor) | max ms (× floor) | samples | notes |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for row in &rows {
+        println!("{row}");
+    }
+}
