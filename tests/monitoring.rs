@@ -6,8 +6,12 @@
 //! every metric, label and label value the rules and the dashboard use is one a running
 //! controller (in-process, against the fake API server) serves on `/metrics`.
 //!
-//! promtool comes from Debian's `prometheus` package (`.ci/install`). Without it the promtool
-//! tests say so and pass, except under `CI=true`, where they fail.
+//! The ServiceMonitor and the PrometheusRule also pass the Prometheus Operator's API schemas
+//! (generated from its Go types; `tests/monitoring/operator_schemas.mjs`, Node.js).
+//!
+//! promtool comes from Debian's `prometheus` package and the Operator's schemas from npm
+//! (`.ci/install`). Without them those tests say so and pass, except under `CI=true`, where
+//! they fail.
 
 mod deploy_support;
 mod e2e_support;
@@ -127,6 +131,130 @@ fn dashboard_queries(dashboard: &Value) -> Vec<(String, String)> {
 /// A dashboard query as Prometheus receives it from Grafana.
 fn as_promql(expr: &str) -> String {
     expr.replace("$__rate_interval", "2m").replace("$job", JOB)
+}
+
+/// Where `.ci/install` put the Prometheus Operator's schemas (`npm ci` of
+/// `tests/monitoring/operator-schemas`), or None after saying why (a failure under `CI=true`).
+fn operator_schemas(test: &str) -> Option<(PathBuf, PathBuf)> {
+    let node = test_servers::tool_or_skip("node", test, "Node.js; this machine's kind has it")?;
+    let dir = std::env::var_os("TURNSTILE_MONITORING_SCHEMAS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/opt/turnstile-monitoring-schemas"));
+    if !dir
+        .join("node_modules/@kubernetes-models/prometheus-operator")
+        .is_dir()
+    {
+        test_servers::skip_or_fail(
+            test,
+            &format!(
+                "no Prometheus Operator schemas in {} (npm; `bash .ci/install` installs them)",
+                dir.display()
+            ),
+            test_servers::under_ci(),
+        );
+        return None;
+    }
+    Some((node, dir))
+}
+
+/// `tests/monitoring/operator_schemas.mjs` on `objects`: whether every one passed, and its lines.
+fn validate_against_the_operator(node: &Path, dir: &Path, objects: &[Value]) -> (bool, String) {
+    use std::io::Write;
+    let mut child = Command::new(node)
+        .arg(repo().join("tests/monitoring/operator_schemas.mjs"))
+        .arg(dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run node");
+    let input = serde_json::to_vec(objects).expect("objects as JSON");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(&input)
+        .expect("write objects");
+    let output = child.wait_with_output().expect("node finished");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        matches!(output.status.code(), Some(0 | 1)),
+        "the validator itself failed:\n{text}"
+    );
+    (output.status.success(), text)
+}
+
+#[test]
+fn the_service_monitor_and_rule_pass_the_prometheus_operators_api_schemas() {
+    let test = "the_service_monitor_and_rule_pass_the_prometheus_operators_api_schemas";
+    let Some((node, dir)) = operator_schemas(test) else {
+        return;
+    };
+    let objects = rendered();
+    let (ok, text) = validate_against_the_operator(&node, &dir, &objects);
+    assert!(ok, "the Operator's schemas refuse the component:\n{text}");
+    let passed: BTreeSet<&str> = text.lines().filter_map(|l| l.strip_prefix("ok ")).collect();
+    assert_eq!(
+        passed,
+        BTreeSet::from([
+            "PrometheusRule/turnstile-controller",
+            "ServiceMonitor/turnstile-controller"
+        ]),
+        "{text}"
+    );
+
+    // The control: mistakes the schemas must catch, each named by its field.
+    let monitor = find(&objects, "ServiceMonitor", "turnstile-controller").clone();
+    let rule = prometheus_rule(&objects).clone();
+    let broken = |object: &Value, pointer: &str, value: Option<Value>| {
+        let mut object = object.clone();
+        let (parent, key) = pointer.rsplit_once('/').expect("a field");
+        let parent = object.pointer_mut(parent).expect("the field's parent");
+        match value {
+            Some(value) => parent[key] = value,
+            None => {
+                parent.as_object_mut().expect("an object").remove(key);
+            }
+        }
+        object
+    };
+    for (object, pointer, value, said) in [
+        (
+            &monitor,
+            "/spec/endpoints/0/port",
+            Some(json!(8080)),
+            "port must be string",
+        ),
+        (
+            &monitor,
+            "/spec/endpoints/0/scheme",
+            Some(json!("ftp")),
+            "scheme",
+        ),
+        (
+            &rule,
+            "/spec/groups/0/rules/0/expr",
+            None,
+            "required property expr",
+        ),
+        (
+            &rule,
+            "/spec/groups/0/rules/0/for",
+            Some(json!("5 minutes")),
+            "for must match",
+        ),
+    ] {
+        let (ok, text) =
+            validate_against_the_operator(&node, &dir, &[broken(object, pointer, value)]);
+        assert!(
+            !ok && text.contains(said),
+            "{pointer}: expected {said:?}, got:\n{text}"
+        );
+    }
 }
 
 #[test]
