@@ -289,26 +289,25 @@ pub(crate) fn admit(
     obj: &mut Value,
     old: Option<&Value>,
 ) -> Result<(), ApiError> {
-    let storage_version = rtype.storage_version().to_string();
-    let Some(schema_root) = rtype
-        .versions
-        .iter()
-        .find(|v| v.name == storage_version)
-        .and_then(|v| v.schema.clone())
-    else {
+    let storage_version = rtype.storage_version();
+    let Some(version) = rtype.versions.iter().find(|v| v.name == storage_version) else {
         return Ok(());
     };
-    schema::drop_nulls(&schema_root, obj);
-    schema::apply_defaults(&schema_root, obj);
-    schema::prune(&schema_root, obj, true);
-    let mut errors = schema::validate(&schema_root, &without_metadata(obj), "");
-    if errors.is_empty() {
+    let Some(schema_root) = &version.schema else {
+        return Ok(());
+    };
+    schema::drop_nulls(schema_root, obj);
+    schema::apply_defaults(schema_root, obj);
+    schema::prune(schema_root, obj, true);
+    let content = without_metadata(obj);
+    let mut errors = schema::validate(schema_root, &content, "");
+    if let (true, Some(rules)) = (errors.is_empty(), &version.cel_rules) {
         let old_clean = old.map(without_metadata);
         errors.extend(crate::cel::evaluate(
-            &schema_root,
-            &without_metadata(obj),
+            rules,
+            &content,
             old_clean.as_ref(),
-            &rtype.api_version(&storage_version),
+            &rtype.api_version(storage_version),
             &rtype.group,
             &rtype.kind,
         ));

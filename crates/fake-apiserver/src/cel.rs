@@ -36,25 +36,32 @@ fn value_at<'a>(root: &'a Value, path: &str) -> Option<&'a Value> {
     Some(cur)
 }
 
-/// Evaluates every rule; `old` is the stored object on updates (for `oldSelf`).
-/// Errors are worded as kube-apiserver words them: `path: Invalid value: "<type>": <message>`.
+thread_local! {
+    /// A validator per server thread: making one registers every Kubernetes CEL function, far
+    /// more work than most rule evaluations (and it is not `Sync`, so not shared).
+    static VALIDATOR: kube_cel::Validator = kube_cel::Validator::new();
+}
+
+/// Evaluates every rule of `rules` (a schema's, compiled once); `old` is the stored object on
+/// updates (for `oldSelf`). Errors are worded as kube-apiserver words them:
+/// `path: Invalid value: "<type>": <message>`.
 pub(crate) fn evaluate(
-    schema: &Value,
+    rules: &kube_cel::CompiledSchema,
     object: &Value,
     old: Option<&Value>,
     api_version: &str,
     group: &str,
     kind: &str,
 ) -> Vec<FieldError> {
-    if !has_rules(schema) {
-        return Vec::new();
-    }
     let root = kube_cel::RootContext {
         api_version: api_version.into(),
         api_group: group.into(),
         kind: kind.into(),
     };
-    match kube_cel::Validator::new().validate_with_context(schema, object, old, Some(&root)) {
+    let outcome = VALIDATOR.with(|validator| {
+        validator.validate_compiled_with_context(rules, object, old, Some(&root))
+    });
+    match outcome {
         Ok(()) => Vec::new(),
         Err(errors) => errors
             .into_vec()
@@ -91,6 +98,7 @@ mod tests {
                 "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "lockName is immutable"}]}}}}});
         let old = json!({"spec": {"lockName": "a"}});
         let new = json!({"spec": {"lockName": "b"}});
+        let schema = kube_cel::compile_schema(&schema);
         assert!(
             evaluate(&schema, &new, None, "x/v1", "x", "K").is_empty(),
             "no oldSelf on create"

@@ -173,6 +173,11 @@ impl Hooks {
         lock(&self.log).clone()
     }
 
+    /// How many requests the log holds (without copying it).
+    pub(crate) fn log_len(&self) -> usize {
+        lock(&self.log).len()
+    }
+
     /// Empties the log.
     pub(crate) fn clear_log(&self) {
         lock(&self.log).clear();

@@ -67,6 +67,9 @@ pub(crate) struct VersionSpec {
     pub storage: bool,
     /// `openAPIV3Schema`, for CRD versions.
     pub schema: Option<Value>,
+    /// The schema's CEL rules, compiled once when the CRD is stored (as kube-apiserver does),
+    /// not on every write; `None` when it has none.
+    pub cel_rules: Option<Arc<kube_cel::CompiledSchema>>,
     pub printer_columns: Vec<PrinterColumn>,
     pub status_subresource: bool,
     /// `selectableFields`, as field-selector labels (`spec.lockName`).
@@ -170,6 +173,7 @@ impl Builtin {
                 served: true,
                 storage: true,
                 schema: None,
+                cel_rules: None,
                 printer_columns: Vec::new(),
                 status_subresource: self.status,
                 selectable_fields: Vec::new(),
@@ -431,11 +435,16 @@ pub(crate) fn type_from_crd(crd: &Value) -> Result<ResourceType, Vec<FieldError>
                     .collect()
             })
             .unwrap_or_default();
+        let cel_rules = schema
+            .as_ref()
+            .filter(|schema| crate::cel::has_rules(schema))
+            .map(|schema| Arc::new(kube_cel::compile_schema(schema)));
         versions.push(VersionSpec {
             name: vname,
             served: v.get("served").and_then(Value::as_bool).unwrap_or(false),
             storage: v.get("storage").and_then(Value::as_bool).unwrap_or(false),
             schema,
+            cel_rules,
             printer_columns,
             status_subresource: v.pointer("/subresources/status").is_some(),
             selectable_fields: v
