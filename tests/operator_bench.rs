@@ -87,6 +87,7 @@ async fn a_run_with_tiny_knobs_measures_every_scenario_at_the_sizes_asked_for() 
         .collect();
     let expected = [
         "API floor: create → seen on own watch".to_string(),
+        "a grant's requests in a row, no controller: create → seen → patch → patch → seen".into(),
         "claim create → `Held`, idle lock".into(),
         "claim on 3 locks create → `Held`, idle locks".into(),
         "release (claim deleted) → next `Held`".into(),
@@ -111,9 +112,14 @@ async fn a_run_with_tiny_knobs_measures_every_scenario_at_the_sizes_asked_for() 
         .map(|row| cells(row))
         .filter(|cells| cells[1].contains('×'))
         .collect();
-    assert_eq!(latency_rows.len(), 9, "{:?}", report.rows);
+    assert_eq!(latency_rows.len(), 10, "{:?}", report.rows);
     for cells in latency_rows {
         let want = if cells[0].starts_with("hand-off wave") {
+            // Where the machine's CPU went during the wave, from /proc.
+            assert!(
+                cells[5].contains("CPU busy") && cells[5].contains("controller"),
+                "{cells:?}"
+            );
             "10"
         } else {
             "3"

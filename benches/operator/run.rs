@@ -13,7 +13,7 @@ use fake_apiserver::{FakeApiServer, RecordedRequest};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -177,6 +177,15 @@ fn ungated(pod: &Pod) -> bool {
             .is_some_and(|gates| gates.iter().any(|gate| gate.name == SCHEDULING_GATE))
 }
 
+/// The data key the grant-chain row's last patch sets.
+const MARK: &str = "held";
+
+fn marked(map: &ConfigMap) -> bool {
+    map.data
+        .as_ref()
+        .is_some_and(|data| data.contains_key(MARK))
+}
+
 fn exists(_: &ConfigMap) -> bool {
     true
 }
@@ -264,12 +273,19 @@ fn free_port() -> u16 {
 impl Controller {
     fn start(kubeconfig: &std::path::Path) -> Self {
         let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        // `TURNSTILE_BENCH_CONTROLLER_LOG`: the controller's `RUST_LOG`, its log (on stdout)
+        // shown, to see where a grant's time goes; by default warnings only, on stderr.
+        let log = std::env::var("TURNSTILE_BENCH_CONTROLLER_LOG").ok();
         let child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
             .args(["run", "--namespace", NAMESPACE, "--metrics-addr"])
             .arg(metrics.to_string())
             .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
+            .env("RUST_LOG", log.as_deref().unwrap_or("warn"))
+            .stdout(if log.is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start turnstile run");
@@ -317,6 +333,74 @@ impl Controller {
     }
 }
 
+/// Where the machine's CPU went over a stretch of the run, from `/proc` (all in the kernel's
+/// clock ticks, so the shares need no tick rate): the whole machine, the controller process,
+/// and this process (the fake API server and the benchmark's clients and watchers).
+struct CpuSample {
+    machine_busy: u64,
+    machine_total: u64,
+    controller: u64,
+    this_process: u64,
+}
+
+impl CpuSample {
+    fn take(controller_pid: u32) -> Self {
+        let (machine_busy, machine_total) = machine_ticks();
+        Self {
+            machine_busy,
+            machine_total,
+            controller: process_ticks(&controller_pid.to_string()),
+            this_process: process_ticks("self"),
+        }
+    }
+
+    /// Shares of the machine's capacity since `earlier`, as percentages of all its cores:
+    /// busy in all, the controller, the fake API server with the benchmark.
+    fn shares_since(&self, earlier: &Self) -> String {
+        let total = self
+            .machine_total
+            .saturating_sub(earlier.machine_total)
+            .max(1) as f64;
+        let share = |now: u64, then: u64| 100.0 * now.saturating_sub(then) as f64 / total;
+        format!(
+            "CPU busy {:.0}% of the machine: controller {:.0}%, API server + bench {:.0}%",
+            share(self.machine_busy, earlier.machine_busy),
+            share(self.controller, earlier.controller),
+            share(self.this_process, earlier.this_process),
+        )
+    }
+}
+
+/// The machine's busy and total clock ticks over all cores (`/proc/stat`'s `cpu` line; idle
+/// and I/O wait are not busy).
+fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|field| field.parse().ok())
+        .collect();
+    let total = ticks.iter().sum();
+    let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
+/// A process's user and system clock ticks, all its threads (`/proc/PID/stat` fields 14, 15).
+fn process_ticks(pid: &str) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The command name (field 2) may hold spaces: count the fields after its closing `)`.
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // `fields[0]` is field 3 (the state), so fields 14 and 15 are at 11 and 12.
+    [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<u64>().ok()))
+        .sum()
+}
+
 /// The controller's requests (everything the bench's tagged client did not send).
 fn controller_requests(server: &FakeApiServer) -> Vec<RecordedRequest> {
     server
@@ -331,12 +415,12 @@ fn is_write(r: &RecordedRequest) -> bool {
 }
 
 async fn settle(server: &FakeApiServer, quiet: Duration) {
-    let mut last = server.request_log().len();
+    let mut last = server.request_count();
     let mut since = Instant::now();
     let deadline = Instant::now() + WAIT;
     while since.elapsed() < quiet && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let now = server.request_log().len();
+        let now = server.request_count();
         if now != last {
             last = now;
             since = Instant::now();
@@ -426,6 +510,37 @@ pub async fn run(knobs: Knobs) -> Report {
         "API floor: create → seen on own watch",
         floor_samples,
         "the unit of the ratios",
+    );
+
+    // The least a grant can cost on this API server: the requests of create → `Held` made one
+    // after the other by a client in this process, with no controller between them (create,
+    // seen on the watch, the finalizer's patch, the status's patch, seen on the watch).
+    let seen_marked = Seen::watch(config_maps.clone(), marked);
+    let mut chain = Vec::new();
+    for i in 0..samples {
+        let name = format!("chain-{i}");
+        let start = Instant::now();
+        create(
+            &config_maps,
+            &serde_json::from_value(json!({"metadata": {"name": name}})).expect("cm"),
+        )
+        .await;
+        seen_maps.wait(&name).await;
+        for patch in [
+            json!({"metadata": {"annotations": {"bench/finalizer": "yes"}}}),
+            json!({"data": {MARK: "yes"}}),
+        ] {
+            config_maps
+                .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .expect("patch");
+        }
+        chain.push(seen_marked.wait(&name).await - start);
+    }
+    table.latency(
+        "a grant's requests in a row, no controller: create → seen → patch → patch → seen",
+        chain,
+        "the least create → `Held` can take here",
     );
 
     let seen_held = Seen::watch(claims.clone(), held);
@@ -646,6 +761,7 @@ pub async fn run(knobs: Knobs) -> Report {
     settle(&server, Duration::from_millis(1000)).await;
 
     // The wave: every holder releases at once.
+    let wave_cpu = CpuSample::take(controller.child.id());
     let wave_start = Instant::now();
     let deletes: Vec<String> = (0..locks_at_scale).map(|l| format!("s{l:05}-0")).collect();
     let deleted_at: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
@@ -676,11 +792,12 @@ pub async fn run(knobs: Knobs) -> Report {
         wave.push(next.saturating_duration_since(deleted));
     }
     let wave_all = wave_start.elapsed();
+    let wave_cpu = CpuSample::take(controller.child.id()).shares_since(&wave_cpu);
     table.latency(
         &format!("hand-off wave: {locks_at_scale} holders released at once → each next `Held`"),
         wave,
         &format!(
-            "all done {:.2} s after the first delete",
+            "all done {:.2} s after the first delete; {wave_cpu}",
             wave_all.as_secs_f64()
         ),
     );
