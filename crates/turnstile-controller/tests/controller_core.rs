@@ -489,6 +489,10 @@ enum Step {
     /// A pass (its writes lost, as the 409s of a stale cache lose them) reading the claims as
     /// they stood before the step before this one: a cache lagging by one step.
     StalePass,
+    /// The lock's spec made invalid (`maxHolders: 0`, which only an API server without the
+    /// CRD's schema lets through), and valid again (its `maxHolders` as drawn).
+    LockSpecInvalid,
+    LockSpecValid,
 }
 
 /// Invalid claim specs (`ClaimView::spec_problem`): a lease or an acquire timeout out of
@@ -523,6 +527,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u8..6).prop_map(Step::WriteFailsAt),
         1 => (0u8..8, 0u8..4).prop_map(|(name, which)| Step::CreateInvalid { name, which }),
         1 => Just(Step::StalePass),
+        1 => Just(Step::LockSpecInvalid),
+        2 => Just(Step::LockSpecValid),
     ]
 }
 
@@ -565,6 +571,8 @@ async fn run_steps(max_holders: i32, lease: i64, steps: Vec<Step>) -> Sim {
             Step::CreateInvalid { name, which } => {
                 sim.create(&format!("c{name}"), invalid_spec(which));
             }
+            Step::LockSpecInvalid => sim.set_max_holders(0),
+            Step::LockSpecValid => sim.set_max_holders(max_holders),
             Step::StalePass => {
                 let stale = views.len().checked_sub(2).map(|i| views[i].clone());
                 sim.pass_losing_writes(stale).await;
@@ -581,12 +589,13 @@ proptest! {
     /// Random workloads, owners that vanish or cannot be looked up, late and future renewals,
     /// controller downtime, backend restarts, a backend that fails its next calls (whole
     /// passes see it unavailable, or it goes in the middle of one), passes whose API writes
-    /// all fail after their backend calls or fail from the k-th on, and claims with invalid
-    /// specs, and passes (writes lost) on a cache one step behind: every settled state
-    /// satisfies the invariants (checked in `settle`), and every pass that found the backend
-    /// away did what the README says of one (`Sim::check_outage_pass`). Of a stale pass only
-    /// what the README admits is excused (`Sim::taken_for_waiters`): the safety invariants
-    /// (at most `maxHolders`, tokens rising) stay strict.
+    /// all fail after their backend calls or fail from the k-th on, claims with invalid
+    /// specs, a lock spec made invalid and valid again, and passes (writes lost) on a cache
+    /// one step behind: every settled state satisfies the invariants (checked in `settle`),
+    /// and every pass that found the backend away or the lock's spec invalid did what the
+    /// README says of one (`Sim::check_blocked_pass`). Of a stale pass only what the README
+    /// admits is excused (`Sim::taken_for_waiters`): the safety invariants (at most
+    /// `maxHolders`, tokens rising) stay strict.
     #[test]
     fn invariants_hold_under_random_workloads(
         max_holders in 1i32..4,

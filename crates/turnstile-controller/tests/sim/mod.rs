@@ -614,8 +614,16 @@ impl Sim {
                 };
                 self.events.push((subject, event.reason));
             }
-            if engine.is_none() {
-                self.check_outage_pass(&before, grants_before);
+            let lock = LockView::from_resource(&self.lock);
+            if lock.deleting {
+            } else if lock.spec_problem().is_some() {
+                // The core blocks the lock the same way as for an outage (`LockMode::Blocked`),
+                // with the reasons the README lists for an invalid lock spec.
+                let reasons = (reasons::INVALID_SPEC, reasons::INVALID_LOCK_SPEC);
+                self.check_blocked_pass(&before, grants_before, reasons, engine.is_none());
+            } else if engine.is_none() {
+                let reasons = (reasons::BACKEND_UNAVAILABLE, reasons::BACKEND_UNAVAILABLE);
+                self.check_blocked_pass(&before, grants_before, reasons, true);
             }
         }
         // A pass whose writes did not all land may have lost a renewal, as one whose backend
@@ -663,12 +671,21 @@ impl Sim {
 
     /// What the README promises of a pass whose backend did not answer: "holders keep their
     /// grants (and tokens) until their leases run out, waiting claims show reason
-    /// `BackendUnavailable`, and nothing is granted", and the lock says so in `Ready`.
-    fn check_outage_pass(&self, before: &BTreeMap<String, LockClaim>, grants_before: usize) {
+    /// `BackendUnavailable`, and nothing is granted", and the lock says so in `Ready`; the
+    /// same of a pass on a lock whose spec cannot be served, with its reasons. `reasons`:
+    /// the `Ready` condition's, the waiting claims'; `backend_away`: whether the pass's
+    /// snapshot failed.
+    fn check_blocked_pass(
+        &self,
+        before: &BTreeMap<String, LockClaim>,
+        grants_before: usize,
+        (ready_reason, waiting_reason): (&str, &str),
+        backend_away: bool,
+    ) {
         assert_eq!(
             self.grants.len(),
             grants_before,
-            "granted while the backend was away"
+            "granted while the lock was blocked"
         );
         let now = self.now().as_second();
         // Ends that need no backend: the holder's own, its owner's, or its lease's.
@@ -684,55 +701,56 @@ impl Sim {
             if old_status.phase != Some(ClaimPhase::Held) {
                 continue;
             }
-            // The finalizer stays until the backend confirms a release.
-            let claim = self
-                .claims
-                .get(name)
-                .unwrap_or_else(|| panic!("holder {name} gone while the backend was away"));
+            // The finalizer stays until the backend confirms a release: a deleted holder goes
+            // only if the backend answered.
+            let Some(claim) = self.claims.get(name) else {
+                assert!(
+                    !backend_away,
+                    "holder {name} gone while the backend was away"
+                );
+                continue;
+            };
             let status = claim.status.clone().unwrap_or_default();
             if status.phase == Some(ClaimPhase::Held) {
                 assert_eq!(
                     status.fencing_token, old_status.fencing_token,
-                    "{name}'s token changed while the backend was away"
+                    "{name}'s token changed while the lock was blocked"
                 );
                 continue;
             }
             let reason = status.reason.as_deref().unwrap_or_default();
             assert!(
                 allowed.contains(&reason),
-                "holder {name} ended ({reason}) while the backend was away"
+                "holder {name} ended ({reason}) while the lock was blocked"
             );
             if [reasons::LEASE_EXPIRED, reasons::MAX_HOLD_EXCEEDED].contains(&reason) {
                 let expires = old_status.expires_at.expect("expiresAt").0.as_second();
                 assert!(
                     expires <= now,
-                    "{name}'s lease (until {expires}) ended at {now} while the backend was away"
+                    "{name}'s lease (until {expires}) ended at {now} while the lock was blocked"
                 );
             }
         }
-        let lock = LockView::from_resource(&self.lock);
-        if lock.spec_problem().is_none() && !lock.deleting {
-            for (name, claim) in &self.claims {
-                let status = claim.status.clone().unwrap_or_default();
-                if status.phase == Some(ClaimPhase::Pending) && status.position.is_some() {
-                    assert_eq!(
-                        status.reason.as_deref(),
-                        Some(reasons::BACKEND_UNAVAILABLE),
-                        "{name} waits while the backend is away"
-                    );
-                }
+        for (name, claim) in &self.claims {
+            let status = claim.status.clone().unwrap_or_default();
+            if status.phase == Some(ClaimPhase::Pending) && status.position.is_some() {
+                assert_eq!(
+                    status.reason.as_deref(),
+                    Some(waiting_reason),
+                    "{name} waits on a blocked lock"
+                );
             }
-            let ready = self
-                .lock
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
-                .expect("Ready condition");
-            assert_eq!(
-                (ready.status.as_str(), ready.reason.as_str()),
-                ("False", reasons::BACKEND_UNAVAILABLE)
-            );
         }
+        let ready = self
+            .lock
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+            .expect("Ready condition");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", ready_reason)
+        );
     }
 
     /// Applies one of the shell's claim writes as the API server would: a merge patch, then
@@ -1067,7 +1085,9 @@ impl Sim {
         // (the settled pass's snapshot failed): a holder it lost (restarted meanwhile) keeps
         // its grant in the API until its lease runs out, and is re-attached only when the
         // backend answers again (README, "While a backend is away").
-        if self.last_pass_failed {
+        // Nor while the lock's spec cannot be served: the core then keeps holders as they
+        // are (`LockMode::Blocked`) and re-attaches nothing.
+        if self.last_pass_failed || LockView::from_resource(&self.lock).spec_problem().is_some() {
             return self.check_lock_status(&held, &queued);
         }
         let key = LockView::from_resource(&self.lock).backend_key();
