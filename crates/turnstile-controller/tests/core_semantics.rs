@@ -337,30 +337,90 @@ proptest! {
         lock_delay in prop::option::of(0i64..8),
         steps in prop::collection::vec(step(), 1..40),
     ) {
-        paused_runtime().block_on(async {
-            let mut sim = Sim::new(max_holders, lease);
-            sim.lock.spec.max_hold_seconds = max_hold;
-            sim.lock.spec.lock_delay_seconds = lock_delay;
-            for step in steps {
-                match step {
-                    Step::Create { name, priority, owned, mode } => {
-                        let spec = LockClaimSpec { mode, ..with_priority(priority) };
-                        if owned {
-                            sim.create_owned(&format!("c{name}"), spec);
-                        } else {
-                            sim.create(&format!("c{name}"), spec);
-                        }
-                    }
-                    Step::Release(name) => sim.release(&format!("c{name}")),
-                    Step::Delete(name) => sim.delete(&format!("c{name}")),
-                    Step::OwnerGone(name) => sim.set_owner(&format!("c{name}"), OwnerState::Gone),
-                    Step::Advance(seconds) => sim.advance(Duration::from_secs(seconds)).await,
-                    Step::SetMaxHolders(max) => sim.set_max_holders(max),
-                }
-                sim.settle().await;
-            }
-        });
+        paused_runtime().block_on(run_steps(max_holders, lease, max_hold, lock_delay, steps));
     }
+}
+
+/// Runs `steps` on a lock with these terms, settling (and so checking the invariants) after
+/// each: the property test's interpreter, and the replay of every recorded regression.
+async fn run_steps(
+    max_holders: i32,
+    lease: i64,
+    max_hold: Option<i64>,
+    lock_delay: Option<i64>,
+    steps: Vec<Step>,
+) {
+    let mut sim = Sim::new(max_holders, lease);
+    sim.lock.spec.max_hold_seconds = max_hold;
+    sim.lock.spec.lock_delay_seconds = lock_delay;
+    for step in steps {
+        match step {
+            Step::Create {
+                name,
+                priority,
+                owned,
+                mode,
+            } => {
+                let spec = LockClaimSpec {
+                    mode,
+                    ..with_priority(priority)
+                };
+                if owned {
+                    sim.create_owned(&format!("c{name}"), spec);
+                } else {
+                    sim.create(&format!("c{name}"), spec);
+                }
+            }
+            Step::Release(name) => sim.release(&format!("c{name}")),
+            Step::Delete(name) => sim.delete(&format!("c{name}")),
+            Step::OwnerGone(name) => sim.set_owner(&format!("c{name}"), OwnerState::Gone),
+            Step::Advance(seconds) => sim.advance(Duration::from_secs(seconds)).await,
+            Step::SetMaxHolders(max) => sim.set_max_holders(max),
+        }
+        sim.settle().await;
+    }
+}
+
+// The shrunk cases recorded in `core_semantics.proptest-regressions`, replayed step for step
+// through `run_steps` (the seeds no longer draw them under the current strategy). A case
+// recorded before `Create` had `mode` creates a claim without one, as it did then.
+
+/// A plain claim with priority 0.
+fn plain(name: u8, owned: bool) -> Step {
+    Step::Create {
+        name,
+        priority: 0,
+        owned,
+        mode: None,
+    }
+}
+
+/// A running owner's claim reaching its maximum hold (3 s) on a 2 s lease.
+#[tokio::test(start_paused = true)]
+async fn regression_an_owned_claim_reaches_its_maximum_hold() {
+    let steps = vec![plain(0, true), Step::Advance(1), Step::Advance(2)];
+    run_steps(1, 2, Some(3), None, steps).await;
+}
+
+/// `maxHolders` lowered from 2 to 1 under two holders.
+#[tokio::test(start_paused = true)]
+async fn regression_max_holders_lowered_under_two_holders() {
+    let steps = vec![plain(0, false), plain(1, false), Step::SetMaxHolders(1)];
+    run_steps(2, 2, None, None, steps).await;
+}
+
+/// `maxHolders` raised from 1 to 2, then a second claim.
+#[tokio::test(start_paused = true)]
+async fn regression_max_holders_raised_then_a_second_claim() {
+    let steps = vec![plain(0, false), Step::SetMaxHolders(2), plain(1, false)];
+    run_steps(1, 2, None, None, steps).await;
+}
+
+/// A lease running out (7 s) on a lock with a 4 s lock-delay, then a new claim.
+#[tokio::test(start_paused = true)]
+async fn regression_a_claim_after_an_expiry_on_a_lock_with_a_lock_delay() {
+    let steps = vec![plain(4, false), Step::Advance(11), plain(0, false)];
+    run_steps(1, 7, None, Some(4), steps).await;
 }
 
 #[tokio::test(start_paused = true)]

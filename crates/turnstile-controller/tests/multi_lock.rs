@@ -445,6 +445,82 @@ proptest! {
     }
 }
 
+// The shrunk cases recorded in `multi_lock.proptest-regressions`, replayed step for step
+// through `run` (the seeds no longer draw them under the current strategy).
+
+/// A claim on these locks (indices into `LOCKS`).
+fn on(locks: &[usize]) -> Step {
+    Step::Create(locks.iter().copied().collect())
+}
+
+/// A claim on locks a and c, then one on c alone, then c's pass.
+#[test]
+fn regression_a_single_lock_claim_behind_a_multi_lock_one() {
+    let steps = [on(&[0, 2]), on(&[2]), Step::Pass(2)];
+    paused_runtime().block_on(run(&[1, 1, 2, 1], &steps));
+}
+
+/// Claims on c, on a and c, on c, and on b and c, with c a semaphore of 2.
+#[test]
+fn regression_multi_lock_claims_sharing_a_semaphore() {
+    let steps = [on(&[2]), on(&[0, 2]), on(&[2]), on(&[1, 2])];
+    paused_runtime().block_on(run(&[2, 2, 2, 1], &steps));
+}
+
+/// A long queue on a with multi-lock claims in it, one of them deleted.
+#[test]
+fn regression_a_deleted_claim_in_a_long_mixed_queue() {
+    let steps = [
+        on(&[0]),
+        on(&[0]),
+        on(&[2]),
+        on(&[0]),
+        on(&[0]),
+        on(&[0, 2]),
+        on(&[0]),
+        on(&[0]),
+        on(&[2]),
+        on(&[0]),
+        Step::LetGo {
+            nth: 10,
+            delete: true,
+        },
+        on(&[0]),
+        on(&[0]),
+    ];
+    paused_runtime().block_on(run(&[1, 1, 1, 1], &steps));
+}
+
+/// Claims created, released and deleted between passes of a, b and c.
+#[test]
+fn regression_claims_let_go_between_passes() {
+    let let_go = |nth, delete| Step::LetGo { nth, delete };
+    let steps = [
+        on(&[0]),
+        on(&[1]),
+        let_go(2, true),
+        on(&[1]),
+        on(&[0, 2]),
+        on(&[0]),
+        Step::Pass(0),
+        on(&[0]),
+        let_go(9, true),
+        on(&[0]),
+        let_go(10, false),
+        on(&[0, 2]),
+        Step::Pass(1),
+        Step::Pass(0),
+        on(&[2]),
+        let_go(7, true),
+        on(&[0]),
+        on(&[0]),
+        on(&[0]),
+        let_go(6, false),
+        Step::Pass(2),
+    ];
+    paused_runtime().block_on(run(&[1, 1, 2, 1], &steps));
+}
+
 #[test]
 fn two_claims_on_the_same_locks_in_opposite_order_both_complete_in_turn() {
     paused_runtime().block_on(async {

@@ -5,33 +5,180 @@
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
+use turnstile_api::reasons;
 use turnstile_api::{
     BackendKind, ClaimPhase, DistributedLock, DistributedLockSpec, LockClaim, LockClaimSpec,
     LockClaimStatus,
 };
 use turnstile_controller::core::{
-    fold, plan, BackendView, ClaimView, Decision, EventSubject, LockInput, LockView, OwnerState,
-    Plan, EXACT_POSITIONS,
+    fold, plan, BackendView, ClaimView, Decision, EventSubject, LockInput, LockView, OpOutcome,
+    OwnerState, Plan, EXACT_POSITIONS,
 };
-use turnstile_controller::lock_reconciler::execute;
+use turnstile_controller::lock_reconciler::{describe, execute};
 use turnstile_controller::patch::apply_merge_patch;
 use turnstile_controller::writer::{PassWrite, PassWrites, Target, Write};
-use turnstile_lock::{Backend, MemoryBackend};
+use turnstile_lock::{
+    AcquireOutcome, AcquireRequest, Backend, LockError, LockResult, LockSnapshot, MemoryBackend,
+    WakeSubscription,
+};
 
 pub const NS: &str = "team-a";
 pub const LOCK: &str = "db";
 /// A change takes effect in one pass; the next pass confirms there is nothing left to do.
 pub const MAX_PASSES_TO_SETTLE: usize = 2;
 
+/// The failures the test has scheduled for the lock engine's next calls: `pass_first` calls
+/// still answer, then `fail_next` calls fail as an unreachable backend does. Shared by every
+/// pass's [`FaultyBackend`], so a schedule survives a backend restart.
+#[derive(Debug, Default)]
+pub struct Faults {
+    script: Mutex<FaultScript>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct FaultScript {
+    pass_first: usize,
+    fail_next: usize,
+    /// Armed by [`Faults::mid_pass`]: `(ok, n)` for the next pass that makes calls.
+    mid_pass: Option<(usize, usize)>,
+    /// Calls failed so far (a pass that saw one is a change of the world, see `settle`).
+    fired: usize,
+}
+
+impl Faults {
+    /// The next `n` calls fail (the backend is down for them).
+    pub fn down(&self, n: usize) {
+        self.schedule(0, n);
+    }
+
+    /// The next `ok` calls answer, then `n` calls fail.
+    pub fn fail_after(&self, ok: usize, n: usize) {
+        self.schedule(ok, n);
+    }
+
+    /// The backend goes in the middle of the next pass that makes calls: after its snapshot
+    /// and `ok` of its calls (modulo their number, so that one of them fails), `n` calls fail
+    /// (the rest of the pass's are not made; what remains fails the next passes).
+    pub fn mid_pass(&self, ok: usize, n: usize) {
+        self.script.lock().expect("faults").mid_pass = Some((ok, n));
+    }
+
+    /// Schedules an armed mid-pass failure for a pass about to make `calls` calls.
+    fn arm_for(&self, calls: usize) {
+        let armed = self.script.lock().expect("faults").mid_pass;
+        if let Some((ok, n)) = armed.filter(|_| calls > 0) {
+            self.script.lock().expect("faults").mid_pass = None;
+            self.schedule(ok % calls, n);
+        }
+    }
+
+    fn schedule(&self, ok: usize, n: usize) {
+        let mut script = self.script.lock().expect("faults");
+        script.pass_first = ok;
+        script.fail_next = n;
+    }
+
+    /// How many calls have failed so far.
+    pub fn fired(&self) -> usize {
+        self.script.lock().expect("faults").fired
+    }
+
+    /// Counts one call; `Err` if it is to fail.
+    fn call(&self, what: &str) -> LockResult<()> {
+        let mut script = self.script.lock().expect("faults");
+        if script.fail_next == 0 {
+            return Ok(());
+        }
+        if script.pass_first > 0 {
+            script.pass_first -= 1;
+            return Ok(());
+        }
+        script.fail_next -= 1;
+        script.fired += 1;
+        Err(LockError::backend(
+            "memory",
+            format!("{what} (injected by the simulation)"),
+            "connection refused",
+        ))
+    }
+}
+
+/// What became of one pass of [`Sim::pass_with_failures`].
+pub struct PassResult {
+    /// How many backend calls it planned.
+    pub ops: usize,
+    /// Its decision, unless a finalizer write failed before its backend calls.
+    pub decision: Option<Decision>,
+    /// Whether one of its API writes failed (and the later ones were not made).
+    pub write_failed: bool,
+}
+
+/// The lock engine as a pass sees it: the real [`MemoryBackend`] behind a switch the test
+/// flips ([`Faults`]). A failed call changes nothing in the engine (a request that never
+/// reached it); that an unreachable backend may also have applied a call is not modelled.
+#[derive(Debug)]
+pub struct FaultyBackend {
+    pub inner: Arc<dyn Backend>,
+    pub faults: Arc<Faults>,
+}
+
+#[async_trait::async_trait]
+impl Backend for FaultyBackend {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    async fn acquire(&self, request: &AcquireRequest<'_>) -> LockResult<AcquireOutcome> {
+        self.faults.call("acquire")?;
+        self.inner.acquire(request).await
+    }
+    async fn release(&self, key: &str, owner: &str, max_holders: u32) -> LockResult<bool> {
+        self.faults.call("release")?;
+        self.inner.release(key, owner, max_holders).await
+    }
+    async fn extend(&self, key: &str, owner: &str, ttl: Duration) -> LockResult<Option<Duration>> {
+        self.faults.call("extend")?;
+        self.inner.extend(key, owner, ttl).await
+    }
+    async fn is_held(&self, key: &str, owner: &str) -> LockResult<bool> {
+        self.faults.call("is_held")?;
+        self.inner.is_held(key, owner).await
+    }
+    async fn snapshot(&self, key: &str) -> LockResult<LockSnapshot> {
+        self.faults.call("snapshot")?;
+        self.inner.snapshot(key).await
+    }
+    async fn raise_fencing_floor(&self, key: &str, floor: u64) -> LockResult<u64> {
+        self.faults.call("raise_fencing_floor")?;
+        self.inner.raise_fencing_floor(key, floor).await
+    }
+    async fn subscribe(&self, key: &str, owner: &str) -> LockResult<WakeSubscription> {
+        self.faults.call("subscribe")?;
+        self.inner.subscribe(key, owner).await
+    }
+}
+
 /// A simulated API server holding one lock and its claims, a real memory backend, and a
 /// clock shared by both (tokio's paused clock drives the backend's leases).
 pub struct Sim {
+    /// The lock engine's true state: what the tests and the invariants look at. Passes reach
+    /// it through [`FaultyBackend`], failing as `faults` says.
     pub backend: Arc<dyn Backend>,
+    /// Backend failures scheduled by the test.
+    pub faults: Arc<Faults>,
+    /// Armed by [`Sim::fail_api_write`]: which write of the next pass that writes fails.
+    pub api_write_fails: Option<usize>,
+    /// Whether the last pass met a backend failure (its snapshot, or one of its calls).
+    pub last_pass_failed: bool,
+    /// Held claims a pass may not have renewed because of a backend failure, a lost API write
+    /// (or a lock spec it cannot serve), since their last pass without one: a running owner's
+    /// lease that runs out meanwhile is not the controller's failure (README: "while a
+    /// backend is away, holders keep their grants (and tokens) until their leases run out").
+    pub renewals_blocked: BTreeSet<String>,
     pub lock: DistributedLock,
     pub claims: BTreeMap<String, LockClaim>,
     pub start: Timestamp,
@@ -62,6 +209,15 @@ pub struct Sim {
     pub held_when_lowered: usize,
     /// Claims whose lease ran out while the controller was down.
     pub lapsed_while_down: BTreeSet<String>,
+    /// Holders a pass on a stale cache took for waiters (held in the API, not in its view).
+    /// The README says what such a pass may do to them ("### Tests": a holder it takes for a
+    /// waiter is re-granted with a new token, and a claim released meanwhile is taken back),
+    /// and only that is excused, until they stop holding: the backend may hold them under a
+    /// larger token than the API shows, or have lost them, so that they end `LockLost`.
+    pub taken_for_waiters: BTreeSet<String>,
+    /// Extra passes the next `settle` may take: one after a stale pass, whose stray grants
+    /// are released by the pass after the one that finds them.
+    pub extra_passes: usize,
 }
 
 impl Sim {
@@ -82,6 +238,10 @@ impl Sim {
         lock.metadata.generation = Some(1);
         Self {
             backend: Arc::new(MemoryBackend::new()),
+            faults: Arc::new(Faults::default()),
+            api_write_fails: None,
+            last_pass_failed: false,
+            renewals_blocked: BTreeSet::new(),
             lock,
             claims: BTreeMap::new(),
             start: "2030-01-01T00:00:00Z".parse().expect("timestamp"),
@@ -100,6 +260,8 @@ impl Sim {
             involuntary_ends: Vec::new(),
             held_when_lowered: 0,
             lapsed_while_down: BTreeSet::new(),
+            taken_for_waiters: BTreeSet::new(),
+            extra_passes: 0,
         }
     }
 
@@ -154,6 +316,8 @@ impl Sim {
         // A new object under an old name.
         self.terminal.remove(name);
         self.owners.remove(name);
+        self.taken_for_waiters.remove(name);
+        self.renewals_blocked.remove(name);
         self.granted_seq.remove(name);
         self.next_uid += 1;
         self.seq += 1;
@@ -298,17 +462,50 @@ impl Sim {
         }
     }
 
+    /// The lock engine as a pass reaches it: through the scheduled failures.
+    fn engine(&self) -> FaultyBackend {
+        FaultyBackend {
+            inner: Arc::clone(&self.backend),
+            faults: Arc::clone(&self.faults),
+        }
+    }
+
     /// A pass's first step on the current claims and backend: the lock's backend key, the
-    /// pass's input and its plan.
-    async fn plan_now(&self) -> (String, LockInput, Plan) {
+    /// pass's input and its plan, and the engine if its snapshot answered (as the shell's
+    /// `backend_of`: a failed snapshot is `BackendView::Unavailable`, and no call is made).
+    async fn plan_now(&self) -> (String, LockInput, Plan, Option<FaultyBackend>) {
         let key = LockView::from_resource(&self.lock).backend_key();
-        let snapshot = self.backend.snapshot(&key).await.expect("snapshot");
-        let input = self.input(BackendView::Ready {
-            backend: BackendKind::Memory,
-            snapshot,
-        });
+        let engine = self.engine();
+        let (view, engine) = match engine.snapshot(&key).await {
+            Ok(snapshot) => (
+                BackendView::Ready {
+                    backend: BackendKind::Memory,
+                    snapshot,
+                },
+                Some(engine),
+            ),
+            Err(error) => (
+                BackendView::Unavailable {
+                    backend: BackendKind::Memory,
+                    message: describe(&error),
+                },
+                None,
+            ),
+        };
+        let input = self.input(view);
         let planned = plan(&input);
-        (key, input, planned)
+        (key, input, planned, engine)
+    }
+
+    /// The plan's backend calls on `engine`, none without one (the shell's `execute`).
+    async fn call(engine: Option<&FaultyBackend>, key: &str, planned: &Plan) -> Vec<OpOutcome> {
+        match engine {
+            Some(engine) => {
+                engine.faults.arm_for(planned.ops.len());
+                execute(engine, key, planned.terms, &planned.ops).await
+            }
+            None => Vec::new(),
+        }
     }
 
     /// One pass whose API writes all fail after its backend calls were made (a 500, or the
@@ -319,26 +516,88 @@ impl Sim {
         let current = self.claims.clone();
         if let Some(mut stale) = view {
             stale.retain(|name, _| current.contains_key(name));
+            let held = |claim: &LockClaim| {
+                claim.status.as_ref().and_then(|s| s.phase) == Some(ClaimPhase::Held)
+            };
+            for (name, claim) in &current {
+                if held(claim) && !stale.get(name).is_some_and(held) {
+                    self.taken_for_waiters.insert(name.clone());
+                }
+            }
+            self.extra_passes = 1;
             self.claims = stale;
         }
-        let (key, _, planned) = self.plan_now().await;
-        let _ = execute(self.backend.as_ref(), &key, planned.terms, &planned.ops).await;
+        let (key, _, planned, engine) = self.plan_now().await;
+        let _ = Self::call(engine.as_ref(), &key, &planned).await;
         self.claims = current;
     }
 
     /// One reconcile pass, as the shell performs it. Returns the plan's op count and the
     /// decision.
     pub async fn pass(&mut self) -> (usize, Decision) {
-        let (key, input, planned) = self.plan_now().await;
+        let pass = self.pass_with_failures().await;
+        (
+            pass.ops,
+            pass.decision.expect("a pass whose writes all landed"),
+        )
+    }
+
+    /// The next pass that writes anything fails at its write number `k` (from 0, modulo their
+    /// number, in the order the shell makes them: finalizers, then the decided writes), as a
+    /// 409 or a 500 does: the writes before it landed, it and every later one did not (the
+    /// shell's writer stops at the first failure, and a failing finalizer write ends the pass
+    /// before its backend calls).
+    pub fn fail_api_write(&mut self, k: usize) {
+        self.api_write_fails = Some(k);
+    }
+
+    /// One pass, failing as scheduled ([`Faults`], [`Sim::fail_api_write`]). The backend keeps
+    /// what the pass did. Events of a pass cut short are not recorded.
+    pub async fn pass_with_failures(&mut self) -> PassResult {
+        let fired = self.faults.fired();
+        let before = self.claims.clone();
+        let grants_before = self.grants.len();
+        let (key, input, planned, engine) = self.plan_now().await;
         // The shell's own write decisions, applied as the API server applies merge patches.
         let mut writes = PassWrites::new(self.claims.values());
-        for write in writes.add_finalizers(&planned.finalizers_to_add) {
-            self.apply_to_claim(&write);
+        let finalizers = writes.add_finalizers(&planned.finalizers_to_add);
+        let failing = match self.api_write_fails {
+            Some(k) if !finalizers.is_empty() => {
+                self.api_write_fails = None;
+                Some(k % finalizers.len())
+            }
+            _ => None,
+        };
+        for (made, write) in finalizers.iter().enumerate() {
+            if failing == Some(made) {
+                // No backend call was made: nothing to note about renewals.
+                return PassResult {
+                    ops: planned.ops.len(),
+                    decision: None,
+                    write_failed: true,
+                };
+            }
+            self.apply_to_claim(write);
         }
-        let outcomes = execute(self.backend.as_ref(), &key, planned.terms, &planned.ops).await;
+        let outcomes = Self::call(engine.as_ref(), &key, &planned).await;
         let decision = fold(&input, &planned, &outcomes);
+        let met_failure = engine.is_none()
+            || self.faults.fired() > fired
+            || outcomes
+                .iter()
+                .any(|outcome| matches!(outcome, OpOutcome::Failed { .. }));
         let pass_writes = decided_writes(&mut writes, &self.lock, &self.claims, &decision);
-        for PassWrite { target, write } in &pass_writes {
+        let failing = match (failing, self.api_write_fails) {
+            (Some(_), _) => failing,
+            (None, Some(k)) if !pass_writes.is_empty() => {
+                self.api_write_fails = None;
+                Some(k % pass_writes.len())
+            }
+            _ => None,
+        };
+        let complete = failing.is_none();
+        let landed = failing.unwrap_or(pass_writes.len());
+        for PassWrite { target, write } in &pass_writes[..landed] {
             match target {
                 Target::Claim => self.apply_to_claim(write),
                 Target::Lock => {
@@ -347,14 +606,151 @@ impl Sim {
                 }
             }
         }
-        for event in &decision.events {
-            let subject = match &event.subject {
-                EventSubject::Lock => format!("lock/{LOCK}"),
-                EventSubject::Claim(name) => name.clone(),
-            };
-            self.events.push((subject, event.reason));
+        if complete {
+            for event in &decision.events {
+                let subject = match &event.subject {
+                    EventSubject::Lock => format!("lock/{LOCK}"),
+                    EventSubject::Claim(name) => name.clone(),
+                };
+                self.events.push((subject, event.reason));
+            }
+            let lock = LockView::from_resource(&self.lock);
+            if lock.deleting {
+            } else if lock.spec_problem().is_some() {
+                // The core blocks the lock the same way as for an outage (`LockMode::Blocked`),
+                // with the reasons the README lists for an invalid lock spec.
+                let reasons = (reasons::INVALID_SPEC, reasons::INVALID_LOCK_SPEC);
+                self.check_blocked_pass(&before, grants_before, reasons, engine.is_none());
+            } else if engine.is_none() {
+                let reasons = (reasons::BACKEND_UNAVAILABLE, reasons::BACKEND_UNAVAILABLE);
+                self.check_blocked_pass(&before, grants_before, reasons, true);
+            }
         }
-        (planned.ops.len(), decision)
+        // A pass whose writes did not all land may have lost a renewal, as one whose backend
+        // failed may not have made it.
+        let blocked = !complete || LockView::from_resource(&self.lock).spec_problem().is_some();
+        self.after_pass(&before, met_failure, met_failure || blocked);
+        PassResult {
+            ops: planned.ops.len(),
+            decision: Some(decision),
+            write_failed: !complete,
+        }
+    }
+
+    /// Bookkeeping after a pass: whether it met a backend failure, and whether it may have
+    /// renewed nothing (a backend failure, a lost write, or a lock spec it cannot serve).
+    fn after_pass(&mut self, before: &BTreeMap<String, LockClaim>, failed: bool, blocked: bool) {
+        self.last_pass_failed = failed;
+        if blocked {
+            for (name, claim) in before {
+                if claim.status.as_ref().and_then(|s| s.phase) == Some(ClaimPhase::Held) {
+                    self.renewals_blocked.insert(name.clone());
+                }
+            }
+        } else {
+            // A holder that went through a pass without a failure was renewed if it was due,
+            // unless its recorded lease had run out already (the pass keeps such a grant only
+            // while the backend's copy lasts, see `backend_lease_outlasts` in the core).
+            let now = self.now();
+            let held: Vec<String> = self
+                .claims
+                .iter()
+                .filter(|(_, c)| {
+                    c.status.as_ref().is_some_and(|s| {
+                        s.phase == Some(ClaimPhase::Held)
+                            && s.expires_at.as_ref().is_some_and(|at| at.0 > now)
+                    })
+                })
+                .map(|(name, _)| name.clone())
+                .collect();
+            for name in held {
+                self.renewals_blocked.remove(&name);
+            }
+        }
+    }
+
+    /// What the README promises of a pass whose backend did not answer: "holders keep their
+    /// grants (and tokens) until their leases run out, waiting claims show reason
+    /// `BackendUnavailable`, and nothing is granted", and the lock says so in `Ready`; the
+    /// same of a pass on a lock whose spec cannot be served, with its reasons. `reasons`:
+    /// the `Ready` condition's, the waiting claims'; `backend_away`: whether the pass's
+    /// snapshot failed.
+    fn check_blocked_pass(
+        &self,
+        before: &BTreeMap<String, LockClaim>,
+        grants_before: usize,
+        (ready_reason, waiting_reason): (&str, &str),
+        backend_away: bool,
+    ) {
+        assert_eq!(
+            self.grants.len(),
+            grants_before,
+            "granted while the lock was blocked"
+        );
+        let now = self.now().as_second();
+        // Ends that need no backend: the holder's own, its owner's, or its lease's.
+        let allowed = [
+            reasons::RELEASE_REQUESTED,
+            reasons::OWNER_FINISHED,
+            reasons::OWNER_GONE,
+            reasons::LEASE_EXPIRED,
+            reasons::MAX_HOLD_EXCEEDED,
+        ];
+        for (name, old) in before {
+            let old_status = old.status.clone().unwrap_or_default();
+            if old_status.phase != Some(ClaimPhase::Held) {
+                continue;
+            }
+            // The finalizer stays until the backend confirms a release: a deleted holder goes
+            // only if the backend answered.
+            let Some(claim) = self.claims.get(name) else {
+                assert!(
+                    !backend_away,
+                    "holder {name} gone while the backend was away"
+                );
+                continue;
+            };
+            let status = claim.status.clone().unwrap_or_default();
+            if status.phase == Some(ClaimPhase::Held) {
+                assert_eq!(
+                    status.fencing_token, old_status.fencing_token,
+                    "{name}'s token changed while the lock was blocked"
+                );
+                continue;
+            }
+            let reason = status.reason.as_deref().unwrap_or_default();
+            assert!(
+                allowed.contains(&reason),
+                "holder {name} ended ({reason}) while the lock was blocked"
+            );
+            if [reasons::LEASE_EXPIRED, reasons::MAX_HOLD_EXCEEDED].contains(&reason) {
+                let expires = old_status.expires_at.expect("expiresAt").0.as_second();
+                assert!(
+                    expires <= now,
+                    "{name}'s lease (until {expires}) ended at {now} while the lock was blocked"
+                );
+            }
+        }
+        for (name, claim) in &self.claims {
+            let status = claim.status.clone().unwrap_or_default();
+            if status.phase == Some(ClaimPhase::Pending) && status.position.is_some() {
+                assert_eq!(
+                    status.reason.as_deref(),
+                    Some(waiting_reason),
+                    "{name} waits on a blocked lock"
+                );
+            }
+        }
+        let ready = self
+            .lock
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+            .expect("Ready condition");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", ready_reason)
+        );
     }
 
     /// Applies one of the shell's claim writes as the API server would: a merge patch, then
@@ -412,9 +808,16 @@ impl Sim {
     /// Passes until one changes nothing; asserts the idle pass plans no backend calls and
     /// writes nothing, and checks the invariants.
     pub async fn settle(&mut self) {
-        for _ in 0..MAX_PASSES_TO_SETTLE {
-            let (ops, decision) = self.pass().await;
-            if ops == 0 && !decision.writes_anything() {
+        let mut counted = 0;
+        let budget = MAX_PASSES_TO_SETTLE + std::mem::take(&mut self.extra_passes);
+        while counted < budget {
+            let fired = self.faults.fired();
+            let pass = self.pass_with_failures().await;
+            let idle = pass
+                .decision
+                .as_ref()
+                .filter(|decision| pass.ops == 0 && !decision.writes_anything());
+            if let Some(decision) = idle {
                 assert!(
                     decision.requeue_after > Duration::ZERO,
                     "an idle pass asks to run again at once"
@@ -422,6 +825,14 @@ impl Sim {
                 self.requeue_after = decision.requeue_after;
                 self.check_invariants().await;
                 return;
+            }
+            // A pass that met a scheduled failure is a change of the world (the backend went
+            // away, the pass after it finds it back; an API write failed): the passes after
+            // it get the whole budget again. Failures are finite, so this ends.
+            if self.faults.fired() == fired && !pass.write_failed {
+                counted += 1;
+            } else {
+                counted = 0;
             }
         }
         panic!(
@@ -447,6 +858,34 @@ impl Sim {
             self.held_when_lowered = 0;
         }
 
+        // A holder taken for a waiter by a stale pass is excused while it holds, and for
+        // good if it ended `LockLost`.
+        let holding: BTreeSet<String> = held
+            .iter()
+            .map(|c| c.metadata.name.clone().expect("name"))
+            .collect();
+        let claims = &self.claims;
+        self.taken_for_waiters.retain(|name| {
+            holding.contains(name)
+                || claims.get(name).is_some_and(|claim| {
+                    claim.status.as_ref().and_then(|s| s.reason.as_deref())
+                        == Some(reasons::LOCK_LOST)
+                })
+        });
+
+        // A deleted claim keeps its finalizer only while the backend has not confirmed its
+        // release: after a pass that met a backend failure; otherwise it is gone.
+        let deleting: Vec<&String> = self
+            .claims
+            .iter()
+            .filter(|(_, c)| c.metadata.deletion_timestamp.is_some())
+            .map(|(name, _)| name)
+            .collect();
+        assert!(
+            deleting.is_empty() || self.last_pass_failed,
+            "deleted claims stay although the backend answered: {deleting:?}"
+        );
+
         // Terminal phases are final.
         for (name, claim) in &self.claims {
             let phase = claim.status.as_ref().and_then(|s| s.phase);
@@ -466,7 +905,12 @@ impl Sim {
             let max_hold = self.claims.get(name).is_some_and(|claim| {
                 claim.status.as_ref().and_then(|s| s.reason.as_deref()) == Some("MaxHoldExceeded")
             });
-            let excused = self.lapsed_while_down.contains(name);
+            let lost = self.claims.get(name).is_some_and(|claim| {
+                claim.status.as_ref().and_then(|s| s.reason.as_deref()) == Some(reasons::LOCK_LOST)
+            });
+            let excused = self.lapsed_while_down.contains(name)
+                || self.renewals_blocked.contains(name)
+                || (lost && self.taken_for_waiters.contains(name));
             if *state == OwnerState::Alive
                 && self.claims.contains_key(name)
                 && !max_hold
@@ -534,10 +978,13 @@ impl Sim {
                 c.metadata.name.clone(),
             )
         };
+        // A claim being deleted has left the queue (its status stays as it was until its
+        // finalizer goes, and `fold` counts it nowhere).
         let mut queued: Vec<&LockClaim> = self
             .claims
             .values()
             .filter(|c| c.status.as_ref().and_then(|s| s.position).is_some())
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
             .collect();
         queued.sort_by_key(|c| order(c));
         for holder in &held {
@@ -619,13 +1066,46 @@ impl Sim {
             assert!(!fits, "the head of the queue fits but waits");
         }
 
-        // The backend agrees with the API about every holder and its token.
+        // A claim whose spec cannot be served has failed with `InvalidSpec`: it never holds
+        // nor waits (so never blocks the queue).
+        for (name, claim) in &self.claims {
+            let view = ClaimView::from_resource(claim).expect("complete claim");
+            if view.spec_problem().is_some() {
+                let status = claim.status.clone().unwrap_or_default();
+                assert_eq!(
+                    (status.phase, status.reason.as_deref()),
+                    (Some(ClaimPhase::Failed), Some(reasons::INVALID_SPEC)),
+                    "{name}'s spec cannot be served"
+                );
+            }
+        }
+
+        // The backend agrees with the API about every holder and its token, and its counter
+        // is at the high-water mark, once a pass reached it. Not while the backend is away
+        // (the settled pass's snapshot failed): a holder it lost (restarted meanwhile) keeps
+        // its grant in the API until its lease runs out, and is re-attached only when the
+        // backend answers again (README, "While a backend is away").
+        // Nor while the lock's spec cannot be served: the core then keeps holders as they
+        // are (`LockMode::Blocked`) and re-attaches nothing.
+        if self.last_pass_failed || LockView::from_resource(&self.lock).spec_problem().is_some() {
+            return self.check_lock_status(&held, &queued);
+        }
         let key = LockView::from_resource(&self.lock).backend_key();
         let snapshot = self.backend.snapshot(&key).await.expect("snapshot");
         for holder in &held {
             let uid = holder.metadata.uid.clone().expect("uid");
             let token = holder.status.as_ref().and_then(|s| s.fencing_token);
             let backend = snapshot.holders.iter().find(|h| h.owner == uid);
+            let name = holder.metadata.name.clone().expect("name");
+            if self.taken_for_waiters.contains(&name) {
+                // Re-granted by a stale pass: under a larger token (README, "### Tests").
+                let regranted = backend.map(|h| i64::try_from(h.fencing_token).expect("token"));
+                assert!(
+                    regranted >= token,
+                    "backend holds {name} under {regranted:?}, below its token {token:?}"
+                );
+                continue;
+            }
             assert_eq!(
                 backend.map(|h| i64::try_from(h.fencing_token).expect("token")),
                 token,
@@ -646,10 +1126,21 @@ impl Sim {
             "backend counter {} below the high-water mark {high_water}",
             snapshot.fencing_token
         );
-        // The lock status lists exactly the holders, and its token is the high-water mark.
+        self.check_lock_status(&held, &queued);
+    }
+
+    /// The lock status lists exactly the holders and the waiters' count, and its token is at
+    /// least every token announced.
+    fn check_lock_status(&self, held: &[&LockClaim], queued: &[&LockClaim]) {
         let status = self.lock.status.clone().unwrap_or_default();
         let mut listed: Vec<String> = status.holders.iter().map(|h| h.claim.clone()).collect();
         listed.sort();
+        // A holder being deleted is not listed (see `check_invariants`).
+        let held: Vec<&LockClaim> = held
+            .iter()
+            .copied()
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
+            .collect();
         let mut actual: Vec<String> = held
             .iter()
             .map(|c| c.metadata.name.clone().expect("name"))
