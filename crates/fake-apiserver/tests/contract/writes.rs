@@ -175,13 +175,7 @@ async fn a_write_that_changes_nothing_keeps_the_resource_version_and_emits_no_ev
     let env = Env::with_widgets().await;
     let api = env.widgets();
     let created = create(&api, "w", json!({"size": 1})).await;
-    let mut watch = env
-        .open_watch(&format!(
-            "{}?watch=true&resourceVersion={}",
-            widgets_path(&env),
-            rv(&created)
-        ))
-        .await;
+    let mut watch = watch_widgets_from(&env, rv(&created)).await;
     let same = merge(&api, "w", json!({"spec": {"size": 1}}))
         .await
         .unwrap();
