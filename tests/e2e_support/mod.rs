@@ -7,6 +7,7 @@
 pub mod actor;
 pub mod dns;
 pub mod jobs;
+pub mod output;
 pub mod pods;
 pub mod roles;
 pub mod scrape;
