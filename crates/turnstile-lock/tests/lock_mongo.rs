@@ -6,11 +6,14 @@
 //! Each test uses a database of its own. Without any server (and not under `CI=true`) each
 //! test prints one line and passes; under CI that is a failure.
 
+mod support;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mongodb::bson::{doc, Bson, Document};
+use support::eventually;
 use test_servers::{under_ci, MongoFlavor, MongoServer};
 use turnstile_lock::backend::{MongoBackend, MongoBackendConfig, MongoWakeMode, MongoWakeSource};
 use turnstile_lock::{Backend, LockError, Locker, RetryPolicy};
@@ -80,18 +83,6 @@ async fn raw_collection(
         .expect("raw client")
         .database(database)
         .collection(collection)
-}
-
-async fn eventually<F, Fut>(what: &str, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !condition().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 /// A holder on `releasing`, a waiter on `waiting` (another client) that never polls: the
