@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use e2e_support::pods::{create_pod, owned_claim, set_pod_phase};
 use e2e_support::scrape::{free_addr, get, sample};
 use e2e_support::{Env, WAIT};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::DeleteParams;
 use turnstile_api::ClaimPhase;
@@ -166,11 +165,7 @@ async fn renewals_failures_losses_and_errors_are_counted_as_they_happen() {
     while Timestamp::now().as_second() <= acquired {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    env.patch_claim_spec(
-        "a",
-        serde_json::json!({"renewTime": Time(Timestamp::now())}),
-    )
-    .await;
+    env.renew("a").await;
     env.wait_event("a", "Renewed").await;
     // b times out behind a.
     env.wait_phase("b", ClaimPhase::Failed).await;

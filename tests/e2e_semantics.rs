@@ -8,7 +8,6 @@ mod e2e_support;
 use std::time::Duration;
 
 use e2e_support::{phase_of, position_of, reason_of, token_of, Env};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::DeleteParams;
 use turnstile_api::ClaimPhase;
@@ -84,11 +83,7 @@ async fn expiry_hands_on_and_renewal_keeps_the_lock() {
     // b renews every second for seven seconds (over two leases): it keeps the lock.
     let held_at = Timestamp::now();
     while Timestamp::now().duration_since(held_at).as_secs() < 7 {
-        env.patch_claim_spec(
-            "b",
-            serde_json::json!({"renewTime": Time(Timestamp::now())}),
-        )
-        .await;
+        env.renew("b").await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         let b = env.claim("b").await;
         assert_eq!(
@@ -103,11 +98,7 @@ async fn expiry_hands_on_and_renewal_keeps_the_lock() {
     let c = env.wait_phase("c", ClaimPhase::Held).await;
     assert!(token_of(&c) > token_of(&b));
     // Expired is terminal: a late renewal changes nothing.
-    env.patch_claim_spec(
-        "a",
-        serde_json::json!({"renewTime": Time(Timestamp::now())}),
-    )
-    .await;
+    env.renew("a").await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(phase_of(&env.claim("a").await), Some(ClaimPhase::Expired));
     env.stop_controller().await;

@@ -497,6 +497,15 @@ impl Env {
             .expect("patch claim");
     }
 
+    /// Renews claim `name` as its holder does: `renewTime` set to now.
+    pub async fn renew(&self, name: &str) {
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        );
+        self.patch_claim_spec(name, json!({ "renewTime": now }))
+            .await;
+    }
+
     /// Reasons of the Events about object `name` in the test namespace, oldest first.
     pub async fn event_reasons(&self, name: &str) -> Vec<String> {
         let found = self.events_about(name).await;
