@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mongodb::bson::{doc, Bson, Document};
-use support::eventually;
+use support::until_queued;
 use test_servers::{under_ci, MongoFlavor, MongoServer};
 use turnstile_lock::backend::{MongoBackend, MongoBackendConfig, MongoWakeMode, MongoWakeSource};
 use turnstile_lock::{Backend, LockError, Locker, RetryPolicy};
@@ -105,16 +105,7 @@ async fn handoff_across_clients(releasing: &MongoBackend, waiting: &MongoBackend
                 .await
         })
     };
-    eventually("the waiter is queued", || async {
-        releasing
-            .snapshot(key)
-            .await
-            .expect("snapshot")
-            .waiters
-            .iter()
-            .any(|owner| owner == "remote-waiter")
-    })
-    .await;
+    until_queued(releasing, key, "remote-waiter").await;
     holder.release().await.expect("release");
     let lock = tokio::time::timeout(NO_POLLING / 2, waiter)
         .await
@@ -174,16 +165,7 @@ async fn polling_wakes_waiters_in_order_without_change_streams() {
             order.lock().unwrap().push(index);
             lock.release().await.expect("release");
         }));
-        let owner = format!("fifo-{index}");
-        eventually("queued", || async {
-            waiting
-                .snapshot("polled-fifo")
-                .await
-                .expect("snapshot")
-                .waiters
-                .contains(&owner)
-        })
-        .await;
+        until_queued(&waiting, "polled-fifo", &format!("fifo-{index}")).await;
     }
     holder.release().await.expect("release");
     for task in tasks {

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::AsyncCommands;
-use support::{eventually, launch};
+use support::{eventually, launch, until_queued};
 use test_servers::RedisServer;
 use turnstile_lock::{Backend, LockError, Locker, RedisBackend, RedisBackendConfig, RetryPolicy};
 
@@ -168,16 +168,7 @@ async fn waiters_in_other_processes_are_woken_in_fifo_order() {
             order.lock().unwrap().push(i);
             lock.release().await.expect("release");
         }));
-        let owner = format!("p{}-w{i}", i % 2);
-        eventually("queued", || async {
-            lockers[0]
-                .snapshot("x")
-                .await
-                .expect("snapshot")
-                .waiters
-                .contains(&owner)
-        })
-        .await;
+        until_queued(&processes[0], "x", &format!("p{}-w{i}", i % 2)).await;
     }
     holder.release().await.expect("release");
     for task in tasks {

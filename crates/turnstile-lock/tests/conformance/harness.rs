@@ -232,15 +232,5 @@ impl Backend for CountingBackend {
 
 /// Waits until `owner` is queued on `key`.
 pub async fn until_queued(harness: &Harness, key: &str, owner: &str) {
-    eventually(&format!("{owner} is queued on {key}"), || async {
-        harness
-            .raw()
-            .snapshot(key)
-            .await
-            .expect("snapshot")
-            .waiters
-            .iter()
-            .any(|waiter| waiter == owner)
-    })
-    .await;
+    crate::support::until_queued(harness.raw(), key, owner).await;
 }

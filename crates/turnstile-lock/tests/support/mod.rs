@@ -25,6 +25,20 @@ where
     }
 }
 
+/// Waits until `owner` is queued for `key` on `backend`.
+pub async fn until_queued(backend: &dyn turnstile_lock::Backend, key: &str, owner: &str) {
+    eventually(&format!("{owner} is queued on {key}"), || async {
+        backend
+            .snapshot(key)
+            .await
+            .expect("snapshot")
+            .waiters
+            .iter()
+            .any(|waiter| waiter == owner)
+    })
+    .await;
+}
+
 /// Runs a test server's launcher `start` on a blocking thread (it waits for processes to come
 /// up); panics with `what` and the error when it fails.
 pub async fn launch<T, E>(what: &str, start: impl FnOnce() -> Result<T, E> + Send + 'static) -> T
