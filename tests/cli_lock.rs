@@ -87,6 +87,14 @@ impl Fixture {
         child
     }
 
+    /// Starts `turnstile lock KEY --ttl 2s --grace 1s` running `script`; returns once the
+    /// script has touched `ready`.
+    async fn holder_with_grace(&self, key: &str, script: &str) -> Child {
+        let child = self.lock(key, &["--ttl", "2s", "--grace", "1s"], script);
+        self.until_exists("ready").await;
+        child
+    }
+
     /// Runs `turnstile lock KEY ARGS… --wait 1s` and checks it was refused: exit 75, its
     /// command (which would touch `marker`) never ran.
     async fn assert_refused(&self, key: &str, args: &[&str], marker: &str) {
@@ -99,6 +107,13 @@ impl Fixture {
     /// Lets every holder started with [`Fixture::holder`] finish.
     fn go(&self) {
         std::fs::write(self.path("go"), "").unwrap();
+    }
+
+    /// The command was stopped for a lost lock (`reason`, as [`assert_lost`]) before it could
+    /// `touch survived`.
+    fn assert_stopped_as_lost(&self, output: &Output, reason: &str) {
+        assert_lost(output, reason);
+        assert!(!self.path("survived").exists());
     }
 
     async fn until_exists(&self, name: &str) {
@@ -423,8 +438,7 @@ async fn max_hold_stops_the_command_as_a_lost_lock_does() {
             "sleep 30; touch survived",
         )
         .await;
-    assert_lost(&holder, "lost lock \"bounded\"");
-    assert!(!fx.path("survived").exists());
+    fx.assert_stopped_as_lost(&holder, "lost lock \"bounded\"");
 }
 
 #[tokio::test]
@@ -596,32 +610,27 @@ async fn on_a_terminal_the_command_stays_in_turnstiles_group_and_only_it_is_sign
 #[tokio::test]
 async fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {
     let mut fx = Fixture::start().await;
-    let holder = fx.lock(
-        "stubborn",
-        &["--ttl", "2s", "--grace", "1s"],
-        "trap '' TERM; touch ready; i=0; \
-         while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; touch survived",
-    );
-    fx.until_exists("ready").await;
+    let holder = fx
+        .holder_with_grace(
+            "stubborn",
+            "trap '' TERM; touch ready; i=0; \
+             while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; touch survived",
+        )
+        .await;
     fx.delete_holders("stubborn").await;
     let holder = finish(holder).await;
-    assert_lost(&holder, "SIGKILL after 1s grace");
-    assert!(!fx.path("survived").exists());
+    fx.assert_stopped_as_lost(&holder, "SIGKILL after 1s grace");
 }
 
 #[tokio::test]
 async fn a_backend_outage_stops_the_command_once_the_lease_runs_out() {
     let mut fx = Fixture::start().await;
-    let holder = fx.lock(
-        "outage",
-        &["--ttl", "2s", "--grace", "1s"],
-        "touch ready; sleep 60; touch survived",
-    );
-    fx.until_exists("ready").await;
+    let holder = fx
+        .holder_with_grace("outage", "touch ready; sleep 60; touch survived")
+        .await;
     fx.stop_server(); // renewals now fail
     let holder = finish(holder).await;
-    assert_lost(&holder, "lease ran out");
-    assert!(!fx.path("survived").exists());
+    fx.assert_stopped_as_lost(&holder, "lease ran out");
 }
 
 /// Four processes, three rounds each, on one mutex: the critical section (an atomic `mkdir`

@@ -18,19 +18,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
+use e2e_support::output::text;
 use e2e_support::pods::create_pod;
 use e2e_support::{position_of, Env};
 use serde_json::Value;
 use turnstile_api::{ClaimPhase, LockClaim};
-
-fn text(output: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
 
 /// `program ARGS…` with only `KUBECONFIG` pointing at the test's API server.
 fn run(env: &Env, program: &Path, args: &[&str], path: Option<&Path>) -> Output {

@@ -7,7 +7,7 @@ mod e2e_support;
 
 use std::time::Duration;
 
-use e2e_support::{phase_of, position_of, token_of, Env, WAIT};
+use e2e_support::{phase_of, position_of, token_of, Env};
 use kube::ResourceExt;
 use turnstile_api::ClaimPhase;
 
@@ -62,6 +62,18 @@ fn row<'a>(output: &'a str, name: &str) -> Vec<&'a str> {
         .unwrap_or_else(|| panic!("no row {name} in:\n{output}"))
 }
 
+/// Whether `api` lists no object (in the test namespace).
+async fn lists_nothing<K>(api: kube::Api<K>) -> bool
+where
+    K: Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    api.list(&Default::default())
+        .await
+        .expect("list")
+        .items
+        .is_empty()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apply_get_locks_and_wait_for_the_next_holder() {
     let mut env = Env::new().await;
@@ -79,13 +91,7 @@ async fn apply_get_locks_and_wait_for_the_next_holder() {
     let c = env.wait_claim("c", |c| position_of(c) == Some(2)).await;
     assert_eq!(phase_of(&b), Some(ClaimPhase::Pending));
     assert_eq!(phase_of(&c), Some(ClaimPhase::Pending));
-    let claims = env.claims().list(&Default::default()).await.expect("list");
-    let held = claims
-        .items
-        .iter()
-        .filter(|claim| phase_of(claim) == Some(ClaimPhase::Held))
-        .count();
-    assert_eq!(held, 1, "exactly one holder");
+    assert_eq!(env.held_count().await, 1, "exactly one holder");
     env.wait_lock("db-migrations", |lock| {
         lock.status.as_ref().is_some_and(|s| s.waiting == 2)
     })
@@ -254,20 +260,8 @@ async fn uninstall_as_the_readme_says_with_the_controller_and_without_it() {
         "{}",
         String::from_utf8_lossy(&deleted.stderr)
     );
-    assert!(env
-        .claims()
-        .list(&Default::default())
-        .await
-        .expect("list")
-        .items
-        .is_empty());
-    assert!(env
-        .locks()
-        .list(&Default::default())
-        .await
-        .expect("list")
-        .items
-        .is_empty());
+    assert!(lists_nothing(env.claims()).await, "claims left");
+    assert!(lists_nothing(env.locks()).await, "locks left");
 
     // The controller gone first: deletion waits on the finalizers until they are removed by
     // hand with the README's patch.
@@ -294,12 +288,5 @@ async fn uninstall_as_the_readme_says_with_the_controller_and_without_it() {
         ]);
     }
     env.wait_gone("a").await;
-    let deadline = std::time::Instant::now() + WAIT;
-    while env.locks().get_opt("db").await.expect("get").is_some() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "lock db never went away"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    env.wait_lock_gone("db").await;
 }

@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 
 use e2e_support::pods::{create_pod, owned_claim, set_pod_phase};
 use e2e_support::scrape::{free_addr, get, sample};
-use e2e_support::{position_of, Env, WAIT};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use e2e_support::{Env, WAIT};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::DeleteParams;
 use turnstile_api::ClaimPhase;
@@ -64,18 +63,11 @@ const WAITS: &str = r#"turnstile_wait_seconds_count{backend="memory"}"#;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flow_shows_its_grants_releases_and_expiries_in_metrics() {
     let mut env = Env::new().await;
-    let addr = free_addr();
-    env.start_controller(ControllerConfig {
-        metrics_addr: Some(addr),
-        ..ControllerConfig::default()
-    });
+    let addr = env.start_controller_serving_metrics();
 
     // One holder and one waiter on a long lease.
     env.apply_lock("db", "leaseDurationSeconds: 300");
-    env.apply_claim("a", "db", "");
-    env.wait_phase("a", ClaimPhase::Held).await;
-    env.apply_claim("b", "db", "");
-    env.wait_claim("b", |c| position_of(c) == Some(1)).await;
+    env.a_holds_and_b_waits("db").await;
     let deadline = Instant::now() + WAIT;
     while get(addr, "/readyz").await.status != 200 {
         let answer = get(addr, "/readyz").await;
@@ -173,11 +165,7 @@ async fn renewals_failures_losses_and_errors_are_counted_as_they_happen() {
     while Timestamp::now().as_second() <= acquired {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    env.patch_claim_spec(
-        "a",
-        serde_json::json!({"renewTime": Time(Timestamp::now())}),
-    )
-    .await;
+    env.renew("a").await;
     env.wait_event("a", "Renewed").await;
     // b times out behind a.
     env.wait_phase("b", ClaimPhase::Failed).await;

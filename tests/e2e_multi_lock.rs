@@ -261,12 +261,7 @@ async fn a_claim_naming_a_missing_lock_waits_and_holds_back_nobody() {
     env.start_default_controller();
     env.apply_lock("present", "leaseDurationSeconds: 300");
     env.apply(&multi_claim("both", "absent, present", ""));
-    let waiting = env
-        .wait_claim("both", |claim| {
-            reason_of(claim).as_deref() == Some("LockNotFound")
-        })
-        .await;
-    assert_eq!(phase_of(&waiting), Some(ClaimPhase::Pending));
+    env.wait_pending_for("both", "LockNotFound").await;
     // Queued nowhere: a later claim on the lock that exists is granted.
     env.apply_claim("later", "present", "");
     env.wait_phase("later", ClaimPhase::Held).await;

@@ -21,6 +21,25 @@ fn redis_config(url: &str) -> ControllerConfig {
     }
 }
 
+/// A fresh namespace with the controller on the Redis at `url` and lock `db` on that backend
+/// (`spec`: its lines after `backend: redis`).
+async fn controller_and_db_on_redis(url: &str, spec: &str) -> Env {
+    let mut env = Env::new().await;
+    env.start_controller(redis_config(url));
+    env.apply_lock("db", &format!("backend: redis\n{spec}"));
+    env
+}
+
+/// A `redis-server`, the controller on it, and lock `db` (300 s lease) with `a` holding it and
+/// `b`, `c` waiting ([`Env::queue_of_three`]), watched by a [`HolderMonitor`] from then on.
+async fn queue_of_three_on_redis() -> (RedisServer, Env, HolderMonitor) {
+    let server = redis();
+    let env = controller_and_db_on_redis(server.url(), "leaseDurationSeconds: 300").await;
+    env.queue_of_three("db").await;
+    let monitor = HolderMonitor::start(&env, "db", 1);
+    (server, env, monitor)
+}
+
 fn redis() -> RedisServer {
     RedisServer::start().expect("start redis-server")
 }
@@ -42,11 +61,9 @@ fn redis_on_port(port: u16) -> (ServerProcess, tempfile::TempDir) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifo_handover_expiry_and_semaphore_on_redis() {
     let server = redis();
-    let mut env = Env::new().await;
-    env.start_controller(redis_config(server.url()));
     // A lease long enough to see each holder by polling while kubectl applies the rest
     // (a slow machine takes half a second per apply).
-    env.apply_lock("db", "backend: redis\nleaseDurationSeconds: 4");
+    let mut env = controller_and_db_on_redis(server.url(), "leaseDurationSeconds: 4").await;
     env.apply_lock(
         "pool",
         "backend: redis\nmaxHolders: 2\nleaseDurationSeconds: 300",
@@ -88,12 +105,7 @@ async fn fifo_handover_expiry_and_semaphore_on_redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_mid_queue_on_redis() {
-    let server = redis();
-    let mut env = Env::new().await;
-    env.start_controller(redis_config(server.url()));
-    env.apply_lock("db", "backend: redis\nleaseDurationSeconds: 300");
-    env.queue_of_three("db").await;
-    let monitor = HolderMonitor::start(&env, "db", 1);
+    let (server, mut env, monitor) = queue_of_three_on_redis().await;
 
     env.stop_controller().await;
     env.start_controller(redis_config(server.url()));
@@ -116,12 +128,7 @@ async fn restart_mid_queue_on_redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushall_between_grants_keeps_tokens_increasing() {
-    let server = redis();
-    let mut env = Env::new().await;
-    env.start_controller(redis_config(server.url()));
-    env.apply_lock("db", "backend: redis\nleaseDurationSeconds: 300");
-    env.queue_of_three("db").await;
-    let monitor = HolderMonitor::start(&env, "db", 1);
+    let (server, mut env, monitor) = queue_of_three_on_redis().await;
 
     // Redis forgets everything while a holds the lock.
     server.command(&["FLUSHALL"]).expect("FLUSHALL");
@@ -163,18 +170,11 @@ async fn flushall_between_grants_keeps_tokens_increasing() {
 async fn redis_down_reports_unavailable_then_recovers() {
     let port = free_port().expect("free port");
     let url = format!("redis://127.0.0.1:{port}/");
-    let mut env = Env::new().await;
-    env.start_controller(redis_config(&url));
-    env.apply_lock("db", "backend: redis\nleaseDurationSeconds: 300");
+    let mut env = controller_and_db_on_redis(&url, "leaseDurationSeconds: 300").await;
     env.apply_claim("a", "db", "");
     let ready = env.wait_ready("db", "False").await;
     assert_eq!(ready.reason, "BackendUnavailable");
-    let a = env
-        .wait_claim("a", |c| {
-            reason_of(c).as_deref() == Some("BackendUnavailable")
-        })
-        .await;
-    assert_eq!(phase_of(&a), Some(ClaimPhase::Pending));
+    env.wait_pending_for("a", "BackendUnavailable").await;
     assert!(ready.message.contains("redis"), "{}", ready.message);
     env.wait_event("db", "BackendUnavailable").await;
 
@@ -227,12 +227,9 @@ async fn the_lock_delay_holds_off_a_process_outside_kubernetes() {
     use turnstile_lock::{AcquireOutcome, Backend};
 
     let server = redis();
-    let mut env = Env::new().await;
-    env.start_controller(redis_config(server.url()));
-    env.apply_lock(
-        "db",
-        "backend: redis\nleaseDurationSeconds: 2\nlockDelaySeconds: 6",
-    );
+    let mut env =
+        controller_and_db_on_redis(server.url(), "leaseDurationSeconds: 2\nlockDelaySeconds: 6")
+            .await;
     env.apply_claim("a", "db", "");
     let a = env.wait_phase("a", ClaimPhase::Held).await;
     let a_token = token_of(&a).expect("a's token");
@@ -275,13 +272,10 @@ async fn with_the_controller_away_both_lock_delays_hold_and_the_grant_waits_for_
     use turnstile_lock::{AcquireOutcome, Backend};
 
     let server = redis();
-    let mut env = Env::new().await;
-    env.start_controller(redis_config(server.url()));
     let delay = Duration::from_secs(4);
-    env.apply_lock(
-        "db",
-        "backend: redis\nleaseDurationSeconds: 2\nlockDelaySeconds: 4",
-    );
+    let mut env =
+        controller_and_db_on_redis(server.url(), "leaseDurationSeconds: 2\nlockDelaySeconds: 4")
+            .await;
     env.apply_claim("a", "db", "");
     let a = env.wait_phase("a", ClaimPhase::Held).await;
     let expires_at = a
@@ -347,9 +341,7 @@ async fn redis_gone_while_held_keeps_the_holder_and_grants_nothing() {
     let server = redis();
     let port = server.port();
     let url = server.url().to_owned();
-    let mut env = Env::new().await;
-    env.start_controller(redis_config(&url));
-    env.apply_lock("db", "backend: redis\nleaseDurationSeconds: 300");
+    let mut env = controller_and_db_on_redis(&url, "leaseDurationSeconds: 300").await;
     let monitor = HolderMonitor::start(&env, "db", 1);
     env.a_holds_and_b_waits("db").await;
 
@@ -396,9 +388,7 @@ async fn the_end_of_a_long_outage_wakes_the_waiting_lock_at_once() {
     let server = redis();
     let port = server.port();
     let url = server.url().to_owned();
-    let mut env = Env::new().await;
-    env.start_controller(redis_config(&url));
-    env.apply_lock("db", "backend: redis\nleaseDurationSeconds: 300");
+    let mut env = controller_and_db_on_redis(&url, "leaseDurationSeconds: 300").await;
     env.a_holds_and_b_waits("db").await;
 
     server.stop();
@@ -438,14 +428,10 @@ async fn the_end_of_a_long_outage_wakes_the_waiting_lock_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_redis_lost_to_an_outsider_ends_lock_lost_at_the_next_renewal() {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-    use k8s_openapi::jiff::Timestamp;
     use turnstile_lock::{AcquireOutcome, Backend as _};
 
     let server = redis();
-    let mut env = Env::new().await;
-    env.start_controller(redis_config(server.url()));
-    env.apply_lock("db", "backend: redis\nleaseDurationSeconds: 300");
+    let mut env = controller_and_db_on_redis(server.url(), "leaseDurationSeconds: 300").await;
     env.a_holds_and_b_waits("db").await;
 
     // Redis forgets a's grant (its lease, not the token counter), and a process outside
@@ -468,11 +454,7 @@ async fn a_grant_redis_lost_to_an_outsider_ends_lock_lost_at_the_next_renewal() 
     // so it keeps renewing): the backend no longer holds its grant.
     let deadline = Instant::now() + Duration::from_secs(30);
     let a = loop {
-        env.patch_claim_spec(
-            "a",
-            serde_json::json!({"renewTime": Time(Timestamp::now())}),
-        )
-        .await;
+        env.renew("a").await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let a = env.claim("a").await;
         if phase_of(&a) != Some(ClaimPhase::Held) {

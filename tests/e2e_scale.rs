@@ -9,7 +9,7 @@ mod e2e_support;
 use std::time::{Duration, Instant};
 
 use e2e_support::actor::{requests_of, tagged_client};
-use e2e_support::{phase_of, position_of, Env, WAIT};
+use e2e_support::{phase_of, position_of, Env, RunningController, WAIT};
 use fake_apiserver::RecordedRequest;
 use kube::api::{DeleteParams, PostParams};
 use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
@@ -31,11 +31,28 @@ fn is_write(request: &RecordedRequest) -> bool {
     )
 }
 
+/// The default controller, its requests tagged [`CONTROLLER`] in the fake's log.
+fn spawn_tagged_controller(env: &Env) -> RunningController {
+    env.spawn_controller_with(
+        tagged_client(env.server(), CONTROLLER),
+        ControllerConfig::default(),
+    )
+}
+
 /// The controller's writes (Events included) in the fake's log so far.
 fn controller_writes(env: &Env) -> Vec<RecordedRequest> {
     requests_of(&env.server().request_log(), CONTROLLER)
         .into_iter()
         .filter(is_write)
+        .collect()
+}
+
+/// The writes among `writes` that met a conflict (409), as `METHOD path`.
+fn conflicts(writes: &[RecordedRequest]) -> Vec<String> {
+    writes
+        .iter()
+        .filter(|request| request.status == 409)
+        .map(|request| format!("{} {}", request.method, request.path))
         .collect()
 }
 
@@ -89,10 +106,7 @@ async fn create_claim(env: &Env, name: &str, lock: &str) {
 /// writes for each of [`HAND_OFFS`] hand-offs (the holder's claim deleted, the next one `Held`).
 async fn writes_per_hand_off(waiters: usize) -> Option<Vec<usize>> {
     let env = Env::fake_only("writes_per_hand_off").await?;
-    let controller = env.spawn_controller_with(
-        tagged_client(env.server(), CONTROLLER),
-        ControllerConfig::default(),
-    );
+    let controller = spawn_tagged_controller(&env);
     create_lock(&env, "db").await;
     for index in 0..=waiters {
         create_claim(&env, &claim_name(index), "db").await;
@@ -121,11 +135,7 @@ async fn writes_per_hand_off(waiters: usize) -> Option<Vec<usize>> {
     }
     // A pass woken by the echo of its predecessor's first write waits for the rest
     // (`own_writes`), so it never writes from objects it has already changed: no 409s.
-    let conflicts: Vec<String> = controller_writes(&env)[hand_offs_start..]
-        .iter()
-        .filter(|request| request.status == 409)
-        .map(|request| format!("{} {}", request.method, request.path))
-        .collect();
+    let conflicts = conflicts(&controller_writes(&env)[hand_offs_start..]);
     assert!(
         conflicts.is_empty(),
         "{waiters} waiters: the controller's writes met conflicts: {conflicts:?}"
@@ -202,10 +212,7 @@ async fn a_new_waiting_claim_costs_four_writes() {
     let Some(env) = Env::fake_only("a_new_waiting_claim_costs_four_writes").await else {
         return;
     };
-    let controller = env.spawn_controller_with(
-        tagged_client(env.server(), CONTROLLER),
-        ControllerConfig::default(),
-    );
+    let controller = spawn_tagged_controller(&env);
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.apply_claim("holder", "db", "");
     env.wait_phase("holder", ClaimPhase::Held).await;
@@ -285,10 +292,7 @@ async fn a_pass_among_ten_thousand_cached_claims_touches_only_its_own() {
             archived_claim(&env.namespace, index),
         );
     }
-    let controller = env.spawn_controller_with(
-        tagged_client(env.server(), CONTROLLER),
-        ControllerConfig::default(),
-    );
+    let controller = spawn_tagged_controller(&env);
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.queue_of_three("db").await;
     let before = settled_writes(&env, Duration::from_millis(500)).await;
@@ -332,10 +336,7 @@ async fn a_restart_re_syncs_without_writing() {
     let Some(env) = Env::fake_only("a_restart_re_syncs_without_writing").await else {
         return;
     };
-    let controller = env.spawn_controller_with(
-        tagged_client(env.server(), CONTROLLER),
-        ControllerConfig::default(),
-    );
+    let controller = spawn_tagged_controller(&env);
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.queue_of_three("db").await;
     settled_writes(&env, Duration::from_millis(500)).await;
@@ -344,10 +345,7 @@ async fn a_restart_re_syncs_without_writing() {
 
     // A new controller (fresh caches, fresh memory backend rebuilt from the statuses) finds
     // everything as it should be: nothing to write.
-    let restarted = env.spawn_controller_with(
-        tagged_client(env.server(), CONTROLLER),
-        ControllerConfig::default(),
-    );
+    let restarted = spawn_tagged_controller(&env);
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after = settled_writes(&env, Duration::from_millis(500)).await;
     let extra: Vec<String> = after[before..]
@@ -365,10 +363,7 @@ async fn one_watch_per_kind_and_pods_only_through_selectors() {
     else {
         return;
     };
-    let controller = env.spawn_controller_with(
-        tagged_client(env.server(), CONTROLLER),
-        ControllerConfig::default(),
-    );
+    let controller = spawn_tagged_controller(&env);
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.queue_of_three("db").await;
     env.delete_claim("a").await;
@@ -445,19 +440,11 @@ async fn at_most_sixteen_passes_write_at_once() {
         Duration::from_secs(120),
         Duration::from_secs(1),
     );
-    let controller = env.spawn_controller_with(
-        tagged_client(env.server(), CONTROLLER),
-        ControllerConfig::default(),
-    );
+    let controller = spawn_tagged_controller(&env);
     // One list a round (each read is a second late too).
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let claims = env.claims().list(&Default::default()).await.expect("list");
-        let held = claims
-            .items
-            .iter()
-            .filter(|claim| phase_of(claim) == Some(ClaimPhase::Held))
-            .count();
+        let held = env.held_count().await;
         if held == BURST {
             break;
         }
@@ -486,10 +473,7 @@ async fn a_pass_after_a_hand_off_waits_for_its_writes_even_when_the_lock_cache_l
     // lock's status from a stale resourceVersion and meets 409s.
     env.server()
         .delay_watch_events("distributedlocks", Duration::from_millis(400));
-    let controller = env.spawn_controller_with(
-        tagged_client(env.server(), CONTROLLER),
-        ControllerConfig::default(),
-    );
+    let controller = spawn_tagged_controller(&env);
     env.apply_lock("db", "leaseDurationSeconds: 300");
     for index in 0..6 {
         env.apply_claim(&claim_name(index), "db", "");
@@ -503,11 +487,7 @@ async fn a_pass_after_a_hand_off_waits_for_its_writes_even_when_the_lock_cache_l
             .await;
     }
     let writes = settled_writes(&env, Duration::from_millis(1000)).await;
-    let conflicts: Vec<String> = writes[start..]
-        .iter()
-        .filter(|request| request.status == 409)
-        .map(|request| format!("{} {}", request.method, request.path))
-        .collect();
+    let conflicts = conflicts(&writes[start..]);
     assert!(
         conflicts.is_empty(),
         "hand-offs met conflicts: {conflicts:?}"

@@ -8,23 +8,44 @@ mod e2e_support;
 use std::time::Duration;
 
 use e2e_support::{phase_of, position_of, reason_of, token_of, Env};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::DeleteParams;
 use turnstile_api::ClaimPhase;
 
-fn held_count(claims: &[turnstile_api::LockClaim]) -> usize {
-    claims
-        .iter()
-        .filter(|claim| phase_of(claim) == Some(ClaimPhase::Held))
-        .count()
+/// A fresh namespace with the default controller running and lock `lock` (spec `lock_spec`).
+async fn controller_and_lock(lock: &str, lock_spec: &str) -> Env {
+    let mut env = Env::new().await;
+    env.start_default_controller();
+    env.apply_lock(lock, lock_spec);
+    env
+}
+
+/// [`controller_and_lock`] on `db`; `a` holds `db`, then `b` (extra spec `b_spec`) and `c`
+/// queue behind it (`c` second in line).
+async fn a_holds_then_b_and_c_queue(lock_spec: &str, b_spec: &str) -> Env {
+    let env = controller_and_lock("db", lock_spec).await;
+    env.apply_claim("a", "db", "");
+    env.wait_phase("a", ClaimPhase::Held).await;
+    env.apply_claim("b", "db", b_spec);
+    env.apply_claim("c", "db", "");
+    env.wait_claim("c", |c| position_of(c) == Some(2)).await;
+    env
+}
+
+/// [`controller_and_lock`] on `db` with a 300 s lease; `a` and `b` claim it together: `a`
+/// holds it and `b` waits first in line.
+async fn a_holds_and_b_waits_on_db() -> Env {
+    let env = controller_and_lock("db", "leaseDurationSeconds: 300").await;
+    env.apply_claim("a", "db", "");
+    env.apply_claim("b", "db", "");
+    env.wait_phase("a", ClaimPhase::Held).await;
+    env.wait_claim("b", |c| position_of(c) == Some(1)).await;
+    env
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn semaphore_admits_max_holders_in_order() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
-    env.apply_lock("pool", "maxHolders: 2\nleaseDurationSeconds: 300");
+    let mut env = controller_and_lock("pool", "maxHolders: 2\nleaseDurationSeconds: 300").await;
     for name in ["a", "b", "c", "d"] {
         env.apply_claim(name, "pool", "");
     }
@@ -32,8 +53,7 @@ async fn semaphore_admits_max_holders_in_order() {
     env.wait_phase("b", ClaimPhase::Held).await;
     env.wait_claim("c", |c| position_of(c) == Some(1)).await;
     env.wait_claim("d", |c| position_of(c) == Some(2)).await;
-    let claims = env.claims().list(&Default::default()).await.expect("list");
-    assert_eq!(held_count(&claims.items), 2);
+    assert_eq!(env.held_count().await, 2);
     let lock = env
         .wait_lock("pool", |l| {
             l.status.as_ref().is_some_and(|s| s.holders.len() == 2)
@@ -52,14 +72,7 @@ async fn semaphore_admits_max_holders_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expiry_hands_on_and_renewal_keeps_the_lock() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
-    env.apply_lock("db", "leaseDurationSeconds: 3");
-    env.apply_claim("a", "db", "");
-    env.wait_phase("a", ClaimPhase::Held).await;
-    env.apply_claim("b", "db", "");
-    env.apply_claim("c", "db", "");
-    env.wait_claim("c", |c| position_of(c) == Some(2)).await;
+    let mut env = a_holds_then_b_and_c_queue("leaseDurationSeconds: 3", "").await;
 
     // a does not renew: it expires and b gets the lock.
     let a = env.wait_phase("a", ClaimPhase::Expired).await;
@@ -70,11 +83,7 @@ async fn expiry_hands_on_and_renewal_keeps_the_lock() {
     // b renews every second for seven seconds (over two leases): it keeps the lock.
     let held_at = Timestamp::now();
     while Timestamp::now().duration_since(held_at).as_secs() < 7 {
-        env.patch_claim_spec(
-            "b",
-            serde_json::json!({"renewTime": Time(Timestamp::now())}),
-        )
-        .await;
+        env.renew("b").await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         let b = env.claim("b").await;
         assert_eq!(
@@ -89,11 +98,7 @@ async fn expiry_hands_on_and_renewal_keeps_the_lock() {
     let c = env.wait_phase("c", ClaimPhase::Held).await;
     assert!(token_of(&c) > token_of(&b));
     // Expired is terminal: a late renewal changes nothing.
-    env.patch_claim_spec(
-        "a",
-        serde_json::json!({"renewTime": Time(Timestamp::now())}),
-    )
-    .await;
+    env.renew("a").await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(phase_of(&env.claim("a").await), Some(ClaimPhase::Expired));
     env.stop_controller().await;
@@ -101,13 +106,7 @@ async fn expiry_hands_on_and_renewal_keeps_the_lock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_on_request_keeps_the_record() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
-    env.apply_lock("db", "leaseDurationSeconds: 300");
-    env.apply_claim("a", "db", "");
-    env.apply_claim("b", "db", "");
-    env.wait_phase("a", ClaimPhase::Held).await;
-    env.wait_claim("b", |c| position_of(c) == Some(1)).await;
+    let mut env = a_holds_and_b_waits_on_db().await;
 
     env.kubectl(&[
         "patch",
@@ -152,14 +151,8 @@ async fn release_on_request_keeps_the_record() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_timeout_fails_the_claim() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
-    env.apply_lock("db", "leaseDurationSeconds: 300");
-    env.apply_claim("a", "db", "");
-    env.wait_phase("a", ClaimPhase::Held).await;
-    env.apply_claim("b", "db", "acquireTimeoutSeconds: 2");
-    env.apply_claim("c", "db", "");
-    env.wait_claim("c", |c| position_of(c) == Some(2)).await;
+    let mut env =
+        a_holds_then_b_and_c_queue("leaseDurationSeconds: 300", "acquireTimeoutSeconds: 2").await;
     let b = env.wait_phase("b", ClaimPhase::Failed).await;
     assert_eq!(reason_of(&b).as_deref(), Some("AcquireTimeout"));
     env.wait_claim("c", |c| position_of(c) == Some(1)).await;
@@ -174,10 +167,7 @@ async fn claim_for_a_missing_lock_waits_then_is_granted() {
     let mut env = Env::new().await;
     env.start_default_controller();
     env.apply_claim("early", "later", "");
-    let early = env
-        .wait_claim("early", |c| reason_of(c).as_deref() == Some("LockNotFound"))
-        .await;
-    assert_eq!(phase_of(&early), Some(ClaimPhase::Pending));
+    let early = env.wait_pending_for("early", "LockNotFound").await;
     assert_eq!(position_of(&early), None);
     env.apply_lock("later", "leaseDurationSeconds: 300");
     let early = env.wait_phase("early", ClaimPhase::Held).await;
@@ -187,13 +177,7 @@ async fn claim_for_a_missing_lock_waits_then_is_granted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_deleted_while_claimed() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
-    env.apply_lock("db", "leaseDurationSeconds: 300");
-    env.apply_claim("a", "db", "");
-    env.apply_claim("b", "db", "");
-    env.wait_phase("a", ClaimPhase::Held).await;
-    env.wait_claim("b", |c| position_of(c) == Some(1)).await;
+    let mut env = a_holds_and_b_waits_on_db().await;
 
     env.locks()
         .delete("db", &DeleteParams::default())
@@ -201,16 +185,9 @@ async fn lock_deleted_while_claimed() {
         .expect("delete lock");
     let a = env.wait_phase("a", ClaimPhase::Expired).await;
     assert_eq!(reason_of(&a).as_deref(), Some("LockDeleted"));
-    let b = env
-        .wait_claim("b", |c| reason_of(c).as_deref() == Some("LockNotFound"))
-        .await;
-    assert_eq!(phase_of(&b), Some(ClaimPhase::Pending));
+    env.wait_pending_for("b", "LockNotFound").await;
     // The lock goes away (its finalizer is removed), and claims can still be deleted.
-    let deadline = std::time::Instant::now() + e2e_support::WAIT;
-    while env.locks().get_opt("db").await.expect("get").is_some() {
-        assert!(std::time::Instant::now() < deadline, "lock never went away");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    env.wait_lock_gone("db").await;
     env.delete_claim("b").await;
     env.wait_gone("b").await;
 
@@ -224,18 +201,12 @@ async fn lock_deleted_while_claimed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_not_configured_reports_and_grants_nothing() {
-    let mut env = Env::new().await;
-    env.start_default_controller(); // memory only: no --redis-url
-    env.apply_lock("cache", "backend: redis\nleaseDurationSeconds: 30");
+    // The default controller is memory only: no --redis-url.
+    let mut env = controller_and_lock("cache", "backend: redis\nleaseDurationSeconds: 30").await;
     env.apply_claim("a", "cache", "");
     let ready = env.wait_ready("cache", "False").await;
     assert_eq!(ready.reason, "BackendNotConfigured");
-    let a = env
-        .wait_claim("a", |c| {
-            reason_of(c).as_deref() == Some("BackendNotConfigured")
-        })
-        .await;
-    assert_eq!(phase_of(&a), Some(ClaimPhase::Pending));
+    let a = env.wait_pending_for("a", "BackendNotConfigured").await;
     assert_eq!(position_of(&a), Some(1));
     env.wait_event("cache", "BackendNotConfigured").await;
     // Deleting the claim is not blocked by the missing backend.

@@ -48,12 +48,11 @@ async fn scrapes_show_what_was_recorded_and_probes_follow_readiness() {
     metrics
         .grants
         .record_grant(BackendKind::Redis, Duration::from_secs(2));
-    metrics
-        .grants
-        .record_release(BackendKind::Memory, Duration::from_secs(1));
-    metrics
-        .grants
-        .record_release(BackendKind::Memory, Duration::from_secs(1));
+    for _ in 0..2 {
+        metrics
+            .grants
+            .record_release(BackendKind::Memory, Duration::from_secs(1));
+    }
     metrics
         .grants
         .record_expiry(BackendKind::Redis, Duration::from_secs(30));

@@ -21,10 +21,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use deploy_support::{find, render_with_component, repo, str_at, strings};
-use e2e_support::scrape::{free_addr, get};
+use e2e_support::scrape::get;
 use e2e_support::Env;
 use serde_json::{json, Value};
-use turnstile_controller::ControllerConfig;
 
 const NAMESPACE: &str = "turnstile-system";
 /// The `job` of the controller's series: the ServiceMonitor's Service.
@@ -612,11 +611,7 @@ async fn every_metric_the_rules_and_the_dashboard_use_is_served_by_a_running_con
     queries.extend(dashboard_queries(&dashboard(&objects)));
 
     let mut env = Env::new().await;
-    let addr = free_addr();
-    env.start_controller(ControllerConfig {
-        metrics_addr: Some(addr),
-        ..ControllerConfig::default()
-    });
+    let addr = env.start_controller_serving_metrics();
     // One grant, so the controller has done real work before the scrape.
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.apply_claim("a", "db", "");

@@ -12,24 +12,19 @@
 //!   `export KUBECONFIG=` line, leaves both processes serving after it exits, and `stop` ends
 //!   them by PID.
 
+#[path = "e2e_support/output.rs"]
+mod output;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
+use output::text;
 use serde::Deserialize as _;
 
 /// The repository root (the script `cd`s there itself; tests run from it too).
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
 }
 
 /// The real kubectl, found before `PATH` is changed.

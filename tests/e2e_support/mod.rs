@@ -7,6 +7,7 @@
 pub mod actor;
 pub mod dns;
 pub mod jobs;
+pub mod output;
 pub mod pods;
 pub mod roles;
 pub mod scrape;
@@ -226,6 +227,17 @@ impl Env {
         self.start_controller(ControllerConfig::default());
     }
 
+    /// Starts the default controller with its metrics server on a free loopback port, and
+    /// returns that address.
+    pub fn start_controller_serving_metrics(&mut self) -> std::net::SocketAddr {
+        let addr = scrape::free_addr();
+        self.start_controller(ControllerConfig {
+            metrics_addr: Some(addr),
+            ..ControllerConfig::default()
+        });
+        addr
+    }
+
     /// Stops the controller and waits until it has stopped.
     pub async fn stop_controller(&mut self) {
         let running = self.controller.take().expect("controller running");
@@ -379,12 +391,7 @@ impl Env {
         let ready = self.wait_ready("db", "False").await;
         assert_eq!(ready.reason, "BackendUnavailable");
         self.wait_event("db", "BackendUnavailable").await;
-        let b = self
-            .wait_claim("b", |c| {
-                reason_of(c).as_deref() == Some("BackendUnavailable")
-            })
-            .await;
-        assert_eq!(phase_of(&b), Some(ClaimPhase::Pending));
+        self.wait_pending_for("b", "BackendUnavailable").await;
         let during = self.claim("a").await;
         assert_eq!(
             phase_of(&during),
@@ -399,6 +406,16 @@ impl Env {
         self.claims().get(name).await.expect("get claim")
     }
 
+    /// How many of the namespace's claims are `Held` now (one list).
+    pub async fn held_count(&self) -> usize {
+        let claims = self.claims().list(&Default::default()).await.expect("list");
+        claims
+            .items
+            .iter()
+            .filter(|claim| phase_of(claim) == Some(ClaimPhase::Held))
+            .count()
+    }
+
     /// Reads a lock.
     pub async fn lock(&self, name: &str) -> DistributedLock {
         self.locks().get(name).await.expect("get lock")
@@ -407,6 +424,19 @@ impl Env {
     /// Waits until claim `name` satisfies `done`; panics with its last state after [`WAIT`].
     pub async fn wait_claim(&self, name: &str, done: impl Fn(&LockClaim) -> bool) -> LockClaim {
         wait_object(self.claims(), name, done).await
+    }
+
+    /// Waits until claim `name` reports `reason`, and checks that it is `Pending` then.
+    pub async fn wait_pending_for(&self, name: &str, reason: &str) -> LockClaim {
+        let claim = self
+            .wait_claim(name, |c| reason_of(c).as_deref() == Some(reason))
+            .await;
+        assert_eq!(
+            phase_of(&claim),
+            Some(ClaimPhase::Pending),
+            "{name} waits ({reason})"
+        );
+        claim
     }
 
     /// Waits until claim `name` is in `phase`.
@@ -439,11 +469,12 @@ impl Env {
 
     /// Waits until claim `name` is gone.
     pub async fn wait_gone(&self, name: &str) {
-        let deadline = Instant::now() + WAIT;
-        while self.claims().get_opt(name).await.expect("get").is_some() {
-            assert!(Instant::now() < deadline, "claim {name} never went away");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_absent(self.claims(), "claim", name).await
+    }
+
+    /// Waits until lock `name` is gone.
+    pub async fn wait_lock_gone(&self, name: &str) {
+        wait_absent(self.locks(), "lock", name).await
     }
 
     /// Deletes a claim (returns at once; the finalizer may keep it a moment).
@@ -464,6 +495,15 @@ impl Env {
             )
             .await
             .expect("patch claim");
+    }
+
+    /// Renews claim `name` as its holder does: `renewTime` set to now.
+    pub async fn renew(&self, name: &str) {
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        );
+        self.patch_claim_spec(name, json!({ "renewTime": now }))
+            .await;
     }
 
     /// Reasons of the Events about object `name` in the test namespace, oldest first.
@@ -585,6 +625,18 @@ where
             Instant::now() < deadline,
             "{name} never reached the expected state; last: {current:#?}"
         );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until `name` (a `kind`, for the message) is gone from `api`; panics after [`WAIT`].
+async fn wait_absent<K>(api: Api<K>, kind: &str, name: &str)
+where
+    K: Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    let deadline = Instant::now() + WAIT;
+    while api.get_opt(name).await.expect("get").is_some() {
+        assert!(Instant::now() < deadline, "{kind} {name} never went away");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

@@ -312,16 +312,7 @@ pub(crate) fn admit(
             &rtype.kind,
         ));
     }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(ApiError::invalid(
-            &rtype.group,
-            &rtype.kind,
-            meta::name(obj),
-            &errors,
-        ))
-    }
+    ApiError::invalid_if_any(&rtype.group, &rtype.kind, meta::name(obj), &errors)
 }
 
 /// The object without `metadata` (the schema does not describe ObjectMeta).

@@ -233,6 +233,20 @@ impl ApiError {
     pub(crate) const STALE: &'static str =
         "the object has been modified; please apply your changes to the latest version and try again";
 
+    /// `Ok` when there are no `causes`; else [`ApiError::invalid`] with them.
+    pub(crate) fn invalid_if_any(
+        group: &str,
+        kind: &str,
+        name: &str,
+        causes: &[FieldError],
+    ) -> Result<(), Self> {
+        if causes.is_empty() {
+            Ok(())
+        } else {
+            Err(Self::invalid(group, kind, name, causes))
+        }
+    }
+
     /// 422 Invalid with causes.
     pub(crate) fn invalid(group: &str, kind: &str, name: &str, causes: &[FieldError]) -> Self {
         let texts: Vec<String> = causes.iter().map(FieldError::text).collect();

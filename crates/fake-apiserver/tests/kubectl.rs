@@ -89,6 +89,12 @@ fn spawn_kubectl(env: &Env, args: &[&str]) -> std::process::Child {
     env.kubectl_command(args).spawn().expect("spawn kubectl")
 }
 
+/// Starts `kubectl wait --for=<what> gizmo/g1` in `ns` (30 s at most) in the background.
+fn spawn_wait_for_g1(env: &Env, ns: &str, what: &str) -> std::process::Child {
+    let what = format!("--for={what}");
+    spawn_kubectl(env, &["wait", &what, "gizmo/g1", "-n", ns, "--timeout=30s"])
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_applies_gets_waits_and_deletes() {
     let env = Env::new().await;
@@ -165,28 +171,8 @@ async fn kubectl_applies_gets_waits_and_deletes() {
     );
 
     // wait --for=condition and --for=jsonpath while the status changes.
-    let waiter = spawn_kubectl(
-        &env,
-        &[
-            "wait",
-            "--for=condition=Ready",
-            "gizmo/g1",
-            "-n",
-            &ns,
-            "--timeout=30s",
-        ],
-    );
-    let json_waiter = spawn_kubectl(
-        &env,
-        &[
-            "wait",
-            "--for=jsonpath={.status.phase}=Ready",
-            "gizmo/g1",
-            "-n",
-            &ns,
-            "--timeout=30s",
-        ],
-    );
+    let waiter = spawn_wait_for_g1(&env, &ns, "condition=Ready");
+    let json_waiter = spawn_wait_for_g1(&env, &ns, "jsonpath={.status.phase}=Ready");
     tokio::time::sleep(Duration::from_millis(500)).await;
     ok(env.kubectl(&[
         "patch",
@@ -221,17 +207,7 @@ async fn kubectl_applies_gets_waits_and_deletes() {
         "jsonpath={.metadata.deletionTimestamp}"
     ]))
     .is_empty());
-    let deleter = spawn_kubectl(
-        &env,
-        &[
-            "wait",
-            "--for=delete",
-            "gizmo/g1",
-            "-n",
-            &ns,
-            "--timeout=30s",
-        ],
-    );
+    let deleter = spawn_wait_for_g1(&env, &ns, "delete");
     tokio::time::sleep(Duration::from_millis(500)).await;
     ok(env.kubectl(&[
         "patch",

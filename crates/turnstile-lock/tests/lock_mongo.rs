@@ -6,11 +6,14 @@
 //! Each test uses a database of its own. Without any server (and not under `CI=true`) each
 //! test prints one line and passes; under CI that is a failure.
 
+mod support;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mongodb::bson::{doc, Bson, Document};
+use support::until_queued;
 use test_servers::{under_ci, MongoFlavor, MongoServer};
 use turnstile_lock::backend::{MongoBackend, MongoBackendConfig, MongoWakeMode, MongoWakeSource};
 use turnstile_lock::{Backend, LockError, Locker, RetryPolicy};
@@ -82,18 +85,6 @@ async fn raw_collection(
         .collection(collection)
 }
 
-async fn eventually<F, Fut>(what: &str, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !condition().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 /// A holder on `releasing`, a waiter on `waiting` (another client) that never polls: the
 /// waiter must get the lock promptly after the release, so the wake-up crossed clients.
 async fn handoff_across_clients(releasing: &MongoBackend, waiting: &MongoBackend, key: &str) {
@@ -114,16 +105,7 @@ async fn handoff_across_clients(releasing: &MongoBackend, waiting: &MongoBackend
                 .await
         })
     };
-    eventually("the waiter is queued", || async {
-        releasing
-            .snapshot(key)
-            .await
-            .expect("snapshot")
-            .waiters
-            .iter()
-            .any(|owner| owner == "remote-waiter")
-    })
-    .await;
+    until_queued(releasing, key, "remote-waiter").await;
     holder.release().await.expect("release");
     let lock = tokio::time::timeout(NO_POLLING / 2, waiter)
         .await
@@ -183,16 +165,7 @@ async fn polling_wakes_waiters_in_order_without_change_streams() {
             order.lock().unwrap().push(index);
             lock.release().await.expect("release");
         }));
-        let owner = format!("fifo-{index}");
-        eventually("queued", || async {
-            waiting
-                .snapshot("polled-fifo")
-                .await
-                .expect("snapshot")
-                .waiters
-                .contains(&owner)
-        })
-        .await;
+        until_queued(&waiting, "polled-fifo", &format!("fifo-{index}")).await;
     }
     holder.release().await.expect("release");
     for task in tasks {

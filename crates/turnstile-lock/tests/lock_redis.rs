@@ -2,20 +2,20 @@
 //! Redis Cluster, no leaked keys, pub/sub across processes and after reconnects, and typed
 //! errors when the server is gone.
 
+mod support;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::AsyncCommands;
+use support::{eventually, launch, until_queued};
 use test_servers::RedisServer;
 use turnstile_lock::{Backend, LockError, Locker, RedisBackend, RedisBackendConfig, RetryPolicy};
 
 const LONG: Duration = Duration::from_secs(60);
 
 async fn start_server() -> RedisServer {
-    tokio::task::spawn_blocking(RedisServer::start)
-        .await
-        .expect("launcher thread")
-        .expect("redis-server starts")
+    launch("redis-server starts", RedisServer::start).await
 }
 
 async fn connect(server: &RedisServer, prefix: &str) -> RedisBackend {
@@ -42,18 +42,6 @@ fn hash_slot_input(key: &str) -> &str {
         }
     }
     key
-}
-
-async fn eventually<F, Fut>(what: &str, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !condition().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 #[tokio::test]
@@ -180,16 +168,7 @@ async fn waiters_in_other_processes_are_woken_in_fifo_order() {
             order.lock().unwrap().push(i);
             lock.release().await.expect("release");
         }));
-        let owner = format!("p{}-w{i}", i % 2);
-        eventually("queued", || async {
-            lockers[0]
-                .snapshot("x")
-                .await
-                .expect("snapshot")
-                .waiters
-                .contains(&owner)
-        })
-        .await;
+        until_queued(&processes[0], "x", &format!("p{}-w{i}", i % 2)).await;
     }
     holder.release().await.expect("release");
     for task in tasks {

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use support::contended::{run_contended_with_fault, ContendedRun};
 
+use support::launch;
 use support::tls::{assert_an_unknown_ca_is_rejected, mutual_tls_config};
 use test_servers::RedisCluster;
 use turnstile_lock::backend::redis::RedisConnectError;
@@ -89,6 +90,16 @@ fn primaries(cluster: &RedisCluster) -> Vec<Primary> {
         .collect()
 }
 
+/// The slot of `key` (a whole Redis key, prefix and hash tag included).
+fn keyslot(cluster: &RedisCluster, key: &str) -> u16 {
+    let slot = integer(
+        &cluster
+            .command(&["CLUSTER", "KEYSLOT", key])
+            .expect("KEYSLOT"),
+    );
+    u16::try_from(slot).expect("slot")
+}
+
 fn owner_of(cluster: &RedisCluster, slot: u16) -> Primary {
     primaries(cluster)
         .into_iter()
@@ -143,39 +154,38 @@ fn move_slot(cluster: &RedisCluster, slot: u16, to: &Primary) -> usize {
 /// A contended run set up on a cluster of the test's own (the test disturbs it).
 struct ClusterStress {
     cluster: Arc<RedisCluster>,
-    /// Under the test's key prefix; give it a retry policy ([`retrying_for_a_minute`]).
+    /// Under the test's key prefix, retrying ([`retrying_for_a_minute`]).
     locker: Locker,
     run: ContendedRun,
     /// The slot every key of the run's lock hashes to.
     slot: u16,
+    /// The primary serving `slot` before the test disturbs the cluster.
+    start_owner: Primary,
     /// The name of the lock's fence counter in Redis.
     fence_key: String,
 }
 
 /// Starts a cluster and sets up a contended run on lock `key` under `prefix`, with leases of
-/// `lease`.
-async fn stress_on_own_cluster(prefix: &str, key: &'static str, lease: Duration) -> ClusterStress {
-    let cluster = Arc::new(
-        tokio::task::spawn_blocking(RedisCluster::start)
-            .await
-            .expect("launcher thread")
-            .expect("Redis Cluster starts"),
-    );
+/// `lease`, its calls retried every `retry_delay` ([`retrying_for_a_minute`]).
+async fn stress_on_own_cluster(
+    prefix: &str,
+    key: &'static str,
+    lease: Duration,
+    retry_delay: Duration,
+) -> ClusterStress {
+    let cluster = Arc::new(launch("Redis Cluster starts", RedisCluster::start).await);
     let backend = RedisBackend::connect(RedisBackendConfig::new(cluster.url()).key_prefix(prefix))
         .await
         .expect("connect to the cluster");
-    let locker = Locker::new(backend);
-    let slot = u16::try_from(integer(
-        &cluster
-            .command(&["CLUSTER", "KEYSLOT", &format!("{prefix}{{{key}}}:holders")])
-            .expect("KEYSLOT"),
-    ))
-    .expect("slot");
+    let locker = Locker::new(backend).with_retry(retrying_for_a_minute(retry_delay));
+    let slot = keyslot(&cluster, &format!("{prefix}{{{key}}}:holders"));
+    let start_owner = owner_of(&cluster, slot);
     ClusterStress {
         cluster,
         locker,
         run: ContendedRun::four_tasks_of_forty_rounds(key, lease, Duration::from_secs(120)),
         slot,
+        start_owner,
         fence_key: format!("{prefix}{{{key}}}:fence"),
     }
 }
@@ -201,12 +211,15 @@ fn fence_counter(cluster: &RedisCluster, port: u16, key: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn moving_a_locks_slot_mid_stress_counts_zero_violations() {
-    let stress = stress_on_own_cluster("mig:", "migrating", Duration::from_secs(20)).await;
-    let locker = stress
-        .locker
-        .with_retry(retrying_for_a_minute(Duration::from_millis(100)));
+    let stress = stress_on_own_cluster(
+        "mig:",
+        "migrating",
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+    )
+    .await;
     let (cluster, run, slot) = (stress.cluster, stress.run, stress.slot);
-    let start_owner = owner_of(&cluster, slot);
+    let (locker, start_owner) = (stress.locker, stress.start_owner);
 
     // Move the slot away and back while the tasks contend.
     let report = run_contended_with_fault(&locker, run, {
@@ -253,10 +266,7 @@ async fn moving_a_locks_slot_mid_stress_counts_zero_violations() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_locks_keys_and_channel_live_on_one_slot_of_the_cluster() {
-    let cluster = tokio::task::spawn_blocking(RedisCluster::shared)
-        .await
-        .expect("launcher thread")
-        .expect("Redis Cluster starts");
+    let cluster = launch("Redis Cluster starts", RedisCluster::shared).await;
     let backend = RedisBackend::connect(RedisBackendConfig::new(cluster.url()).key_prefix("slot:"))
         .await
         .expect("connect");
@@ -273,20 +283,14 @@ async fn a_locks_keys_and_channel_live_on_one_slot_of_the_cluster() {
         lock.release().await.expect("release");
     }
     assert!(tokens.iter().all(|&token| token == 1), "{tokens:?}");
-    let slots: std::collections::HashSet<i64> = ["a", "b", "c", "d", "e", "f"]
+    let slots: std::collections::HashSet<u16> = ["a", "b", "c", "d", "e", "f"]
         .iter()
-        .map(|key| {
-            integer(
-                &cluster
-                    .command(&["CLUSTER", "KEYSLOT", &format!("slot:{{{key}}}:fence")])
-                    .expect("KEYSLOT"),
-            )
-        })
+        .map(|key| keyslot(&cluster, &format!("slot:{{{key}}}:fence")))
         .collect();
     assert!(slots.len() > 1, "the test keys should spread over slots");
     let owners: std::collections::HashSet<u16> = slots
         .iter()
-        .map(|&slot| owner_of(&cluster, slot as u16).port)
+        .map(|&slot| owner_of(&cluster, slot).port)
         .collect();
     assert!(
         owners.len() > 1,
@@ -296,10 +300,7 @@ async fn a_locks_keys_and_channel_live_on_one_slot_of_the_cluster() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_acks_are_refused_on_a_cluster() {
-    let cluster = tokio::task::spawn_blocking(RedisCluster::shared)
-        .await
-        .expect("launcher thread")
-        .expect("Redis Cluster starts");
+    let cluster = launch("Redis Cluster starts", RedisCluster::shared).await;
     // `WAIT` answers for one primary's replicas only, so on a cluster it promises nothing
     // about the slot's next owner: refused at connect, by the config and by the URL option.
     let url = cluster.url();
@@ -346,12 +347,15 @@ fn replica_of(cluster: &RedisCluster, primary_id: &str) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_failover_mid_stress_counts_zero_violations() {
-    let stress = stress_on_own_cluster("fo:", "failing-over", Duration::from_secs(5)).await;
-    let locker = stress
-        .locker
-        .with_retry(retrying_for_a_minute(Duration::from_millis(50)));
+    let stress = stress_on_own_cluster(
+        "fo:",
+        "failing-over",
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+    )
+    .await;
     let (cluster, run, slot) = (stress.cluster, stress.run, stress.slot);
-    let start_owner = owner_of(&cluster, slot);
+    let (locker, start_owner) = (stress.locker, stress.start_owner);
 
     // A manual failover of the lock's primary once a third of the grants are done: the
     // replica catches up (the primary pauses its clients meanwhile), then takes over.
@@ -392,10 +396,7 @@ async fn cluster_failover_mid_stress_counts_zero_violations() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rediss_cluster_with_mutual_tls_serves_locks_on_every_primary() {
-    let cluster = tokio::task::spawn_blocking(RedisCluster::start_tls)
-        .await
-        .expect("launcher thread")
-        .expect("TLS Redis Cluster starts");
+    let cluster = launch("TLS Redis Cluster starts", RedisCluster::start_tls).await;
     assert!(cluster.url().starts_with("rediss+cluster://"));
     let files = cluster.tls_files().expect("certificates").clone();
     let backend =
@@ -417,14 +418,7 @@ async fn rediss_cluster_with_mutual_tls_serves_locks_on_every_primary() {
     }
     let owners: std::collections::HashSet<u16> = keys
         .iter()
-        .map(|key| {
-            let slot = integer(
-                &cluster
-                    .command(&["CLUSTER", "KEYSLOT", &format!("tls:{{{key}}}:fence")])
-                    .expect("KEYSLOT"),
-            );
-            owner_of(&cluster, slot as u16).port
-        })
+        .map(|key| owner_of(&cluster, keyslot(&cluster, &format!("tls:{{{key}}}:fence"))).port)
         .collect();
     assert!(owners.len() > 1, "the keys spread over primaries");
 

@@ -2,8 +2,11 @@
 //! CA file), mutual TLS, a rejected certificate as a typed error, and ACL users / passwords in
 //! the URL.
 
+mod support;
+
 use std::time::Duration;
 
+use support::launch;
 use test_servers::{RedisOptions, RedisServer, TlsClientAuth, TlsFiles};
 use turnstile_lock::backend::redis::RedisConnectError;
 use turnstile_lock::{LockError, Locker, RedisBackend, RedisBackendConfig, RetryPolicy};
@@ -11,10 +14,10 @@ use turnstile_lock::{LockError, Locker, RedisBackend, RedisBackendConfig, RetryP
 const TTL: Duration = Duration::from_secs(30);
 
 async fn start(options: RedisOptions) -> RedisServer {
-    tokio::task::spawn_blocking(move || RedisServer::start_with(&options))
-        .await
-        .expect("launcher thread")
-        .expect("redis-server starts")
+    launch("redis-server starts", move || {
+        RedisServer::start_with(&options)
+    })
+    .await
 }
 
 fn tls(server: &RedisServer) -> TlsFiles {

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use support::contended::{acquire_after_failover, run_contended_with_fault, ContendedRun};
+use support::launch;
 use support::tls::{assert_an_unknown_ca_is_rejected, mutual_tls_config};
 use test_servers::RedisSentinel;
 use turnstile_lock::backend::redis::ReplicaAcksMissing;
@@ -32,12 +33,7 @@ use turnstile_lock::{
 };
 
 async fn start_setup() -> Arc<RedisSentinel> {
-    Arc::new(
-        tokio::task::spawn_blocking(RedisSentinel::start)
-            .await
-            .expect("launcher thread")
-            .expect("Redis Sentinel setup starts"),
-    )
+    Arc::new(launch("Redis Sentinel setup starts", RedisSentinel::start).await)
 }
 
 fn config(setup: &RedisSentinel, acks: bool) -> RedisBackendConfig {
@@ -49,31 +45,37 @@ fn config(setup: &RedisSentinel, acks: bool) -> RedisBackendConfig {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn locks_work_through_the_sentinels_and_the_wrong_master_name_fails() {
-    let setup = tokio::task::spawn_blocking(RedisSentinel::shared)
+/// Connects to `url` with key prefix `prefix`, takes lock `k` (token 1), checks that its
+/// grant is on the master the sentinels name (`master`, for the message), and releases it.
+async fn lock_k_on_the_master(setup: &RedisSentinel, url: &str, prefix: &str, master: &str) {
+    let backend = RedisBackend::connect(RedisBackendConfig::new(url).key_prefix(prefix))
         .await
-        .expect("launcher thread")
-        .expect("Redis Sentinel setup starts");
-    let backend = RedisBackend::connect(RedisBackendConfig::new(setup.url()).key_prefix("basic:"))
-        .await
-        .expect("connect through the sentinels");
+        .unwrap_or_else(|error| panic!("connect for lock k on {master}: {error}"));
     let locker = Locker::new(backend);
     let lock = locker
         .lock("k", Duration::from_secs(10))
         .acquire()
         .await
-        .expect("acquire");
+        .unwrap_or_else(|error| panic!("acquire k on {master}: {error}"));
     assert_eq!(lock.fencing_token(), 1);
-    let master = setup.master_port().expect("master");
+    let port = setup.master_port().expect("master");
     let holders = setup
-        .node_command(master, &["ZCARD", "basic:{k}:holders"])
+        .node_command(port, &["ZCARD", &format!("{prefix}{{k}}:holders")])
         .expect("ZCARD");
-    assert_eq!(
-        holders, ":1\r\n",
-        "the grant is on the master the sentinels name"
-    );
+    assert_eq!(holders, ":1\r\n", "the grant is on {master}");
     lock.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_work_through_the_sentinels_and_the_wrong_master_name_fails() {
+    let setup = launch("Redis Sentinel setup starts", RedisSentinel::shared).await;
+    lock_k_on_the_master(
+        &setup,
+        setup.url(),
+        "basic:",
+        "the master the sentinels name",
+    )
+    .await;
 
     let wrong = setup.url().replace("/turnstile", "/nosuchmaster");
     let error = RedisBackend::connect(RedisBackendConfig::new(wrong))
@@ -209,6 +211,16 @@ fn fail_over(setup: &RedisSentinel, old_master: u16) -> u16 {
     setup
         .wait_for_new_master(old_master, Duration::from_secs(30))
         .expect("the replica is promoted")
+}
+
+/// [`fail_over`] from the current master, on a blocking thread; returns the new master's
+/// port.
+async fn fail_over_from_the_master(setup: &Arc<RedisSentinel>) -> u16 {
+    let old_master = setup.master_port().expect("master");
+    let setup = setup.clone();
+    tokio::task::spawn_blocking(move || fail_over(&setup, old_master))
+        .await
+        .expect("failover thread")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -411,12 +423,7 @@ async fn master_killed_mid_burst_without_replica_acks_is_recorded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rediss_sentinel_with_mutual_tls_follows_a_failover() {
-    let setup = Arc::new(
-        tokio::task::spawn_blocking(RedisSentinel::start_tls)
-            .await
-            .expect("launcher thread")
-            .expect("TLS Redis Sentinel setup starts"),
-    );
+    let setup = Arc::new(launch("TLS Redis Sentinel setup starts", RedisSentinel::start_tls).await);
     assert!(setup.url().starts_with("rediss+sentinel://"));
     let files = setup.tls_files().expect("certificates").clone();
     let backend = RedisBackend::connect(mutual_tls_config(setup.url(), &files).key_prefix("tls:"))
@@ -435,13 +442,7 @@ async fn rediss_sentinel_with_mutual_tls_follows_a_failover() {
     assert_eq!(first.fencing_token(), 1);
     first.release().await.expect("release");
 
-    let old_master = setup.master_port().expect("master");
-    let new_master = {
-        let setup = setup.clone();
-        tokio::task::spawn_blocking(move || fail_over(&setup, old_master))
-            .await
-            .expect("failover thread")
-    };
+    let new_master = fail_over_from_the_master(&setup).await;
     // The first calls after the switch may fail while the client asks the sentinels again.
     let second = acquire_after_failover(&locker, "k", Duration::from_secs(10))
         .await
@@ -466,13 +467,7 @@ async fn the_pubsub_connection_follows_the_failover_and_still_hands_over() {
     let waiter_backend = RedisBackend::connect(config(&setup, false).key_prefix("ps:"))
         .await
         .expect("connect the waiter");
-    let old_master = setup.master_port().expect("master");
-    let new_master = {
-        let setup = setup.clone();
-        tokio::task::spawn_blocking(move || fail_over(&setup, old_master))
-            .await
-            .expect("failover thread")
-    };
+    let new_master = fail_over_from_the_master(&setup).await;
 
     let holder = Locker::new(holder_backend);
     let lock = acquire_after_failover(&holder, "k", Duration::from_secs(30))
@@ -523,32 +518,14 @@ async fn the_pubsub_connection_follows_the_failover_and_still_hands_over() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_urls_password_goes_to_a_protected_master_and_not_to_the_sentinels() {
-    let setup = tokio::task::spawn_blocking(|| RedisSentinel::start_with_password("s3cret"))
-        .await
-        .expect("launcher thread")
-        .expect("password-protected Redis Sentinel setup starts");
+    let setup = launch("password-protected Redis Sentinel setup starts", || {
+        RedisSentinel::start_with_password("s3cret")
+    })
+    .await;
     // The sentinels require no password: had the client sent it to them, they would refuse
     // the AUTH ("AUTH <password> called without any password configured").
     let with_password = setup.url().replace("sentinel://", "sentinel://:s3cret@");
-    let backend = RedisBackend::connect(RedisBackendConfig::new(&with_password).key_prefix("pw:"))
-        .await
-        .expect("connect with the data nodes' password");
-    let locker = Locker::new(backend);
-    let lock = locker
-        .lock("k", Duration::from_secs(10))
-        .acquire()
-        .await
-        .expect("acquire on the protected master");
-    assert_eq!(lock.fencing_token(), 1);
-    let master = setup.master_port().expect("master");
-    assert_eq!(
-        setup
-            .node_command(master, &["ZCARD", "pw:{k}:holders"])
-            .expect("ZCARD"),
-        ":1\r\n",
-        "the grant is on the protected master"
-    );
-    lock.release().await.expect("release");
+    lock_k_on_the_master(&setup, &with_password, "pw:", "the protected master").await;
 
     // Without the password the master refuses: a clear error, not a grant.
     let refused = match RedisBackend::connect(RedisBackendConfig::new(setup.url())).await {

@@ -133,14 +133,7 @@ fn create_locked(
     }
     let mut meta_errors: Vec<FieldError> = validate_name(&rtype, &name).into_iter().collect();
     meta_errors.extend(validate_metadata(&obj));
-    if !meta_errors.is_empty() {
-        return Err(ApiError::invalid(
-            &rtype.group,
-            &rtype.kind,
-            &name,
-            &meta_errors,
-        ));
-    }
+    ApiError::invalid_if_any(&rtype.group, &rtype.kind, &name, &meta_errors)?;
     let key = t.key_in(&namespace, &name);
     if inner.get(&key).is_some() {
         return Err(ApiError::already_exists(&rtype.group, &rtype.plural, &name));
@@ -339,14 +332,7 @@ fn commit_update(
         }
     }
     let meta_errors = validate_metadata(&new);
-    if !meta_errors.is_empty() {
-        return Err(ApiError::invalid(
-            &rtype.group,
-            &rtype.kind,
-            &name,
-            &meta_errors,
-        ));
-    }
+    ApiError::invalid_if_any(&rtype.group, &rtype.kind, &name, &meta_errors)?;
     if rtype.from_crd {
         admit(&rtype, &mut new, Some(old))?;
     }

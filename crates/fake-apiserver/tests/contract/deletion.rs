@@ -12,13 +12,7 @@ async fn delete_with_finalizers_waits_for_the_last_one() {
         "contract.turnstile.dev/b".into(),
     ]);
     let created = api.create(&PostParams::default(), &w).await.unwrap();
-    let mut watch = env
-        .open_watch(&format!(
-            "{}?watch=true&resourceVersion={}",
-            widgets_path(&env),
-            rv(&created)
-        ))
-        .await;
+    let mut watch = watch_widgets_from(&env, rv(&created)).await;
     api.delete("w", &DeleteParams::default()).await.unwrap();
     let marked = api.get("w").await.unwrap();
     assert!(marked.metadata.deletion_timestamp.is_some());

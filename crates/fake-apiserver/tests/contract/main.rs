@@ -76,3 +76,12 @@ fn widgets_path(env: &Env) -> String {
         env.namespace
     )
 }
+
+/// Opens a watch on the test's widgets from resource version `rv`.
+async fn watch_widgets_from(env: &Env, rv: impl std::fmt::Display) -> support::WatchLines {
+    env.open_watch(&format!(
+        "{}?watch=true&resourceVersion={rv}",
+        widgets_path(env)
+    ))
+    .await
+}

@@ -134,12 +134,7 @@ async fn every_page_of_a_list_is_one_snapshot_that_its_watch_resumes_from() {
     );
     assert_eq!(names(rest), ["d"], "the snapshot still has d and not a");
 
-    let mut watch = env
-        .open_watch(&format!(
-            "{}?watch=true&resourceVersion={first_rv}",
-            widgets_path(&env)
-        ))
-        .await;
+    let mut watch = watch_widgets_from(&env, &first_rv).await;
     let added = watch.next_change(T).await.unwrap();
     assert_eq!(
         (

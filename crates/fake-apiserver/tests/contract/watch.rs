@@ -8,13 +8,7 @@ async fn watch_streams_json_lines_and_resumes_from_a_resource_version() {
     let api = env.widgets();
     let a = create(&api, "a", json!({"size": 1})).await;
     let b = create(&api, "b", json!({"size": 1})).await;
-    let mut watch = env
-        .open_watch(&format!(
-            "{}?watch=true&resourceVersion={}",
-            widgets_path(&env),
-            rv(&a)
-        ))
-        .await;
+    let mut watch = watch_widgets_from(&env, rv(&a)).await;
     assert_eq!(watch.status, 200);
     assert!(
         watch.content_type.starts_with("application/json"),
@@ -104,13 +98,7 @@ async fn watch_from_a_compacted_resource_version_gets_410_expired() {
     let old = create(&api, "a", json!({"size": 1})).await;
     create(&api, "b", json!({"size": 1})).await;
     env.server().compact();
-    let mut watch = env
-        .open_watch(&format!(
-            "{}?watch=true&resourceVersion={}",
-            widgets_path(&env),
-            rv(&old)
-        ))
-        .await;
+    let mut watch = watch_widgets_from(&env, rv(&old)).await;
     let ev = watch.next(T).await.unwrap();
     assert_eq!(ev["type"], "ERROR");
     assert_eq!(ev["object"]["code"], 410);
@@ -121,12 +109,7 @@ async fn watch_from_a_compacted_resource_version_gets_410_expired() {
     );
     // Resuming from the current resourceVersion still works.
     let now = env.server().resource_version();
-    let mut ok = env
-        .open_watch(&format!(
-            "{}?watch=true&resourceVersion={now}",
-            widgets_path(&env)
-        ))
-        .await;
+    let mut ok = watch_widgets_from(&env, &now).await;
     create(&api, "c", json!({"size": 1})).await;
     assert_eq!(ok.next_change(T).await.unwrap()["type"], "ADDED");
 }
@@ -192,13 +175,7 @@ async fn close_watches_ends_open_streams() {
         return;
     };
     env.install_widget_crd().await;
-    let mut watch = env
-        .open_watch(&format!(
-            "{}?watch=true&resourceVersion={}",
-            widgets_path(&env),
-            env.server().resource_version()
-        ))
-        .await;
+    let mut watch = watch_widgets_from(&env, env.server().resource_version()).await;
     env.server().close_watches();
     assert!(watch.next(T).await.is_none(), "the stream ended");
 }

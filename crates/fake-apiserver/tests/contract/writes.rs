@@ -2,6 +2,20 @@
 
 use super::*;
 
+/// A JSON patch (`application/json-patch+json`) of widget `name`, sent as is: the status
+/// code and the body.
+async fn json_patch(env: &Env, name: &str, patch: Value) -> (u16, String) {
+    let (code, _, body) = env
+        .raw(
+            "PATCH",
+            &widget_path(env, name),
+            &[("content-type", "application/json-patch+json")],
+            Some(patch),
+        )
+        .await;
+    (code, body)
+}
+
 #[tokio::test]
 async fn create_sets_server_fields_and_rejects_duplicates() {
     let env = Env::with_widgets().await;
@@ -175,13 +189,7 @@ async fn a_write_that_changes_nothing_keeps_the_resource_version_and_emits_no_ev
     let env = Env::with_widgets().await;
     let api = env.widgets();
     let created = create(&api, "w", json!({"size": 1})).await;
-    let mut watch = env
-        .open_watch(&format!(
-            "{}?watch=true&resourceVersion={}",
-            widgets_path(&env),
-            rv(&created)
-        ))
-        .await;
+    let mut watch = watch_widgets_from(&env, rv(&created)).await;
     let same = merge(&api, "w", json!({"spec": {"size": 1}}))
         .await
         .unwrap();
@@ -243,27 +251,23 @@ async fn patch_types_merge_json_and_apply() {
         .unwrap();
     assert_eq!(cleared.data["status"], json!({"observedGeneration": 2}));
     // JSON patch, including a failing test operation.
-    let (code, _, body) = env
-        .raw(
-            "PATCH",
-            &widget_path(&env, "w"),
-            &[("content-type", "application/json-patch+json")],
-            Some(json!([{"op": "replace", "path": "/spec/size", "value": 3}])),
-        )
-        .await;
+    let (code, body) = json_patch(
+        &env,
+        "w",
+        json!([{"op": "replace", "path": "/spec/size", "value": 3}]),
+    )
+    .await;
     assert_eq!(code, 200, "{body}");
     assert_eq!(
         serde_json::from_str::<Value>(&body).unwrap()["spec"]["size"],
         3
     );
-    let (code, _, _) = env
-        .raw(
-            "PATCH",
-            &widget_path(&env, "w"),
-            &[("content-type", "application/json-patch+json")],
-            Some(json!([{"op": "test", "path": "/spec/size", "value": 99}])),
-        )
-        .await;
+    let (code, _) = json_patch(
+        &env,
+        "w",
+        json!([{"op": "test", "path": "/spec/size", "value": 99}]),
+    )
+    .await;
     assert_eq!(code, 422);
     // Strategic merge patch is not supported for custom resources.
     let (code, _, _) = api_code(

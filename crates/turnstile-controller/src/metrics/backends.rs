@@ -9,7 +9,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::labels::{BackendErrorLabels, BackendLabel, BackendLabels, BackendOperation};
-use super::register;
+use super::{create_at_zero, register};
 use turnstile_api::BackendKind;
 
 /// `turnstile_backend_errors_total` and `turnstile_queue_depth`.
@@ -41,17 +41,9 @@ impl BackendMetrics {
             queues: Arc::default(),
         };
         for backend in BackendLabel::ALL {
-            drop(
-                metrics
-                    .queue_depth
-                    .get_or_create(&BackendLabels { backend }),
-            );
+            create_at_zero(&metrics.queue_depth, &BackendLabels { backend });
             for operation in BackendOperation::ALL {
-                drop(
-                    metrics
-                        .errors
-                        .get_or_create(&BackendErrorLabels { backend, operation }),
-                );
+                create_at_zero(&metrics.errors, &BackendErrorLabels { backend, operation });
             }
         }
         metrics

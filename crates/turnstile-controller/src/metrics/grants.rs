@@ -11,7 +11,7 @@ use prometheus_client::registry::Registry;
 use super::labels::{
     BackendLabel, BackendLabels, HoldLabels, HoldOutcome, LockLostCause, LostLabels,
 };
-use super::{register, HistogramFamily};
+use super::{create_at_zero, register, HistogramFamily};
 use turnstile_api::BackendKind;
 
 /// From 5 ms up to about 6 hours: waits range from an instant handoff to a long queue.
@@ -81,7 +81,6 @@ impl GrantMetrics {
                 HistogramFamily::new_with_constructor(hold_histogram),
             ),
         };
-        // `get_or_create` creates a series; the guard it returns is not needed.
         for backend in BackendLabel::ALL {
             let labels = BackendLabels { backend };
             for family in [
@@ -91,22 +90,14 @@ impl GrantMetrics {
                 &metrics.expiries,
                 &metrics.claim_failures,
             ] {
-                drop(family.get_or_create(&labels));
+                create_at_zero(family, &labels);
             }
-            drop(metrics.wait_seconds.get_or_create(&labels));
+            create_at_zero(&metrics.wait_seconds, &labels);
             for cause in LockLostCause::ALL {
-                drop(
-                    metrics
-                        .lock_lost
-                        .get_or_create(&LostLabels { backend, cause }),
-                );
+                create_at_zero(&metrics.lock_lost, &LostLabels { backend, cause });
             }
             for outcome in HoldOutcome::ALL {
-                drop(
-                    metrics
-                        .hold_seconds
-                        .get_or_create(&HoldLabels { backend, outcome }),
-                );
+                create_at_zero(&metrics.hold_seconds, &HoldLabels { backend, outcome });
             }
         }
         metrics

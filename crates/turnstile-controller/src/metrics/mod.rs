@@ -52,7 +52,7 @@ pub mod server;
 
 use std::sync::Arc;
 
-use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Metric, Registry};
 
@@ -72,6 +72,17 @@ type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 fn register<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
     registry.register(name, help, metric.clone());
     metric
+}
+
+/// Creates `family`'s series for `labels` (at zero), so it is exported before anything is
+/// recorded in it.
+fn create_at_zero<S, M, C>(family: &Family<S, M, C>, labels: &S)
+where
+    S: Clone + std::hash::Hash + Eq,
+    C: MetricConstructor<M>,
+{
+    // `get_or_create` creates the series; the guard it returns is not needed.
+    drop(family.get_or_create(labels));
 }
 
 /// The controller's metrics: one registry and a handle per concern. Clones share them.
@@ -138,29 +149,32 @@ mod tests {
             .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
     }
 
+    /// Asserts that each series in `expected` has its value in `text`.
+    fn assert_samples(text: &str, expected: &[(&str, f64)]) {
+        for &(series, value) in expected {
+            assert_eq!(sample(text, series), Some(value), "{series} in:\n{text}");
+        }
+    }
+
     #[test]
     fn queue_depth_is_a_sum_over_locks_that_forgets_deleted_locks() {
         let metrics = Metrics::new();
-        metrics
-            .backends
-            .set_queue_depth("ns/a", BackendKind::Memory, 3);
-        metrics
-            .backends
-            .set_queue_depth("ns/b", BackendKind::Memory, 2);
-        metrics
-            .backends
-            .set_queue_depth("ns/c", BackendKind::Redis, 5);
-        metrics
-            .backends
-            .set_queue_depth("ns/a", BackendKind::Memory, 1);
+        // In this order: ns/a reports twice, the second replaces the first.
+        for (lock, backend, depth) in [
+            ("ns/a", BackendKind::Memory, 3),
+            ("ns/b", BackendKind::Memory, 2),
+            ("ns/c", BackendKind::Redis, 5),
+            ("ns/a", BackendKind::Memory, 1),
+        ] {
+            metrics.backends.set_queue_depth(lock, backend, depth);
+        }
         let text = metrics.encode().expect("encode");
-        assert_eq!(
-            sample(&text, r#"turnstile_queue_depth{backend="memory"}"#),
-            Some(3.0)
-        );
-        assert_eq!(
-            sample(&text, r#"turnstile_queue_depth{backend="redis"}"#),
-            Some(5.0)
+        assert_samples(
+            &text,
+            &[
+                (r#"turnstile_queue_depth{backend="memory"}"#, 3.0),
+                (r#"turnstile_queue_depth{backend="redis"}"#, 5.0),
+            ],
         );
 
         metrics.backends.forget_lock("ns/b");
@@ -170,17 +184,13 @@ mod tests {
             .set_queue_depth("ns/c", BackendKind::Mongo, 4);
         metrics.backends.forget_lock("ns/unknown");
         let text = metrics.encode().expect("encode");
-        assert_eq!(
-            sample(&text, r#"turnstile_queue_depth{backend="memory"}"#),
-            Some(1.0)
-        );
-        assert_eq!(
-            sample(&text, r#"turnstile_queue_depth{backend="redis"}"#),
-            Some(0.0)
-        );
-        assert_eq!(
-            sample(&text, r#"turnstile_queue_depth{backend="mongo"}"#),
-            Some(4.0)
+        assert_samples(
+            &text,
+            &[
+                (r#"turnstile_queue_depth{backend="memory"}"#, 1.0),
+                (r#"turnstile_queue_depth{backend="redis"}"#, 0.0),
+                (r#"turnstile_queue_depth{backend="mongo"}"#, 4.0),
+            ],
         );
     }
 
@@ -198,37 +208,27 @@ mod tests {
             Duration::from_secs(1),
         );
         let text = metrics.encode().expect("encode");
-        assert_eq!(
-            sample(&text, r#"turnstile_expiries_total{backend="redis"}"#),
-            Some(1.0)
-        );
-        assert_eq!(
-            sample(
-                &text,
-                r#"turnstile_lock_lost_total{backend="redis",cause="expired"}"#
-            ),
-            Some(1.0)
-        );
-        assert_eq!(
-            sample(
-                &text,
-                r#"turnstile_lock_lost_total{backend="redis",cause="lock_deleted"}"#
-            ),
-            Some(1.0)
-        );
-        assert_eq!(
-            sample(
-                &text,
-                r#"turnstile_hold_seconds_count{backend="redis",outcome="expired"}"#
-            ),
-            Some(1.0)
-        );
-        assert_eq!(
-            sample(
-                &text,
-                r#"turnstile_hold_seconds_count{backend="redis",outcome="lost"}"#
-            ),
-            Some(1.0)
+        assert_samples(
+            &text,
+            &[
+                (r#"turnstile_expiries_total{backend="redis"}"#, 1.0),
+                (
+                    r#"turnstile_lock_lost_total{backend="redis",cause="expired"}"#,
+                    1.0,
+                ),
+                (
+                    r#"turnstile_lock_lost_total{backend="redis",cause="lock_deleted"}"#,
+                    1.0,
+                ),
+                (
+                    r#"turnstile_hold_seconds_count{backend="redis",outcome="expired"}"#,
+                    1.0,
+                ),
+                (
+                    r#"turnstile_hold_seconds_count{backend="redis",outcome="lost"}"#,
+                    1.0,
+                ),
+            ],
         );
     }
 
@@ -245,31 +245,21 @@ mod tests {
         );
         assert_eq!(sample(&text, "turnstile_leader"), Some(1.0));
         // Every series exists at zero before anything happened.
-        assert_eq!(
-            sample(&text, r#"turnstile_grants_total{backend="mongo"}"#),
-            Some(0.0)
-        );
-        assert_eq!(
-            sample(
-                &text,
-                r#"turnstile_backend_errors_total{backend="redis",operation="raise_floor"}"#
-            ),
-            Some(0.0)
-        );
-        assert_eq!(
-            sample(&text, r#"turnstile_reconcile_errors_total{kind="api"}"#),
-            Some(0.0)
-        );
-        assert_eq!(
-            sample(&text, r#"turnstile_wait_seconds_count{backend="memory"}"#),
-            Some(0.0)
-        );
-        assert_eq!(
-            sample(
-                &text,
-                r#"turnstile_reconcile_total{controller="job",result="error"}"#
-            ),
-            Some(0.0)
+        assert_samples(
+            &text,
+            &[
+                (r#"turnstile_grants_total{backend="mongo"}"#, 0.0),
+                (
+                    r#"turnstile_backend_errors_total{backend="redis",operation="raise_floor"}"#,
+                    0.0,
+                ),
+                (r#"turnstile_reconcile_errors_total{kind="api"}"#, 0.0),
+                (r#"turnstile_wait_seconds_count{backend="memory"}"#, 0.0),
+                (
+                    r#"turnstile_reconcile_total{controller="job",result="error"}"#,
+                    0.0,
+                ),
+            ],
         );
     }
 

@@ -11,7 +11,7 @@ use super::labels::{
     ControllerKind, ControllerLabels, ReconcileErrorKind, ReconcileErrorLabels, ReconcileLabels,
     ReconcileResult,
 };
-use super::{register, HistogramFamily};
+use super::{create_at_zero, register, HistogramFamily};
 
 /// From 0.5 ms up to about 35 s: a pass is a few API and backend round trips.
 fn duration_histogram() -> Histogram {
@@ -51,21 +51,13 @@ impl ReconcileMetrics {
             ),
         };
         for controller in ControllerKind::ALL {
-            drop(
-                metrics
-                    .duration
-                    .get_or_create(&ControllerLabels { controller }),
-            );
+            create_at_zero(&metrics.duration, &ControllerLabels { controller });
             for result in ReconcileResult::ALL {
-                drop(
-                    metrics
-                        .passes
-                        .get_or_create(&ReconcileLabels { controller, result }),
-                );
+                create_at_zero(&metrics.passes, &ReconcileLabels { controller, result });
             }
         }
         for kind in ReconcileErrorKind::ALL {
-            drop(metrics.errors.get_or_create(&ReconcileErrorLabels { kind }));
+            create_at_zero(&metrics.errors, &ReconcileErrorLabels { kind });
         }
         metrics
     }

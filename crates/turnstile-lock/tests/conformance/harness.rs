@@ -15,6 +15,10 @@ use turnstile_lock::backend::{
 };
 use turnstile_lock::{Backend, LockResult, Locker, RedisBackend, RedisBackendConfig, RetryPolicy};
 
+// The cases take it from here; it lives in `support`, shared with the other test binaries.
+pub use crate::support::eventually;
+use crate::support::launch;
+
 /// A backend under test, wrapped in a counter, plus whatever keeps its server alive.
 pub struct Harness {
     pub backend: Arc<CountingBackend>,
@@ -49,10 +53,7 @@ pub async fn memory() -> Harness {
 
 /// Starts a real redis-server on a free port and connects a backend to it.
 pub async fn redis() -> Harness {
-    let server = tokio::task::spawn_blocking(RedisServer::start)
-        .await
-        .expect("launcher thread")
-        .expect("redis-server starts");
+    let server = launch("redis-server starts", RedisServer::start).await;
     let backend = RedisBackend::connect(RedisBackendConfig::new(server.url()))
         .await
         .expect("connect to redis");
@@ -65,12 +66,10 @@ pub async fn redis() -> Harness {
 /// Starts a TLS-only redis-server (mutual TLS, certificates generated for it) and connects a
 /// backend with the CA file and a client certificate.
 pub async fn redis_tls() -> Harness {
-    let server = tokio::task::spawn_blocking(|| {
+    let server = launch("TLS redis-server starts", || {
         RedisServer::start_with(&RedisOptions::new().tls(TlsClientAuth::Required))
     })
-    .await
-    .expect("launcher thread")
-    .expect("TLS redis-server starts");
+    .await;
     let files = server.tls_files().expect("certificates").clone();
     let backend = RedisBackend::connect(
         RedisBackendConfig::new(server.url())
@@ -88,20 +87,14 @@ pub async fn redis_tls() -> Harness {
 /// Connects a backend to a Redis Cluster (3 primaries, 3 replicas) shared by this binary's
 /// tests, under a key prefix of its own.
 pub async fn redis_cluster() -> Harness {
-    let cluster = tokio::task::spawn_blocking(RedisCluster::shared)
-        .await
-        .expect("launcher thread")
-        .expect("Redis Cluster starts");
+    let cluster = launch("Redis Cluster starts", RedisCluster::shared).await;
     let config = RedisBackendConfig::new(cluster.url());
     connect_with_own_prefix(config, cluster, "connect to the cluster").await
 }
 
 /// As [`redis_cluster`], on a TLS cluster (mutual TLS, `rediss+cluster://`).
 pub async fn redis_cluster_tls() -> Harness {
-    let cluster = tokio::task::spawn_blocking(RedisCluster::shared_tls)
-        .await
-        .expect("launcher thread")
-        .expect("TLS Redis Cluster starts");
+    let cluster = launch("TLS Redis Cluster starts", RedisCluster::shared_tls).await;
     let files = cluster.tls_files().expect("certificates").clone();
     let config = RedisBackendConfig::new(cluster.url())
         .ca_file(&files.ca_cert)
@@ -126,10 +119,7 @@ pub async fn redis_sentinel_acks() -> Harness {
 }
 
 async fn shared_sentinel() -> Arc<RedisSentinel> {
-    tokio::task::spawn_blocking(RedisSentinel::shared)
-        .await
-        .expect("launcher thread")
-        .expect("Redis Sentinel setup starts")
+    launch("Redis Sentinel setup starts", RedisSentinel::shared).await
 }
 
 /// Connects `config` under a fresh key prefix, so tests sharing one server never see each
@@ -240,34 +230,7 @@ impl Backend for CountingBackend {
     }
 }
 
-/// Polls `condition` every 5 ms until it holds; panics after 10 s (a hang guard, not a
-/// performance assertion).
-pub async fn eventually<F, Fut>(what: &str, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !condition().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 /// Waits until `owner` is queued on `key`.
 pub async fn until_queued(harness: &Harness, key: &str, owner: &str) {
-    eventually(&format!("{owner} is queued on {key}"), || async {
-        harness
-            .raw()
-            .snapshot(key)
-            .await
-            .expect("snapshot")
-            .waiters
-            .iter()
-            .any(|waiter| waiter == owner)
-    })
-    .await;
+    crate::support::until_queued(harness.raw(), key, owner).await;
 }

@@ -6,6 +6,8 @@
 
 mod cases;
 mod harness;
+#[path = "../support/mod.rs"]
+mod support;
 
 /// Instantiates every case as a test in module `$backend`, each with a fresh backend from
 /// `harness::$backend()`.
