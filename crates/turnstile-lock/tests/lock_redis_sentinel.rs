@@ -415,10 +415,18 @@ async fn master_killed_mid_burst_with_replica_acks_loses_no_grant() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn master_killed_mid_burst_without_replica_acks_is_recorded() {
     let report = burst_through_a_kill(false).await;
-    // Grants made while the replica lagged died with the master: given to a caller, then
-    // granted again (with the same token) by the promoted replica. Recorded, not asserted.
+    // Grants made while the replica's link was cut died with the master: given to a caller,
+    // then granted again (with the same token) by the promoted replica. How many is recorded
+    // (the README quotes it); that it happens at all is asserted, so the README's warning
+    // (and the case for `min_replica_acks`) stays true.
     println!("master SIGKILLed mid-burst, no replica acks: {report:?}");
     assert!(report.granted >= 100, "{report:?}");
+    if report.granted > 100 {
+        assert!(
+            report.double_grants >= 1 && report.reused_tokens >= 1,
+            "grants made after the cut survived the failover: {report:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
