@@ -76,7 +76,28 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apply_get_locks_and_wait_for_the_next_holder() {
-    let mut env = Env::new().await;
+    apply_get_and_wait(Env::new().await).await;
+}
+
+/// The real-cluster mode (`TURNSTILE_E2E_KUBECONFIG`) run for real: the same steps against an
+/// API server reached only through a kubeconfig file, as a cluster is (a fake apart from the
+/// test, whose hooks it never touches).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_cluster_mode_runs_the_steps_through_a_kubeconfig_alone() {
+    let cluster = fake_apiserver::FakeApiServer::start()
+        .await
+        .expect("an API server apart");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    cluster.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let env = Env::on_cluster(&kubeconfig).await;
+    assert!(env.fake.is_none(), "no hooks in the real-cluster mode");
+    apply_get_and_wait(env).await;
+}
+
+/// `kubectl apply` a lock and three claims, `get locks`, wait for the next holder, and read the
+/// Events: the steps of the quick tour, with no hook of the fake.
+async fn apply_get_and_wait(mut env: Env) {
     env.start_default_controller();
     env.apply(LOCK_AND_CLAIMS);
 

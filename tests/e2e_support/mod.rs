@@ -75,6 +75,15 @@ fn real_kubeconfig() -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
+/// A client for the cluster the kubeconfig at `path` names (its current context).
+async fn cluster_client(path: &std::path::Path) -> Client {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("kubeconfig");
+    Client::try_from(config).expect("client")
+}
+
 fn init_logging() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
@@ -95,13 +104,7 @@ impl Env {
         init_logging();
         let dir = tempfile::tempdir().expect("tempdir");
         let (client, kubeconfig, fake) = match real_kubeconfig() {
-            Some(path) => {
-                let kubeconfig = kube::config::Kubeconfig::read_from(&path).expect("kubeconfig");
-                let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-                    .await
-                    .expect("kubeconfig");
-                (Client::try_from(config).expect("client"), path, None)
-            }
+            Some(path) => (cluster_client(&path).await, path, None),
             None => {
                 let server = fake.start().await.expect("start fake API server");
                 let kubeconfig = dir.path().join("kubeconfig");
@@ -109,6 +112,16 @@ impl Env {
                 (server.client(), kubeconfig, Some(server))
             }
         };
+        Env::in_fresh_namespace(client, kubeconfig, fake, dir).await
+    }
+
+    /// The CRDs installed and a fresh namespace made through `client`.
+    async fn in_fresh_namespace(
+        client: Client,
+        kubeconfig: PathBuf,
+        fake: Option<FakeApiServer>,
+        dir: tempfile::TempDir,
+    ) -> Env {
         let namespace = format!("e2e-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
         let env = Env {
             client,
@@ -127,6 +140,20 @@ impl Env {
             .await
             .expect("create namespace");
         env
+    }
+
+    /// [`Env::new`] as the real-cluster mode (`TURNSTILE_E2E_KUBECONFIG`) makes it: the API
+    /// server reached only through the kubeconfig at `path`, no fake and no hooks.
+    pub async fn on_cluster(path: &std::path::Path) -> Env {
+        init_logging();
+        let client = cluster_client(path).await;
+        Env::in_fresh_namespace(
+            client,
+            path.to_path_buf(),
+            None,
+            tempfile::tempdir().expect("tempdir"),
+        )
+        .await
     }
 
     /// For tests that need the fake's hooks: None (after saying so) on a real cluster.
