@@ -303,3 +303,68 @@ fn under_ci_a_test_missing_its_tool_or_server_fails_and_otherwise_skips() {
         }
     }
 }
+
+/// Every `path.rs::name` the promise ledger (`tests/PROMISES.md`) gives as a promise's test
+/// names a file that exists and defines that test (or item), every row is `tested`, and the
+/// count line at its top is the count of its rows: a renamed or deleted test, or a row added
+/// untested, makes the ledger wrong, and this says where.
+#[test]
+fn the_promise_ledger_names_tests_that_exist_and_counts_its_rows() {
+    let ledger = std::fs::read_to_string(workspace().join("tests/PROMISES.md")).expect("ledger");
+    let rows: Vec<&str> = ledger
+        .lines()
+        .filter(|line| line.starts_with("| "))
+        .filter(|line| !line.starts_with("| promise") && !line.starts_with("| ---"))
+        .collect();
+    let mut wrong = Vec::new();
+    let mut named = 0;
+    for row in &rows {
+        if !row.trim_end().ends_with("| tested |") {
+            wrong.push(format!("not tested: {row}"));
+        }
+        // The test cells: `path.rs::function` in backticks.
+        for quoted in row.split('`').skip(1).step_by(2) {
+            let Some((path, item)) = quoted.split_once(".rs::") else {
+                continue;
+            };
+            named += 1;
+            let path = format!("{path}.rs");
+            // `module::function` names the function; `Item (what it is)` the item.
+            let name = item
+                .rsplit("::")
+                .next()
+                .and_then(|last| last.split_whitespace().next())
+                .unwrap_or_default();
+            let Ok(source) = std::fs::read_to_string(workspace().join(&path)) else {
+                wrong.push(format!("no file {path} (for {quoted})"));
+                continue;
+            };
+            let defined = ["fn ", "struct "].iter().any(|keyword| {
+                source
+                    .match_indices(&format!("{keyword}{name}"))
+                    .any(|(at, found)| {
+                        let after = source[at + found.len()..].chars().next();
+                        after.is_none_or(|c| !(c.is_alphanumeric() || c == '_'))
+                    })
+            });
+            if !defined {
+                wrong.push(format!("{path} defines no {name} (for {quoted})"));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "the ledger is wrong:\n{}",
+        wrong.join("\n")
+    );
+    assert!(
+        named > rows.len(),
+        "{named} tests named for {} rows",
+        rows.len()
+    );
+    let count_line = format!("Now {} rows, all tested.", rows.len());
+    assert!(
+        ledger.contains(&count_line),
+        "the ledger's count line should read {count_line:?}"
+    );
+}
