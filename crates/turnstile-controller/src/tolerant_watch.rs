@@ -175,8 +175,12 @@ impl InvalidObjects {
 /// Decodes one object, naming the field that does not fit (`spec.release: invalid type: …`).
 pub fn decode<K: DeserializeOwned>(object: &DynamicObject) -> Result<K, String> {
     let value = serde_json::to_value(object).map_err(|error| error.to_string())?;
-    serde_path_to_error::deserialize(value)
-        .map_err(|error| format!("{}: {}", error.path(), error.inner()))
+    // Every watch event of every object passes here: tracking the path costs on each field,
+    // so it is done only for the rare object that does not decode.
+    K::deserialize(&value).or_else(|_| {
+        serde_path_to_error::deserialize(value)
+            .map_err(|error| format!("{}: {}", error.path(), error.inner()))
+    })
 }
 
 /// A watch of `K` in `namespace` (all namespaces when `None`) that skips what does not decode.
