@@ -6,7 +6,9 @@
 //! Knobs (environment): `TURNSTILE_BENCH_LOCKS` (default 1000; the scale rows' lock count,
 //! 10 claims each), `TURNSTILE_BENCH_DEEP` (default 1000 waiters), `TURNSTILE_BENCH_IDLE_SECONDS`
 //! (default 60), `TURNSTILE_BENCH_SAMPLES` (default 50). The suite runs the same scenarios
-//! with tiny knobs (`tests/operator_bench.rs`).
+//! with tiny knobs (`tests/operator_bench.rs`). To see where a grant's time goes,
+//! `TURNSTILE_BENCH_CONTROLLER_LOG` sets the controller's `RUST_LOG` and shows its log (with
+//! `debug`: every request of every pass, with its time).
 
 // The e2e tests' request tagging, so the fake's log tells the controller's requests apart.
 #[path = "../../tests/e2e_support/actor.rs"]
