@@ -611,15 +611,19 @@ proptest! {
 // and no longer draw these cases, so each is kept here by name, whatever the strategy becomes.
 // (Cases recorded before `Create` had `owned` create plain claims, as they did then.)
 
-/// A one-second lease: a claim name deleted and created again after its lease ran out.
-#[tokio::test(start_paused = true)]
-async fn regression_a_name_deleted_and_created_again_after_its_lease() {
-    let create = |name| Step::Create {
+/// The step creating plain claim `c{name}` with the lock's lease and no acquire timeout.
+fn create(name: u8) -> Step {
+    Step::Create {
         name,
         lease: None,
         timeout: None,
         owned: false,
-    };
+    }
+}
+
+/// A one-second lease: a claim name deleted and created again after its lease ran out.
+#[tokio::test(start_paused = true)]
+async fn regression_a_name_deleted_and_created_again_after_its_lease() {
     run_steps(
         1,
         1,
@@ -631,24 +635,12 @@ async fn regression_a_name_deleted_and_created_again_after_its_lease() {
 /// Two claims on a mutex with a one-second lease.
 #[tokio::test(start_paused = true)]
 async fn regression_two_claims_on_a_one_second_lease() {
-    let create = |name| Step::Create {
-        name,
-        lease: None,
-        timeout: None,
-        owned: false,
-    };
     run_steps(1, 1, vec![create(0), create(1)]).await;
 }
 
 /// Six claims created out of name order, then a waiter in the middle of the queue deleted.
 #[tokio::test(start_paused = true)]
 async fn regression_a_waiter_deleted_from_the_middle_of_the_queue() {
-    let create = |name| Step::Create {
-        name,
-        lease: None,
-        timeout: None,
-        owned: false,
-    };
     let mut steps: Vec<Step> = [6, 3, 2, 0, 1, 4].into_iter().map(create).collect();
     steps.push(Step::Delete(0));
     run_steps(1, 1, steps).await;
@@ -659,12 +651,6 @@ async fn regression_a_waiter_deleted_from_the_middle_of_the_queue() {
 /// waiter and re-grants it in the backend under a new token (the excuse the README gives).
 #[tokio::test(start_paused = true)]
 async fn regression_a_stale_pass_after_a_downtime() {
-    let create = |name| Step::Create {
-        name,
-        lease: None,
-        timeout: None,
-        owned: false,
-    };
     let sim = run_steps(
         1,
         1,
@@ -685,12 +671,6 @@ async fn regression_a_stale_pass_after_a_downtime() {
 /// waiter, which then ends `LockLost` (the excuse the README gives).
 #[tokio::test(start_paused = true)]
 async fn regression_a_stale_pass_after_a_release() {
-    let create = |name| Step::Create {
-        name,
-        lease: None,
-        timeout: None,
-        owned: false,
-    };
     let sim = run_steps(
         1,
         1,
