@@ -685,3 +685,26 @@ async fn regression_a_stale_pass_after_a_release() {
         .and_then(|s| s.reason.clone());
     assert_eq!(reason.as_deref(), Some("LockLost"));
 }
+
+/// A waiter queued on an invalid lock, deleted while the backend is away, then the lock made
+/// valid again: the deleted claim lingers (its finalizer waits for the backend) with the
+/// reason it had, and is not taken for a waiter (found by CI's run of the property test).
+#[tokio::test(start_paused = true)]
+async fn regression_a_waiter_deleted_on_an_invalid_lock_while_the_backend_is_away() {
+    let sim = run_steps(
+        1,
+        1,
+        vec![
+            Step::LockSpecInvalid,
+            create(7),
+            Step::BackendDown(4),
+            Step::Delete(7),
+            Step::LockSpecValid,
+        ],
+    )
+    .await;
+    assert!(sim
+        .claims
+        .get("c7")
+        .is_none_or(|claim| claim.metadata.deletion_timestamp.is_some()));
+}
