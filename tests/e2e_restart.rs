@@ -149,6 +149,8 @@ async fn injected_write_errors_are_retried_without_double_grants() {
     let b = env.wait_phase("b", ClaimPhase::Held).await;
     assert_eq!(token_of(&b), Some(2));
     env.wait_phase("a", ClaimPhase::Released).await;
+    // b is released next: the monitor must have sampled its grant first.
+    monitor.wait_seen(2).await;
 
     // Server errors on a claim and on the lock's status.
     env.server()

@@ -774,6 +774,8 @@ pub fn reason_of(claim: &LockClaim) -> Option<String> {
 pub struct HolderMonitor {
     stop: oneshot::Sender<()>,
     task: JoinHandle<MonitorReport>,
+    /// The tokens of the holders seen so far, as they are seen.
+    seen_tokens: std::sync::Arc<std::sync::Mutex<Vec<i64>>>,
 }
 
 /// What a [`HolderMonitor`] saw.
@@ -802,6 +804,8 @@ impl HolderMonitor {
         let claims = env.claims();
         let lock = lock.to_owned();
         let (stop, mut stopped) = oneshot::channel::<()>();
+        let seen_tokens = std::sync::Arc::<std::sync::Mutex<Vec<i64>>>::default();
+        let tokens = seen_tokens.clone();
         let task = tokio::spawn(async move {
             let mut report = MonitorReport::default();
             let mut seen = std::collections::HashSet::new();
@@ -833,6 +837,7 @@ impl HolderMonitor {
                             }
                             highest = highest.max(token);
                             report.grants.push((uid, token));
+                            tokens.lock().unwrap_or_else(|p| p.into_inner()).push(token);
                         }
                     }
                 }
@@ -847,7 +852,32 @@ impl HolderMonitor {
             }
             report
         });
-        Self { stop, task }
+        Self {
+            stop,
+            task,
+            seen_tokens,
+        }
+    }
+
+    /// Waits until a sample has shown a holder with `token`: a test that ends a grant soon
+    /// after it is made waits for this first, or the 20 ms sampling may never see it.
+    pub async fn wait_seen(&self, token: i64) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let seen = self
+                .seen_tokens
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&token);
+            if seen {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the monitor never saw a holder with token {token}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Stops sampling and returns the report, asserting no violation was seen.
