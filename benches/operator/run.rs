@@ -190,6 +190,11 @@ fn ungated(pod: &Pod) -> bool {
             .is_some_and(|gates| gates.iter().any(|gate| gate.name == SCHEDULING_GATE))
 }
 
+/// An empty ConfigMap called `name` (the floor's and the grant chain's object).
+fn config_map(name: &str) -> ConfigMap {
+    serde_json::from_value(json!({"metadata": {"name": name}})).expect("cm")
+}
+
 /// The data key the grant-chain row's last patch sets.
 const MARK: &str = "held";
 
@@ -497,17 +502,14 @@ pub async fn run(knobs: Knobs) -> Report {
     controller.wait_ready().await;
 
     // The floor: create an object and see it on our own watch.
-    let seen_maps = Seen::watch(config_maps.clone(), exists);
+    // One watch of ConfigMaps for both rows that use them (see `Seen::watch_each`).
+    let [seen_maps, seen_marked] = Seen::watch_each(config_maps.clone(), [exists, marked]);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut floor_samples = Vec::new();
     for i in 0..samples {
         let name = format!("floor-{i}");
         let start = Instant::now();
-        create(
-            &config_maps,
-            &serde_json::from_value(json!({"metadata": {"name": name}})).expect("cm"),
-        )
-        .await;
+        create(&config_maps, &config_map(&name)).await;
         floor_samples.push(seen_maps.wait(&name).await - start);
     }
     let floor = stats(floor_samples.clone()).p50;
@@ -528,16 +530,11 @@ pub async fn run(knobs: Knobs) -> Report {
     // The least a grant can cost on this API server: the requests of create → `Held` made one
     // after the other by a client in this process, with no controller between them (create,
     // seen on the watch, the finalizer's patch, the status's patch, seen on the watch).
-    let seen_marked = Seen::watch(config_maps.clone(), marked);
     let mut chain = Vec::new();
     for i in 0..samples {
         let name = format!("chain-{i}");
         let start = Instant::now();
-        create(
-            &config_maps,
-            &serde_json::from_value(json!({"metadata": {"name": name}})).expect("cm"),
-        )
-        .await;
+        create(&config_maps, &config_map(&name)).await;
         seen_maps.wait(&name).await;
         for patch in [
             json!({"metadata": {"annotations": {"bench/finalizer": "yes"}}}),
