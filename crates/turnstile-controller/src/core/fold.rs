@@ -124,7 +124,10 @@ impl GrantEnd {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
     /// Claim writes, in the order they must happen: claims leaving `Held` first, so that
-    /// the API never shows more than `maxHolders` held claims even if a later write fails.
+    /// the API never shows more than `maxHolders` held claims even if a later write fails;
+    /// then new grants by fencing token, so that grants are announced in token order (a
+    /// grant the backend made in an earlier pass, re-used now, may carry a smaller token than
+    /// one made in this pass); then the rest.
     pub claims: Vec<ClaimChange>,
     /// The lock's new status, when it differs from the current one.
     pub lock_status: Option<DistributedLockStatus>,
@@ -696,6 +699,7 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
 
     // Claim writes, events and observations.
     let mut leaving_held = Vec::new();
+    let mut grants = Vec::new();
     let mut others = Vec::new();
     let mut events = Vec::new();
     let mut observations = Vec::new();
@@ -767,10 +771,16 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
                 .map_or(was_held, |s| s.phase == Some(ClaimPhase::Held));
         if was_held && !stays_held {
             leaving_held.push(change);
+        } else if !was_held && stays_held {
+            let token = change.status.as_ref().and_then(|s| s.fencing_token);
+            grants.push((token, change));
         } else {
             others.push(change);
         }
     }
+    // (A stable sort: grants of one token, which do not occur, would keep the queue's order.)
+    grants.sort_by_key(|(token, _)| *token);
+    leaving_held.extend(grants.into_iter().map(|(_, change)| change));
     leaving_held.extend(others);
 
     // The lock's status.
