@@ -78,3 +78,18 @@ impl ControllerError {
         }
     }
 }
+
+/// An error with its chain of causes, for status messages (`a: b: c`).
+pub fn describe(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}

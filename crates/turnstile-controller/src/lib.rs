@@ -1,8 +1,8 @@
 //! Turnstile's controller: reconcilers that are small I/O shells over a pure decision core.
 //!
 //! - [`core`]: the decisions (who holds, who waits, who is next), with no I/O.
-//! - [`lock_reconciler`]: one pass over a `DistributedLock` and all its claims, including its
-//!   backend calls on the lock engine.
+//! - [`lock_reconciler`]: one pass over a `DistributedLock` and all its claims (plan → backend
+//!   calls on the lock engine → fold → writes), the code the tests' simulation runs too.
 //! - [`multi_lock`]: claims on several locks, granted all at once by their first lock's pass.
 //! - [`claim_reconciler`]: claims whose lock does not exist.
 //! - [`claim_index`]: the claim cache's names by lock and by owner (no whole-cache scans).
@@ -13,7 +13,8 @@
 //! - [`gate`]: gated workloads (suspended Jobs, Pods with a scheduling gate) go once their claim
 //!   is held.
 //! - [`writer`]: the one way anything is written (leadership gate → conditional patch), and a
-//!   pass's writes decided from the core's decision.
+//!   pass's writes decided from the core's decision and made through a store (the API server,
+//!   or the tests' simulated one).
 //! - [`tolerant_watch`]: lock and claim watches that skip (and report) objects they cannot read.
 //! - [`runtime`]: the watches, caches and controllers (`turnstile run`).
 //! - [`leader`]: leader election on a `coordination.k8s.io` Lease.

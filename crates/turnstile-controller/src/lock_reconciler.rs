@@ -1,6 +1,8 @@
 //! The reconciler of one `DistributedLock`: gathers the lock, all its claims and a backend
-//! snapshot, lets the core decide, performs the backend calls on the lock engine
-//! ([`execute`]), and writes only what changed.
+//! snapshot, runs one pass on them ([`run_pass`]: the core decides, the backend calls are made
+//! on the lock engine ([`execute`]), only what changed is written), and does what follows:
+//! metrics, Events, wakes, the requeue. The controller's property tests run the same
+//! [`run_pass`] over a simulated API server.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -8,21 +10,21 @@ use std::sync::Arc;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Resource, ResourceExt};
 use tracing::Instrument;
 
 use super::backends::BackendLookupError;
 use super::context::{cache_filled, Context};
 use super::core::{
-    fold, plan, BackendOp, BackendView, CallTerms, ClaimChange, ClaimView, Decision, EventSubject,
-    ExecutionGate, FinalizerChange, GrantEnd, LockInput, LockView, Observation, OpOutcome,
-    PlannedOp, LEASE_CUT,
+    fold, plan, BackendOp, BackendView, CallTerms, ClaimView, Decision, EventSubject,
+    ExecutionGate, GrantEnd, LockInput, LockView, Observation, OpOutcome, Plan, PlannedOp,
+    LEASE_CUT,
 };
-use super::error::ControllerError;
+use super::error::{describe, ControllerError};
 use super::events::publish;
 use super::multi_lock::{self, FirstLock, MemberGrants, OtherLock};
 use super::owners::fill_owner_states;
-use super::writer::{ApiWriter, Part, PassWrites, Write};
+use super::writer::{ApiStore, PassStore, PassWriter};
 use crate::metrics::{
     BackendOperation, ControllerKind, LockLostCause, Metrics, ReconcileErrorKind,
 };
@@ -184,43 +186,35 @@ async fn reconcile_inner(
         now,
         backend: backend_view,
     };
-    let planned = plan(&input);
-
-    let mut writer = Writer::new(ctx, lock, &objects);
-    writer
-        .add_claim_finalizers(&planned.finalizers_to_add)
-        .await?;
-    let outcomes = match &backend {
-        Some(backend) => {
-            execute_following(
-                backend.as_ref(),
-                &backend_key,
-                planned.terms,
-                &planned.ops,
-                || ctx.leadership.is_open(),
-                &mut member_grants,
-            )
-            .await
-        }
-        None => Vec::new(),
-    };
-    member_grants.record_grants(&mut input.claims);
-    let mut decision = fold(&input, &planned, &outcomes);
-    if ctx.leadership.is_open() {
-        member_grants.give_back(&mut decision, &input.claims).await;
-    }
+    let mut pass = PassWriter::new(
+        ApiStore::new(ctx.writer(), ctx.client.clone(), &input.lock.namespace),
+        lock,
+        &objects,
+    );
+    let engine = backend.as_deref().map(|backend| Engine {
+        backend,
+        key: &backend_key,
+    });
+    let PassOutcome {
+        planned,
+        outcomes,
+        decision,
+        applied,
+    } = run_pass(&mut pass, &mut input, engine, &mut member_grants, || {
+        ctx.leadership.is_open()
+    })
+    .await?;
     record_failed_calls(&ctx.metrics, kind, &planned.ops, &outcomes);
-    let applied = writer.apply(&input, &decision).await;
     ctx.own_writes.record(
         &input.lock.namespace,
         &input.lock.name,
-        writer.lock_written.take(),
-        std::mem::take(&mut writer.written),
+        pass.lock_written.take(),
+        std::mem::take(&mut pass.written),
     );
     if let Err(error) = applied {
         // The statuses already written changed for good (the next pass sees them as they are
         // now): their Events would never be planned again, so they go out before the retry.
-        let written = std::mem::take(&mut writer.statuses_written);
+        let written = std::mem::take(&mut pass.statuses_written);
         publish_events(ctx, lock, &objects, &input, &decision, Some(&written)).await;
         return Err(error);
     }
@@ -271,6 +265,74 @@ async fn reconcile_inner(
             ctx.reset_backoff(&pass_key);
             Action::requeue(decision.requeue_after)
         }
+    })
+}
+
+/// The lock engine as a pass calls it: the backend and the lock's key in it.
+#[derive(Clone, Copy)]
+pub struct Engine<'a> {
+    /// The backend that answered the pass's snapshot.
+    pub backend: &'a dyn Backend,
+    /// The lock's key in it.
+    pub key: &'a str,
+}
+
+/// What one pass did (its writes' resourceVersions stay in the [`PassWriter`]).
+#[derive(Debug)]
+pub struct PassOutcome {
+    /// The core's plan.
+    pub planned: Plan,
+    /// One outcome per planned call (none without an engine).
+    pub outcomes: Vec<OpOutcome>,
+    /// The core's decision on those outcomes.
+    pub decision: Decision,
+    /// `Ok` when every decided write landed; otherwise the first failure (no later write was
+    /// made: the next pass recomputes from fresh state).
+    pub applied: Result<(), ControllerError>,
+}
+
+/// One pass over a lock, the code the shell and the controller's property tests share: on
+/// `input` (the views of the objects given to `writer`): plan,
+/// finalizers, the calls on `engine` (none when the backend did not answer) while
+/// `may_write` says yes, fold, writes. A claim on several locks is granted on all of
+/// them at once (`members`). `Err` when a finalizer write failed: then no backend call
+/// was made.
+pub async fn run_pass<S: PassStore>(
+    writer: &mut PassWriter<'_, S>,
+    input: &mut LockInput,
+    engine: Option<Engine<'_>>,
+    members: &mut MemberGrants,
+    may_write: impl Fn() -> bool,
+) -> Result<PassOutcome, ControllerError> {
+    let planned = plan(input);
+    writer
+        .add_claim_finalizers(&planned.finalizers_to_add)
+        .await?;
+    let outcomes = match engine {
+        Some(engine) => {
+            execute_following(
+                engine.backend,
+                engine.key,
+                planned.terms,
+                &planned.ops,
+                &may_write,
+                members,
+            )
+            .await
+        }
+        None => Vec::new(),
+    };
+    members.record_grants(&mut input.claims);
+    let mut decision = fold(input, &planned, &outcomes);
+    if may_write() {
+        members.give_back(&mut decision, &input.claims).await;
+    }
+    let applied = writer.apply(input, &decision).await;
+    Ok(PassOutcome {
+        planned,
+        outcomes,
+        decision,
+        applied,
     })
 }
 
@@ -380,133 +442,6 @@ async fn publish_events(
     }
 }
 
-/// Makes one pass's writes (decided by [`PassWrites`]), each conditional on the
-/// resourceVersion the pass read or the one its own previous write produced.
-struct Writer<'a> {
-    api: ApiWriter,
-    lock: &'a DistributedLock,
-    claims: Api<LockClaim>,
-    locks: Api<DistributedLock>,
-    objects: &'a HashMap<String, Arc<LockClaim>>,
-    writes: PassWrites,
-    versions: HashMap<String, Option<String>>,
-    /// The resourceVersion of every claim this pass wrote, and of the lock if it wrote it.
-    written: HashMap<String, String>,
-    lock_written: Option<String>,
-    /// The claims whose status this pass wrote.
-    statuses_written: HashSet<String>,
-}
-
-impl<'a> Writer<'a> {
-    fn new(
-        ctx: &'a Context,
-        lock: &'a DistributedLock,
-        objects: &'a HashMap<String, Arc<LockClaim>>,
-    ) -> Self {
-        let namespace = lock.namespace().unwrap_or_default();
-        Self {
-            api: ctx.writer(),
-            lock,
-            claims: Api::namespaced(ctx.client.clone(), &namespace),
-            locks: Api::namespaced(ctx.client.clone(), &namespace),
-            objects,
-            writes: PassWrites::new(objects.values().map(Arc::as_ref)),
-            versions: objects
-                .iter()
-                .map(|(name, claim)| (name.clone(), claim.resource_version()))
-                .collect(),
-            written: HashMap::new(),
-            lock_written: None,
-            statuses_written: HashSet::new(),
-        }
-    }
-
-    async fn write_claim(&mut self, write: &Write) -> Result<(), ControllerError> {
-        let version = self.versions.get(&write.name).cloned().flatten();
-        let updated = self
-            .api
-            .apply(&self.claims, write, version.as_deref())
-            .await?;
-        if let Some(version) = updated.resource_version() {
-            self.written.insert(write.name.clone(), version);
-        }
-        self.versions
-            .insert(write.name.clone(), updated.resource_version());
-        if write.part == Part::Status {
-            self.statuses_written.insert(write.name.clone());
-        }
-        Ok(())
-    }
-
-    async fn add_claim_finalizers(&mut self, names: &[String]) -> Result<(), ControllerError> {
-        for write in self.writes.add_finalizers(names) {
-            self.write_claim(&write).await?;
-        }
-        Ok(())
-    }
-
-    /// Writes claims in the decided order (claims leaving `Held` first), then the lock.
-    /// Stops at the first failure: the next pass recomputes from fresh state.
-    async fn apply(
-        &mut self,
-        input: &LockInput,
-        decision: &Decision,
-    ) -> Result<(), ControllerError> {
-        for change in &decision.claims {
-            let object = self.objects.get(&change.name);
-            let old = object.and_then(|claim| claim.status.as_ref());
-            for write in self.writes.claim_change(old, change)? {
-                self.write_claim(&write).await?;
-            }
-            log_claim_change(input, change, object.map(Arc::as_ref));
-        }
-        let mut version = self.lock.resource_version();
-        for write in PassWrites::lock(self.lock, decision)? {
-            let updated = self
-                .api
-                .apply(&self.locks, &write, version.as_deref())
-                .await?;
-            version = updated.resource_version();
-            self.lock_written = version.clone();
-        }
-        Ok(())
-    }
-}
-
-/// Logs a claim's phase change (the story of a lock; other status updates are not) and the
-/// release of a deleted claim's grant.
-fn log_claim_change(input: &LockInput, change: &ClaimChange, object: Option<&LockClaim>) {
-    let old = object.and_then(|claim| claim.status.as_ref());
-    if let Some(status) = change
-        .status
-        .as_ref()
-        .filter(|status| old.and_then(|old| old.phase) != status.phase)
-    {
-        let phase = status.phase.unwrap_or_default();
-        tracing::info!(
-            namespace = %input.lock.namespace,
-            lock = %input.lock.name,
-            claim = %change.name,
-            %phase,
-            token = status.fencing_token.unwrap_or_default(),
-            position = status.position.unwrap_or_default(),
-            reason = status.reason.as_deref().unwrap_or(""),
-            "claim is {phase}"
-        );
-    }
-    if change.finalizer == FinalizerChange::Remove
-        && object.is_some_and(|claim| claim.metadata.deletion_timestamp.is_some())
-    {
-        tracing::info!(
-            namespace = %input.lock.namespace,
-            lock = %input.lock.name,
-            claim = %change.name,
-            token = old.and_then(|s| s.fencing_token).unwrap_or_default(),
-            "claim deleted; its grant is released"
-        );
-    }
-}
-
 /// Performs `ops` in order on `backend` for the lock `key` (a semaphore of `max_holders`),
 /// honouring the [`ExecutionGate`]: nothing runs after a failure, no grant runs after a
 /// refused grant. Returns one outcome per op.
@@ -576,21 +511,6 @@ pub async fn execute_following(
         outcomes.push(outcome);
     }
     outcomes
-}
-
-/// An error with its chain of causes, for status messages (`a: b: c`).
-pub fn describe(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 /// One backend call of a pass.

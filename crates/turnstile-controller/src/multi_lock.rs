@@ -29,7 +29,8 @@ use crate::core::{
     plan, BackendOp, BackendView, CallTerms, ClaimChange, ClaimView, Decision, FinalizerChange,
     LockInput, LockView, MemberLock, OpOutcome, Seconds,
 };
-use crate::lock_reconciler::{describe, perform};
+use crate::error::describe;
+use crate::lock_reconciler::perform;
 use turnstile_api::{ClaimPhase, LockClaimStatus};
 use turnstile_lock::Backend;
 

@@ -3,20 +3,23 @@
 //!
 //! A write is first decided as data ([`Write`]: which object, which part, the merge patch) and
 //! then made by an [`ApiWriter`], conditional on the resourceVersion the decision was made from.
-//! [`PassWrites`] decides a lock pass's writes from the core's [`Decision`]; deciding apart
-//! from writing lets the tests' simulation apply exactly the patches the shell sends.
+//! [`PassWrites`] decides a lock pass's writes from the core's [`Decision`], and a
+//! [`PassWriter`] makes them through a [`PassStore`]: the API server ([`ApiStore`]), or the
+//! simulated one of the controller's property tests, which so run the shell's own pass.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
+use std::future::Future;
+use std::sync::Arc;
 
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::context::LeadershipGate;
-use crate::core::{ClaimChange, Decision, FinalizerChange};
+use crate::core::{ClaimChange, Decision, FinalizerChange, LockInput};
 use crate::error::ControllerError;
 use crate::patch::merge_diff;
 use turnstile_api::{DistributedLock, LockClaim, LockClaimStatus, FINALIZER};
@@ -312,6 +315,208 @@ impl PassWrites {
             finalizers.retain(|f| f != FINALIZER);
         }
         Some(Write::finalizers(name, finalizers))
+    }
+}
+
+/// Where a lock pass's writes land: the API server ([`ApiStore`]), or a test's simulated
+/// one (the controller's property tests run the shell's own pass over it).
+pub trait PassStore: Send {
+    /// Makes `write` on the claim it names ([`Target::Claim`]) or on the lock, conditional on
+    /// `resource_version`; returns the object's resourceVersion after it.
+    fn patch(
+        &mut self,
+        target: Target,
+        write: &Write,
+        resource_version: Option<&str>,
+    ) -> impl Future<Output = Result<Option<String>, ControllerError>> + Send;
+
+    /// The pass is about to make `count` writes as one step (its claims' finalizers, or the
+    /// writes it decided). The API server needs no notice; a simulated one schedules the
+    /// failures a test asked for among them.
+    fn before_writes(&mut self, _count: usize) {}
+}
+
+/// [`PassStore`] on the API server, through the [`ApiWriter`] (leadership gate → conditional
+/// patch → error with context).
+pub struct ApiStore {
+    api: ApiWriter,
+    claims: Api<LockClaim>,
+    locks: Api<DistributedLock>,
+}
+
+impl ApiStore {
+    /// Writes through `api` to the claims and locks of `namespace`.
+    pub fn new(api: ApiWriter, client: Client, namespace: &str) -> Self {
+        Self {
+            api,
+            claims: Api::namespaced(client.clone(), namespace),
+            locks: Api::namespaced(client, namespace),
+        }
+    }
+}
+
+impl PassStore for ApiStore {
+    async fn patch(
+        &mut self,
+        target: Target,
+        write: &Write,
+        resource_version: Option<&str>,
+    ) -> Result<Option<String>, ControllerError> {
+        Ok(match target {
+            Target::Claim => self
+                .api
+                .apply(&self.claims, write, resource_version)
+                .await?
+                .resource_version(),
+            Target::Lock => self
+                .api
+                .apply(&self.locks, write, resource_version)
+                .await?
+                .resource_version(),
+        })
+    }
+}
+
+/// Makes one lock pass's writes (decided by [`PassWrites`]) through a [`PassStore`], each
+/// conditional on the resourceVersion the pass read or the one its own previous write
+/// produced; and keeps what they left.
+pub struct PassWriter<'a, S> {
+    store: S,
+    lock: &'a DistributedLock,
+    claims: &'a HashMap<String, Arc<LockClaim>>,
+    writes: PassWrites,
+    versions: HashMap<String, Option<String>>,
+    /// The resourceVersion of every claim this pass wrote.
+    pub written: HashMap<String, String>,
+    /// The lock's resourceVersion after this pass's last write of it.
+    pub lock_written: Option<String>,
+    /// The claims whose status this pass wrote.
+    pub statuses_written: HashSet<String>,
+}
+
+impl<'a, S: PassStore> PassWriter<'a, S> {
+    /// The writer of a pass over `lock` and its `claims` as read (by name), writing through
+    /// `store`.
+    pub fn new(
+        store: S,
+        lock: &'a DistributedLock,
+        claims: &'a HashMap<String, Arc<LockClaim>>,
+    ) -> Self {
+        Self {
+            store,
+            lock,
+            claims,
+            writes: PassWrites::new(claims.values().map(Arc::as_ref)),
+            versions: claims
+                .iter()
+                .map(|(name, claim)| (name.clone(), claim.resource_version()))
+                .collect(),
+            written: HashMap::new(),
+            lock_written: None,
+            statuses_written: HashSet::new(),
+        }
+    }
+
+    async fn write(&mut self, target: Target, write: &Write) -> Result<(), ControllerError> {
+        match target {
+            Target::Claim => {
+                let version = self.versions.get(&write.name).cloned().flatten();
+                let updated = self.store.patch(target, write, version.as_deref()).await?;
+                if let Some(version) = &updated {
+                    self.written.insert(write.name.clone(), version.clone());
+                }
+                self.versions.insert(write.name.clone(), updated);
+                if write.part == Part::Status {
+                    self.statuses_written.insert(write.name.clone());
+                }
+            }
+            Target::Lock => {
+                let version = match &self.lock_written {
+                    Some(version) => Some(version.clone()),
+                    None => self.lock.resource_version(),
+                };
+                self.lock_written = self.store.patch(target, write, version.as_deref()).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds the controller's finalizer to the claims named that lack it (before the pass's
+    /// backend calls).
+    pub async fn add_claim_finalizers(&mut self, names: &[String]) -> Result<(), ControllerError> {
+        let writes = self.writes.add_finalizers(names);
+        self.store.before_writes(writes.len());
+        for write in &writes {
+            self.write(Target::Claim, write).await?;
+        }
+        Ok(())
+    }
+
+    /// Writes claims in the decided order (claims leaving `Held` first), then the lock.
+    /// Stops at the first failure.
+    pub async fn apply(
+        &mut self,
+        input: &LockInput,
+        decision: &Decision,
+    ) -> Result<(), ControllerError> {
+        let claims = self.claims;
+        let writes = self.writes.decision(
+            self.lock,
+            |name| claims.get(name).and_then(|claim| claim.status.as_ref()),
+            decision,
+        )?;
+        self.store.before_writes(writes.len());
+        let mut landed = HashSet::new();
+        let mut result = Ok(());
+        for pass_write in &writes {
+            result = self.write(pass_write.target, &pass_write.write).await;
+            if result.is_err() {
+                break;
+            }
+            landed.insert(pass_write.write.name.as_str());
+        }
+        for change in decision
+            .claims
+            .iter()
+            .filter(|c| landed.contains(c.name.as_str()))
+        {
+            log_claim_change(input, change, claims.get(&change.name).map(Arc::as_ref));
+        }
+        result
+    }
+}
+
+/// Logs a claim's phase change (the story of a lock; other status updates are not) and the
+/// release of a deleted claim's grant.
+fn log_claim_change(input: &LockInput, change: &ClaimChange, object: Option<&LockClaim>) {
+    let old = object.and_then(|claim| claim.status.as_ref());
+    if let Some(status) = change
+        .status
+        .as_ref()
+        .filter(|status| old.and_then(|old| old.phase) != status.phase)
+    {
+        let phase = status.phase.unwrap_or_default();
+        tracing::info!(
+            namespace = %input.lock.namespace,
+            lock = %input.lock.name,
+            claim = %change.name,
+            %phase,
+            token = status.fencing_token.unwrap_or_default(),
+            position = status.position.unwrap_or_default(),
+            reason = status.reason.as_deref().unwrap_or(""),
+            "claim is {phase}"
+        );
+    }
+    if change.finalizer == FinalizerChange::Remove
+        && object.is_some_and(|claim| claim.metadata.deletion_timestamp.is_some())
+    {
+        tracing::info!(
+            namespace = %input.lock.namespace,
+            lock = %input.lock.name,
+            claim = %change.name,
+            token = old.and_then(|s| s.fencing_token).unwrap_or_default(),
+            "claim deleted; its grant is released"
+        );
     }
 }
 

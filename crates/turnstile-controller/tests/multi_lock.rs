@@ -21,16 +21,41 @@ use proptest::prelude::*;
 use turnstile_api::{
     BackendKind, ClaimPhase, DistributedLock, DistributedLockSpec, LockClaim, LockClaimSpec,
 };
-use turnstile_controller::core::{
-    fold, plan, BackendView, ClaimView, LockInput, LockView, LEASE_CUT,
-};
-use turnstile_controller::lock_reconciler::execute_following;
+use turnstile_controller::core::{BackendView, ClaimView, LockInput, LockView, LEASE_CUT};
+use turnstile_controller::lock_reconciler::{run_pass, Engine};
 use turnstile_controller::multi_lock::{other_locks_needed, prepare, OtherLock};
-use turnstile_controller::writer::{PassWrite, PassWrites, Target, Write};
+use turnstile_controller::writer::{PassStore, PassWriter};
+use turnstile_controller::writer::{Target, Write};
+use turnstile_controller::ControllerError;
 use turnstile_lock::{AcquireMode, AcquireRequest, Backend, MemoryBackend};
 
 mod sim;
-use sim::{decided_writes, patched, paused_runtime};
+use sim::{patched, paused_runtime};
+
+/// The world's API server as a lock's pass writes to it (every write lands).
+struct WorldApi<'w> {
+    world: &'w mut World,
+    /// The lock whose pass writes.
+    lock: String,
+}
+
+impl PassStore for WorldApi<'_> {
+    async fn patch(
+        &mut self,
+        target: Target,
+        write: &Write,
+        _resource_version: Option<&str>,
+    ) -> Result<Option<String>, ControllerError> {
+        match target {
+            Target::Claim => self.world.apply_to_claim(write),
+            Target::Lock => {
+                let patched = patched(&self.world.locks[&self.lock], write);
+                self.world.locks.insert(self.lock.clone(), patched);
+            }
+        }
+        Ok(None)
+    }
+}
 
 const NS: &str = "team-a";
 const LOCKS: [&str; 4] = ["a", "b", "c", "d"];
@@ -167,7 +192,7 @@ impl World {
         }
     }
 
-    /// One pass of `lock`, as `lock_reconciler` makes it. `follow_others: false` is the
+    /// One pass of `lock`: the shell's own [`run_pass`]. `follow_others: false` is the
     /// control: the other locks are neither read nor taken.
     async fn pass(&mut self, lock: &str, follow_others: bool) {
         let object = self.locks[lock].clone();
@@ -209,33 +234,25 @@ impl World {
             now,
             backend,
         };
-        let planned = plan(&input);
-        let mut writes = PassWrites::new(self.claims.values());
-        for write in writes.add_finalizers(&planned.finalizers_to_add) {
-            self.apply_to_claim(&write);
-        }
-        let outcomes = execute_following(
-            self.backend.as_ref(),
-            &key,
-            planned.terms,
-            &planned.ops,
-            || true,
-            &mut members,
-        )
-        .await;
-        members.record_grants(&mut input.claims);
-        let mut decision = fold(&input, &planned, &outcomes);
-        members.give_back(&mut decision, &input.claims).await;
-        let pass_writes = decided_writes(&mut writes, &object, &self.claims, &decision);
-        for PassWrite { target, write } in &pass_writes {
-            match target {
-                Target::Claim => self.apply_to_claim(write),
-                Target::Lock => {
-                    let patched = patched(&self.locks[lock], write);
-                    self.locks.insert(lock.to_owned(), patched);
-                }
-            }
-        }
+        let objects: HashMap<String, Arc<LockClaim>> = self
+            .claims
+            .iter()
+            .map(|(name, claim)| (name.clone(), Arc::new(claim.clone())))
+            .collect();
+        let backend = Arc::clone(&self.backend);
+        let engine = Engine {
+            backend: backend.as_ref(),
+            key: &key,
+        };
+        let store = WorldApi {
+            world: self,
+            lock: lock.to_owned(),
+        };
+        let mut pass = PassWriter::new(store, &object, &objects);
+        let outcome = run_pass(&mut pass, &mut input, Some(engine), &mut members, || true)
+            .await
+            .expect("finalizer writes land");
+        outcome.applied.expect("writes land");
     }
 
     /// A claim write as the API server applies it; records grants; checks FIFO per lock.

@@ -1,10 +1,12 @@
 //! The simulation the core's tests drive: a simulated API server holding one lock and its
-//! claims, the real in-memory lock engine, a simulated clock, and the shell's own pass (plan →
-//! backend calls → fold → the writer's decided patches, applied as merge patches).
+//! claims, the real in-memory lock engine, a simulated clock, and the shell's own pass
+//! ([`run_pass`]: plan → finalizers → backend calls → fold → the decided writes), writing to
+//! the simulated server as to the real one: merge patches, conditional on resourceVersions,
+//! failing as the test schedules.
 // Each test binary uses a different part of this shared support.
 #![allow(dead_code)]
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,15 +15,18 @@ use k8s_openapi::jiff::Timestamp;
 use turnstile_api::reasons;
 use turnstile_api::{
     BackendKind, ClaimPhase, DistributedLock, DistributedLockSpec, LockClaim, LockClaimSpec,
-    LockClaimStatus,
 };
 use turnstile_controller::core::{
-    fold, plan, BackendView, ClaimView, Decision, EventSubject, LockInput, LockView, OpOutcome,
-    OwnerState, Plan, EXACT_POSITIONS,
+    plan, BackendView, ClaimView, Decision, EventSubject, LockInput, LockView, OpOutcome,
+    OwnerState, EXACT_POSITIONS,
 };
-use turnstile_controller::lock_reconciler::{describe, execute};
+use turnstile_controller::error::describe;
+use turnstile_controller::lock_reconciler::{run_pass, Engine, PassOutcome};
+use turnstile_controller::multi_lock::MemberGrants;
 use turnstile_controller::patch::apply_merge_patch;
-use turnstile_controller::writer::{PassWrite, PassWrites, Target, Write};
+use turnstile_controller::writer::{PassStore, PassWriter};
+use turnstile_controller::writer::{Target, Write};
+use turnstile_controller::ControllerError;
 use turnstile_lock::{
     AcquireOutcome, AcquireRequest, Backend, LockError, LockResult, LockSnapshot, MemoryBackend,
     WakeSubscription,
@@ -162,6 +167,94 @@ impl Backend for FaultyBackend {
     }
 }
 
+/// What [`Sim::run_pass`] did.
+struct SimPass {
+    /// How many backend calls the pass planned.
+    calls: usize,
+    /// Whether its snapshot failed (so it made no call).
+    backend_away: bool,
+    /// The pass's outcome (`Err`: a finalizer write failed, before any call).
+    outcome: Result<PassOutcome, ControllerError>,
+}
+
+/// The simulated API server as a pass writes to it: each write checked against the object's
+/// resourceVersion (409 Conflict when the pass read an older one, as from a stale cache),
+/// failing as the test scheduled ([`Sim::fail_api_write`], or every write), else applied as
+/// a merge patch.
+struct SimApi<'s> {
+    sim: &'s mut Sim,
+    /// Every write fails.
+    writes_fail: bool,
+    /// The index, within the current step of writes, of the one that fails.
+    failing: Option<usize>,
+    /// Writes made so far in the current step.
+    made: usize,
+}
+
+/// The API server's answer to a write it refuses: `code` (409 Conflict, 500 for a failure).
+fn api_error(code: u16, write: &Write) -> ControllerError {
+    let (message, reason) = match code {
+        409 => ("the object has been modified", "Conflict"),
+        _ => ("injected by the simulation", "InternalError"),
+    };
+    let status = kube::core::Status::failure(message, reason).with_code(code);
+    ControllerError::kube(
+        format!("writing {}", write.name),
+        kube::Error::Api(status.boxed()),
+    )
+}
+
+impl PassStore for SimApi<'_> {
+    fn before_writes(&mut self, count: usize) {
+        self.made = 0;
+        if count > 0 && self.failing.is_none() {
+            self.failing = self.sim.api_write_fails.take().map(|k| k % count);
+        }
+    }
+
+    async fn patch(
+        &mut self,
+        target: Target,
+        write: &Write,
+        resource_version: Option<&str>,
+    ) -> Result<Option<String>, ControllerError> {
+        let index = self.made;
+        self.made += 1;
+        let current = match target {
+            Target::Claim => self
+                .sim
+                .claims
+                .get(&write.name)
+                .and_then(|claim| claim.metadata.resource_version.clone()),
+            Target::Lock => self.sim.lock.metadata.resource_version.clone(),
+        };
+        if resource_version.is_some() && resource_version != current.as_deref() {
+            return Err(api_error(409, write));
+        }
+        if self.writes_fail || self.failing == Some(index) {
+            self.failing = None;
+            return Err(api_error(500, write));
+        }
+        match target {
+            Target::Claim => {
+                self.sim.apply_to_claim(write);
+                Ok(self
+                    .sim
+                    .claims
+                    .get(&write.name)
+                    .and_then(|claim| claim.metadata.resource_version.clone()))
+            }
+            Target::Lock => {
+                let mut lock = patched(&self.sim.lock, write);
+                lock.metadata.resource_version = self.sim.next_version();
+                self.sim.lock = lock;
+                self.sim.writes += 1;
+                Ok(self.sim.lock.metadata.resource_version.clone())
+            }
+        }
+    }
+}
+
 /// A simulated API server holding one lock and its claims, a real memory backend, and a
 /// clock shared by both (tokio's paused clock drives the backend's leases).
 pub struct Sim {
@@ -218,6 +311,9 @@ pub struct Sim {
     /// Extra passes the next `settle` may take: one after a stale pass, whose stray grants
     /// are released by the pass after the one that finds them.
     pub extra_passes: usize,
+    /// The last resourceVersion the simulated API server gave out (one counter for all
+    /// objects, as etcd's revision).
+    pub revision: u64,
 }
 
 impl Sim {
@@ -236,6 +332,7 @@ impl Sim {
         lock.metadata.namespace = Some(NS.to_owned());
         lock.metadata.uid = Some("lock-uid".to_owned());
         lock.metadata.generation = Some(1);
+        lock.metadata.resource_version = Some("1".to_owned());
         Self {
             backend: Arc::new(MemoryBackend::new()),
             faults: Arc::new(Faults::default()),
@@ -262,7 +359,14 @@ impl Sim {
             lapsed_while_down: BTreeSet::new(),
             taken_for_waiters: BTreeSet::new(),
             extra_passes: 0,
+            revision: 1,
         }
+    }
+
+    /// The next resourceVersion: every change of an object gets a new one.
+    fn next_version(&mut self) -> Option<String> {
+        self.revision += 1;
+        Some(self.revision.to_string())
     }
 
     pub fn now(&self) -> Timestamp {
@@ -328,6 +432,7 @@ impl Sim {
             uid: Some(format!("uid-{}", self.next_uid)),
             generation: Some(1),
             creation_timestamp: Some(self.now_time()),
+            resource_version: self.next_version(),
             ..ObjectMeta::default()
         };
         self.created_seq.insert(name.to_owned(), self.seq);
@@ -373,11 +478,13 @@ impl Sim {
     }
 
     pub fn edit_spec(&mut self, name: &str, edit: impl FnOnce(&mut LockClaimSpec)) {
+        let version = self.next_version();
         if let Some(claim) = self.claims.get_mut(name) {
             let before = claim.spec.clone();
             edit(&mut claim.spec);
             if claim.spec != before {
                 claim.metadata.generation = claim.metadata.generation.map(|g| g + 1);
+                claim.metadata.resource_version = version;
             }
         }
     }
@@ -400,13 +507,15 @@ impl Sim {
 
     pub fn delete(&mut self, name: &str) {
         let now = self.now_time();
+        let version = self.next_version();
         let Some(claim) = self.claims.get_mut(name) else {
             return;
         };
         if claim.metadata.finalizers.as_ref().is_none_or(Vec::is_empty) {
             self.claims.remove(name);
-        } else {
-            claim.metadata.deletion_timestamp.get_or_insert(now);
+        } else if claim.metadata.deletion_timestamp.is_none() {
+            claim.metadata.deletion_timestamp = Some(now);
+            claim.metadata.resource_version = version;
         }
     }
 
@@ -422,6 +531,7 @@ impl Sim {
         }
         self.lock.spec.max_holders = max_holders;
         self.lock.metadata.generation = self.lock.metadata.generation.map(|g| g + 1);
+        self.lock.metadata.resource_version = self.next_version();
     }
 
     pub fn restart_backend(&mut self) {
@@ -470,10 +580,10 @@ impl Sim {
         }
     }
 
-    /// A pass's first step on the current claims and backend: the lock's backend key, the
-    /// pass's input and its plan, and the engine if its snapshot answered (as the shell's
+    /// What a pass reads before it runs, on the current claims and backend: the lock's
+    /// backend key, the pass's input, and the engine if its snapshot answered (as the shell's
     /// `backend_of`: a failed snapshot is `BackendView::Unavailable`, and no call is made).
-    async fn plan_now(&self) -> (String, LockInput, Plan, Option<FaultyBackend>) {
+    async fn read_now(&self) -> (String, LockInput, Option<FaultyBackend>) {
         let key = LockView::from_resource(&self.lock).backend_key();
         let engine = self.engine();
         let (view, engine) = match engine.snapshot(&key).await {
@@ -492,25 +602,55 @@ impl Sim {
                 None,
             ),
         };
-        let input = self.input(view);
-        let planned = plan(&input);
-        (key, input, planned, engine)
+        (key, self.input(view), engine)
     }
 
-    /// The plan's backend calls on `engine`, none without one (the shell's `execute`).
-    async fn call(engine: Option<&FaultyBackend>, key: &str, planned: &Plan) -> Vec<OpOutcome> {
-        match engine {
-            Some(engine) => {
-                engine.faults.arm_for(planned.ops.len());
-                execute(engine, key, planned.terms, &planned.ops).await
-            }
-            None => Vec::new(),
+    /// Runs the shell's own pass ([`run_pass`]) on the current claims, writing to this
+    /// simulated API server (every write failing with `writes_fail`). Returns the number of
+    /// calls it planned and what it did (`Err`: a finalizer write failed, before any call).
+    async fn run_pass(&mut self, writes_fail: bool) -> SimPass {
+        let (key, mut input, engine) = self.read_now().await;
+        // The plan the pass is about to make (it is pure), to schedule a mid-pass failure.
+        let calls = plan(&input).ops.len();
+        if let Some(engine) = &engine {
+            engine.faults.arm_for(calls);
+        }
+        let lock = self.lock.clone();
+        let objects: HashMap<String, Arc<LockClaim>> = self
+            .claims
+            .iter()
+            .map(|(name, claim)| (name.clone(), Arc::new(claim.clone())))
+            .collect();
+        let store = SimApi {
+            sim: self,
+            writes_fail,
+            failing: None,
+            made: 0,
+        };
+        let mut pass = PassWriter::new(store, &lock, &objects);
+        let backend_away = engine.is_none();
+        let engine = engine.as_ref().map(|engine| Engine {
+            backend: engine,
+            key: &key,
+        });
+        let outcome = run_pass(
+            &mut pass,
+            &mut input,
+            engine,
+            &mut MemberGrants::default(),
+            || true,
+        )
+        .await;
+        SimPass {
+            calls,
+            backend_away,
+            outcome,
         }
     }
 
-    /// One pass whose API writes all fail after its backend calls were made (a 500, or the
-    /// 409s of a stale cache), reading `view` as its claim cache (a stale one, or `None` for
-    /// the current claims). Nothing of it reaches the API; the backend keeps what it did.
+    /// One pass whose API writes all fail (a 500, or the 409s of a stale cache), reading
+    /// `view` as its claim cache (a stale one, or `None` for the current claims). Nothing of
+    /// it reaches the API; the backend keeps what it did.
     pub async fn pass_losing_writes(&mut self, view: Option<BTreeMap<String, LockClaim>>) {
         // Claims gone from the API meanwhile are gone from any cache that shows them again.
         let current = self.claims.clone();
@@ -527,8 +667,13 @@ impl Sim {
             self.extra_passes = 1;
             self.claims = stale;
         }
-        let (key, _, planned, engine) = self.plan_now().await;
-        let _ = Self::call(engine.as_ref(), &key, &planned).await;
+        let pass = self.run_pass(true).await;
+        if let Ok(outcome) = &pass.outcome {
+            assert!(
+                outcome.applied.is_err() || !outcome.decision.writes_anything(),
+                "a pass whose writes all fail reported them landed"
+            );
+        }
         self.claims = current;
     }
 
@@ -557,55 +702,27 @@ impl Sim {
         let fired = self.faults.fired();
         let before = self.claims.clone();
         let grants_before = self.grants.len();
-        let (key, input, planned, engine) = self.plan_now().await;
-        // The shell's own write decisions, applied as the API server applies merge patches.
-        let mut writes = PassWrites::new(self.claims.values());
-        let finalizers = writes.add_finalizers(&planned.finalizers_to_add);
-        let failing = match self.api_write_fails {
-            Some(k) if !finalizers.is_empty() => {
-                self.api_write_fails = None;
-                Some(k % finalizers.len())
-            }
-            _ => None,
+        let SimPass {
+            calls: ops,
+            backend_away,
+            outcome,
+        } = self.run_pass(false).await;
+        let Ok(outcome) = outcome else {
+            // No backend call was made: nothing to note about renewals.
+            return PassResult {
+                ops,
+                decision: None,
+                write_failed: true,
+            };
         };
-        for (made, write) in finalizers.iter().enumerate() {
-            if failing == Some(made) {
-                // No backend call was made: nothing to note about renewals.
-                return PassResult {
-                    ops: planned.ops.len(),
-                    decision: None,
-                    write_failed: true,
-                };
-            }
-            self.apply_to_claim(write);
-        }
-        let outcomes = Self::call(engine.as_ref(), &key, &planned).await;
-        let decision = fold(&input, &planned, &outcomes);
-        let met_failure = engine.is_none()
+        let decision = outcome.decision;
+        let complete = outcome.applied.is_ok();
+        let met_failure = backend_away
             || self.faults.fired() > fired
-            || outcomes
+            || outcome
+                .outcomes
                 .iter()
                 .any(|outcome| matches!(outcome, OpOutcome::Failed { .. }));
-        let pass_writes = decided_writes(&mut writes, &self.lock, &self.claims, &decision);
-        let failing = match (failing, self.api_write_fails) {
-            (Some(_), _) => failing,
-            (None, Some(k)) if !pass_writes.is_empty() => {
-                self.api_write_fails = None;
-                Some(k % pass_writes.len())
-            }
-            _ => None,
-        };
-        let complete = failing.is_none();
-        let landed = failing.unwrap_or(pass_writes.len());
-        for PassWrite { target, write } in &pass_writes[..landed] {
-            match target {
-                Target::Claim => self.apply_to_claim(write),
-                Target::Lock => {
-                    self.lock = patched(&self.lock, write);
-                    self.writes += 1;
-                }
-            }
-        }
         if complete {
             for event in &decision.events {
                 let subject = match &event.subject {
@@ -620,8 +737,8 @@ impl Sim {
                 // The core blocks the lock the same way as for an outage (`LockMode::Blocked`),
                 // with the reasons the README lists for an invalid lock spec.
                 let reasons = (reasons::INVALID_SPEC, reasons::INVALID_LOCK_SPEC);
-                self.check_blocked_pass(&before, grants_before, reasons, engine.is_none());
-            } else if engine.is_none() {
+                self.check_blocked_pass(&before, grants_before, reasons, backend_away);
+            } else if backend_away {
                 let reasons = (reasons::BACKEND_UNAVAILABLE, reasons::BACKEND_UNAVAILABLE);
                 self.check_blocked_pass(&before, grants_before, reasons, true);
             }
@@ -631,7 +748,7 @@ impl Sim {
         let blocked = !complete || LockView::from_resource(&self.lock).spec_problem().is_some();
         self.after_pass(&before, met_failure, met_failure || blocked);
         PassResult {
-            ops: planned.ops.len(),
+            ops,
             decision: Some(decision),
             write_failed: !complete,
         }
@@ -771,9 +888,11 @@ impl Sim {
             .iter()
             .filter(|(name, claim)| **name != write.name && is_held(claim))
             .count();
+        let version = self.next_version();
         let before = self.claims.get(&write.name).expect("claim");
         let was_held = is_held(before);
-        let claim = patched(before, write);
+        let mut claim = patched(before, write);
+        claim.metadata.resource_version = version;
         self.writes += 1;
         let status = claim.status.clone().unwrap_or_default();
         let now_held = is_held(&claim);
@@ -1160,23 +1279,6 @@ impl Sim {
             assert!(status.fencing_token >= Some(max_token));
         }
     }
-}
-
-/// The writes the shell decides for `decision` over `claims` as they stand (before the pass's
-/// own writes), in the order it makes them.
-pub fn decided_writes(
-    writes: &mut PassWrites,
-    lock: &DistributedLock,
-    claims: &BTreeMap<String, LockClaim>,
-    decision: &Decision,
-) -> Vec<PassWrite> {
-    let statuses: BTreeMap<&str, Option<&LockClaimStatus>> = claims
-        .iter()
-        .map(|(name, claim)| (name.as_str(), claim.status.as_ref()))
-        .collect();
-    writes
-        .decision(lock, |name| statuses.get(name).copied().flatten(), decision)
-        .expect("serializable statuses")
 }
 
 /// `object` with `write`'s merge patch applied, as the API server stores it.
