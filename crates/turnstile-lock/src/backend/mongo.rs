@@ -234,6 +234,24 @@ async fn upsert_returning_new(
     ))
 }
 
+/// Updates the existing document `filter` finds (no upsert) with `update`; returns the
+/// document as the update left it, parsed, or `None` when nothing matched.
+async fn update_existing(
+    collection: &Collection<Document>,
+    operation: &'static str,
+    filter: Document,
+    update: impl Into<mongodb::options::UpdateModifications>,
+) -> LockResult<Option<LockDocument>> {
+    let document = collection
+        .find_one_and_update(filter, update)
+        .return_document(ReturnDocument::After)
+        .await
+        .map_err(mongo_error(operation))?;
+    document
+        .map(|document| LockDocument::parse(&document).map_err(malformed(operation)))
+        .transpose()
+}
+
 impl MongoBackend {
     /// Connects to `url` (`mongodb://…` or `mongodb+srv://…`), checks the server answers,
     /// creates the locks collection if it is missing (idempotent: concurrent starts are fine)
@@ -458,16 +476,10 @@ impl Backend for MongoBackend {
         let collection = self.shared.collection.clone();
         let (filter, owner) = (doc! { "_id": key }, owner.to_owned());
         self.write_in_turn("release", key, async move {
-            let document = collection
-                .find_one_and_update(filter, release_pipeline(&owner, i64::from(max_holders)))
-                .return_document(ReturnDocument::After)
-                .await
-                .map_err(mongo_error("release"))?;
-            match document {
+            let update = release_pipeline(&owner, i64::from(max_holders));
+            match update_existing(&collection, "release", filter, update).await? {
                 None => Ok(false),
-                Some(document) => LockDocument::parse(&document)
-                    .and_then(|parsed| parsed.release_outcome(&owner))
-                    .map_err(malformed("release")),
+                Some(parsed) => parsed.release_outcome(&owner).map_err(malformed("release")),
             }
         })
         .await
@@ -482,15 +494,10 @@ impl Backend for MongoBackend {
         let update = extend_pipeline(owner, millis(ttl));
         let (collection, owner) = (self.shared.collection.clone(), owner.to_owned());
         self.write_in_turn("extend", key, async move {
-            let document = collection
-                .find_one_and_update(filter, update)
-                .return_document(ReturnDocument::After)
-                .await
-                .map_err(mongo_error("extend"))?;
-            match document {
+            match update_existing(&collection, "extend", filter, update).await? {
                 None => Ok(None),
-                Some(document) => LockDocument::parse(&document)
-                    .and_then(|parsed| parsed.extend_outcome(&owner))
+                Some(parsed) => parsed
+                    .extend_outcome(&owner)
                     .map(Some)
                     .map_err(malformed("extend")),
             }
