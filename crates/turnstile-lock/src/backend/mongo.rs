@@ -111,35 +111,22 @@ impl MongoBackendConfig {
         Self::default()
     }
 
-    /// The database holding the locks collection (overrides the URL's `/database`).
-    pub fn database(mut self, name: impl Into<String>) -> Self {
-        self.database = Some(name.into());
-        self
-    }
+    setters! {
+        /// The database holding the locks collection (overrides the URL's `/database`).
+        database(name: impl Into<String>) => database = Some(name.into());
 
-    /// The locks collection's name.
-    pub fn collection(mut self, name: impl Into<String>) -> Self {
-        self.collection = name.into();
-        self
-    }
+        /// The locks collection's name.
+        collection(name: impl Into<String>) => collection = name.into();
 
-    /// How waiters learn about releases.
-    pub fn wake_mode(mut self, mode: MongoWakeMode) -> Self {
-        self.wake_mode = mode;
-        self
-    }
+        /// How waiters learn about releases.
+        wake_mode(mode: MongoWakeMode) => wake_mode = mode;
 
-    /// How often keys with local waiters are polled when there is no change stream.
-    pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.poll_interval = interval;
-        self
-    }
+        /// How often keys with local waiters are polled when there is no change stream.
+        poll_interval(interval: Duration) => poll_interval = interval;
 
-    /// How long one operation may take before it fails as
-    /// [`LockError::BackendUnavailable`] (also bounds server selection at connect).
-    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
-        self.operation_timeout = timeout;
-        self
+        /// How long one operation may take before it fails as
+        /// [`LockError::BackendUnavailable`] (also bounds server selection at connect).
+        operation_timeout(timeout: Duration) => operation_timeout = timeout;
     }
 }
 
