@@ -97,7 +97,8 @@ pub async fn releaser_does_not_regrab_its_own_lock(h: Harness) {
     let locker = h.locker();
     let gate = locker.lock("rr", LONG).acquire().await.expect("gate");
     let grants = Arc::new(Mutex::new(Vec::new()));
-    let worker = |worker: usize| {
+    // One worker: ROUNDS acquires, each recorded, then released after a yield.
+    let rounds_of = |worker: usize| {
         let (locker, grants) = (locker.clone(), grants.clone());
         async move {
             for _ in 0..ROUNDS {
@@ -113,7 +114,9 @@ pub async fn releaser_does_not_regrab_its_own_lock(h: Harness) {
             }
         }
     };
-    let tasks: Vec<_> = (0..WORKERS).map(|w| tokio::spawn(worker(w))).collect();
+    let tasks: Vec<_> = (0..WORKERS)
+        .map(|worker| tokio::spawn(rounds_of(worker)))
+        .collect();
     eventually("all workers queued", || async {
         locker.snapshot("rr").await.expect("snapshot").waiters.len() == WORKERS
     })
