@@ -413,6 +413,44 @@ fn floor_cell(floor: Option<&Floor>) -> String {
     floor.map_or("-".into(), |floor| micros(floor.rtt))
 }
 
+/// A share of the floor's rate as a percentage, `-` without a floor.
+fn percent_cell(ratio: Option<f64>) -> String {
+    ratio.map_or("-".into(), |r| format!("{:.0}%", r * 100.0))
+}
+
+/// A latency in µs, with how many floor round trips it is when there is a floor.
+fn latency_cell(latency: Duration, floor: Option<&Floor>) -> String {
+    format!("{}{}", micros(latency), in_rtts(latency, floor))
+}
+
+impl Table {
+    /// Adds a measured row: `backend`, `scenario`, `per_sec` operations a second and what one
+    /// takes at that rate, the adjacent `floor`'s round trip, then the `rest` of the cells.
+    fn push_measured(
+        &mut self,
+        backend: &str,
+        scenario: String,
+        per_sec: f64,
+        floor: Option<&Floor>,
+        rest: [String; 6],
+    ) {
+        let [vs_floor, p50, p99, to_other, fair_share, targets] = rest;
+        self.rows.push([
+            backend.into(),
+            scenario,
+            format!("{per_sec:.0}"),
+            micros(Duration::from_secs_f64(1.0 / per_sec)),
+            floor_cell(floor),
+            vs_floor,
+            p50,
+            p99,
+            to_other,
+            fair_share,
+            targets,
+        ]);
+    }
+}
+
 async fn floor_row(backend: &str, scenario: &str, probe: FloorProbe<'_>, table: &mut Table) {
     let floor = probe.measure(FLOOR_TIME).await;
     table.rows.push([
@@ -450,21 +488,22 @@ async fn backend_rows<'p>(
     let floor = floor.as_ref();
     let pairs = uncontended(&locker).await;
     let ratio = floor.map(|floor| pairs / floor.ops_per_sec);
-    table.rows.push([
-        name.into(),
+    table.push_measured(
+        name,
         "uncontended acquire+release".into(),
-        format!("{pairs:.0}"),
-        micros(Duration::from_secs_f64(1.0 / pairs)),
-        floor_cell(floor),
-        ratio.map_or("-".into(), |r| format!("{:.0}%", r * 100.0)),
-        "-".into(),
-        "-".into(),
-        "-".into(),
-        "-".into(),
-        ratio.map_or("-".into(), |r| {
-            format!("≥45% of floor: {}", verdict(r >= TARGET_PAIR_RATIO))
-        }),
-    ]);
+        pairs,
+        floor,
+        [
+            percent_cell(ratio),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+            ratio.map_or("-".into(), |r| {
+                format!("≥45% of floor: {}", verdict(r >= TARGET_PAIR_RATIO))
+            }),
+        ],
+    );
     for tasks in WAITER_COUNTS {
         eprintln!("{name}: hand-off with {tasks} tasks");
         let floor = adjacent_floor(probe(&contended_key(tasks))).await;
@@ -491,49 +530,43 @@ async fn backend_rows<'p>(
                 );
             }
         }
-        table.rows.push([
-            name.into(),
+        table.push_measured(
+            name,
             format!("hand-off, {tasks} tasks on one key"),
-            format!("{:.0}", result.acquisitions_per_sec),
-            micros(Duration::from_secs_f64(1.0 / result.acquisitions_per_sec)),
-            floor_cell(floor),
-            "-".into(),
-            format!("{}{}", micros(result.p50), in_rtts(result.p50, floor)),
-            format!("{}{}", micros(result.p99), in_rtts(result.p99, floor)),
-            format!("{:.1}%", result.to_other_share * 100.0),
-            format!(
-                "{:.2} ({:.2})",
-                result.longest_wait_in_fair_shares, result.p99_wait_in_fair_shares
-            ),
-            targets.join(", "),
-        ]);
+            result.acquisitions_per_sec,
+            floor,
+            [
+                "-".into(),
+                latency_cell(result.p50, floor),
+                latency_cell(result.p99, floor),
+                format!("{:.1}%", result.to_other_share * 100.0),
+                format!(
+                    "{:.2} ({:.2})",
+                    result.longest_wait_in_fair_shares, result.p99_wait_in_fair_shares
+                ),
+                targets.join(", "),
+            ],
+        );
     }
     eprintln!("{name}: shared/exclusive, {READERS} readers + 1 writer");
     let floor = adjacent_floor(probe(READ_WRITE_KEY)).await;
     let floor = floor.as_ref();
     let result = read_write(&locker, READERS).await;
     let ratio = floor.map(|floor| result.reader_pairs_per_sec / floor.ops_per_sec);
-    table.rows.push([
-        name.into(),
+    table.push_measured(
+        name,
         format!("shared/exclusive: {READERS} readers + 1 writer (writer wait)"),
-        format!("{:.0}", result.reader_pairs_per_sec),
-        micros(Duration::from_secs_f64(1.0 / result.reader_pairs_per_sec)),
-        floor_cell(floor),
-        ratio.map_or("-".into(), |r| format!("{:.0}%", r * 100.0)),
-        format!(
-            "{}{}",
-            micros(result.writer_p50),
-            in_rtts(result.writer_p50, floor)
-        ),
-        format!(
-            "{}{}",
-            micros(result.writer_p99),
-            in_rtts(result.writer_p99, floor)
-        ),
-        "-".into(),
-        "-".into(),
-        format!("writer served {} times", result.writes),
-    ]);
+        result.reader_pairs_per_sec,
+        floor,
+        [
+            percent_cell(ratio),
+            latency_cell(result.writer_p50, floor),
+            latency_cell(result.writer_p99, floor),
+            "-".into(),
+            "-".into(),
+            format!("writer served {} times", result.writes),
+        ],
+    );
 }
 
 /// `redis://127.0.0.1:PORT` of the cluster primary that owns lock `key` (default prefix): any

@@ -70,6 +70,9 @@
 //! Dropping the last handle of an unreleased [`Lock`] releases it in the background when a
 //! tokio runtime is available; otherwise its lease runs out.
 
+#[macro_use]
+mod setters;
+
 pub mod backend;
 pub mod error;
 mod handle;

@@ -113,19 +113,15 @@ pub struct LockRequest {
 }
 
 impl LockRequest {
-    /// Overrides the locker's retry policy for this request.
-    pub fn retry(mut self, policy: RetryPolicy) -> Self {
-        self.retry = policy;
-        self
-    }
+    setters! {
+        /// Overrides the locker's retry policy for this request.
+        retry(policy: RetryPolicy) => retry = policy;
 
-    /// Admits up to `max_holders` holders at once, of any mode (with
-    /// [`shared`](LockRequest::shared): a counting semaphore or a read/write lock); default 1.
-    /// A different value takes effect at the next grant: lowering it never revokes a holder,
-    /// it only stops grants until the holders drop below it.
-    pub fn max_holders(mut self, max_holders: u32) -> Self {
-        self.max_holders = max_holders;
-        self
+        /// Admits up to `max_holders` holders at once, of any mode (with
+        /// [`shared`](LockRequest::shared): a counting semaphore or a read/write lock); default 1.
+        /// A different value takes effect at the next grant: lowering it never revokes a holder,
+        /// it only stops grants until the holders drop below it.
+        max_holders(max_holders: u32) => max_holders = max_holders;
     }
 
     /// Holds together with other shared holders, up to `max_holders` at once (a reader of a
@@ -154,36 +150,26 @@ impl LockRequest {
         })
     }
 
-    /// Queue priority (default 0): a waiter of higher priority is served first, first come
-    /// first served within one priority. A holder is never preempted.
-    pub fn priority(mut self, priority: i32) -> Self {
-        self.priority = priority;
-        self
-    }
+    setters! {
+        /// Queue priority (default 0): a waiter of higher priority is served first, first come
+        /// first served within one priority. A holder is never preempted.
+        priority(priority: i32) => priority = priority;
 
-    /// A hard limit on how long one grant lasts: it ends at (backend clock at the grant) +
-    /// `max_hold`, whatever its renewals or re-acquires; `extend` after that fails with
-    /// [`LockError::LockLost`]. Validated like a ttl.
-    pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.max_hold = Some(max_hold);
-        self
-    }
+        /// A hard limit on how long one grant lasts: it ends at (backend clock at the grant) +
+        /// `max_hold`, whatever its renewals or re-acquires; `extend` after that fails with
+        /// [`LockError::LockLost`]. Validated like a ttl.
+        max_hold(max_hold: Duration) => max_hold = Some(max_hold);
 
-    /// If this grant ends involuntarily (its lease runs out, also at the max-hold deadline),
-    /// nobody is granted the key until `lease_end + lock_delay`, so a stalled holder's last
-    /// writes drain first. A release hands off at once. Default zero.
-    pub fn lock_delay(mut self, lock_delay: Duration) -> Self {
-        self.lock_delay = lock_delay;
-        self
-    }
+        /// If this grant ends involuntarily (its lease runs out, also at the max-hold deadline),
+        /// nobody is granted the key until `lease_end + lock_delay`, so a stalled holder's last
+        /// writes drain first. A release hands off at once. Default zero.
+        lock_delay(lock_delay: Duration) => lock_delay = lock_delay;
 
-    /// Uses an explicit owner token instead of a fresh random 128-bit one. Re-acquiring with a
-    /// token that already holds the lock is idempotent (same fencing token, lease refreshed).
-    /// The token must be unique to one logical holder: cancelling an acquire releases whatever
-    /// this token holds on the key.
-    pub fn owner(mut self, token: impl Into<String>) -> Self {
-        self.owner = Some(token.into());
-        self
+        /// Uses an explicit owner token instead of a fresh random 128-bit one. Re-acquiring with a
+        /// token that already holds the lock is idempotent (same fencing token, lease refreshed).
+        /// The token must be unique to one logical holder: cancelling an acquire releases whatever
+        /// this token holds on the key.
+        owner(token: impl Into<String>) => owner = Some(token.into());
     }
 
     /// Acquires the lock, waiting per the retry policy. Fails with [`LockError::Timeout`]

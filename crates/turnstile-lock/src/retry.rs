@@ -182,40 +182,30 @@ mod tests {
         }
     }
 
+    /// What `policy` plans after `attempt` attempts, asked `elapsed` after the first began.
+    fn plan_after(policy: &RetryPolicy, attempt: u32, elapsed: Duration) -> Option<Duration> {
+        let started = Instant::now();
+        policy.plan(&context(attempt, started), started + elapsed)
+    }
+
+    fn ms(millis: u64) -> Duration {
+        Duration::from_millis(millis)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn retry_times_counts_retries_after_the_first_attempt() {
-        let policy = RetryPolicy::forever()
-            .retry_times(2)
-            .retry_delay(Duration::from_millis(50));
-        let now = Instant::now();
-        assert_eq!(
-            policy.plan(&context(0, now), now),
-            Some(Duration::from_millis(50))
-        );
-        assert_eq!(
-            policy.plan(&context(1, now), now),
-            Some(Duration::from_millis(50))
-        );
-        assert_eq!(policy.plan(&context(2, now), now), None);
+        let policy = RetryPolicy::forever().retry_times(2).retry_delay(ms(50));
+        let plans = [0, 1, 2].map(|attempt| plan_after(&policy, attempt, Duration::ZERO));
+        assert_eq!(plans, [Some(ms(50)), Some(ms(50)), None]);
     }
 
     #[tokio::test(start_paused = true)]
     async fn total_time_truncates_the_last_delay_and_then_stops() {
-        let policy = RetryPolicy::new()
-            .total_time(Duration::from_millis(120))
-            .retry_delay(Duration::from_millis(100));
-        let started = Instant::now();
-        assert_eq!(
-            policy.plan(&context(0, started), started),
-            Some(Duration::from_millis(100))
-        );
-        let later = started + Duration::from_millis(100);
-        assert_eq!(
-            policy.plan(&context(1, started), later),
-            Some(Duration::from_millis(20))
-        );
-        let at_deadline = started + Duration::from_millis(120);
-        assert_eq!(policy.plan(&context(2, started), at_deadline), None);
+        let policy = RetryPolicy::new().total_time(ms(120)).retry_delay(ms(100));
+        // The last one asked at the deadline.
+        let plans = [(0, 0), (1, 100), (2, 120)]
+            .map(|(attempt, elapsed)| plan_after(&policy, attempt, ms(elapsed)));
+        assert_eq!(plans, [Some(ms(100)), Some(ms(20)), None]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -224,28 +214,20 @@ mod tests {
             if ctx.attempt == 4 {
                 RetryDecision::Stop
             } else {
-                RetryDecision::RetryAfter(Duration::from_millis(u64::from(ctx.attempt + 1) * 50))
+                RetryDecision::RetryAfter(ms(u64::from(ctx.attempt + 1) * 50))
             }
         });
-        let now = Instant::now();
-        assert_eq!(
-            policy.plan(&context(3, now), now),
-            Some(Duration::from_millis(200))
-        );
-        assert_eq!(policy.plan(&context(4, now), now), None);
+        let plans = [3, 4].map(|attempt| plan_after(&policy, attempt, Duration::ZERO));
+        assert_eq!(plans, [Some(ms(200)), None]);
     }
 
     #[tokio::test(start_paused = true)]
     async fn default_is_bounded_and_polls_twice_a_second() {
         let policy = RetryPolicy::default();
-        let started = Instant::now();
         assert_eq!(
-            policy.plan(&context(1000, started), started),
+            plan_after(&policy, 1000, Duration::ZERO),
             Some(DEFAULT_RETRY_DELAY)
         );
-        assert_eq!(
-            policy.plan(&context(1, started), started + DEFAULT_TOTAL_TIME),
-            None
-        );
+        assert_eq!(plan_after(&policy, 1, DEFAULT_TOTAL_TIME), None);
     }
 }

@@ -13,18 +13,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mongodb::bson::{doc, Bson, Document};
+use support::grants::{
+    acquire_as, is_taken, joined_within, locker_retrying, no_polling, pushed_on_release, LONG,
+    NO_POLLING,
+};
 use support::until_queued;
 use test_servers::{under_ci, MongoFlavor, MongoServer};
 use turnstile_lock::backend::{MongoBackend, MongoBackendConfig, MongoWakeMode, MongoWakeSource};
-use turnstile_lock::{Backend, LockError, Locker, RetryPolicy};
-
-const LONG: Duration = Duration::from_secs(60);
-/// A retry delay so long that only a wake-up can explain a prompt acquisition.
-const NO_POLLING: Duration = Duration::from_secs(30);
-
-fn no_polling() -> RetryPolicy {
-    RetryPolicy::forever().retry_delay(NO_POLLING)
-}
+use turnstile_lock::{Backend, LockError, Locker};
 
 /// The shared test server, or `None` (after one printed line) when there is none.
 async fn shared_server() -> Option<Arc<MongoServer>> {
@@ -66,10 +62,10 @@ async fn connect(uri: &str, config: MongoBackendConfig) -> MongoBackend {
 }
 
 fn locker(backend: &MongoBackend) -> Locker {
-    Locker::new(backend.clone()).with_retry(
-        RetryPolicy::new()
-            .total_time(Duration::from_secs(20))
-            .retry_delay(Duration::from_millis(200)),
+    locker_retrying(
+        backend.clone(),
+        Duration::from_secs(20),
+        Duration::from_millis(200),
     )
 }
 
@@ -87,6 +83,18 @@ async fn raw_collection(
 
 /// A holder on `releasing`, a waiter on `waiting` (another client) that never polls: the
 /// waiter must get the lock promptly after the release, so the wake-up crossed clients.
+/// Asserts that both clients learn of releases by `source`, then [`handoff_across_clients`].
+async fn woken_by(
+    source: MongoWakeSource,
+    releasing: &MongoBackend,
+    waiting: &MongoBackend,
+    key: &str,
+) {
+    assert_eq!(releasing.wake_source(), source, "the releasing client");
+    assert_eq!(waiting.wake_source(), source, "the waiting client");
+    handoff_across_clients(releasing, waiting, key).await;
+}
+
 async fn handoff_across_clients(releasing: &MongoBackend, waiting: &MongoBackend, key: &str) {
     let holder = locker(releasing)
         .lock(key, LONG)
@@ -106,12 +114,7 @@ async fn handoff_across_clients(releasing: &MongoBackend, waiting: &MongoBackend
         })
     };
     until_queued(releasing, key, "remote-waiter").await;
-    holder.release().await.expect("release");
-    let lock = tokio::time::timeout(NO_POLLING / 2, waiter)
-        .await
-        .expect("woken by the release, not by polling")
-        .expect("join")
-        .expect("acquired");
+    let lock = pushed_on_release(&holder, waiter).await;
     assert!(lock.fencing_token() > holder.fencing_token());
     lock.release().await.expect("release");
 }
@@ -125,9 +128,13 @@ async fn change_streams_wake_a_waiter_in_another_client() {
     let config = MongoBackendConfig::new().database(&database);
     let releasing = connect(server.uri(), config.clone()).await;
     let waiting = connect(server.uri(), config.wake_mode(MongoWakeMode::ChangeStream)).await;
-    assert_eq!(releasing.wake_source(), MongoWakeSource::ChangeStream);
-    assert_eq!(waiting.wake_source(), MongoWakeSource::ChangeStream);
-    handoff_across_clients(&releasing, &waiting, "cross-client").await;
+    woken_by(
+        MongoWakeSource::ChangeStream,
+        &releasing,
+        &waiting,
+        "cross-client",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -141,8 +148,7 @@ async fn polling_wakes_waiters_in_order_without_change_streams() {
         .poll_interval(Duration::from_millis(20));
     let releasing = connect(server.uri(), config.clone()).await;
     let waiting = connect(server.uri(), config).await;
-    assert_eq!(waiting.wake_source(), MongoWakeSource::Polling);
-    handoff_across_clients(&releasing, &waiting, "polled").await;
+    woken_by(MongoWakeSource::Polling, &releasing, &waiting, "polled").await;
 
     // Several waiters on the polling client are served first come, first served.
     let holder = locker(&releasing)
@@ -155,13 +161,13 @@ async fn polling_wakes_waiters_in_order_without_change_streams() {
     for index in 0..4 {
         let (locker, order) = (locker(&waiting), Arc::clone(&order));
         tasks.push(tokio::spawn(async move {
-            let lock = locker
-                .lock("polled-fifo", LONG)
-                .owner(format!("fifo-{index}"))
-                .retry(no_polling())
-                .acquire()
-                .await
-                .expect("acquire");
+            let lock = acquire_as(
+                &locker,
+                "polled-fifo",
+                format!("fifo-{index}"),
+                no_polling(),
+            )
+            .await;
             order.lock().unwrap().push(index);
             lock.release().await.expect("release");
         }));
@@ -169,10 +175,7 @@ async fn polling_wakes_waiters_in_order_without_change_streams() {
     }
     holder.release().await.expect("release");
     for task in tasks {
-        tokio::time::timeout(NO_POLLING / 2, task)
-            .await
-            .expect("woken by polling the wake field")
-            .expect("join");
+        joined_within(NO_POLLING / 2, task, "woken by polling the wake field").await;
     }
     assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3]);
 }
@@ -196,8 +199,7 @@ async fn a_standalone_server_falls_back_to_polling() {
     );
     let releasing = connect(server.uri(), config.clone()).await;
     let waiting = connect(server.uri(), config).await;
-    assert_eq!(releasing.wake_source(), MongoWakeSource::Polling);
-    handoff_across_clients(&releasing, &waiting, "standalone").await;
+    woken_by(MongoWakeSource::Polling, &releasing, &waiting, "standalone").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -322,13 +324,7 @@ async fn owner_tokens_and_keys_are_taken_literally() {
             .expect("acquire");
         for intruder in ["$$NOW", "$$ROOT", "$fence", "$holders.owner"] {
             assert!(
-                locker
-                    .lock(key, LONG)
-                    .owner(intruder)
-                    .try_acquire()
-                    .await
-                    .expect("try")
-                    .is_none(),
+                is_taken(&locker.lock(key, LONG).owner(intruder)).await,
                 "{intruder} got {key} while $holders held it"
             );
         }
@@ -410,6 +406,31 @@ async fn a_semaphore_raced_by_several_clients_counts_zero_violations() {
 /// Retries `try_acquire` while the driver reconnects after a restart. A clean restart loses
 /// nothing, so a held key is a failure (`lost_release_lease` zero); a crash may lose the key's
 /// last release too, leaving it held until that lease ends, so that is waited out.
+/// Takes and releases `key` (lease `lease`) on `backend`; returns the grant's fencing token.
+async fn token_of_one_grant(backend: &MongoBackend, key: &str, lease: Duration) -> u64 {
+    let lock = locker(backend)
+        .lock(key, lease)
+        .acquire()
+        .await
+        .expect("lock");
+    lock.release().await.expect("release");
+    lock.fencing_token()
+}
+
+/// Runs `restart` (a clean restart or a crash) on `server` on a blocking thread, and hands
+/// the server back once it is up again.
+async fn restarted(
+    mut server: MongoServer,
+    restart: fn(&mut MongoServer) -> std::io::Result<()>,
+) -> MongoServer {
+    tokio::task::spawn_blocking(move || {
+        restart(&mut server).expect("restart");
+        server
+    })
+    .await
+    .expect("launcher thread")
+}
+
 async fn lock_after_restart(
     backend: &MongoBackend,
     key: &str,
@@ -443,21 +464,11 @@ async fn tokens_and_wake_ups_survive_restarts_and_the_floor_covers_data_loss() {
         .operation_timeout(Duration::from_secs(5));
     let releasing = connect(server.uri(), config.clone()).await;
     let waiting = connect(server.uri(), config).await;
-    let before = locker(&releasing)
-        .lock("restart", LONG)
-        .acquire()
-        .await
-        .expect("lock");
-    before.release().await.expect("release");
-    server = tokio::task::spawn_blocking(move || {
-        server.restart().expect("restart");
-        server
-    })
-    .await
-    .expect("launcher thread");
+    let before = token_of_one_grant(&releasing, "restart", LONG).await;
+    server = restarted(server, MongoServer::restart).await;
     let after = lock_after_restart(&releasing, "restart", Duration::ZERO).await;
     assert!(
-        after.fencing_token() > before.fencing_token(),
+        after.fencing_token() > before,
         "a clean restart keeps the counter"
     );
     after.release().await.expect("release");
@@ -468,23 +479,10 @@ async fn tokens_and_wake_ups_survive_restarts_and_the_floor_covers_data_loss() {
     // high-water mark kept elsewhere (the DistributedLock's status) restores the order.
     // A short lease: the crash may lose this grant's release, which then holds until it ends.
     let crash_lease = Duration::from_secs(3);
-    let high_water = locker(&releasing)
-        .lock("crash", crash_lease)
-        .acquire()
-        .await
-        .expect("lock");
-    high_water.release().await.expect("release");
-    server = tokio::task::spawn_blocking(move || {
-        server.crash_and_restart().expect("crash and restart");
-        server
-    })
-    .await
-    .expect("launcher thread");
+    let high_water = token_of_one_grant(&releasing, "crash", crash_lease).await;
+    server = restarted(server, MongoServer::crash_and_restart).await;
     let raised = loop {
-        match releasing
-            .raise_fencing_floor("crash", high_water.fencing_token())
-            .await
-        {
+        match releasing.raise_fencing_floor("crash", high_water).await {
             Ok(counter) => break counter,
             Err(error) => {
                 assert!(error.is_backend_unavailable(), "{error}");
@@ -492,9 +490,9 @@ async fn tokens_and_wake_ups_survive_restarts_and_the_floor_covers_data_loss() {
             }
         }
     };
-    assert!(raised >= high_water.fencing_token());
+    assert!(raised >= high_water);
     let next = lock_after_restart(&releasing, "crash", crash_lease).await;
-    assert!(next.fencing_token() > high_water.fencing_token());
+    assert!(next.fencing_token() > high_water);
     next.release().await.expect("release");
     handoff_across_clients(&releasing, &waiting, "crash").await;
     drop(server);

@@ -8,14 +8,40 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::AsyncCommands;
+use support::grants::{
+    acquire_as, hold, is_taken, joined_within, no_polling, pushed_on_release, LONG,
+};
 use support::{eventually, launch, until_queued};
 use test_servers::RedisServer;
-use turnstile_lock::{Backend, LockError, Locker, RedisBackend, RedisBackendConfig, RetryPolicy};
-
-const LONG: Duration = Duration::from_secs(60);
+use turnstile_lock::{
+    Backend, Lock, LockError, LockResult, Locker, RedisBackend, RedisBackendConfig, RetryPolicy,
+};
 
 async fn start_server() -> RedisServer {
     launch("redis-server starts", RedisServer::start).await
+}
+
+/// Starts a redis-server and a locker on it under key prefix `prefix`.
+async fn server_and_locker(prefix: &str) -> (RedisServer, Locker) {
+    let server = start_server().await;
+    let locker = Locker::new(connect(&server, prefix).await);
+    (server, locker)
+}
+
+/// Starts a background acquire of `key` (lease [`LONG`]) retrying by `policy`, and waits
+/// until it is the one waiter queued on `key`.
+async fn queued_waiter(
+    locker: &Locker,
+    key: &str,
+    policy: RetryPolicy,
+) -> tokio::task::JoinHandle<LockResult<Lock>> {
+    let request = locker.lock(key, LONG).retry(policy);
+    let waiter = tokio::spawn(async move { request.acquire().await });
+    eventually("the waiter is queued", || async {
+        locker.snapshot(key).await.expect("snapshot").waiters.len() == 1
+    })
+    .await;
+    waiter
 }
 
 async fn connect(server: &RedisServer, prefix: &str) -> RedisBackend {
@@ -46,9 +72,7 @@ fn hash_slot_input(key: &str) -> &str {
 
 #[tokio::test]
 async fn keys_share_one_hash_tag_use_the_prefix_and_expire() {
-    let server = start_server().await;
-    let backend = connect(&server, "app:").await;
-    let locker = Locker::new(backend.clone());
+    let (server, locker) = server_and_locker("app:").await;
     let mut raw = raw_connection(&server).await;
     // Braces and percent signs in a key must not break the hash tag.
     for key in [
@@ -59,21 +83,7 @@ async fn keys_share_one_hash_tag_use_the_prefix_and_expire() {
         "50%{a}b}",
     ] {
         let holder = locker.lock(key, LONG).acquire().await.expect("holder");
-        let waiter = {
-            let locker = locker.clone();
-            let key = key.to_owned();
-            tokio::spawn(async move {
-                locker
-                    .lock(key, LONG)
-                    .retry(RetryPolicy::forever())
-                    .acquire()
-                    .await
-            })
-        };
-        eventually("the waiter is queued", || async {
-            locker.snapshot(key).await.expect("snapshot").waiters.len() == 1
-        })
-        .await;
+        let waiter = queued_waiter(&locker, key, RetryPolicy::forever()).await;
         let keys: Vec<String> = raw.keys("*").await.expect("KEYS");
         assert!(keys.iter().all(|name| name.starts_with("app:")), "{keys:?}");
         let mut suffixes: Vec<&str> = keys
@@ -122,13 +132,8 @@ async fn keys_share_one_hash_tag_use_the_prefix_and_expire() {
         .expect("holder");
     let token = short.fencing_token();
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let next = locker
-        .lock("delayed", LONG)
-        .try_acquire()
-        .await
-        .expect("try");
     assert!(
-        next.is_none(),
+        is_taken(&locker.lock("delayed", LONG)).await,
         "granted inside the lock-delay after token {token}"
     );
     let keys: Vec<String> = raw.keys("app:{delayed}:delay").await.expect("KEYS");
@@ -157,14 +162,8 @@ async fn waiters_in_other_processes_are_woken_in_fifo_order() {
         let locker = lockers[i % 2].clone();
         let order = order.clone();
         tasks.push(tokio::spawn(async move {
-            let lock = locker
-                .lock("x", LONG)
-                .owner(format!("p{}-w{i}", i % 2))
-                // Polling every 30 s: only pub/sub explains a prompt hand-off.
-                .retry(RetryPolicy::forever().retry_delay(Duration::from_secs(30)))
-                .acquire()
-                .await
-                .expect("acquire");
+            // Polling every 30 s: only pub/sub explains a prompt hand-off.
+            let lock = acquire_as(&locker, "x", format!("p{}-w{i}", i % 2), no_polling()).await;
             order.lock().unwrap().push(i);
             lock.release().await.expect("release");
         }));
@@ -172,35 +171,17 @@ async fn waiters_in_other_processes_are_woken_in_fifo_order() {
     }
     holder.release().await.expect("release");
     for task in tasks {
-        tokio::time::timeout(Duration::from_secs(15), task)
-            .await
-            .expect("pushed, not polled")
-            .expect("join");
+        joined_within(Duration::from_secs(15), task, "pushed, not polled").await;
     }
     assert_eq!(*order.lock().unwrap(), (0..8).collect::<Vec<_>>());
 }
 
 #[tokio::test]
 async fn pub_sub_reconnects_and_resubscribes() {
-    let server = start_server().await;
-    let backend = connect(&server, "t:").await;
-    let locker = Locker::new(backend.clone());
+    let (server, locker) = server_and_locker("t:").await;
     let mut raw = raw_connection(&server).await;
     let holder = locker.lock("rc", LONG).acquire().await.expect("holder");
-    let waiter = {
-        let locker = locker.clone();
-        tokio::spawn(async move {
-            locker
-                .lock("rc", LONG)
-                .retry(RetryPolicy::forever().retry_delay(Duration::from_secs(30)))
-                .acquire()
-                .await
-        })
-    };
-    eventually("queued", || async {
-        locker.snapshot("rc").await.expect("snapshot").waiters.len() == 1
-    })
-    .await;
+    let waiter = queued_waiter(&locker, "rc", no_polling()).await;
     let channel = "t:{rc}:wake";
     let subscribers = |raw: &mut redis::aio::MultiplexedConnection| {
         let mut raw = raw.clone();
@@ -226,12 +207,8 @@ async fn pub_sub_reconnects_and_resubscribes() {
         async move { subscribers(&mut raw).await == 1 }
     })
     .await;
-    holder.release().await.expect("release");
-    let lock = tokio::time::timeout(Duration::from_secs(15), waiter)
-        .await
-        .expect("woken through the new subscription")
-        .expect("join")
-        .expect("acquire");
+    // Woken through the new subscription.
+    let lock = pushed_on_release(&holder, waiter).await;
     lock.release().await.expect("release");
 }
 
@@ -290,14 +267,8 @@ async fn unreachable_or_stopped_server_is_a_typed_error() {
 
 #[tokio::test]
 async fn expiry_follows_the_server_clock() {
-    let server = start_server().await;
-    let backend = connect(&server, "t:").await;
-    let locker = Locker::new(backend.clone());
-    let lock = locker
-        .lock("clock", Duration::from_millis(1500))
-        .acquire()
-        .await
-        .expect("lock");
+    let (server, locker) = server_and_locker("t:").await;
+    let lock = hold(&locker, "clock", Duration::from_millis(1500), "lock").await;
     let mut raw = raw_connection(&server).await;
     let (score, time): (f64, (u64, u64)) = redis::pipe()
         .zscore("t:{clock}:holders", lock.owner())

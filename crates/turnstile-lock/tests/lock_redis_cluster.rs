@@ -10,7 +10,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::contended::{run_contended_with_fault, ContendedRun};
+use support::contended::{run_contended_with_fault, ContendedReport, ContendedRun, Progress};
 
 use support::launch;
 use support::tls::{assert_an_unknown_ca_is_rejected, mutual_tls_config};
@@ -152,6 +152,7 @@ fn move_slot(cluster: &RedisCluster, slot: u16, to: &Primary) -> usize {
 }
 
 /// A contended run set up on a cluster of the test's own (the test disturbs it).
+#[derive(Clone)]
 struct ClusterStress {
     cluster: Arc<RedisCluster>,
     /// Under the test's key prefix, retrying ([`retrying_for_a_minute`]).
@@ -165,14 +166,21 @@ struct ClusterStress {
     fence_key: String,
 }
 
-/// Starts a cluster and sets up a contended run on lock `key` under `prefix`, with leases of
-/// `lease`, its calls retried every `retry_delay` ([`retrying_for_a_minute`]).
-async fn stress_on_own_cluster(
+/// Starts a cluster, sets up a contended run on lock `key` under `prefix` with leases of
+/// `lease`, its calls retried every `retry_delay` ([`retrying_for_a_minute`]), and runs it
+/// while `fault` (on a blocking thread, given the set-up and the run's progress) disturbs
+/// the cluster. Returns the set-up and the run's report.
+async fn stress_on_own_cluster<T, F>(
     prefix: &str,
     key: &'static str,
     lease: Duration,
     retry_delay: Duration,
-) -> ClusterStress {
+    fault: F,
+) -> (ClusterStress, ContendedReport<T>)
+where
+    F: FnOnce(ClusterStress, Progress) -> T + Send + 'static,
+    T: Send + 'static,
+{
     let cluster = Arc::new(launch("Redis Cluster starts", RedisCluster::start).await);
     let backend = RedisBackend::connect(RedisBackendConfig::new(cluster.url()).key_prefix(prefix))
         .await
@@ -180,14 +188,20 @@ async fn stress_on_own_cluster(
     let locker = Locker::new(backend).with_retry(retrying_for_a_minute(retry_delay));
     let slot = keyslot(&cluster, &format!("{prefix}{{{key}}}:holders"));
     let start_owner = owner_of(&cluster, slot);
-    ClusterStress {
+    let stress = ClusterStress {
         cluster,
         locker,
         run: ContendedRun::four_tasks_of_forty_rounds(key, lease, Duration::from_secs(120)),
         slot,
         start_owner,
         fence_key: format!("{prefix}{{{key}}}:fence"),
-    }
+    };
+    let site = stress.clone();
+    let report = run_contended_with_fault(&stress.locker, stress.run, move |progress| {
+        fault(site, progress)
+    })
+    .await;
+    (stress, report)
 }
 
 /// Retries every `delay` for up to 60 s: calls fail while the fault happens.
@@ -197,60 +211,59 @@ fn retrying_for_a_minute(delay: Duration) -> RetryPolicy {
         .retry_delay(delay)
 }
 
-/// The value of the fence counter `key` on the node `port` (the slot's owner).
-fn fence_counter(cluster: &RedisCluster, port: u16, key: &str) -> u64 {
-    let counter = bulk(
-        &cluster
-            .node(port)
-            .expect("the owner node")
-            .command(&["GET", key])
-            .expect("GET fence"),
-    );
-    counter.parse().expect("fence counter")
+impl ClusterStress {
+    /// The value of the lock's fence counter on the node `port` (the slot's owner).
+    fn fence_counter_on(&self, port: u16) -> u64 {
+        let counter = bulk(
+            &self
+                .cluster
+                .node(port)
+                .expect("the owner node")
+                .command(&["GET", &self.fence_key])
+                .expect("GET fence"),
+        );
+        counter.parse().expect("fence counter")
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn moving_a_locks_slot_mid_stress_counts_zero_violations() {
-    let stress = stress_on_own_cluster(
+    // Move the slot away and back while the tasks contend.
+    let move_twice = |stress: ClusterStress, progress: Progress| {
+        let (cluster, slot) = (&stress.cluster, stress.slot);
+        let mut moves = Vec::new();
+        for target_fraction in [4, 2] {
+            progress.wait_for_grants(
+                stress.run.total_grants() / target_fraction,
+                Duration::from_secs(60),
+            );
+            let current = owner_of(cluster, slot);
+            let target = primaries(cluster)
+                .into_iter()
+                .find(|primary| primary.id != current.id)
+                .expect("another primary");
+            let keys = move_slot(cluster, slot, &target);
+            moves.push((current.port, target.port, keys));
+        }
+        moves
+    };
+    let (stress, report) = stress_on_own_cluster(
         "mig:",
         "migrating",
         Duration::from_secs(20),
         Duration::from_millis(100),
+        move_twice,
     )
-    .await;
-    let (cluster, run, slot) = (stress.cluster, stress.run, stress.slot);
-    let (locker, start_owner) = (stress.locker, stress.start_owner);
-
-    // Move the slot away and back while the tasks contend.
-    let report = run_contended_with_fault(&locker, run, {
-        let cluster = cluster.clone();
-        move |progress| {
-            let mut moves = Vec::new();
-            for target_fraction in [4, 2] {
-                progress.wait_for_grants(
-                    run.total_grants() / target_fraction,
-                    Duration::from_secs(60),
-                );
-                let current = owner_of(&cluster, slot);
-                let target = primaries(&cluster)
-                    .into_iter()
-                    .find(|primary| primary.id != current.id)
-                    .expect("another primary");
-                let keys = move_slot(&cluster, slot, &target);
-                moves.push((current.port, target.port, keys));
-            }
-            moves
-        }
-    })
     .await;
     let moves = &report.fault;
 
-    let end_owner = owner_of(&cluster, slot);
+    let slot = stress.slot;
+    let end_owner = owner_of(&stress.cluster, slot);
     println!(
         "slot {slot}: moves (from, to, keys) {moves:?}; start {} end {}; grants {}; backend errors {}",
-        start_owner.port, end_owner.port, report.grants, report.backend_errors
+        stress.start_owner.port, end_owner.port, report.grants, report.backend_errors
     );
-    report.assert_safe_and_complete(&run);
+    report.assert_safe_and_complete(&stress.run);
     assert_eq!(moves.len(), 2);
     assert!(
         moves.iter().all(|&(_, _, keys)| keys >= 1),
@@ -258,10 +271,7 @@ async fn moving_a_locks_slot_mid_stress_counts_zero_violations() {
     );
     assert_ne!(moves[0].0, moves[0].1);
     // The fence counter lives on the new owner and kept counting.
-    assert_eq!(
-        fence_counter(&cluster, end_owner.port, &stress.fence_key),
-        report.last_token
-    );
+    assert_eq!(stress.fence_counter_on(end_owner.port), report.last_token);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -347,51 +357,43 @@ fn replica_of(cluster: &RedisCluster, primary_id: &str) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_failover_mid_stress_counts_zero_violations() {
-    let stress = stress_on_own_cluster(
+    // A manual failover of the lock's primary once a third of the grants are done: the
+    // replica catches up (the primary pauses its clients meanwhile), then takes over.
+    let fail_over = |stress: ClusterStress, progress: Progress| {
+        let (cluster, slot) = (&stress.cluster, stress.slot);
+        progress.wait_for_grants(stress.run.total_grants() / 3, Duration::from_secs(60));
+        let replica = replica_of(cluster, &stress.start_owner.id);
+        let reply = cluster
+            .node(replica)
+            .expect("replica node")
+            .command(&["CLUSTER", "FAILOVER"])
+            .expect("CLUSTER FAILOVER");
+        assert_eq!(reply, "+OK\r\n", "{reply}");
+        let promoted = test_servers::wait_until(Duration::from_secs(30), || {
+            owner_of(cluster, slot).port == replica
+        });
+        assert!(promoted, "the replica took over slot {slot}");
+        replica
+    };
+    let (stress, report) = stress_on_own_cluster(
         "fo:",
         "failing-over",
         Duration::from_secs(5),
         Duration::from_millis(50),
+        fail_over,
     )
-    .await;
-    let (cluster, run, slot) = (stress.cluster, stress.run, stress.slot);
-    let (locker, start_owner) = (stress.locker, stress.start_owner);
-
-    // A manual failover of the lock's primary once a third of the grants are done: the
-    // replica catches up (the primary pauses its clients meanwhile), then takes over.
-    let report = run_contended_with_fault(&locker, run, {
-        let cluster = cluster.clone();
-        let start_owner = start_owner.clone();
-        move |progress| {
-            progress.wait_for_grants(run.total_grants() / 3, Duration::from_secs(60));
-            let replica = replica_of(&cluster, &start_owner.id);
-            let reply = cluster
-                .node(replica)
-                .expect("replica node")
-                .command(&["CLUSTER", "FAILOVER"])
-                .expect("CLUSTER FAILOVER");
-            assert_eq!(reply, "+OK\r\n", "{reply}");
-            let promoted = test_servers::wait_until(Duration::from_secs(30), || {
-                owner_of(&cluster, slot).port == replica
-            });
-            assert!(promoted, "the replica took over slot {slot}");
-            replica
-        }
-    })
     .await;
     let promoted = report.fault;
 
+    let slot = stress.slot;
     println!(
         "slot {slot}: primary {} failed over to {promoted}; grants {}; backend errors {}",
-        start_owner.port, report.grants, report.backend_errors
+        stress.start_owner.port, report.grants, report.backend_errors
     );
-    report.assert_safe_and_complete(&run);
-    assert_eq!(owner_of(&cluster, slot).port, promoted);
+    report.assert_safe_and_complete(&stress.run);
+    assert_eq!(owner_of(&stress.cluster, slot).port, promoted);
     // The fence counter is on the promoted primary and kept counting.
-    assert_eq!(
-        fence_counter(&cluster, promoted, &stress.fence_key),
-        report.last_token
-    );
+    assert_eq!(stress.fence_counter_on(promoted), report.last_token);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

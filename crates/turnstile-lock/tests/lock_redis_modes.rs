@@ -6,10 +6,12 @@ mod support;
 
 use std::time::Duration;
 
+use support::grants::{acquired_within, is_taken, locker_retrying};
 use support::launch;
+use support::tls::mutual_tls_config;
 use test_servers::{RedisOptions, RedisServer, TlsClientAuth, TlsFiles};
 use turnstile_lock::backend::redis::RedisConnectError;
-use turnstile_lock::{LockError, Locker, RedisBackend, RedisBackendConfig, RetryPolicy};
+use turnstile_lock::{LockError, RedisBackend, RedisBackendConfig};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -26,22 +28,13 @@ fn tls(server: &RedisServer) -> TlsFiles {
 
 /// Two owners take turns on one key: exclusion, increasing tokens and a pushed hand-off.
 async fn exercise(backend: RedisBackend) {
-    let locker = Locker::new(backend).with_retry(
-        RetryPolicy::new()
-            .total_time(Duration::from_secs(10))
-            .retry_delay(Duration::from_secs(5)),
-    );
+    let locker = locker_retrying(backend, Duration::from_secs(10), Duration::from_secs(5));
     let first = locker
         .lock("tls-key", TTL)
         .acquire()
         .await
         .expect("acquire");
-    assert!(locker
-        .lock("tls-key", TTL)
-        .try_acquire()
-        .await
-        .expect("try")
-        .is_none());
+    assert!(is_taken(&locker.lock("tls-key", TTL)).await);
     let waiter = {
         let locker = locker.clone();
         tokio::spawn(async move { locker.lock("tls-key", TTL).acquire().await })
@@ -50,11 +43,7 @@ async fn exercise(backend: RedisBackend) {
     let first_token = first.fencing_token();
     first.release().await.expect("release");
     // Polling every 5 s: a prompt grant is the pub/sub hand-off (over TLS too).
-    let second = tokio::time::timeout(Duration::from_secs(3), waiter)
-        .await
-        .expect("handed over promptly")
-        .expect("join")
-        .expect("acquire");
+    let second = acquired_within(Duration::from_secs(3), waiter, "handed over promptly").await;
     assert!(second.fencing_token() > first_token);
     assert!(second.is_locked().await.expect("is_locked"));
     second.release().await.expect("release");
@@ -86,13 +75,9 @@ async fn tls_with_a_ca_file_acquires_and_releases() {
 async fn mutual_tls_needs_and_accepts_the_client_certificate() {
     let server = start(RedisOptions::new().tls(TlsClientAuth::Required)).await;
     let files = tls(&server);
-    let backend = RedisBackend::connect(
-        RedisBackendConfig::new(server.url())
-            .ca_file(&files.ca_cert)
-            .client_cert(&files.client_cert, &files.client_key),
-    )
-    .await
-    .expect("connect with a client certificate");
+    let backend = RedisBackend::connect(mutual_tls_config(server.url(), &files))
+        .await
+        .expect("connect with a client certificate");
     exercise(backend).await;
 
     // Without the certificate the server refuses the handshake.

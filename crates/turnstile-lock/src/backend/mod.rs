@@ -66,6 +66,7 @@ pub use self::memory::MemoryBackend;
 pub use self::mongo::{MongoBackend, MongoBackendConfig, MongoWakeMode, MongoWakeSource};
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisBackend, RedisBackendConfig};
+pub(crate) use self::wake::drop_counted;
 pub use self::wake::{Handoff, WakeRegistry, WakeSubscription, WakeUp};
 
 /// Longest key accepted, in bytes.
@@ -348,34 +349,31 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
 
 /// Rejects an empty or oversized key.
 pub fn validate_key(key: &str) -> LockResult<()> {
-    if key.is_empty() {
-        return Err(LockError::invalid("lock key must not be empty"));
-    }
-    if key.len() > MAX_KEY_LEN {
-        return Err(LockError::invalid(format!(
-            "lock key is {} bytes, the limit is {MAX_KEY_LEN}",
-            key.len()
-        )));
-    }
-    Ok(())
+    validate_length("lock key", key, MAX_KEY_LEN)
 }
 
 /// Rejects an empty or oversized owner token, or one with whitespace or control characters
 /// (wake-up messages separate owner tokens with newlines).
 pub fn validate_owner(owner: &str) -> LockResult<()> {
-    if owner.is_empty() {
-        return Err(LockError::invalid("owner token must not be empty"));
-    }
-    if owner.len() > MAX_OWNER_LEN {
-        return Err(LockError::invalid(format!(
-            "owner token is {} bytes, the limit is {MAX_OWNER_LEN}",
-            owner.len()
-        )));
-    }
+    validate_length("owner token", owner, MAX_OWNER_LEN)?;
     if owner.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(LockError::invalid(
             "owner token must not contain whitespace or control characters",
         ));
+    }
+    Ok(())
+}
+
+/// Rejects an empty `value`, or one longer than `max_len` bytes; `what` names it.
+fn validate_length(what: &str, value: &str, max_len: usize) -> LockResult<()> {
+    if value.is_empty() {
+        return Err(LockError::invalid(format!("{what} must not be empty")));
+    }
+    if value.len() > max_len {
+        return Err(LockError::invalid(format!(
+            "{what} is {} bytes, the limit is {max_len}",
+            value.len()
+        )));
     }
     Ok(())
 }

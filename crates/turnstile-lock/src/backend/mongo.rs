@@ -111,35 +111,22 @@ impl MongoBackendConfig {
         Self::default()
     }
 
-    /// The database holding the locks collection (overrides the URL's `/database`).
-    pub fn database(mut self, name: impl Into<String>) -> Self {
-        self.database = Some(name.into());
-        self
-    }
+    setters! {
+        /// The database holding the locks collection (overrides the URL's `/database`).
+        database(name: impl Into<String>) => database = Some(name.into());
 
-    /// The locks collection's name.
-    pub fn collection(mut self, name: impl Into<String>) -> Self {
-        self.collection = name.into();
-        self
-    }
+        /// The locks collection's name.
+        collection(name: impl Into<String>) => collection = name.into();
 
-    /// How waiters learn about releases.
-    pub fn wake_mode(mut self, mode: MongoWakeMode) -> Self {
-        self.wake_mode = mode;
-        self
-    }
+        /// How waiters learn about releases.
+        wake_mode(mode: MongoWakeMode) => wake_mode = mode;
 
-    /// How often keys with local waiters are polled when there is no change stream.
-    pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.poll_interval = interval;
-        self
-    }
+        /// How often keys with local waiters are polled when there is no change stream.
+        poll_interval(interval: Duration) => poll_interval = interval;
 
-    /// How long one operation may take before it fails as
-    /// [`LockError::BackendUnavailable`] (also bounds server selection at connect).
-    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
-        self.operation_timeout = timeout;
-        self
+        /// How long one operation may take before it fails as
+        /// [`LockError::BackendUnavailable`] (also bounds server selection at connect).
+        operation_timeout(timeout: Duration) => operation_timeout = timeout;
     }
 }
 
@@ -232,6 +219,24 @@ async fn upsert_returning_new(
         operation,
         format!("no document after {UPSERT_ATTEMPTS} upsert attempts"),
     ))
+}
+
+/// Updates the existing document `filter` finds (no upsert) with `update`; returns the
+/// document as the update left it, parsed, or `None` when nothing matched.
+async fn update_existing(
+    collection: &Collection<Document>,
+    operation: &'static str,
+    filter: Document,
+    update: impl Into<mongodb::options::UpdateModifications>,
+) -> LockResult<Option<LockDocument>> {
+    let document = collection
+        .find_one_and_update(filter, update)
+        .return_document(ReturnDocument::After)
+        .await
+        .map_err(mongo_error(operation))?;
+    document
+        .map(|document| LockDocument::parse(&document).map_err(malformed(operation)))
+        .transpose()
 }
 
 impl MongoBackend {
@@ -458,16 +463,10 @@ impl Backend for MongoBackend {
         let collection = self.shared.collection.clone();
         let (filter, owner) = (doc! { "_id": key }, owner.to_owned());
         self.write_in_turn("release", key, async move {
-            let document = collection
-                .find_one_and_update(filter, release_pipeline(&owner, i64::from(max_holders)))
-                .return_document(ReturnDocument::After)
-                .await
-                .map_err(mongo_error("release"))?;
-            match document {
+            let update = release_pipeline(&owner, i64::from(max_holders));
+            match update_existing(&collection, "release", filter, update).await? {
                 None => Ok(false),
-                Some(document) => LockDocument::parse(&document)
-                    .and_then(|parsed| parsed.release_outcome(&owner))
-                    .map_err(malformed("release")),
+                Some(parsed) => parsed.release_outcome(&owner).map_err(malformed("release")),
             }
         })
         .await
@@ -482,15 +481,10 @@ impl Backend for MongoBackend {
         let update = extend_pipeline(owner, millis(ttl));
         let (collection, owner) = (self.shared.collection.clone(), owner.to_owned());
         self.write_in_turn("extend", key, async move {
-            let document = collection
-                .find_one_and_update(filter, update)
-                .return_document(ReturnDocument::After)
-                .await
-                .map_err(mongo_error("extend"))?;
-            match document {
+            match update_existing(&collection, "extend", filter, update).await? {
                 None => Ok(None),
-                Some(document) => LockDocument::parse(&document)
-                    .and_then(|parsed| parsed.extend_outcome(&owner))
+                Some(parsed) => parsed
+                    .extend_outcome(&owner)
                     .map(Some)
                     .map_err(malformed("extend")),
             }

@@ -1,7 +1,9 @@
 //! Routing of targeted wake-ups (and hand-offs) to the waiting tasks of this process.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::fmt;
+use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -153,16 +155,34 @@ impl WakeRegistry {
         let Some(owners) = waiters.get_mut(topic) else {
             return;
         };
-        if let Some(slot) = owners.get_mut(owner) {
-            slot.registrations = slot.registrations.saturating_sub(1);
-            if slot.registrations == 0 {
-                owners.remove(owner);
-            }
-        }
+        drop_counted(owners, owner, |slot| &mut slot.registrations);
         if owners.is_empty() {
             waiters.remove(topic);
         }
     }
+}
+
+/// Gives back one of the references that `count` counts in `table`'s entry `name`, removing
+/// the entry once none is left; true when it was removed (false too when there was none).
+pub(crate) fn drop_counted<K, Q, T>(
+    table: &mut HashMap<K, T>,
+    name: &Q,
+    count: impl FnOnce(&mut T) -> &mut usize,
+) -> bool
+where
+    K: Borrow<Q> + Hash + Eq,
+    Q: Hash + Eq + ?Sized,
+{
+    let Some(entry) = table.get_mut(name) else {
+        return false;
+    };
+    let count = count(entry);
+    *count = count.saturating_sub(1);
+    if *count > 0 {
+        return false;
+    }
+    table.remove(name);
+    true
 }
 
 /// A registered interest in wake-ups for one owner on one lock. Dropping it unregisters.

@@ -18,6 +18,7 @@ use turnstile_lock::{Backend, LockResult, Locker, RedisBackend, RedisBackendConf
 // The cases take it from here; it lives in `support`, shared with the other test binaries.
 pub use crate::support::eventually;
 use crate::support::launch;
+use crate::support::tls::mutual_tls_config;
 
 /// A backend under test, wrapped in a counter, plus whatever keeps its server alive.
 pub struct Harness {
@@ -26,6 +27,17 @@ pub struct Harness {
 }
 
 impl Harness {
+    /// Wraps `backend` in a [`CountingBackend`], keeping `server` (if any) alive with it.
+    fn new(
+        backend: impl Backend + 'static,
+        server: Option<Box<dyn std::any::Any + Send + Sync>>,
+    ) -> Self {
+        Harness {
+            backend: Arc::new(CountingBackend::new(Arc::new(backend))),
+            _server: server,
+        }
+    }
+
     /// A locker with a generous hang guard (no test should ever wait this long).
     pub fn locker(&self) -> Locker {
         Locker::from_arc(self.backend.clone()).with_retry(
@@ -43,12 +55,7 @@ impl Harness {
 
 /// Starts an in-memory backend.
 pub async fn memory() -> Harness {
-    Harness {
-        backend: Arc::new(CountingBackend::new(Arc::new(
-            turnstile_lock::MemoryBackend::new(),
-        ))),
-        _server: None,
-    }
+    Harness::new(turnstile_lock::MemoryBackend::new(), None)
 }
 
 /// Starts a real redis-server on a free port and connects a backend to it.
@@ -57,10 +64,7 @@ pub async fn redis() -> Harness {
     let backend = RedisBackend::connect(RedisBackendConfig::new(server.url()))
         .await
         .expect("connect to redis");
-    Harness {
-        backend: Arc::new(CountingBackend::new(Arc::new(backend))),
-        _server: Some(Box::new(server)),
-    }
+    Harness::new(backend, Some(Box::new(server)))
 }
 
 /// Starts a TLS-only redis-server (mutual TLS, certificates generated for it) and connects a
@@ -71,17 +75,10 @@ pub async fn redis_tls() -> Harness {
     })
     .await;
     let files = server.tls_files().expect("certificates").clone();
-    let backend = RedisBackend::connect(
-        RedisBackendConfig::new(server.url())
-            .ca_file(&files.ca_cert)
-            .client_cert(&files.client_cert, &files.client_key),
-    )
-    .await
-    .expect("connect to redis over TLS");
-    Harness {
-        backend: Arc::new(CountingBackend::new(Arc::new(backend))),
-        _server: Some(Box::new(server)),
-    }
+    let backend = RedisBackend::connect(mutual_tls_config(server.url(), &files))
+        .await
+        .expect("connect to redis over TLS");
+    Harness::new(backend, Some(Box::new(server)))
 }
 
 /// Connects a backend to a Redis Cluster (3 primaries, 3 replicas) shared by this binary's
@@ -96,9 +93,7 @@ pub async fn redis_cluster() -> Harness {
 pub async fn redis_cluster_tls() -> Harness {
     let cluster = launch("TLS Redis Cluster starts", RedisCluster::shared_tls).await;
     let files = cluster.tls_files().expect("certificates").clone();
-    let config = RedisBackendConfig::new(cluster.url())
-        .ca_file(&files.ca_cert)
-        .client_cert(&files.client_cert, &files.client_key);
+    let config = mutual_tls_config(cluster.url(), &files);
     connect_with_own_prefix(config, cluster, "connect to the cluster over TLS").await
 }
 
@@ -133,10 +128,7 @@ async fn connect_with_own_prefix(
     let backend = RedisBackend::connect(config.key_prefix(prefix))
         .await
         .unwrap_or_else(|error| panic!("{connecting}: {error:?}"));
-    Harness {
-        backend: Arc::new(CountingBackend::new(Arc::new(backend))),
-        _server: Some(Box::new(server)),
-    }
+    Harness::new(backend, Some(Box::new(server)))
 }
 
 /// Connects a MongoDB backend, in a database of its own, to the test server (`MONGODB_URI`'s,
@@ -150,10 +142,7 @@ pub async fn mongo() -> Option<Harness> {
     let backend = MongoBackend::connect(server.uri(), MongoBackendConfig::new().database(database))
         .await
         .expect("connect to mongo");
-    Some(Harness {
-        backend: Arc::new(CountingBackend::new(Arc::new(backend))),
-        _server: Some(Box::new(server)),
-    })
+    Some(Harness::new(backend, Some(Box::new(server))))
 }
 
 /// Counts backend calls, to check that a release costs O(1) attempts, not O(waiters).

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod contended;
+pub mod grants;
 pub mod tls;
 
 use std::time::Duration;

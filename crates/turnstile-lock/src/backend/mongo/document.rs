@@ -174,10 +174,15 @@ impl LockDocument {
 
     /// The lease `owner` holds, counted from the time its write's `op` records.
     fn lease_of(&self, owner: &str, op: &OpRecord) -> Result<Duration, Malformed> {
+        let holder = self.granted_holder(owner)?;
+        Ok(remaining(holder.expires_at_ms, op.now_ms))
+    }
+
+    /// The holder entry of `owner`, whose write was granted: malformed when there is none.
+    fn granted_holder(&self, owner: &str) -> Result<&StoredHolder, Malformed> {
         self.holders
             .iter()
             .find(|holder| holder.owner == owner)
-            .map(|holder| remaining(holder.expires_at_ms, op.now_ms))
             .ok_or_else(|| malformed("granted owner is not among the holders"))
     }
 
@@ -194,13 +199,8 @@ impl LockDocument {
     pub(super) fn acquire_outcome(&self, owner: &str) -> Result<AcquireOutcome, Malformed> {
         let op = self.op_of(owner)?;
         let granted = |already_held: bool| {
-            let holder = self
-                .holders
-                .iter()
-                .find(|holder| holder.owner == owner)
-                .ok_or_else(|| malformed("granted owner is not among the holders"))?;
             Ok(AcquireOutcome::Granted {
-                fencing_token: holder.token,
+                fencing_token: self.granted_holder(owner)?.token,
                 ttl: self.lease_of(owner, op)?,
                 already_held,
             })
@@ -316,39 +316,34 @@ mod tests {
 
     #[test]
     fn acquire_outcomes_are_read_from_the_op_record() {
-        let parsed = LockDocument::parse(&document("granted", "b")).expect("parse");
-        assert_eq!(
-            parsed.acquire_outcome("b").expect("outcome"),
-            AcquireOutcome::Granted {
-                fencing_token: 7,
-                ttl: Duration::from_millis(500),
-                already_held: false
-            }
-        );
-        let parsed = LockDocument::parse(&document("held", "a")).expect("parse");
-        assert_eq!(
-            parsed.acquire_outcome("a").expect("outcome"),
-            AcquireOutcome::Granted {
-                fencing_token: 5,
-                ttl: Duration::from_millis(200),
-                already_held: true
-            }
-        );
-        let parsed = LockDocument::parse(&document("waiting", "me")).expect("parse");
-        assert_eq!(
-            parsed.acquire_outcome("me").expect("outcome"),
-            AcquireOutcome::Waiting {
-                position: 2,
-                retry_after: Some(Duration::from_millis(200)),
-            }
-        );
+        let granted = |fencing_token, ttl_ms, already_held| AcquireOutcome::Granted {
+            fencing_token,
+            ttl: Duration::from_millis(ttl_ms),
+            already_held,
+        };
+        let later = Some(Duration::from_millis(200));
+        let cases = [
+            ("granted", "b", granted(7, 500, false)),
+            ("held", "a", granted(5, 200, true)),
+            (
+                "waiting",
+                "me",
+                AcquireOutcome::Waiting {
+                    position: 2,
+                    retry_after: later,
+                },
+            ),
+            ("busy", "me", AcquireOutcome::Busy { retry_after: later }),
+        ];
+        for (outcome, owner, expected) in cases {
+            let parsed = LockDocument::parse(&document(outcome, owner)).expect("parse");
+            assert_eq!(
+                parsed.acquire_outcome(owner).expect("outcome"),
+                expected,
+                "{outcome}"
+            );
+        }
         let parsed = LockDocument::parse(&document("busy", "me")).expect("parse");
-        assert_eq!(
-            parsed.acquire_outcome("me").expect("outcome"),
-            AcquireOutcome::Busy {
-                retry_after: Some(Duration::from_millis(200))
-            }
-        );
         // The record must be ours.
         assert!(parsed.acquire_outcome("someone-else").is_err());
         let parsed = LockDocument::parse(&document("granted", "not-a-holder")).expect("parse");

@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::document::woken_owners;
 use super::pipelines::field;
-use crate::backend::{WakeRegistry, WakeSubscription};
+use crate::backend::{drop_counted, WakeRegistry, WakeSubscription};
 
 /// How a [`MongoBackend`](super::MongoBackend) learns about releases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -230,13 +230,9 @@ impl Wakes {
         let keys = Arc::clone(&self.watched);
         let topic = key.to_owned();
         let on_drop: Box<dyn FnOnce() + Send + Sync> = Box::new(move || {
-            let mut keys = watched(&keys);
-            if let Some(entry) = keys.get_mut(&topic) {
-                entry.subscriptions = entry.subscriptions.saturating_sub(1);
-                if entry.subscriptions == 0 {
-                    keys.remove(&topic);
-                }
-            }
+            drop_counted(&mut watched(&keys), &topic, |entry| {
+                &mut entry.subscriptions
+            });
         });
         let subscription = self.registry.register(key, owner, Some(on_drop));
         let current = read_wakes(&self.collection, &[key.to_owned()], self.read_timeout).await?;
@@ -280,12 +276,7 @@ impl Listener {
                 }
             }
             StreamCommand::Unwatch(key) => {
-                if let Some(count) = self.keys.get_mut(&key) {
-                    *count = count.saturating_sub(1);
-                    if *count == 0 {
-                        self.keys.remove(&key);
-                    }
-                }
+                drop_counted(&mut self.keys, &key, |count| count);
                 false
             }
         }

@@ -103,29 +103,19 @@ impl RedisBackendConfig {
         self
     }
 
-    /// How long one connection attempt may take (a few are made before a command fails).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
+    setters! {
+        /// How long one connection attempt may take (a few are made before a command fails).
+        connect_timeout(timeout: Duration) => connect_timeout = timeout;
 
-    /// Prefix of every key and channel (lets several applications share one Redis).
-    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.key_prefix = prefix.into();
-        self
-    }
+        /// Prefix of every key and channel (lets several applications share one Redis).
+        key_prefix(prefix: impl Into<String>) => key_prefix = prefix.into();
 
-    /// How long a command may take before it fails as [`LockError::BackendUnavailable`].
-    pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
-        self
-    }
+        /// How long a command may take before it fails as [`LockError::BackendUnavailable`].
+        response_timeout(timeout: Duration) => response_timeout = timeout;
 
-    /// Trust only the CA certificate(s) in this PEM file for the server's certificate
-    /// (instead of Mozilla's roots). Needs a `rediss://` URL.
-    pub fn ca_file(mut self, path: impl Into<PathBuf>) -> Self {
-        self.ca_file = Some(path.into());
-        self
+        /// Trust only the CA certificate(s) in this PEM file for the server's certificate
+        /// (instead of Mozilla's roots). Needs a `rediss://` URL.
+        ca_file(path: impl Into<PathBuf>) => ca_file = Some(path.into());
     }
 
     /// Present this client certificate (PEM chain) and private key (PEM) to the server:

@@ -19,7 +19,7 @@ use redis::{PushInfo, PushKind, Value};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::sentinel::Resolver;
-use crate::backend::{Handoff, WakeRegistry, WakeSubscription};
+use crate::backend::{drop_counted, Handoff, WakeRegistry, WakeSubscription};
 
 /// Where the pub/sub connection goes: one server, or whichever master the sentinels name.
 pub(super) enum PubSubSource {
@@ -186,16 +186,13 @@ impl WakeChannels {
         let commands = self.commands.clone();
         let channel_name = channel.to_owned();
         let on_drop: Box<dyn FnOnce() + Send + Sync> = Box::new(move || {
+            // Sent with the table still locked, as every other change to the channel's count.
             let mut table = locked(&table);
-            if let Some(entry) = table.get_mut(&channel_name) {
-                entry.refs = entry.refs.saturating_sub(1);
-                if entry.refs == 0 {
-                    table.remove(&channel_name);
-                    let _ = commands.send(Reconcile {
-                        channel: channel_name,
-                        done: None,
-                    });
-                }
+            if drop_counted(&mut table, &channel_name, |entry| &mut entry.refs) {
+                let _ = commands.send(Reconcile {
+                    channel: channel_name,
+                    done: None,
+                });
             }
         });
         self.wakes.register(channel, owner, Some(on_drop))

@@ -8,6 +8,7 @@ use turnstile_lock::{Lock, LockError, ShareMode};
 
 use super::{no_holders, no_polling, spawn_waiter, LONG};
 use crate::harness::{until_queued, Harness};
+use crate::support::grants::{hold, is_taken, take_free, take_places};
 
 pub async fn invalid_arguments_are_typed_errors(h: Harness) {
     let locker = h.locker();
@@ -77,20 +78,10 @@ pub async fn mutex_excludes_and_tokens_increase(h: Harness) {
     assert!(first.fencing_token() > 0);
     assert!(first.is_locked().await.expect("is_locked"));
     assert!(!first.is_lost());
-    assert!(locker
-        .lock("m", LONG)
-        .try_acquire()
-        .await
-        .expect("try")
-        .is_none());
+    assert!(is_taken(&locker.lock("m", LONG)).await);
     first.release().await.expect("release");
     assert!(!first.is_locked().await.expect("is_locked after release"));
-    let second = locker
-        .lock("m", LONG)
-        .try_acquire()
-        .await
-        .expect("try")
-        .expect("free after release");
+    let second = take_free(&locker.lock("m", LONG), "free after release").await;
     assert!(second.fencing_token() > first.fencing_token());
     second.release().await.expect("release");
     // Another key has its own lock and its own counter.
@@ -101,11 +92,7 @@ pub async fn mutex_excludes_and_tokens_increase(h: Harness) {
 
 pub async fn release_is_idempotent_and_never_hits_the_next_holder(h: Harness) {
     let locker = h.locker();
-    let a = locker
-        .lock("idem", Duration::from_millis(150))
-        .acquire()
-        .await
-        .expect("a");
+    let a = hold(&locker, "idem", Duration::from_millis(150), "a").await;
     let a_copy = a.clone();
     a.release().await.expect("first release");
     a.release().await.expect("second release is a no-op");
@@ -118,11 +105,7 @@ pub async fn release_is_idempotent_and_never_hits_the_next_holder(h: Harness) {
     assert!(b.is_locked().await.expect("b still holds"));
     // An expired lease taken over by someone else is left alone too.
     b.release().await.expect("b release");
-    let stale = locker
-        .lock("idem", Duration::from_millis(50))
-        .acquire()
-        .await
-        .expect("stale");
+    let stale = hold(&locker, "idem", Duration::from_millis(50), "stale").await;
     tokio::time::sleep(Duration::from_millis(120)).await;
     let next = locker.lock("idem", LONG).acquire().await.expect("next");
     stale.release().await.expect("stale release is silent");
@@ -142,11 +125,7 @@ pub async fn release_strict_reports_a_lost_lock(h: Harness) {
         held.release_strict().await,
         Err(LockError::LockLost { .. })
     ));
-    let expiring = locker
-        .lock("strict", Duration::from_millis(50))
-        .acquire()
-        .await
-        .expect("expiring");
+    let expiring = hold(&locker, "strict", Duration::from_millis(50), "expiring").await;
     tokio::time::sleep(Duration::from_millis(120)).await;
     assert!(
         expiring.is_lost(),
@@ -160,11 +139,7 @@ pub async fn release_strict_reports_a_lost_lock(h: Harness) {
 
 pub async fn extend_and_refresh_keep_the_lock_and_fail_once_lost(h: Harness) {
     let locker = h.locker();
-    let lock = locker
-        .lock("ext", Duration::from_millis(300))
-        .acquire()
-        .await
-        .expect("lock");
+    let lock = hold(&locker, "ext", Duration::from_millis(300), "lock").await;
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_millis(100)).await;
         lock.refresh().await.expect("refresh while held");
@@ -175,21 +150,12 @@ pub async fn extend_and_refresh_keep_the_lock_and_fail_once_lost(h: Harness) {
     tokio::time::sleep(Duration::from_millis(400)).await;
     // 700 ms after acquiring with a 300 ms lease: only the renewals explain this.
     assert!(lock.is_locked().await.expect("still held"));
-    assert!(locker
-        .lock("ext", LONG)
-        .try_acquire()
-        .await
-        .expect("try")
-        .is_none());
+    assert!(is_taken(&locker.lock("ext", LONG)).await);
     lock.extend(Duration::from_millis(40))
         .await
         .expect("shorten");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let thief = locker
-        .lock("ext", LONG)
-        .acquire()
-        .await
-        .expect("next holder");
+    let thief = hold(&locker, "ext", LONG, "next holder").await;
     assert!(matches!(
         lock.extend(LONG).await,
         Err(LockError::LockLost { .. })
@@ -212,11 +178,7 @@ pub async fn extend_and_refresh_keep_the_lock_and_fail_once_lost(h: Harness) {
 pub async fn expired_lease_is_lost_even_without_a_successor(h: Harness) {
     let backend = h.raw();
     let locker = h.locker();
-    let lock = locker
-        .lock("lapse", Duration::from_millis(40))
-        .acquire()
-        .await
-        .expect("lock");
+    let lock = hold(&locker, "lapse", Duration::from_millis(40), "lock").await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!backend
         .is_held("lapse", lock.owner())
@@ -243,13 +205,11 @@ pub async fn explicit_owner_reacquire_is_idempotent(h: Harness) {
         .acquire()
         .await
         .expect("first");
-    let again = locker
-        .lock("own", LONG)
-        .owner("claim-uid-1")
-        .try_acquire()
-        .await
-        .expect("try")
-        .expect("the same owner gets it again");
+    let again = take_free(
+        &locker.lock("own", LONG).owner("claim-uid-1"),
+        "the same owner gets it again",
+    )
+    .await;
     assert_eq!(again.fencing_token(), first.fencing_token());
     // The re-acquire refreshed the lease to the new ttl.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -278,29 +238,15 @@ pub async fn explicit_owner_reacquire_is_idempotent(h: Harness) {
             already_held: true
         }
     );
-    assert!(locker
-        .lock("own", LONG)
-        .try_acquire()
-        .await
-        .expect("try")
-        .is_none());
+    assert!(is_taken(&locker.lock("own", LONG)).await);
     again.release().await.expect("release");
 }
 
 pub async fn semaphore_admits_max_holders(h: Harness) {
     let locker = h.locker();
     let request = locker.lock("sem", LONG).max_holders(3).shared();
-    let mut held = Vec::new();
-    for _ in 0..3 {
-        held.push(
-            request
-                .try_acquire()
-                .await
-                .expect("try")
-                .expect("free slot"),
-        );
-    }
-    assert!(request.try_acquire().await.expect("try").is_none());
+    let mut held = take_places(&request, 3, "free slot").await;
+    assert!(is_taken(&request).await);
     let tokens: Vec<u64> = held.iter().map(Lock::fencing_token).collect();
     assert!(
         tokens.windows(2).all(|pair| pair[0] < pair[1]),
@@ -310,13 +256,9 @@ pub async fn semaphore_admits_max_holders(h: Harness) {
     assert_eq!(snapshot.holders.len(), 3);
     assert_eq!(snapshot.fencing_token, tokens[2]);
     held.remove(1).release().await.expect("release one");
-    let refill = request
-        .try_acquire()
-        .await
-        .expect("try")
-        .expect("slot freed");
+    let refill = take_free(&request, "slot freed").await;
     assert!(refill.fencing_token() > tokens[2]);
-    assert!(request.try_acquire().await.expect("try").is_none());
+    assert!(is_taken(&request).await);
     for lock in held.into_iter().chain([refill]) {
         lock.release_strict().await.expect("release");
     }

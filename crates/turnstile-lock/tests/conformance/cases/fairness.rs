@@ -7,6 +7,7 @@ use turnstile_lock::backend::{AcquireMode, AcquireOutcome, AcquireRequest};
 
 use super::{no_polling, LONG};
 use crate::harness::{eventually, until_queued, Harness};
+use crate::support::grants::{acquire_as, is_taken, take_free};
 
 pub async fn waiters_are_served_first_come_first_served(h: Harness) {
     const WAITERS: usize = 8;
@@ -17,13 +18,7 @@ pub async fn waiters_are_served_first_come_first_served(h: Harness) {
     for i in 0..WAITERS {
         let (locker, order) = (locker.clone(), order.clone());
         tasks.push(tokio::spawn(async move {
-            let lock = locker
-                .lock("fifo", LONG)
-                .owner(format!("fifo-{i}"))
-                .retry(no_polling())
-                .acquire()
-                .await
-                .expect("acquire");
+            let lock = acquire_as(&locker, "fifo", format!("fifo-{i}"), no_polling()).await;
             order.lock().unwrap().push((i, lock.fencing_token()));
             lock.release().await.expect("release");
         }));
@@ -71,12 +66,7 @@ pub async fn try_acquire_never_jumps_the_queue_and_dead_waiters_age_out(h: Harne
     ));
     holder.release().await.expect("release");
     // The lock is free but "patient" is first in line.
-    assert!(locker
-        .lock("queue", LONG)
-        .try_acquire()
-        .await
-        .expect("try")
-        .is_none());
+    assert!(is_taken(&locker.lock("queue", LONG)).await);
     let granted = backend
         .acquire(&AcquireRequest {
             mode: AcquireMode::Try,
@@ -97,12 +87,7 @@ pub async fn try_acquire_never_jumps_the_queue_and_dead_waiters_age_out(h: Harne
         .expect("snapshot")
         .waiters
         .is_empty());
-    let lock = locker
-        .lock("queue", LONG)
-        .try_acquire()
-        .await
-        .expect("try")
-        .expect("dead waiter aged out");
+    let lock = take_free(&locker.lock("queue", LONG), "dead waiter aged out").await;
     lock.release().await.expect("release");
 }
 
@@ -112,10 +97,10 @@ pub async fn releaser_does_not_regrab_its_own_lock(h: Harness) {
     let locker = h.locker();
     let gate = locker.lock("rr", LONG).acquire().await.expect("gate");
     let grants = Arc::new(Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for worker in 0..WORKERS {
+    // One worker: ROUNDS acquires, each recorded, then released after a yield.
+    let rounds_of = |worker: usize| {
         let (locker, grants) = (locker.clone(), grants.clone());
-        tasks.push(tokio::spawn(async move {
+        async move {
             for _ in 0..ROUNDS {
                 let lock = locker
                     .lock("rr", LONG)
@@ -127,8 +112,11 @@ pub async fn releaser_does_not_regrab_its_own_lock(h: Harness) {
                 tokio::task::yield_now().await;
                 lock.release().await.expect("release");
             }
-        }));
-    }
+        }
+    };
+    let tasks: Vec<_> = (0..WORKERS)
+        .map(|worker| tokio::spawn(rounds_of(worker)))
+        .collect();
     eventually("all workers queued", || async {
         locker.snapshot("rr").await.expect("snapshot").waiters.len() == WORKERS
     })

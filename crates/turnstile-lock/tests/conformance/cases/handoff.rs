@@ -7,18 +7,14 @@ use turnstile_lock::{RetryPolicy, ShareMode};
 
 use super::{no_polling, spawn_waiter, LONG, NO_POLLING};
 use crate::harness::{eventually, until_queued, Harness};
+use crate::support::grants::{acquire_as, hold, pushed_on_release};
 
 pub async fn release_wakes_the_waiter_without_polling(h: Harness) {
     let locker = h.locker();
     let holder = locker.lock("push", LONG).acquire().await.expect("holder");
     let waiter = spawn_waiter(&locker, "push", "pushed", no_polling());
     until_queued(&h, "push", "pushed").await;
-    holder.release().await.expect("release");
-    let lock = tokio::time::timeout(NO_POLLING / 2, waiter)
-        .await
-        .expect("woken by the release, not by polling")
-        .expect("join")
-        .expect("acquired");
+    let lock = pushed_on_release(&holder, waiter).await;
     // First attempt and the confirmation after subscribing, then either the release hands
     // the lock over (no further call) or wakes the waiter for one more attempt. Polling
     // would add more.
@@ -97,11 +93,7 @@ pub async fn a_vanished_waiter_holds_a_handed_over_lock_no_longer_than_its_heart
 
 pub async fn expiry_frees_the_lock_for_waiters(h: Harness) {
     let locker = h.locker();
-    let stalled = locker
-        .lock("expiry", Duration::from_millis(100))
-        .acquire()
-        .await
-        .expect("stalled");
+    let stalled = hold(&locker, "expiry", Duration::from_millis(100), "stalled").await;
     // Polls every 30 s, but the backend's hint (the lease ends in 100 ms) bounds the pause.
     let next = tokio::time::timeout(
         NO_POLLING / 2,
@@ -123,13 +115,7 @@ pub async fn one_release_costs_one_waiter_one_attempt(h: Harness) {
     for i in 0..WAITERS {
         let locker = locker.clone();
         tasks.push(tokio::spawn(async move {
-            let lock = locker
-                .lock("herd", LONG)
-                .owner(format!("herd-{i}"))
-                .retry(no_polling())
-                .acquire()
-                .await
-                .expect("acquire");
+            let lock = acquire_as(&locker, "herd", format!("herd-{i}"), no_polling()).await;
             lock.release().await.expect("release");
         }));
     }

@@ -5,8 +5,9 @@ use std::time::Duration;
 use rand::Rng;
 use turnstile_lock::{LockError, RetryDecision, RetryPolicy};
 
-use super::{no_holders, no_polling, spawn_waiter, LONG, NO_POLLING};
+use super::{no_holders, no_polling, spawn_waiter, LONG};
 use crate::harness::{eventually, until_queued, Harness};
+use crate::support::grants::{pushed_on_release, take_free};
 
 pub async fn run_releases_on_success_error_and_panic(h: Harness) {
     let locker = h.locker();
@@ -175,12 +176,7 @@ pub async fn timeouts_and_cancellation_leave_no_ghost_grant(h: Harness) -> usize
         })
         .await;
     }
-    let lock = locker
-        .lock("ghost", LONG)
-        .try_acquire()
-        .await
-        .expect("try")
-        .expect("no ghost holds the lock");
+    let lock = take_free(&locker.lock("ghost", LONG), "no ghost holds the lock").await;
     lock.release().await.expect("release");
     timeouts + dropped
 }
@@ -197,12 +193,7 @@ pub async fn cancelled_waiter_leaves_the_queue_and_passes_the_turn(h: Harness) {
         locker.snapshot("leave").await.expect("snapshot").waiters == ["patient"]
     })
     .await;
-    holder.release().await.expect("release");
-    let lock = tokio::time::timeout(NO_POLLING / 2, patient)
-        .await
-        .expect("woken, not polled")
-        .expect("join")
-        .expect("acquire");
+    let lock = pushed_on_release(&holder, patient).await;
     assert_eq!(lock.owner(), "patient");
     lock.release().await.expect("release");
 }

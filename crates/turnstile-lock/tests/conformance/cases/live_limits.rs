@@ -3,24 +3,16 @@
 
 use super::LONG;
 use crate::harness::Harness;
+use crate::support::grants::{is_taken, take_free, take_places};
 
 pub async fn lowering_max_holders_revokes_nobody(h: Harness) {
     let locker = h.locker();
     let at = |max: u32| locker.lock("live", LONG).max_holders(max).shared();
-    let mut held = Vec::new();
-    for _ in 0..3 {
-        held.push(at(3).try_acquire().await.expect("try").expect("free"));
-    }
+    let mut held = take_places(&at(3), 3, "free").await;
     // Raised: the next grant may go above the old limit.
-    held.push(
-        at(4)
-            .try_acquire()
-            .await
-            .expect("try")
-            .expect("raised limit"),
-    );
+    held.push(take_free(&at(4), "raised limit").await);
     // Lowered to 2: nobody is revoked, and nobody else gets in until fewer than 2 hold.
-    assert!(at(2).try_acquire().await.expect("try").is_none());
+    assert!(is_taken(&at(2)).await);
     for lock in &held {
         assert!(
             lock.is_locked().await.expect("is_locked"),
@@ -42,23 +34,15 @@ pub async fn lowering_max_holders_revokes_nobody(h: Harness) {
             .release_strict()
             .await
             .expect("release");
-        assert!(
-            at(2).try_acquire().await.expect("try").is_none(),
-            "{} hold",
-            held.len()
-        );
+        assert!(is_taken(&at(2)).await, "{} hold", held.len());
     }
     held.pop()
         .expect("one")
         .release_strict()
         .await
         .expect("release");
-    let refill = at(2)
-        .try_acquire()
-        .await
-        .expect("try")
-        .expect("below the new limit");
-    assert!(at(2).try_acquire().await.expect("try").is_none());
+    let refill = take_free(&at(2), "below the new limit").await;
+    assert!(is_taken(&at(2)).await);
     for lock in held.into_iter().chain([refill]) {
         lock.release_strict().await.expect("release");
     }

@@ -8,6 +8,7 @@ use turnstile_lock::backend::{AcquireMode, AcquireOutcome, AcquireRequest};
 
 use super::{no_polling, spawn_waiter, LONG};
 use crate::harness::{until_queued, Harness};
+use crate::support::grants::acquired_within;
 
 const TTL: Duration = Duration::from_millis(200);
 const DELAY: Duration = Duration::from_millis(800);
@@ -26,11 +27,7 @@ pub async fn lock_delay_follows_an_expiry_but_not_a_release(h: Harness) {
     let waiter = spawn_waiter(&locker, "ld", "next", no_polling());
     until_queued(&h, "ld", "next").await;
     holder.release().await.expect("release");
-    let next = tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("handed off at once")
-        .expect("join")
-        .expect("acquire");
+    let next = acquired_within(Duration::from_secs(10), waiter, "handed off at once").await;
     next.release().await.expect("release");
     assert_eq!(
         locker.snapshot("ld").await.expect("snapshot").delayed_for,

@@ -8,6 +8,7 @@ use turnstile_lock::LockError;
 
 use super::LONG;
 use crate::harness::Harness;
+use crate::support::grants::take_free;
 
 const TTL: Duration = Duration::from_millis(200);
 const MAX_HOLD: Duration = Duration::from_millis(600);
@@ -80,12 +81,7 @@ pub async fn max_hold_ends_a_renewed_grant(h: Harness) {
     );
     assert!(lock.is_lost());
     // Free for the next one (no lock-delay was asked for).
-    let next = locker
-        .lock("mh", LONG)
-        .try_acquire()
-        .await
-        .expect("try")
-        .expect("free");
+    let next = take_free(&locker.lock("mh", LONG), "free").await;
     assert!(next.fencing_token() > lock.fencing_token());
     next.release().await.expect("release");
 }

@@ -1,8 +1,6 @@
 //! The behaviours every backend must show, written once, generic over the backend, one file
 //! per topic. Every case is re-exported here, so `main.rs` names them as `cases::NAME`.
 
-use std::time::Duration;
-
 use turnstile_lock::{Lock, LockResult, Locker, RetryPolicy};
 
 mod basics;
@@ -29,14 +27,8 @@ pub use self::priority::*;
 pub use self::shared::*;
 pub use self::stress::*;
 
-pub(crate) const LONG: Duration = Duration::from_secs(60);
-
-/// A retry delay so long that only push wake-ups can explain a prompt acquisition.
-pub(crate) const NO_POLLING: Duration = Duration::from_secs(30);
-
-pub(crate) fn no_polling() -> RetryPolicy {
-    RetryPolicy::forever().retry_delay(NO_POLLING)
-}
+// Shared with the backend-specific test binaries.
+pub(crate) use crate::support::grants::{no_polling, LONG, NO_POLLING};
 
 /// Nobody holds `key` right now.
 pub(crate) async fn no_holders(locker: &Locker, key: &str) -> bool {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::{no_polling, LONG};
 use crate::harness::{until_queued, Harness};
+use crate::support::grants::{is_taken, joined_within};
 
 pub async fn priority_orders_the_queue_then_first_come_first_served(h: Harness) {
     let locker = h.locker();
@@ -39,13 +40,15 @@ pub async fn priority_orders_the_queue_then_first_come_first_served(h: Harness) 
     );
     // A try of the highest priority still does not take a place that is not free.
     let eager = locker.lock("prio", LONG).priority(100);
-    assert!(eager.try_acquire().await.expect("try").is_none());
+    assert!(is_taken(&eager).await);
     holder.release().await.expect("release");
     for handle in handles {
-        tokio::time::timeout(Duration::from_secs(20), handle)
-            .await
-            .expect("served by hand-off, not polling")
-            .expect("join");
+        joined_within(
+            Duration::from_secs(20),
+            handle,
+            "served by hand-off, not polling",
+        )
+        .await;
     }
     assert_eq!(*order.lock().unwrap(), expected);
 }

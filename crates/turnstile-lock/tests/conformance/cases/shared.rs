@@ -7,6 +7,7 @@ use turnstile_lock::{Lock, LockResult, Locker, RetryPolicy, ShareMode};
 
 use super::{no_holders, no_polling, LONG};
 use crate::harness::{until_queued, Harness};
+use crate::support::grants::{acquired_within, is_taken, take_free, take_places};
 
 /// Starts `owner`'s acquire of `key` (max 3 holders, lease [`LONG`]) in the background.
 fn spawn_mode(
@@ -31,30 +32,14 @@ fn spawn_mode(
 /// Awaits a background acquire, with a hang guard far below the no-polling delay: only a
 /// wake-up or hand-off explains getting the lock in time.
 async fn woken(handle: tokio::task::JoinHandle<LockResult<Lock>>) -> Lock {
-    tokio::time::timeout(Duration::from_secs(10), handle)
-        .await
-        .expect("woken, not polled")
-        .expect("join")
-        .expect("acquire")
+    acquired_within(Duration::from_secs(10), handle, "woken, not polled").await
 }
 
 pub async fn shared_holders_coexist_up_to_the_limit(h: Harness) {
     let locker = h.locker();
     let readers = locker.lock("rw", LONG).max_holders(3).shared();
-    let mut held = Vec::new();
-    for _ in 0..3 {
-        held.push(
-            readers
-                .try_acquire()
-                .await
-                .expect("try")
-                .expect("a free place"),
-        );
-    }
-    assert!(
-        readers.try_acquire().await.expect("try").is_none(),
-        "a 4th of 3"
-    );
+    let mut held = take_places(&readers, 3, "a free place").await;
+    assert!(is_taken(&readers).await, "a 4th of 3");
     let snapshot = locker.snapshot("rw").await.expect("snapshot");
     assert_eq!(snapshot.holders.len(), 3);
     assert!(snapshot
@@ -62,15 +47,9 @@ pub async fn shared_holders_coexist_up_to_the_limit(h: Harness) {
         .iter()
         .all(|holder| holder.share == ShareMode::Shared));
     let writer = locker.lock("rw", LONG).max_holders(3).exclusive();
-    assert!(
-        writer.try_acquire().await.expect("try").is_none(),
-        "writer beside readers"
-    );
+    assert!(is_taken(&writer).await, "writer beside readers");
     held.pop().expect("one").release().await.expect("release");
-    assert!(
-        writer.try_acquire().await.expect("try").is_none(),
-        "writer beside 2 readers"
-    );
+    assert!(is_taken(&writer).await, "writer beside 2 readers");
     for lock in held {
         lock.release_strict().await.expect("release");
     }
@@ -81,35 +60,22 @@ pub async fn exclusive_holds_alone(h: Harness) {
     let locker = h.locker();
     let writer = locker.lock("x", LONG).max_holders(5).exclusive();
     let reader = locker.lock("x", LONG).max_holders(5).shared();
-    let lock = writer.try_acquire().await.expect("try").expect("free");
+    let lock = take_free(&writer, "free").await;
     let snapshot = locker.snapshot("x").await.expect("snapshot");
     assert_eq!(snapshot.holders[0].share, ShareMode::Exclusive);
-    assert!(
-        reader.try_acquire().await.expect("try").is_none(),
-        "reader beside writer"
-    );
-    assert!(
-        writer.try_acquire().await.expect("try").is_none(),
-        "two writers"
-    );
+    assert!(is_taken(&reader).await, "reader beside writer");
+    assert!(is_taken(&writer).await, "two writers");
     lock.release().await.expect("release");
-    let shared = reader
-        .try_acquire()
-        .await
-        .expect("try")
-        .expect("free again");
+    let shared = take_free(&reader, "free again").await;
     assert!(shared.fencing_token() > lock.fencing_token());
-    assert!(
-        writer.try_acquire().await.expect("try").is_none(),
-        "writer beside reader"
-    );
+    assert!(is_taken(&writer).await, "writer beside reader");
     shared.release().await.expect("release");
 }
 
 pub async fn a_waiting_exclusive_blocks_later_shared_and_shared_are_admitted_together(h: Harness) {
     let locker = h.locker();
     let reader = locker.lock("fair", LONG).max_holders(3).shared();
-    let first = reader.try_acquire().await.expect("try").expect("free");
+    let first = take_free(&reader, "free").await;
     let writer = spawn_mode(
         &locker,
         "fair",
@@ -119,10 +85,7 @@ pub async fn a_waiting_exclusive_blocks_later_shared_and_shared_are_admitted_tog
     );
     until_queued(&h, "fair", "writer").await;
     // A place is free for a reader, but the writer came first.
-    assert!(
-        reader.try_acquire().await.expect("try").is_none(),
-        "reader overtook writer"
-    );
+    assert!(is_taken(&reader).await, "reader overtook writer");
     let r1 = spawn_mode(&locker, "fair", "r1", ShareMode::Shared, no_polling());
     until_queued(&h, "fair", "r1").await;
     let r2 = spawn_mode(&locker, "fair", "r2", ShareMode::Shared, no_polling());

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use turnstile_lock::{Lock, LockError, Locker, ShareMode};
+use turnstile_lock::{Lock, LockError, LockRequest, Locker, ShareMode};
 
 use crate::harness::Harness;
 
@@ -244,18 +244,18 @@ pub async fn exclusive_waiter_is_not_starved_by_a_stream_of_shared_claims(h: Har
     const READERS: usize = 4;
     /// Bounds the stream: far more than the writer needs if it is served fairly.
     const STREAM: Duration = Duration::from_secs(8);
+    /// The lock readers and the writer contend for (up to 3 holders), in either mode.
+    fn stream(locker: &Locker) -> LockRequest {
+        locker
+            .lock("stream", Duration::from_secs(10))
+            .max_holders(3)
+    }
     let locker = h.locker();
     let reads = Arc::new(AtomicUsize::new(0));
     let reader = |locker: Locker, reads: Arc<AtomicUsize>| async move {
         let until = Instant::now() + STREAM;
         while Instant::now() < until {
-            let lock = locker
-                .lock("stream", Duration::from_secs(10))
-                .max_holders(3)
-                .shared()
-                .acquire()
-                .await
-                .expect("reader");
+            let lock = stream(&locker).shared().acquire().await.expect("reader");
             reads.fetch_add(1, Ordering::SeqCst);
             tokio::time::sleep(Duration::from_millis(10)).await;
             lock.release().await.expect("release");
@@ -270,9 +270,7 @@ pub async fn exclusive_waiter_is_not_starved_by_a_stream_of_shared_claims(h: Har
     })
     .await;
     let started = Instant::now();
-    let writer = locker
-        .lock("stream", Duration::from_secs(10))
-        .max_holders(3)
+    let writer = stream(&locker)
         .exclusive()
         .acquire()
         .await
