@@ -617,41 +617,28 @@ mod tests {
 
     #[test]
     fn routes_like_kube_request_info() {
-        let r = |p: &str| match parse_route(p) {
-            Route::Resource(r) => (r.resource, r.namespace, r.name, r.subresource),
-            other => panic!("{other:?}"),
-        };
-        assert_eq!(
-            r("/api/v1/namespaces/foo"),
+        // (path, its "resource namespace name subresource", "-" where there is none)
+        for (path, expected) in [
+            ("/api/v1/namespaces/foo", "namespaces foo foo -"),
+            ("/api/v1/namespaces/foo/status", "namespaces foo foo status"),
             (
-                "namespaces".into(),
-                Some("foo".into()),
-                Some("foo".into()),
-                None
-            )
-        );
-        assert_eq!(
-            r("/api/v1/namespaces/foo/status"),
-            (
-                "namespaces".into(),
-                Some("foo".into()),
-                Some("foo".into()),
-                Some("status".into())
-            )
-        );
-        assert_eq!(
-            r("/apis/x.dev/v1/namespaces/ns/things/a/status"),
-            (
-                "things".into(),
-                Some("ns".into()),
-                Some("a".into()),
-                Some("status".into())
-            )
-        );
-        assert_eq!(
-            r("/apis/x.dev/v1/things"),
-            ("things".into(), None, None, None)
-        );
+                "/apis/x.dev/v1/namespaces/ns/things/a/status",
+                "things ns a status",
+            ),
+            ("/apis/x.dev/v1/things", "things - - -"),
+        ] {
+            let Route::Resource(r) = parse_route(path) else {
+                panic!("{path}: not a resource route");
+            };
+            let part = |p: Option<String>| p.unwrap_or_else(|| "-".into());
+            let parts = [
+                r.resource,
+                part(r.namespace),
+                part(r.name),
+                part(r.subresource),
+            ];
+            assert_eq!(parts.join(" "), expected, "{path}");
+        }
         assert_eq!(
             parse_route("/apis/x.dev/v1"),
             Route::Resources("x.dev".into(), "v1".into())
