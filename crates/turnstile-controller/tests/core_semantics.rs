@@ -19,6 +19,12 @@ fn with_priority(priority: i32) -> LockClaimSpec {
     }
 }
 
+/// Asserts that claim `name` is in `phase`; `why` says what the test expects there.
+#[track_caller]
+fn assert_phase(sim: &Sim, name: &str, phase: ClaimPhase, why: &str) {
+    assert_eq!(sim.phase(name), Some(phase), "{name}: {why}");
+}
+
 fn reason(sim: &Sim, name: &str) -> Option<String> {
     sim.claims[name].status.as_ref()?.reason.clone()
 }
@@ -74,7 +80,7 @@ async fn the_maximum_hold_ends_a_grant_whatever_its_renewals() {
     assert_eq!(sim.phase("a"), Some(ClaimPhase::Expired));
     assert_eq!(reason(&sim, "a").as_deref(), Some("MaxHoldExceeded"));
     assert!(sim.events.contains(&("a".to_owned(), "LockLost")));
-    assert_eq!(sim.phase("b"), Some(ClaimPhase::Held), "the lock moves on");
+    assert_phase(&sim, "b", ClaimPhase::Held, "the lock moves on");
 }
 
 #[tokio::test(start_paused = true)]
@@ -131,13 +137,14 @@ async fn a_lock_delay_follows_an_expiry_but_not_a_release() {
     );
     sim.advance(Duration::from_secs(10)).await;
     sim.settle().await;
-    assert_eq!(sim.phase("c"), Some(ClaimPhase::Pending), "still delayed");
+    assert_phase(&sim, "c", ClaimPhase::Pending, "still delayed");
     sim.advance(Duration::from_secs(11)).await;
     sim.settle().await;
-    assert_eq!(
-        sim.phase("c"),
-        Some(ClaimPhase::Held),
-        "granted once the delay is over"
+    assert_phase(
+        &sim,
+        "c",
+        ClaimPhase::Held,
+        "granted once the delay is over",
     );
 }
 
@@ -158,11 +165,7 @@ async fn a_deletion_or_a_finished_owner_hands_on_at_once_under_a_lock_delay() {
     sim.set_owner("b", OwnerState::Finished);
     sim.settle().await;
     assert_eq!(sim.phase("b"), Some(ClaimPhase::Released));
-    assert_eq!(
-        sim.phase("c"),
-        Some(ClaimPhase::Held),
-        "no lock-delay after a release"
-    );
+    assert_phase(&sim, "c", ClaimPhase::Held, "no lock-delay after a release");
     let locked_until = sim
         .lock
         .status
@@ -232,15 +235,11 @@ async fn limits_changed_live_take_effect_at_the_next_grant_and_revoke_nobody() {
     }
     sim.release("a");
     sim.settle().await;
-    assert_eq!(sim.phase("d"), Some(ClaimPhase::Pending), "two still hold");
+    assert_phase(&sim, "d", ClaimPhase::Pending, "two still hold");
     sim.release("b");
     sim.release("c");
     sim.settle().await;
-    assert_eq!(
-        sim.phase("d"),
-        Some(ClaimPhase::Held),
-        "below the limit again"
-    );
+    assert_phase(&sim, "d", ClaimPhase::Held, "below the limit again");
     assert_eq!(sim.phase("e"), Some(ClaimPhase::Pending));
 
     // Raised: d was granted on a mutex, so it holds alone until it lets go; then the new
@@ -248,11 +247,7 @@ async fn limits_changed_live_take_effect_at_the_next_grant_and_revoke_nobody() {
     sim.lock.spec.lease_duration_seconds = 7;
     sim.set_max_holders(2);
     sim.settle().await;
-    assert_eq!(
-        sim.phase("e"),
-        Some(ClaimPhase::Pending),
-        "d holds exclusively"
-    );
+    assert_phase(&sim, "e", ClaimPhase::Pending, "d holds exclusively");
     sim.release("d");
     sim.settle().await;
     assert_eq!(sim.phase("e"), Some(ClaimPhase::Held));
@@ -445,14 +440,10 @@ async fn a_waiting_exclusive_claim_holds_back_later_shared_ones() {
     assert_eq!(sim.position("reader-3"), Some(2));
     sim.release("reader-1");
     sim.settle().await;
-    assert_eq!(
-        sim.phase("writer"),
-        Some(ClaimPhase::Pending),
-        "reader-2 still holds"
-    );
+    assert_phase(&sim, "writer", ClaimPhase::Pending, "reader-2 still holds");
     sim.release("reader-2");
     sim.settle().await;
-    assert_eq!(sim.phase("writer"), Some(ClaimPhase::Held), "alone");
+    assert_phase(&sim, "writer", ClaimPhase::Held, "alone");
     assert_eq!(sim.phase("reader-3"), Some(ClaimPhase::Pending));
     sim.release("writer");
     sim.settle().await;

@@ -56,15 +56,6 @@ fn phase(claim: &LockClaim) -> ClaimPhase {
         .unwrap_or_default()
 }
 
-fn queue_key(claim: &LockClaim) -> (i64, String) {
-    let created = claim
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map_or(0, |time| time.0.as_second());
-    (created, claim.metadata.name.clone().unwrap_or_default())
-}
-
 impl World {
     fn new(max_holders: &[i32]) -> Self {
         let locks = LOCKS
@@ -98,6 +89,14 @@ impl World {
             tokens: BTreeMap::new(),
             granted: BTreeSet::new(),
         }
+    }
+
+    /// Four single-holder locks, b held by a claim on b alone (returned with the world).
+    async fn with_b_held() -> (Self, String) {
+        let mut world = World::new(&[1, 1, 1, 1]);
+        let on_b = world.create(&["b"]);
+        world.pass("b", true).await;
+        (world, on_b)
     }
 
     fn now(&self) -> Timestamp {
@@ -267,7 +266,7 @@ impl World {
                     .values()
                     .filter(on_lock)
                     .filter(|other| {
-                        queue_key(other) < queue_key(&claim)
+                        other.arrival() < claim.arrival()
                             && phase(other) == ClaimPhase::Pending
                             && other.metadata.deletion_timestamp.is_none()
                             && other.spec.release != Some(true)
@@ -539,23 +538,18 @@ fn two_claims_on_the_same_locks_in_opposite_order_both_complete_in_turn() {
             world.check().await;
         }
         assert_eq!(phase(&world.claims[&first]), ClaimPhase::Released);
-        let second = world.claims[&second].status.clone().unwrap_or_default();
-        assert_eq!(second.phase, Some(ClaimPhase::Held));
-        let tokens: Vec<(String, i64)> = second
-            .locks
-            .iter()
-            .map(|entry| (entry.lock_name.clone(), entry.fencing_token))
-            .collect();
-        assert_eq!(tokens, [("a".to_owned(), 2), ("b".to_owned(), 2)]);
+        assert_eq!(phase(&world.claims[&second]), ClaimPhase::Held);
+        assert_eq!(
+            lock_tokens(&world, &second),
+            [("a".to_owned(), 2), ("b".to_owned(), 2)]
+        );
     });
 }
 
 #[test]
 fn a_claim_waiting_for_a_busy_lock_holds_nothing_and_keeps_the_other_idle() {
     paused_runtime().block_on(async {
-        let mut world = World::new(&[1, 1, 1, 1]);
-        let on_b = world.create(&["b"]);
-        world.pass("b", true).await;
+        let (mut world, on_b) = World::with_b_held().await;
         let both = world.create(&["a", "b"]);
         let later_on_a = world.create(&["a"]);
         for lock in ["a", "b", "a"] {
@@ -622,9 +616,7 @@ fn lock_tokens(world: &World, claim: &str) -> Vec<(String, i64)> {
 #[test]
 fn grants_the_backend_lost_are_taken_back_on_every_lock_with_their_own_tokens() {
     paused_runtime().block_on(async {
-        let mut world = World::new(&[1, 1, 1, 1]);
-        let before = world.create(&["b"]);
-        world.pass("b", true).await;
+        let (mut world, before) = World::with_b_held().await;
         world.release(&before);
         world.pass("b", true).await;
         let both = world.create(&["a", "b"]);
@@ -829,9 +821,7 @@ fn a_lock_someone_else_took_in_the_backend_ends_the_grant_on_every_lock() {
 #[test]
 fn a_claim_on_several_locks_times_out_like_any_other_holding_nothing() {
     paused_runtime().block_on(async {
-        let mut world = World::new(&[1, 1, 1, 1]);
-        let on_b = world.create(&["b"]);
-        world.pass("b", true).await;
+        let (mut world, on_b) = World::with_b_held().await;
         let both = world.create(&["a", "b"]);
         if let Some(claim) = world.claims.get_mut(&both) {
             claim.spec.acquire_timeout_seconds = Some(2);
