@@ -11,64 +11,9 @@ use std::time::{Duration, Instant};
 
 use support::Env;
 
-const FIXTURE_CRDS: &str = r#"
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: gizmos.kubectl.turnstile.dev
-spec:
-  group: kubectl.turnstile.dev
-  scope: Namespaced
-  names: {plural: gizmos, singular: gizmo, kind: Gizmo, shortNames: [gz], categories: [toys]}
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    subresources: {status: {}}
-    additionalPrinterColumns:
-    - {name: Size, type: integer, jsonPath: .spec.size}
-    - {name: Phase, type: string, jsonPath: .status.phase}
-    - {name: Age, type: date, jsonPath: .metadata.creationTimestamp}
-    schema:
-      openAPIV3Schema:
-        type: object
-        properties:
-          spec:
-            type: object
-            required: [size]
-            properties:
-              size: {type: integer, minimum: 1}
-              color: {type: string, default: blue}
-          status:
-            type: object
-            properties:
-              phase: {type: string}
-              conditions:
-                type: array
-                items:
-                  type: object
-                  properties:
-                    type: {type: string}
-                    status: {type: string}
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: doohickeys.kubectl.turnstile.dev
-spec:
-  group: kubectl.turnstile.dev
-  scope: Namespaced
-  names: {plural: doohickeys, singular: doohickey, kind: Doohickey, categories: [toys]}
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    schema:
-      openAPIV3Schema:
-        type: object
-        properties:
-          spec: {type: object, x-kubernetes-preserve-unknown-fields: true}
-"#;
+/// Two CRDs of the group `kubectl.turnstile.dev` in one multi-document YAML: gizmos (status,
+/// printer columns, short name and category) and doohickeys (same category, loose schema).
+const FIXTURE_CRDS: &str = include_str!("fixtures/kubectl_crds.yaml");
 
 fn text(out: &Output) -> String {
     format!(
@@ -355,7 +300,7 @@ async fn kubectl_applies_the_repository_crds() {
 
 #[tokio::test]
 async fn the_binary_prints_its_url_writes_a_kubeconfig_and_stops_on_sigterm() {
-    if std::env::var(support::REAL_CLUSTER_ENV).is_ok_and(|v| !v.is_empty()) {
+    if support::real_kubeconfig().is_some() {
         println!("skipped the_binary_prints_its_url: it tests the fake's binary");
         return;
     }

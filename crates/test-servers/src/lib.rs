@@ -30,4 +30,4 @@ pub use self::process::{free_port, wait_until, ServerProcess};
 pub use self::redis::{RedisOptions, RedisServer, TlsClientAuth, TlsFiles};
 pub use self::redis_cluster::{ClusterNode, RedisCluster};
 pub use self::redis_sentinel::{RedisSentinel, MASTER_NAME as SENTINEL_MASTER_NAME};
-pub use self::tools::{output_with_stdin, skip_or_fail, tool_or_skip, under_ci};
+pub use self::tools::{env_path, output_with_stdin, skip_or_fail, tool_or_skip, under_ci};

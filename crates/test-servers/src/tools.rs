@@ -13,6 +13,14 @@ pub fn under_ci() -> bool {
     is_ci_value(std::env::var("CI").ok().as_deref())
 }
 
+/// The path in the environment variable `name`, when it is set and not empty (a real
+/// cluster's kubeconfig, a tool's location, ...).
+pub fn env_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os(name)
+        .filter(|value| !value.is_empty())
+        .map(PathBuf::from)
+}
+
 /// Whether `CI` set to `value` means "under CI".
 fn is_ci_value(value: Option<&str>) -> bool {
     value.is_some_and(|value| value.eq_ignore_ascii_case("true") || value == "1")
@@ -111,6 +119,15 @@ mod tests {
         let output = output_with_stdin(&mut Command::new("cat"), "line\n").expect("cat runs");
         assert!(output.status.success());
         assert_eq!(output.stdout, b"line\n");
+    }
+
+    #[test]
+    fn an_unset_or_empty_variable_names_no_path() {
+        assert_eq!(env_path("TURNSTILE_TEST_SERVERS_SURELY_UNSET"), None);
+        assert_eq!(
+            env_path("PATH").is_some(),
+            std::env::var_os("PATH").is_some_and(|p| !p.is_empty())
+        );
     }
 
     #[test]

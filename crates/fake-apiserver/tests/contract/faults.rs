@@ -4,11 +4,7 @@ use super::*;
 
 #[tokio::test]
 async fn injected_faults_answer_the_next_writes() {
-    let Some(env) = Env::fake_only_with_widgets("injected_faults_answer_the_next_writes").await
-    else {
-        return;
-    };
-    let api = env.widgets();
+    let (env, api) = fake_widgets_or_return!("injected_faults_answer_the_next_writes");
     env.server().inject_faults(&widgets_path(&env), 2, 409);
     for _ in 0..2 {
         expect_error(
@@ -79,12 +75,7 @@ async fn an_injected_429_says_when_to_retry() {
 
 #[tokio::test]
 async fn injected_delays_slow_the_next_requests_down() {
-    let Some(env) =
-        Env::fake_only_with_widgets("injected_delays_slow_the_next_requests_down").await
-    else {
-        return;
-    };
-    let api = env.widgets();
+    let (env, api) = fake_widgets_or_return!("injected_delays_slow_the_next_requests_down");
     create(&api, "w", json!({"size": 1})).await;
     let delay = Duration::from_millis(400);
     env.server()
@@ -100,12 +91,7 @@ async fn injected_delays_slow_the_next_requests_down() {
 
 #[tokio::test]
 async fn a_slow_spell_slows_every_request_down_until_it_ends() {
-    let Some(env) =
-        Env::fake_only_with_widgets("a_slow_spell_slows_every_request_down_until_it_ends").await
-    else {
-        return;
-    };
-    let api = env.widgets();
+    let (env, api) = fake_widgets_or_return!("a_slow_spell_slows_every_request_down_until_it_ends");
     create(&api, "w", json!({"size": 1})).await;
     let delay = Duration::from_millis(300);
     let length = Duration::from_secs(2);

@@ -5,6 +5,20 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+/// The test's [`Env`](support::Env) with the Widget CRD, and its Widgets API; on a real
+/// cluster the test returns at once (it needs the fake's hooks, and says so).
+macro_rules! fake_widgets_or_return {
+    ($test:literal) => {
+        match $crate::support::Env::fake_only_with_widgets($test).await {
+            Some(env) => {
+                let api = env.widgets();
+                (env, api)
+            }
+            None => return,
+        }
+    };
+}
+
 mod deletion;
 mod faults;
 mod reads;
@@ -28,41 +42,32 @@ use support::{
 
 const T: Duration = Duration::from_secs(10);
 
+/// The Widgets of a test's namespace ([`Env::widgets`]).
+type Widgets = Api<DynamicObject>;
+
 fn rv(o: &DynamicObject) -> String {
     o.metadata.resource_version.clone().unwrap_or_default()
 }
 
 /// Posts a Widget.
-async fn try_create(
-    api: &Api<DynamicObject>,
-    name: &str,
-    spec: Value,
-) -> Result<DynamicObject, kube::Error> {
+async fn try_create(api: &Widgets, name: &str, spec: Value) -> kube::Result<DynamicObject> {
     api.create(&PostParams::default(), &widget(name, spec))
         .await
 }
 
 /// Creates a Widget (panics on failure).
-async fn create(api: &Api<DynamicObject>, name: &str, spec: Value) -> DynamicObject {
+async fn create(api: &Widgets, name: &str, spec: Value) -> DynamicObject {
     try_create(api, name, spec).await.unwrap()
 }
 
 /// A JSON merge patch of the main resource.
-async fn merge(
-    api: &Api<DynamicObject>,
-    name: &str,
-    patch: Value,
-) -> Result<DynamicObject, kube::Error> {
+async fn merge(api: &Widgets, name: &str, patch: Value) -> kube::Result<DynamicObject> {
     api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
         .await
 }
 
 /// A JSON merge patch of `/status`.
-async fn merge_status(
-    api: &Api<DynamicObject>,
-    name: &str,
-    patch: Value,
-) -> Result<DynamicObject, kube::Error> {
+async fn merge_status(api: &Widgets, name: &str, patch: Value) -> kube::Result<DynamicObject> {
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
         .await
 }

@@ -149,12 +149,7 @@ async fn every_page_of_a_list_is_one_snapshot_that_its_watch_resumes_from() {
 
 #[tokio::test]
 async fn continuing_a_list_whose_snapshot_is_compacted_gets_410_expired() {
-    let Some(env) =
-        Env::fake_only_with_widgets("continuing_a_list_whose_snapshot_is_compacted").await
-    else {
-        return;
-    };
-    let api = env.widgets();
+    let (env, api) = fake_widgets_or_return!("continuing_a_list_whose_snapshot_is_compacted");
     for name in ["a", "b"] {
         create(&api, name, json!({"size": 1})).await;
     }

@@ -88,11 +88,7 @@ async fn watch_sends_initial_events_then_an_end_bookmark() {
 
 #[tokio::test]
 async fn watch_from_a_compacted_resource_version_gets_410_expired() {
-    let Some(env) = Env::fake_only_with_widgets("watch_from_a_compacted_resource_version").await
-    else {
-        return;
-    };
-    let api = env.widgets();
+    let (env, api) = fake_widgets_or_return!("watch_from_a_compacted_resource_version");
     let old = create(&api, "a", json!({"size": 1})).await;
     create(&api, "b", json!({"size": 1})).await;
     env.server().compact();
@@ -113,7 +109,7 @@ async fn watch_from_a_compacted_resource_version_gets_410_expired() {
 }
 
 /// Sets the `pick` label (the selector's) of Widget `name` to `value`.
-async fn label_pick(api: &Api<DynamicObject>, name: &str, value: &str) {
+async fn label_pick(api: &Widgets, name: &str, value: &str) {
     merge(api, name, json!({"metadata": {"labels": {"pick": value}}}))
         .await
         .unwrap();

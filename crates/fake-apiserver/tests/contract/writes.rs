@@ -214,7 +214,7 @@ async fn a_write_that_changes_nothing_keeps_the_resource_version_and_emits_no_ev
 }
 
 /// Server-side applies Widget `w` with `spec` (field manager `contract-test`).
-async fn apply_w(api: &Api<DynamicObject>, spec: Value) -> DynamicObject {
+async fn apply_w(api: &Widgets, spec: Value) -> DynamicObject {
     let manifest = serde_json::to_value(widget("w", spec)).unwrap();
     api.patch(
         "w",

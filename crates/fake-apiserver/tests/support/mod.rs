@@ -29,11 +29,9 @@ pub struct Env {
     dir: tempfile::TempDir,
 }
 
-fn real_kubeconfig() -> Option<PathBuf> {
-    std::env::var(REAL_CLUSTER_ENV)
-        .ok()
-        .filter(|p| !p.is_empty())
-        .map(PathBuf::from)
+/// The real cluster's kubeconfig named by [`REAL_CLUSTER_ENV`], if any.
+pub fn real_kubeconfig() -> Option<PathBuf> {
+    test_servers::env_path(REAL_CLUSTER_ENV)
 }
 
 fn random_suffix() -> String {
@@ -93,13 +91,7 @@ impl Env {
         };
         let mut env = env;
         env.namespace = format!("ct-{}", random_suffix());
-        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client.clone());
-        let ns = serde_json::from_value(json!({"metadata": {"name": env.namespace}}))
-            .expect("namespace");
-        namespaces
-            .create(&PostParams::default(), &ns)
-            .await
-            .expect("create test namespace");
+        create_namespace(&env.client, &env.namespace).await;
         env
     }
 
@@ -415,6 +407,16 @@ pub fn widget_crd() -> Value {
     })
 }
 
+/// Creates the namespace `name` (panics on failure).
+async fn create_namespace(client: &Client, name: &str) {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let ns = serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace");
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+}
+
 /// The code of a kube API error.
 pub fn api_code<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, String, String) {
     match result {
@@ -470,12 +472,7 @@ impl Env {
     /// guaranteed; it carries the same random prefix).
     pub async fn new_namespace(env: &Env) -> String {
         let name = format!("{}-x", env.namespace);
-        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client.clone());
-        let ns = serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace");
-        namespaces
-            .create(&PostParams::default(), &ns)
-            .await
-            .expect("create namespace");
+        create_namespace(&env.client, &name).await;
         name
     }
 }
