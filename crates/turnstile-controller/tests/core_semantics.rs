@@ -7,6 +7,7 @@ mod sim;
 
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use proptest::prelude::*;
 use sim::{paused_runtime, Sim};
 use turnstile_api::{ClaimMode, ClaimPhase, LockClaimSpec};
@@ -23,6 +24,18 @@ fn with_priority(priority: i32) -> LockClaimSpec {
 #[track_caller]
 fn assert_phase(sim: &Sim, name: &str, phase: ClaimPhase, why: &str) {
     assert_eq!(sim.phase(name), Some(phase), "{name}: {why}");
+}
+
+/// Creates claim `a` with a live owner, then a plain claim `b` behind it, and settles.
+async fn owned_a_then_b(sim: &mut Sim) {
+    sim.create_owned("a", Sim::claim_spec(None, None));
+    sim.create("b", Sim::claim_spec(None, None));
+    sim.settle().await;
+}
+
+/// The `expiresAt` of claim `name`'s status.
+fn expires_at(sim: &Sim, name: &str) -> Option<Time> {
+    sim.claims[name].status.as_ref()?.expires_at.clone()
 }
 
 fn reason(sim: &Sim, name: &str) -> Option<String> {
@@ -65,9 +78,7 @@ async fn higher_priority_is_served_first_then_fifo() {
 async fn the_maximum_hold_ends_a_grant_whatever_its_renewals() {
     let mut sim = Sim::new(1, 10);
     sim.lock.spec.max_hold_seconds = Some(25);
-    sim.create_owned("a", Sim::claim_spec(None, None));
-    sim.create("b", Sim::claim_spec(None, None));
-    sim.settle().await;
+    owned_a_then_b(&mut sim).await;
     assert_eq!(sim.phase("a"), Some(ClaimPhase::Held));
     // The live owner renews every few seconds; the lease never runs past the max hold.
     for _ in 0..12 {
@@ -179,25 +190,19 @@ async fn an_owned_claim_is_renewed_once_half_its_lease_has_passed() {
     let mut sim = Sim::new(1, 10);
     sim.create_owned("a", Sim::claim_spec(None, None));
     sim.settle().await;
-    let expiry = |sim: &Sim| {
-        sim.claims["a"]
-            .status
-            .as_ref()
-            .and_then(|s| s.expires_at.clone())
-    };
-    let first = expiry(&sim).expect("expiresAt");
+    let first = expires_at(&sim, "a").expect("expiresAt");
     // Before half of the 10 s lease: no renewal (and no write).
     sim.advance(Duration::from_secs(4)).await;
     sim.settle().await;
     assert_eq!(
-        expiry(&sim),
+        expires_at(&sim, "a"),
         Some(first.clone()),
         "renewed before half the lease"
     );
     // Past half: renewed, a lease from now.
     sim.advance(Duration::from_secs(2)).await;
     sim.settle().await;
-    let renewed = expiry(&sim).expect("expiresAt");
+    let renewed = expires_at(&sim, "a").expect("expiresAt");
     assert!(renewed.0 > first.0, "not renewed after 6 s of a 10 s lease");
     assert_eq!(sim.phase("a"), Some(ClaimPhase::Held));
 }
@@ -206,9 +211,7 @@ async fn an_owned_claim_is_renewed_once_half_its_lease_has_passed() {
 async fn a_vanished_owner_starts_the_lock_delay() {
     let mut sim = Sim::new(1, 30);
     sim.lock.spec.lock_delay_seconds = Some(15);
-    sim.create_owned("a", Sim::claim_spec(None, None));
-    sim.create("b", Sim::claim_spec(None, None));
-    sim.settle().await;
+    owned_a_then_b(&mut sim).await;
     sim.set_owner("a", OwnerState::Gone);
     sim.settle().await;
     assert_eq!(reason(&sim, "a").as_deref(), Some("OwnerGone"));
@@ -262,10 +265,7 @@ async fn a_changed_lease_applies_from_the_holders_next_renewal() {
     let mut sim = Sim::new(1, 30);
     sim.create("a", Sim::claim_spec(None, None));
     sim.settle().await;
-    let expires = |sim: &Sim| {
-        let status = sim.claims["a"].status.clone().expect("status");
-        status.expires_at.expect("expiresAt").0.as_second()
-    };
+    let expires = |sim: &Sim| expires_at(sim, "a").expect("expiresAt").0.as_second();
     let granted = expires(&sim);
     // The lock's lease changes: the holder's expiry stays until it renews.
     sim.lock.spec.lease_duration_seconds = 90;

@@ -20,6 +20,7 @@ use proptest::prelude::*;
 
 use turnstile_api::{
     BackendKind, ClaimPhase, DistributedLock, DistributedLockSpec, LockClaim, LockClaimSpec,
+    LockClaimStatus,
 };
 use turnstile_controller::core::{
     fold, plan, BackendView, ClaimView, LockInput, LockView, LEASE_CUT,
@@ -560,10 +561,7 @@ fn a_claim_waiting_for_a_busy_lock_holds_nothing_and_keeps_the_other_idle() {
         let waiting = world.claims[&both].status.clone().unwrap_or_default();
         assert_eq!(waiting.phase, Some(ClaimPhase::Pending));
         assert!(
-            waiting
-                .message
-                .as_deref()
-                .is_some_and(|m| m.contains("lock b")),
+            mentions(&waiting, "lock b"),
             "says what it waits for: {waiting:?}"
         );
         // Lock a stays free for it: the claim behind it does not overtake it.
@@ -602,6 +600,20 @@ async fn backend_grant(world: &World, claim: &str, lock: &str) -> Option<(u64, D
         .iter()
         .find(|holder| holder.owner == uid)
         .map(|holder| (holder.fencing_token, holder.expires_in))
+}
+
+/// Asserts that `claim` ended in `phase` for `reason`; returns its status.
+#[track_caller]
+fn assert_ended(world: &World, claim: &str, phase: ClaimPhase, reason: &str) -> LockClaimStatus {
+    let status = world.claims[claim].status.clone().unwrap_or_default();
+    assert_eq!(status.phase, Some(phase), "{status:?}");
+    assert_eq!(status.reason.as_deref(), Some(reason), "{status:?}");
+    status
+}
+
+/// Whether the status message mentions `what`.
+fn mentions(status: &LockClaimStatus, what: &str) -> bool {
+    status.message.as_deref().is_some_and(|m| m.contains(what))
 }
 
 fn lock_tokens(world: &World, claim: &str) -> Vec<(String, i64)> {
@@ -704,16 +716,8 @@ fn deleting_one_of_its_locks_ends_the_grant_and_gives_the_others_back() {
         }
         world.pass("a", true).await;
         world.check().await;
-        let status = world.claims[&both].status.clone().unwrap_or_default();
-        assert_eq!(status.phase, Some(ClaimPhase::Expired));
-        assert_eq!(status.reason.as_deref(), Some("LockDeleted"));
-        assert!(
-            status
-                .message
-                .as_deref()
-                .is_some_and(|m| m.contains("lock b")),
-            "{status:?}"
-        );
+        let status = assert_ended(&world, &both, ClaimPhase::Expired, "LockDeleted");
+        assert!(mentions(&status, "lock b"), "{status:?}");
         assert_eq!(backend_grant(&world, &both, "a").await, None);
         assert_eq!(backend_grant(&world, &both, "b").await, None);
     });
@@ -753,9 +757,7 @@ fn the_shortest_maximum_hold_of_its_locks_ends_the_grant_on_every_lock() {
         renew(&mut world, &both);
         world.pass("a", true).await;
         world.check().await;
-        let status = world.claims[&both].status.clone().unwrap_or_default();
-        assert_eq!(status.phase, Some(ClaimPhase::Expired), "{status:?}");
-        assert_eq!(status.reason.as_deref(), Some("MaxHoldExceeded"));
+        assert_ended(&world, &both, ClaimPhase::Expired, "MaxHoldExceeded");
         assert_eq!(backend_grant(&world, &both, "a").await, None);
         assert_eq!(backend_grant(&world, &both, "b").await, None);
     });
@@ -788,9 +790,7 @@ fn a_lock_someone_else_took_in_the_backend_ends_the_grant_on_every_lock() {
             .expect("the outsider's acquire");
         world.pass("a", true).await;
         world.check().await;
-        let status = world.claims[&both].status.clone().unwrap_or_default();
-        assert_eq!(status.phase, Some(ClaimPhase::Expired), "{status:?}");
-        assert_eq!(status.reason.as_deref(), Some("LockLost"));
+        assert_ended(&world, &both, ClaimPhase::Expired, "LockLost");
         // Locks a and b, re-attached, are not kept for a claim that holds nothing: a's lease
         // is cut, as at the end of a lease, b is given back; the next claims get them.
         world.advance(Duration::from_millis(10)).await;
@@ -833,9 +833,7 @@ fn a_claim_on_several_locks_times_out_like_any_other_holding_nothing() {
         world.pass("a", true).await;
         world.pass("b", true).await;
         world.check().await;
-        let status = world.claims[&both].status.clone().unwrap_or_default();
-        assert_eq!(status.phase, Some(ClaimPhase::Failed), "{status:?}");
-        assert_eq!(status.reason.as_deref(), Some("AcquireTimeout"));
+        assert_ended(&world, &both, ClaimPhase::Failed, "AcquireTimeout");
         assert_eq!(backend_grant(&world, &both, "a").await, None);
         assert_eq!(phase(&world.claims[&on_b]), ClaimPhase::Held);
         // Lock a is free for the next claim at once.
