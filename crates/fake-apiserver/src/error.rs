@@ -188,12 +188,7 @@ impl ApiError {
 
     /// 404: `<resource>.<group> "<name>" not found`.
     pub(crate) fn not_found(group: &str, resource: &str, name: &str) -> Self {
-        Self::new(
-            404,
-            "NotFound",
-            format!("{} {name:?} not found", qualified(resource, group)),
-            Some(details(group, resource, name)),
-        )
+        Self::about_object(404, "NotFound", (group, resource, name), "not found")
     }
 
     /// 404 for a URL that names no known resource.
@@ -208,10 +203,25 @@ impl ApiError {
 
     /// 409: `<resource>.<group> "<name>" already exists`.
     pub(crate) fn already_exists(group: &str, resource: &str, name: &str) -> Self {
-        Self::new(
+        Self::about_object(
             409,
             "AlreadyExists",
-            format!("{} {name:?} already exists", qualified(resource, group)),
+            (group, resource, name),
+            "already exists",
+        )
+    }
+
+    /// `<resource>.<group> "<name>" <what>`, with the object's details.
+    fn about_object(
+        code: u16,
+        reason: &'static str,
+        (group, resource, name): (&str, &str, &str),
+        what: &str,
+    ) -> Self {
+        Self::new(
+            code,
+            reason,
+            format!("{} {name:?} {what}", qualified(resource, group)),
             Some(details(group, resource, name)),
         )
     }

@@ -214,9 +214,10 @@ mod tests {
         let hooks = Hooks::default();
         hooks.inject("/apis/x", 2, 409);
         assert_eq!(hooks.take_fault("/api/v1/pods"), None);
-        assert_eq!(hooks.take_fault("/apis/x/v1/things"), Some(409));
-        assert_eq!(hooks.take_fault("/apis/x/v1/things"), Some(409));
-        assert_eq!(hooks.take_fault("/apis/x/v1/things"), None);
+        let taken: Vec<_> = (0..3)
+            .map(|_| hooks.take_fault("/apis/x/v1/things"))
+            .collect();
+        assert_eq!(taken, [Some(409), Some(409), None]);
     }
 
     #[test]

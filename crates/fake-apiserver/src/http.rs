@@ -257,8 +257,15 @@ pub(crate) async fn handle(State(app): State<Arc<AppState>>, request: Request) -
             response
         }
         None => match axum::body::to_bytes(body, MAX_BODY).await {
-            Ok(bytes) => dispatch(&app, &method, &parts.headers, route, &query, bytes)
-                .unwrap_or_else(|e| error_response(&e)),
+            Ok(body) => {
+                let request = Incoming {
+                    method: &method,
+                    headers: &parts.headers,
+                    query: &query,
+                    body,
+                };
+                dispatch(&app, route, request).unwrap_or_else(|e| error_response(&e))
+            }
             Err(e) => error_response(&ApiError::bad_request(format!(
                 "cannot read request body: {e}"
             ))),
@@ -279,17 +286,22 @@ fn header_str(headers: &HeaderMap, name: header::HeaderName) -> String {
         .to_string()
 }
 
+/// What the handlers read of a request besides its route.
+struct Incoming<'a> {
+    method: &'a Method,
+    headers: &'a HeaderMap,
+    query: &'a HashMap<String, String>,
+    body: Bytes,
+}
+
 fn dispatch(
     app: &Arc<AppState>,
-    method: &Method,
-    headers: &HeaderMap,
     route: Route,
-    query: &HashMap<String, String>,
-    body: Bytes,
+    request: Incoming<'_>,
 ) -> Result<Response, ApiError> {
     let ok = |v: Value| Ok(json_response(200, &v, &[]));
     let registry = || app.store.lock().registry.clone();
-    if !matches!(route, Route::Resource(_)) && *method != Method::GET {
+    if !matches!(route, Route::Resource(_)) && *request.method != Method::GET {
         return Err(ApiError::method_not_allowed());
     }
     match route {
@@ -304,7 +316,7 @@ fn dispatch(
         }
         Route::CoreVersions | Route::Groups => {
             let core = route == Route::CoreVersions;
-            match discovery::aggregated_version(&header_str(headers, header::ACCEPT)) {
+            match discovery::aggregated_version(&header_str(request.headers, header::ACCEPT)) {
                 Some(v) => {
                     let mut r =
                         json_response(200, &discovery::aggregated(&registry(), core, v), &[]);
@@ -329,7 +341,7 @@ fn dispatch(
             openapi::document(&registry(), &g, &v).map_or_else(|| Err(ApiError::no_route()), ok)
         }
         Route::NotFound => Err(ApiError::no_route()),
-        Route::Resource(r) => resource(app, method, headers, r, query, body),
+        Route::Resource(r) => resource(app, r, request),
     }
 }
 
@@ -433,12 +445,15 @@ fn delete_options(query: &HashMap<String, String>, body: &[u8]) -> Result<Delete
 
 fn resource(
     app: &Arc<AppState>,
-    method: &Method,
-    headers: &HeaderMap,
     r: ResourceRequest,
-    query: &HashMap<String, String>,
-    body: Bytes,
+    request: Incoming<'_>,
 ) -> Result<Response, ApiError> {
+    let Incoming {
+        method,
+        headers,
+        query,
+        body,
+    } = request;
     let rtype = app
         .store
         .lock()
@@ -556,17 +571,13 @@ fn resource(
                 &[],
             ))
         }
-        ("POST", false) => {
-            if r.subresource.is_some() {
-                return Err(ApiError::method_not_allowed());
-            }
-            write(rest::create(
-                &app.store,
-                &target,
-                decode_body(headers, &body)?,
-                &write_options(query)?,
-            )?)
-        }
+        // Neither creates nor deletes go to a subresource.
+        ("POST", false) if r.subresource.is_none() => write(rest::create(
+            &app.store,
+            &target,
+            decode_body(headers, &body)?,
+            &write_options(query)?,
+        )?),
         ("PUT", true) => write(rest::update(
             &app.store,
             &target,
@@ -583,16 +594,11 @@ fn resource(
                 &write_options(query)?,
             )?)
         }
-        ("DELETE", true) => {
-            if r.subresource.is_some() {
-                return Err(ApiError::method_not_allowed());
-            }
-            write(rest::delete(
-                &app.store,
-                &target,
-                &delete_options(query, &body)?,
-            )?)
-        }
+        ("DELETE", true) if r.subresource.is_none() => write(rest::delete(
+            &app.store,
+            &target,
+            &delete_options(query, &body)?,
+        )?),
         ("DELETE", false) => {
             let deleted = rest::delete_collection(
                 &app.store,
@@ -617,41 +623,28 @@ mod tests {
 
     #[test]
     fn routes_like_kube_request_info() {
-        let r = |p: &str| match parse_route(p) {
-            Route::Resource(r) => (r.resource, r.namespace, r.name, r.subresource),
-            other => panic!("{other:?}"),
-        };
-        assert_eq!(
-            r("/api/v1/namespaces/foo"),
+        // (path, its "resource namespace name subresource", "-" where there is none)
+        for (path, expected) in [
+            ("/api/v1/namespaces/foo", "namespaces foo foo -"),
+            ("/api/v1/namespaces/foo/status", "namespaces foo foo status"),
             (
-                "namespaces".into(),
-                Some("foo".into()),
-                Some("foo".into()),
-                None
-            )
-        );
-        assert_eq!(
-            r("/api/v1/namespaces/foo/status"),
-            (
-                "namespaces".into(),
-                Some("foo".into()),
-                Some("foo".into()),
-                Some("status".into())
-            )
-        );
-        assert_eq!(
-            r("/apis/x.dev/v1/namespaces/ns/things/a/status"),
-            (
-                "things".into(),
-                Some("ns".into()),
-                Some("a".into()),
-                Some("status".into())
-            )
-        );
-        assert_eq!(
-            r("/apis/x.dev/v1/things"),
-            ("things".into(), None, None, None)
-        );
+                "/apis/x.dev/v1/namespaces/ns/things/a/status",
+                "things ns a status",
+            ),
+            ("/apis/x.dev/v1/things", "things - - -"),
+        ] {
+            let Route::Resource(r) = parse_route(path) else {
+                panic!("{path}: not a resource route");
+            };
+            let part = |p: Option<String>| p.unwrap_or_else(|| "-".into());
+            let parts = [
+                r.resource,
+                part(r.namespace),
+                part(r.name),
+                part(r.subresource),
+            ];
+            assert_eq!(parts.join(" "), expected, "{path}");
+        }
         assert_eq!(
             parse_route("/apis/x.dev/v1"),
             Route::Resources("x.dev".into(), "v1".into())

@@ -370,11 +370,7 @@ pub(crate) fn type_from_crd(crd: &Value) -> Result<ResourceType, Vec<FieldError>
         ));
     }
     for (i, v) in raw_versions.iter().enumerate() {
-        let vname = v
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
+        let vname = str_at(v, &["name"]).unwrap_or_default().to_string();
         if vname.is_empty() {
             errors.push(FieldError::required(
                 &format!("spec.versions[{i}].name"),
@@ -405,32 +401,12 @@ pub(crate) fn type_from_crd(crd: &Value) -> Result<ResourceType, Vec<FieldError>
             .map(|cols| {
                 cols.iter()
                     .map(|c| PrinterColumn {
-                        name: c
-                            .get("name")
-                            .and_then(Value::as_str)
-                            .unwrap_or_default()
-                            .into(),
-                        type_: c
-                            .get("type")
-                            .and_then(Value::as_str)
-                            .unwrap_or("string")
-                            .into(),
-                        format: c
-                            .get("format")
-                            .and_then(Value::as_str)
-                            .unwrap_or_default()
-                            .into(),
-                        description: c
-                            .get("description")
-                            .and_then(Value::as_str)
-                            .unwrap_or_default()
-                            .into(),
+                        name: str_at(c, &["name"]).unwrap_or_default().into(),
+                        type_: str_at(c, &["type"]).unwrap_or("string").into(),
+                        format: str_at(c, &["format"]).unwrap_or_default().into(),
+                        description: str_at(c, &["description"]).unwrap_or_default().into(),
                         priority: c.get("priority").and_then(Value::as_i64).unwrap_or(0),
-                        json_path: c
-                            .get("jsonPath")
-                            .and_then(Value::as_str)
-                            .unwrap_or_default()
-                            .into(),
+                        json_path: str_at(c, &["jsonPath"]).unwrap_or_default().into(),
                     })
                     .collect()
             })

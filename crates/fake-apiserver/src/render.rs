@@ -13,11 +13,40 @@ pub(crate) enum Rendering {
     Full,
     /// `PartialObjectMetadata(List)`.
     PartialMetadata,
-    /// A Table of the given `apiVersion` (`meta.k8s.io/v1` or `v1beta1`).
-    Table {
-        api_version: String,
-        include: IncludeObject,
-    },
+    /// A Table (see [`TableFormat`]).
+    Table(TableFormat),
+}
+
+/// What a Table answer looks like.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TableFormat {
+    /// The Table's `apiVersion` (`meta.k8s.io/v1` or `v1beta1`).
+    pub(crate) api_version: String,
+    /// What each row carries of its object.
+    pub(crate) include: IncludeObject,
+}
+
+impl TableFormat {
+    /// `objects` (served form) as a Table with `list_meta` when it is a list's; with the
+    /// column definitions unless `with_definitions` is false (a watch sends them once).
+    pub(crate) fn render(
+        &self,
+        rtype: &ResourceType,
+        version: &str,
+        objects: &[Value],
+        list_meta: Option<Value>,
+        with_definitions: bool,
+    ) -> Value {
+        table::table(
+            rtype,
+            version,
+            objects,
+            self.include,
+            &self.api_version,
+            list_meta,
+            with_definitions,
+        )
+    }
 }
 
 /// Picks the first acceptable media type of `accept`.
@@ -34,10 +63,10 @@ pub(crate) fn negotiate(accept: &str, include_object: Option<&str>) -> Rendering
             (Some("Table"), Some("meta.k8s.io")) => {
                 let v = param("v").unwrap_or("v1");
                 if v == "v1" || v == "v1beta1" {
-                    return Rendering::Table {
+                    return Rendering::Table(TableFormat {
                         api_version: format!("meta.k8s.io/{v}"),
                         include: IncludeObject::parse(include_object),
-                    };
+                    });
                 }
             }
             (Some("PartialObjectMetadata" | "PartialObjectMetadataList"), Some("meta.k8s.io")) => {
@@ -60,18 +89,9 @@ pub(crate) fn object(
     match rendering {
         Rendering::Full => obj,
         Rendering::PartialMetadata => table::partial_metadata(&obj),
-        Rendering::Table {
-            api_version,
-            include,
-        } => table::table(
-            rtype,
-            version,
-            std::slice::from_ref(&obj),
-            *include,
-            api_version,
-            None,
-            true,
-        ),
+        Rendering::Table(format) => {
+            format.render(rtype, version, std::slice::from_ref(&obj), None, true)
+        }
     }
 }
 
@@ -96,18 +116,7 @@ pub(crate) fn list(
             "metadata": list_meta,
             "items": items.iter().map(table::partial_metadata).collect::<Vec<_>>(),
         }),
-        Rendering::Table {
-            api_version,
-            include,
-        } => table::table(
-            rtype,
-            version,
-            &items,
-            *include,
-            api_version,
-            Some(list_meta),
-            true,
-        ),
+        Rendering::Table(format) => format.render(rtype, version, &items, Some(list_meta), true),
     }
 }
 
@@ -119,7 +128,7 @@ mod tests {
     fn kubectl_and_kube_rs_accept_headers() {
         let kubectl = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
         assert!(
-            matches!(negotiate(kubectl, None), Rendering::Table { ref api_version, .. } if api_version == "meta.k8s.io/v1")
+            matches!(negotiate(kubectl, None), Rendering::Table(TableFormat { ref api_version, .. }) if api_version == "meta.k8s.io/v1")
         );
         assert_eq!(
             negotiate(

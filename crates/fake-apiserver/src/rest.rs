@@ -20,7 +20,7 @@ use crate::events;
 use crate::meta;
 use crate::registry::{ResourceType, Special};
 use crate::selector::Selectors;
-use crate::store::{Inner, ObjectKey};
+use crate::store::{Inner, ListScope, ObjectKey};
 
 pub(crate) use self::delete::{
     delete, delete_collection, delete_locked, drop_owner_refs, DeleteOptions,
@@ -77,14 +77,8 @@ impl Target {
         selectors: &Selectors,
         after: Option<(&str, &str)>,
     ) -> Vec<Arc<Value>> {
-        let namespace = self.scope_namespace();
         inner
-            .list(
-                &self.rtype.storage_group,
-                &self.rtype.plural,
-                namespace,
-                after,
-            )
+            .list(self.list_scope(after))
             .into_iter()
             .filter(|o| selectors.matches(o))
             .collect()
@@ -99,18 +93,21 @@ impl Target {
         after: Option<(&str, &str)>,
         rv: u64,
     ) -> Result<Vec<Arc<Value>>, u64> {
-        let namespace = self.scope_namespace();
         Ok(inner
-            .list_at(
-                &self.rtype.storage_group,
-                &self.rtype.plural,
-                namespace,
-                after,
-                rv,
-            )?
+            .list_at(self.list_scope(after), rv)?
             .into_iter()
             .filter(|o| selectors.matches(o))
             .collect())
+    }
+
+    /// The stored objects this target lists, after the cursor `after` when given.
+    fn list_scope<'a>(&'a self, after: Option<(&'a str, &'a str)>) -> ListScope<'a> {
+        ListScope {
+            group: &self.rtype.storage_group,
+            resource: &self.rtype.plural,
+            namespace: self.scope_namespace(),
+            after,
+        }
     }
 
     fn not_found(&self, name: &str) -> ApiError {

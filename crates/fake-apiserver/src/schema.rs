@@ -343,6 +343,87 @@ fn validate_number(
     }
 }
 
+/// What a size bound counts: a string's characters, an array's items or an object's
+/// properties (with the count).
+#[derive(Debug, Clone, Copy)]
+enum Size {
+    Chars(u64),
+    Items(u64),
+    Properties(u64),
+}
+
+impl Size {
+    fn count(self) -> u64 {
+        match self {
+            Size::Chars(n) | Size::Items(n) | Size::Properties(n) => n,
+        }
+    }
+
+    /// The schema keywords of the upper and the lower bound.
+    fn keywords(self) -> (&'static str, &'static str) {
+        match self {
+            Size::Chars(_) => ("maxLength", "minLength"),
+            Size::Items(_) => ("maxItems", "minItems"),
+            Size::Properties(_) => ("maxProperties", "minProperties"),
+        }
+    }
+
+    /// kube-apiserver's error for a count above `max`.
+    fn too_big(self, path: &str, max: u64) -> FieldError {
+        match self {
+            Size::Chars(_) => FieldError::other(
+                "FieldValueTooLong",
+                path,
+                format!("Too long: may not be more than {max} bytes"),
+            ),
+            Size::Items(n) | Size::Properties(n) => FieldError::other(
+                "FieldValueTooMany",
+                path,
+                format!("Too many: {n}: must have at most {max} items"),
+            ),
+        }
+    }
+
+    /// kube-apiserver's detail for a count below `min` (of the field shown as `shown`).
+    fn too_small(self, shown: &str, min: u64) -> String {
+        match self {
+            Size::Chars(_) => format!("{shown} in body should be at least {min} chars long"),
+            Size::Items(_) => format!("{shown} in body should have at least {min} items"),
+            Size::Properties(_) => {
+                format!("{shown} in body should have at least {min} properties")
+            }
+        }
+    }
+}
+
+/// Checks `size` against its bounds in `schema`; below the lower bound, `value` is the
+/// invalid value reported.
+fn check_size(
+    schema: &Value,
+    size: Size,
+    value: &Value,
+    path: &str,
+    shown: &str,
+    errors: &mut Vec<FieldError>,
+) {
+    let (max_key, min_key) = size.keywords();
+    let n = size.count();
+    if let Some(max) = schema.get(max_key).and_then(Value::as_u64) {
+        if n > max {
+            errors.push(size.too_big(path, max));
+        }
+    }
+    if let Some(min) = schema.get(min_key).and_then(Value::as_u64) {
+        if n < min {
+            errors.push(FieldError::invalid(
+                path,
+                value,
+                &size.too_small(shown, min),
+            ));
+        }
+    }
+}
+
 fn validate_string(
     schema: &Value,
     s: &str,
@@ -352,24 +433,7 @@ fn validate_string(
     errors: &mut Vec<FieldError>,
 ) {
     let len = s.chars().count() as u64;
-    if let Some(max) = schema.get("maxLength").and_then(Value::as_u64) {
-        if len > max {
-            errors.push(FieldError::other(
-                "FieldValueTooLong",
-                path,
-                format!("Too long: may not be more than {max} bytes"),
-            ));
-        }
-    }
-    if let Some(min) = schema.get("minLength").and_then(Value::as_u64) {
-        if len < min {
-            errors.push(FieldError::invalid(
-                path,
-                value,
-                &format!("{shown} in body should be at least {min} chars long"),
-            ));
-        }
-    }
+    check_size(schema, Size::Chars(len), value, path, shown, errors);
     if let Some(pattern) = schema.get("pattern").and_then(Value::as_str) {
         match regex::Regex::new(pattern) {
             Ok(re) if !re.is_match(s) => {
@@ -405,24 +469,7 @@ fn validate_array(
     errors: &mut Vec<FieldError>,
 ) {
     let n = items.len() as u64;
-    if let Some(max) = schema.get("maxItems").and_then(Value::as_u64) {
-        if n > max {
-            errors.push(FieldError::other(
-                "FieldValueTooMany",
-                path,
-                format!("Too many: {n}: must have at most {max} items"),
-            ));
-        }
-    }
-    if let Some(min) = schema.get("minItems").and_then(Value::as_u64) {
-        if n < min {
-            errors.push(FieldError::invalid(
-                path,
-                value,
-                &format!("{shown} in body should have at least {min} items"),
-            ));
-        }
-    }
+    check_size(schema, Size::Items(n), value, path, shown, errors);
     if flag(schema, "uniqueItems") {
         for (i, a) in items.iter().enumerate() {
             if items[..i].contains(a) {
@@ -456,24 +503,8 @@ fn validate_object(
         }
     }
     let n = obj.len() as u64;
-    if let Some(max) = schema.get("maxProperties").and_then(Value::as_u64) {
-        if n > max {
-            errors.push(FieldError::other(
-                "FieldValueTooMany",
-                path,
-                format!("Too many: {n}: must have at most {max} items"),
-            ));
-        }
-    }
-    if let Some(min) = schema.get("minProperties").and_then(Value::as_u64) {
-        if n < min {
-            errors.push(FieldError::invalid(
-                path,
-                &Value::Number(n.into()),
-                &format!("{shown} in body should have at least {min} properties"),
-            ));
-        }
-    }
+    let count = Value::Number(n.into());
+    check_size(schema, Size::Properties(n), &count, path, shown, errors);
     let props = properties(schema);
     // Sorted, so errors come out in the same order whether or not another crate in the build
     // turns on serde_json's `preserve_order` (feature unification changes `Map`'s iteration).

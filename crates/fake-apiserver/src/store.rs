@@ -21,6 +21,28 @@ pub(crate) struct ObjectKey {
     pub name: String,
 }
 
+/// The stored objects a list covers: those of `group/resource`, in one namespace or all,
+/// whose `(namespace, name)` sorts after the cursor `after` when given.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ListScope<'a> {
+    pub group: &'a str,
+    pub resource: &'a str,
+    pub namespace: Option<&'a str>,
+    pub after: Option<(&'a str, &'a str)>,
+}
+
+impl ListScope<'_> {
+    /// Whether the object at `key` is in this scope.
+    fn contains(&self, key: &ObjectKey) -> bool {
+        key.group == self.group
+            && key.resource == self.resource
+            && self.namespace.is_none_or(|ns| key.namespace == ns)
+            && self
+                .after
+                .is_none_or(|after| (key.namespace.as_str(), key.name.as_str()) > after)
+    }
+}
+
 /// The type of a watch event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum EventType {
@@ -146,32 +168,25 @@ impl Inner {
         self.objects.get(key).cloned()
     }
 
-    /// Objects of `group/resource`, in one namespace or all, ordered by namespace and name,
-    /// after the cursor `after` (`(namespace, name)`) when given.
-    pub(crate) fn list(
-        &self,
-        group: &str,
-        resource: &str,
-        namespace: Option<&str>,
-        after: Option<(&str, &str)>,
-    ) -> Vec<Arc<Value>> {
-        self.range_of(group, resource, namespace, after)
-            .map(|(_, v)| v.clone())
-            .collect()
+    /// The objects in `scope`, ordered by namespace and name.
+    pub(crate) fn list(&self, scope: ListScope<'_>) -> Vec<Arc<Value>> {
+        self.range_of(scope).map(|(_, v)| v.clone()).collect()
     }
 
-    /// The stored objects of `group/resource` (in `namespace`, when given) whose
-    /// `(namespace, name)` sorts after `after`: a range of the key order, so each page of a
+    /// The stored objects in `scope`: a range of the key order, so each page of a
     /// paginated list costs the objects after its cursor, not a scan of every stored object
     /// (with tens of thousands of Events stored, that scan made a re-list of a few thousand
     /// claims in pages of 8 take seconds, holding the store's lock for every page).
     fn range_of<'a>(
         &'a self,
-        group: &'a str,
-        resource: &'a str,
-        namespace: Option<&'a str>,
-        after: Option<(&str, &str)>,
+        scope: ListScope<'a>,
     ) -> impl Iterator<Item = (&'a ObjectKey, &'a Arc<Value>)> + 'a {
+        let ListScope {
+            group,
+            resource,
+            namespace,
+            after,
+        } = scope;
         let key = |namespace: &str, name: &str| ObjectKey {
             group: group.to_owned(),
             resource: resource.to_owned(),
@@ -202,7 +217,12 @@ impl Inner {
         group: &'a str,
         resource: &'a str,
     ) -> impl Iterator<Item = (&'a ObjectKey, &'a Arc<Value>)> + 'a {
-        self.range_of(group, resource, None, None)
+        self.range_of(ListScope {
+            group,
+            resource,
+            namespace: None,
+            after: None,
+        })
     }
 
     /// Whether a stored object has this uid.
@@ -252,33 +272,18 @@ impl Inner {
         }
     }
 
-    /// Objects of `group/resource` after the cursor `after` as they were at resourceVersion
-    /// `rv` (the snapshot a paginated list serves every page from, as etcd does), or
-    /// `Err(oldest)` when the history back to `rv` has been compacted.
-    pub(crate) fn list_at(
-        &self,
-        group: &str,
-        resource: &str,
-        namespace: Option<&str>,
-        after: Option<(&str, &str)>,
-        rv: u64,
-    ) -> Result<Vec<Arc<Value>>, u64> {
+    /// The objects in `scope` as they were at resourceVersion `rv` (the snapshot a paginated
+    /// list serves every page from, as etcd does), or `Err(oldest)` when the history back to
+    /// `rv` has been compacted.
+    pub(crate) fn list_at(&self, scope: ListScope<'_>, rv: u64) -> Result<Vec<Arc<Value>>, u64> {
         if rv < self.compacted {
             return Err(self.compacted);
         }
-        let in_scope = |k: &ObjectKey| {
-            k.group == group
-                && k.resource == resource
-                && namespace.is_none_or(|ns| k.namespace == ns)
-                && after.is_none_or(|after| (k.namespace.as_str(), k.name.as_str()) > after)
-        };
-        let mut objects: BTreeMap<&ObjectKey, Arc<Value>> = self
-            .range_of(group, resource, namespace, after)
-            .map(|(k, v)| (k, v.clone()))
-            .collect();
+        let mut objects: BTreeMap<&ObjectKey, Arc<Value>> =
+            self.range_of(scope).map(|(k, v)| (k, v.clone())).collect();
         // Undo the changes made since `rv`, newest first.
         for event in self.history.iter().rev().take_while(|e| e.rv > rv) {
-            if !in_scope(&event.key) {
+            if !scope.contains(&event.key) {
                 continue;
             }
             match &event.previous {

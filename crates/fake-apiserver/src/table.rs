@@ -40,48 +40,38 @@ pub(crate) fn human_duration(seconds: i64) -> String {
     }
     let minutes = seconds / 60;
     if minutes < 10 {
-        let s = seconds % 60;
-        return if s == 0 {
-            format!("{minutes}m")
-        } else {
-            format!("{minutes}m{s}s")
-        };
+        return two_units((minutes, "m"), (seconds % 60, "s"));
     }
     if minutes < 180 {
         return format!("{minutes}m");
     }
     let hours = seconds / 3600;
     if hours < 8 {
-        let m = minutes % 60;
-        return if m == 0 {
-            format!("{hours}h")
-        } else {
-            format!("{hours}h{m}m")
-        };
+        return two_units((hours, "h"), (minutes % 60, "m"));
     }
     if hours < 48 {
         return format!("{hours}h");
     }
-    if hours < 24 * 8 {
-        let h = hours % 24;
-        return if h == 0 {
-            format!("{}d", hours / 24)
-        } else {
-            format!("{}d{h}h", hours / 24)
-        };
+    let days = hours / 24;
+    if days < 8 {
+        return two_units((days, "d"), (hours % 24, "h"));
     }
-    if hours < 24 * 365 * 2 {
-        return format!("{}d", hours / 24);
+    if days < 365 * 2 {
+        return format!("{days}d");
     }
-    if hours < 24 * 365 * 8 {
-        let dy = (hours / 24) % 365;
-        return if dy == 0 {
-            format!("{}y", hours / 24 / 365)
-        } else {
-            format!("{}y{dy}d", hours / 24 / 365)
-        };
+    if days < 365 * 8 {
+        return two_units((days / 365, "y"), (days % 365, "d"));
     }
-    format!("{}y", hours / 24 / 365)
+    format!("{}y", days / 365)
+}
+
+/// `3m20s` from `(3, "m")` and `(20, "s")`; `3m` when the second count is 0.
+fn two_units((count, unit): (i64, &str), (rest, rest_unit): (i64, &str)) -> String {
+    if rest == 0 {
+        format!("{count}{unit}")
+    } else {
+        format!("{count}{unit}{rest}{rest_unit}")
+    }
 }
 
 /// Prints a value as Go's `fmt.Print` prints the decoded JSON (`map[a:1]`, `[x y]`).

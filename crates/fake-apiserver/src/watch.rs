@@ -15,7 +15,6 @@ use crate::render::{self, Rendering};
 use crate::rest::{to_served, Target};
 use crate::selector::Selectors;
 use crate::store::{EventType, Store, StoredEvent};
-use crate::table;
 
 /// The parameters of a watch request.
 #[derive(Debug, Clone)]
@@ -66,17 +65,13 @@ impl Watcher {
     fn render(&mut self, obj: &Value) -> Value {
         let served = to_served(&self.target.rtype, &self.target.version, obj);
         match &self.params.rendering {
-            Rendering::Table {
-                api_version,
-                include,
-            } => {
+            Rendering::Table(format) => {
+                // Only the first event's Table carries the column definitions.
                 let with_definitions = std::mem::replace(&mut self.first_table, false);
-                table::table(
+                format.render(
                     &self.target.rtype,
                     &self.target.version,
                     &[served],
-                    *include,
-                    api_version,
                     None,
                     with_definitions,
                 )

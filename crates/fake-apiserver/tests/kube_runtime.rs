@@ -32,6 +32,11 @@ async fn reconcile(cm: Arc<ConfigMap>, api: Arc<Api<ConfigMap>>) -> Result<Actio
     Ok(Action::await_change())
 }
 
+/// Whether a watch error is a 410 Gone ("too old resource version").
+fn is_a_410(error: &str) -> bool {
+    error.contains("410") || error.contains("too old resource version")
+}
+
 fn make(name: &str) -> ConfigMap {
     serde_json::from_value(json!({"metadata": {"name": name, "labels": {"app": "rt"}}})).unwrap()
 }
@@ -163,9 +168,7 @@ async fn controller_and_watcher_recover_from_a_forced_410() {
         "the controller's and the watcher's watches both got the 410: {watch_errors:?}"
     );
     assert!(
-        watch_errors
-            .iter()
-            .all(|e| e.contains("410") || e.contains("too old resource version")),
+        watch_errors.iter().all(|e| is_a_410(e)),
         "only the forced 410s: {watch_errors:?}"
     );
     let expired = env

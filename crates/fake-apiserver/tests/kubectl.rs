@@ -11,64 +11,9 @@ use std::time::{Duration, Instant};
 
 use support::Env;
 
-const FIXTURE_CRDS: &str = r#"
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: gizmos.kubectl.turnstile.dev
-spec:
-  group: kubectl.turnstile.dev
-  scope: Namespaced
-  names: {plural: gizmos, singular: gizmo, kind: Gizmo, shortNames: [gz], categories: [toys]}
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    subresources: {status: {}}
-    additionalPrinterColumns:
-    - {name: Size, type: integer, jsonPath: .spec.size}
-    - {name: Phase, type: string, jsonPath: .status.phase}
-    - {name: Age, type: date, jsonPath: .metadata.creationTimestamp}
-    schema:
-      openAPIV3Schema:
-        type: object
-        properties:
-          spec:
-            type: object
-            required: [size]
-            properties:
-              size: {type: integer, minimum: 1}
-              color: {type: string, default: blue}
-          status:
-            type: object
-            properties:
-              phase: {type: string}
-              conditions:
-                type: array
-                items:
-                  type: object
-                  properties:
-                    type: {type: string}
-                    status: {type: string}
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: doohickeys.kubectl.turnstile.dev
-spec:
-  group: kubectl.turnstile.dev
-  scope: Namespaced
-  names: {plural: doohickeys, singular: doohickey, kind: Doohickey, categories: [toys]}
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    schema:
-      openAPIV3Schema:
-        type: object
-        properties:
-          spec: {type: object, x-kubernetes-preserve-unknown-fields: true}
-"#;
+/// Two CRDs of the group `kubectl.turnstile.dev` in one multi-document YAML: gizmos (status,
+/// printer columns, short name and category) and doohickeys (same category, loose schema).
+const FIXTURE_CRDS: &str = include_str!("fixtures/kubectl_crds.yaml");
 
 fn text(out: &Output) -> String {
     format!(
@@ -82,6 +27,37 @@ fn text(out: &Output) -> String {
 fn ok(out: Output) -> String {
     assert!(out.status.success(), "kubectl failed: {}", text(&out));
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Asserts that kubectl failed and said `needle`.
+#[track_caller]
+fn fails_saying(out: &Output, needle: &str) {
+    assert!(!out.status.success(), "kubectl succeeded: {}", text(out));
+    assert!(
+        text(out).contains(needle),
+        "{needle:?} not in {}",
+        text(out)
+    );
+}
+
+/// Waits for a background kubectl and asserts that it said `needle`.
+#[track_caller]
+fn finishes_saying(child: std::process::Child, needle: &str) {
+    let out = child.wait_with_output().expect("kubectl output");
+    assert!(
+        text(&out).contains(needle),
+        "{needle:?} not in {}",
+        text(&out)
+    );
+}
+
+/// Lets background `kubectl wait`s start watching, then patches gizmo/g1 in `ns` with
+/// `patch_args` (panics if kubectl fails).
+async fn patch_g1_under_waiters(env: &Env, ns: &str, patch_args: &[&str]) {
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut args = vec!["patch", "gizmo", "g1", "-n", ns];
+    args.extend_from_slice(patch_args);
+    ok(env.kubectl(&args));
 }
 
 /// Starts a kubectl command in the background (for `wait` while another command acts).
@@ -152,43 +128,32 @@ async fn kubectl_applies_gets_waits_and_deletes() {
 
     // Server-side validation through kubectl apply.
     let invalid = "apiVersion: kubectl.turnstile.dev/v1\nkind: Gizmo\nmetadata: {name: bad}\nspec: {size: 0}\n";
-    let out = env.kubectl_stdin(&["apply", "-n", &ns, "-f", "-"], invalid);
-    assert!(!out.status.success());
-    assert!(
-        text(&out).contains(
-            "spec.size: Invalid value: 0: spec.size in body should be greater than or equal to 1"
-        ),
-        "{}",
-        text(&out)
+    fails_saying(
+        &env.kubectl_stdin(&["apply", "-n", &ns, "-f", "-"], invalid),
+        "spec.size: Invalid value: 0: spec.size in body should be greater than or equal to 1",
     );
     let unknown = "apiVersion: kubectl.turnstile.dev/v1\nkind: Gizmo\nmetadata: {name: bad}\nspec: {size: 1, bogus: 2}\n";
-    let out = env.kubectl_stdin(&["apply", "-n", &ns, "-f", "-"], unknown);
-    assert!(!out.status.success());
-    assert!(
-        text(&out).contains("unknown field \"spec.bogus\""),
-        "{}",
-        text(&out)
+    fails_saying(
+        &env.kubectl_stdin(&["apply", "-n", &ns, "-f", "-"], unknown),
+        "unknown field \"spec.bogus\"",
     );
 
     // wait --for=condition and --for=jsonpath while the status changes.
     let waiter = spawn_wait_for_g1(&env, &ns, "condition=Ready");
     let json_waiter = spawn_wait_for_g1(&env, &ns, "jsonpath={.status.phase}=Ready");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    ok(env.kubectl(&[
-        "patch",
-        "gizmo",
-        "g1",
-        "-n",
+    patch_g1_under_waiters(
+        &env,
         &ns,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        r#"{"status":{"phase":"Ready","conditions":[{"type":"Ready","status":"True"}]}}"#,
-    ]));
-    let out = waiter.wait_with_output().unwrap();
-    assert!(text(&out).contains("condition met"), "{}", text(&out));
-    let out = json_waiter.wait_with_output().unwrap();
-    assert!(text(&out).contains("condition met"), "{}", text(&out));
+        &[
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"phase":"Ready","conditions":[{"type":"Ready","status":"True"}]}}"#,
+        ],
+    )
+    .await;
+    finishes_saying(waiter, "condition met");
+    finishes_saying(json_waiter, "condition met");
     let out = ok(env.kubectl(&["get", "gizmos", "-n", &ns]));
     assert!(
         out.lines().nth(1).unwrap().split_whitespace().nth(2) == Some("Ready"),
@@ -208,17 +173,16 @@ async fn kubectl_applies_gets_waits_and_deletes() {
     ]))
     .is_empty());
     let deleter = spawn_wait_for_g1(&env, &ns, "delete");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    ok(env.kubectl(&[
-        "patch",
-        "gizmo",
-        "g1",
-        "-n",
+    patch_g1_under_waiters(
+        &env,
         &ns,
-        "--type=json",
-        "-p",
-        r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
-    ]));
+        &[
+            "--type=json",
+            "-p",
+            r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
+        ],
+    )
+    .await;
     let out = deleter.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     ok(env.kubectl(&["delete", "doohickey", "d1", "-n", &ns]));
@@ -319,27 +283,24 @@ async fn kubectl_applies_the_repository_crds() {
         "{out}"
     );
     // The CRD's CEL rule keeps lockName immutable.
-    let out = env.kubectl(&[
-        "patch",
-        "lclaim",
-        "job-a",
-        "-n",
-        &ns,
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"lockName":"other"}}"#,
-    ]);
-    assert!(!out.status.success(), "{}", text(&out));
-    assert!(
-        text(&out).contains("lockName is immutable"),
-        "{}",
-        text(&out)
+    fails_saying(
+        &env.kubectl(&[
+            "patch",
+            "lclaim",
+            "job-a",
+            "-n",
+            &ns,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"lockName":"other"}}"#,
+        ]),
+        "lockName is immutable",
     );
 }
 
 #[tokio::test]
 async fn the_binary_prints_its_url_writes_a_kubeconfig_and_stops_on_sigterm() {
-    if std::env::var(support::REAL_CLUSTER_ENV).is_ok_and(|v| !v.is_empty()) {
+    if support::real_kubeconfig().is_some() {
         println!("skipped the_binary_prints_its_url: it tests the fake's binary");
         return;
     }

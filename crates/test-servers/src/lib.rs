@@ -13,7 +13,7 @@
 //!   optionally all over TLS ([`RedisSentinel::start_tls`]).
 //! - [`MongoServer`]: a MongoDB-wire-compatible server (SecantusDB), or `MONGODB_URI`'s.
 //! - [`tool_or_skip`]: a command-line tool from `PATH`, or a skip that fails under CI
-//!   ([`under_ci`]).
+//!   ([`under_ci`]); [`output_with_stdin`] runs one with its input piped in.
 //!
 //! New launchers (MongoDB-compatible servers, ...) go in their own module and reuse
 //! [`free_port`], [`wait_until`] and [`ServerProcess`].
@@ -30,4 +30,4 @@ pub use self::process::{free_port, wait_until, ServerProcess};
 pub use self::redis::{RedisOptions, RedisServer, TlsClientAuth, TlsFiles};
 pub use self::redis_cluster::{ClusterNode, RedisCluster};
 pub use self::redis_sentinel::{RedisSentinel, MASTER_NAME as SENTINEL_MASTER_NAME};
-pub use self::tools::{skip_or_fail, tool_or_skip, under_ci};
+pub use self::tools::{env_path, output_with_stdin, skip_or_fail, tool_or_skip, under_ci};

@@ -104,27 +104,26 @@ impl TlsFiles {
         let other_ca_key = dir.join("other-ca.key");
         self_signed_ca(&ca_key, &files.ca_cert, "turnstile test CA")?;
         self_signed_ca(&other_ca_key, &files.other_ca_cert, "unrelated test CA")?;
-        let server_ext = dir.join("server.ext");
-        std::fs::write(
-            &server_ext,
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
-        )?;
-        signed_certificate(
-            dir,
-            (&ca_key, &files.ca_cert),
-            (&files.server_key, &files.server_cert),
-            "127.0.0.1",
-            &server_ext,
-        )?;
-        let client_ext = dir.join("client.ext");
-        std::fs::write(&client_ext, "extendedKeyUsage=clientAuth\n")?;
-        signed_certificate(
-            dir,
-            (&ca_key, &files.ca_cert),
-            (&files.client_key, &files.client_cert),
-            "turnstile test client",
-            &client_ext,
-        )?;
+        // (name, key and certificate, subject, extensions) of each certificate the CA signs.
+        let leaves = [
+            (
+                "server",
+                (&files.server_key, &files.server_cert),
+                "127.0.0.1",
+                "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+            ),
+            (
+                "client",
+                (&files.client_key, &files.client_cert),
+                "turnstile test client",
+                "extendedKeyUsage=clientAuth\n",
+            ),
+        ];
+        for (name, (key, cert), subject, extensions) in leaves {
+            let ext = dir.join(format!("{name}.ext"));
+            std::fs::write(&ext, extensions)?;
+            signed_certificate(dir, (&ca_key, &files.ca_cert), (key, cert), subject, &ext)?;
+        }
         Ok(files)
     }
 }
@@ -435,6 +434,23 @@ pub(crate) fn wait_for_pong(process: &mut ServerProcess, port: u16, what: &str) 
         TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok()
             && command_on(port, None, &["PING"]).is_ok_and(|reply| reply == "+PONG\r\n")
     })
+}
+
+/// The reply of the first of `nodes` that answers `args`, else the last node's error (or
+/// `none`, when there are no nodes).
+pub(crate) fn first_reply<'a, N: 'a>(
+    nodes: impl IntoIterator<Item = &'a N>,
+    command: impl Fn(&N) -> io::Result<String>,
+    none: &str,
+) -> io::Result<String> {
+    let mut last = None;
+    for node in nodes {
+        match command(node) {
+            Ok(reply) => return Ok(reply),
+            Err(error) => last = Some(error),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::other(none.to_owned())))
 }
 
 fn encode(args: &[&str]) -> String {

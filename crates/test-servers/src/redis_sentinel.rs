@@ -16,7 +16,7 @@ use tempfile::TempDir;
 
 use crate::process::{free_port, shared_instance, wait_until, ServerProcess};
 use crate::redis::{
-    add_ephemeral_args, add_settings, command_on, redis_server_binary, retry_start,
+    add_ephemeral_args, add_settings, command_on, first_reply, redis_server_binary, retry_start,
     tls_peer_settings, wait_for_pong, wait_ready, TlsFiles,
 };
 
@@ -194,14 +194,11 @@ impl RedisSentinel {
 
     /// Runs one command on the first sentinel that answers (raw RESP reply).
     pub fn sentinel_command(&self, args: &[&str]) -> io::Result<String> {
-        let mut last = None;
-        for sentinel in &self.sentinels {
-            match sentinel.command(args) {
-                Ok(reply) => return Ok(reply),
-                Err(error) => last = Some(error),
-            }
-        }
-        Err(last.unwrap_or_else(|| io::Error::other("no sentinel")))
+        first_reply(
+            &self.sentinels,
+            |sentinel| sentinel.command(args),
+            "no sentinel",
+        )
     }
 
     /// `SENTINEL FAILOVER`: a coordinated failover (the replica is promoted after it caught
@@ -290,6 +287,18 @@ impl RedisSentinel {
     }
 }
 
+/// A new node's own directory (named `prefix…`), its port and the port clients use: a
+/// second free port when it serves TLS (`tls`), else the same one.
+fn node_dir_and_ports(prefix: &str, tls: Option<&TlsFiles>) -> io::Result<(TempDir, u16, u16)> {
+    let dir = tempfile::Builder::new().prefix(prefix).tempdir()?;
+    let port = free_port()?;
+    let client_port = match tls {
+        Some(_) => free_port()?,
+        None => port,
+    };
+    Ok((dir, port, client_port))
+}
+
 /// A data node; a replica of `master` if given; requiring `password` if given.
 fn start_data_node(
     binary: &Path,
@@ -297,14 +306,7 @@ fn start_data_node(
     tls: Option<&TlsFiles>,
     password: Option<&str>,
 ) -> io::Result<Node> {
-    let dir = tempfile::Builder::new()
-        .prefix("turnstile-redis-sentinel-data-")
-        .tempdir()?;
-    let port = free_port()?;
-    let client_port = match tls {
-        Some(_) => free_port()?,
-        None => port,
-    };
+    let (dir, port, client_port) = node_dir_and_ports("turnstile-redis-sentinel-data-", tls)?;
     let mut command = Command::new(binary);
     if let Some(files) = tls {
         add_settings(&mut command, tls_peer_settings(files, client_port));
@@ -350,14 +352,7 @@ fn start_sentinel(
     tls: Option<&TlsFiles>,
     password: Option<&str>,
 ) -> io::Result<Node> {
-    let dir = tempfile::Builder::new()
-        .prefix("turnstile-redis-sentinel-")
-        .tempdir()?;
-    let port = free_port()?;
-    let client_port = match tls {
-        Some(_) => free_port()?,
-        None => port,
-    };
+    let (dir, port, client_port) = node_dir_and_ports("turnstile-redis-sentinel-", tls)?;
     let tls_lines: String = match tls {
         Some(files) => tls_peer_settings(files, client_port)
             .into_iter()
@@ -443,12 +438,17 @@ fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_master_a_replica_and_three_sentinels_fail_over() {
-        let setup = RedisSentinel::start().expect("sentinel setup starts");
-        assert!(setup.url().starts_with("redis+sentinel://127.0.0.1:"));
+    /// Checks that `setup` serves a `scheme` URL with the first data node as master, and
+    /// that a `SENTINEL FAILOVER` promotes the second.
+    fn assert_fails_over_to_the_replica(setup: RedisSentinel, scheme: &str) {
+        let url = setup.url();
+        assert!(url.starts_with(&format!("{scheme}://127.0.0.1:")), "{url}");
         let master = setup.master_port().expect("master port");
-        assert_eq!(master, setup.data_ports()[0]);
+        assert_eq!(
+            master,
+            setup.data_ports()[0],
+            "the sentinels name the first data node's client port (its TLS port under TLS)"
+        );
         setup.failover().expect("SENTINEL FAILOVER");
         let promoted = setup
             .wait_for_new_master(master, Duration::from_secs(30))
@@ -457,19 +457,14 @@ mod tests {
     }
 
     #[test]
+    fn a_master_a_replica_and_three_sentinels_fail_over() {
+        let setup = RedisSentinel::start().expect("sentinel setup starts");
+        assert_fails_over_to_the_replica(setup, "redis+sentinel");
+    }
+
+    #[test]
     fn a_tls_setup_replicates_and_fails_over_over_tls() {
         let setup = RedisSentinel::start_tls().expect("TLS sentinel setup starts");
-        assert!(setup.url().starts_with("rediss+sentinel://127.0.0.1:"));
-        let master = setup.master_port().expect("master port");
-        assert_eq!(
-            master,
-            setup.data_ports()[0],
-            "the sentinels name the TLS port"
-        );
-        setup.failover().expect("SENTINEL FAILOVER");
-        let promoted = setup
-            .wait_for_new_master(master, Duration::from_secs(30))
-            .expect("a new master");
-        assert_eq!(promoted, setup.data_ports()[1]);
+        assert_fails_over_to_the_replica(setup, "rediss+sentinel");
     }
 }

@@ -3,12 +3,22 @@
 //! must not pass by skipping, so a missing tool fails it.
 
 use std::ffi::OsString;
+use std::io::{self, Write as _};
 use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
 
 /// Whether the tests run under CI (`CI=true` or `CI=1`): there a test must not pass by
 /// skipping, so a missing or lacking test server or tool fails it.
 pub fn under_ci() -> bool {
     is_ci_value(std::env::var("CI").ok().as_deref())
+}
+
+/// The path in the environment variable `name`, when it is set and not empty (a real
+/// cluster's kubeconfig, a tool's location, ...).
+pub fn env_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os(name)
+        .filter(|value| !value.is_empty())
+        .map(PathBuf::from)
 }
 
 /// Whether `CI` set to `value` means "under CI".
@@ -53,6 +63,24 @@ pub fn skip_or_fail(test: &str, why: &str, ci: bool) {
     println!("skipped {test}: {why}");
 }
 
+/// Runs `command` with `stdin` written to its standard input and its standard output and
+/// error captured (as `kubectl apply -f -` wants its manifest); returns its output.
+///
+/// # Errors
+/// When the command cannot be spawned, its input cannot be written, or waiting for it fails.
+pub fn output_with_stdin(command: &mut Command, stdin: &str) -> io::Result<Output> {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    if let Some(mut input) = child.stdin.take() {
+        // Dropped at the end of this block: the command sees the end of its input.
+        input.write_all(stdin.as_bytes())?;
+    }
+    child.wait_with_output()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,6 +112,22 @@ mod tests {
         );
         assert_eq!(find_on_path("othertool", Some(path)), None);
         assert_eq!(find_on_path("sometool", None), None);
+    }
+
+    #[test]
+    fn a_command_reads_the_given_stdin() {
+        let output = output_with_stdin(&mut Command::new("cat"), "line\n").expect("cat runs");
+        assert!(output.status.success());
+        assert_eq!(output.stdout, b"line\n");
+    }
+
+    #[test]
+    fn an_unset_or_empty_variable_names_no_path() {
+        assert_eq!(env_path("TURNSTILE_TEST_SERVERS_SURELY_UNSET"), None);
+        assert_eq!(
+            env_path("PATH").is_some(),
+            std::env::var_os("PATH").is_some_and(|p| !p.is_empty())
+        );
     }
 
     #[test]

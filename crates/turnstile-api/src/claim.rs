@@ -1,7 +1,7 @@
 //! `LockClaim`: one workload's request for a `DistributedLock`, and the record of its grant.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::{CustomResource, KubeSchema};
+use kube::{CustomResource, KubeSchema, ResourceExt};
 use serde::{Deserialize, Serialize};
 
 use crate::vocabulary::{
@@ -144,6 +144,17 @@ pub enum ClaimMode {
     Exclusive,
     /// Holds together with other shared claims, up to `maxHolders`.
     Shared,
+}
+
+impl LockClaim {
+    /// `(creationTimestamp in whole seconds, name)`: the order in which the claims of one
+    /// priority are granted (0 and "" where unset, as on a claim not yet stored).
+    pub fn arrival(&self) -> (i64, String) {
+        let created = self
+            .creation_timestamp()
+            .map_or(0, |time| time.0.as_second());
+        (created, self.metadata.name.clone().unwrap_or_default())
+    }
 }
 
 impl LockClaimSpec {

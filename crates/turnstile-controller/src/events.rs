@@ -76,24 +76,23 @@ pub async fn publish(
         .filter(|kind| *kind == "LockClaim")
         .and(regarding.name.as_deref())
         .unwrap_or("");
+    // Logs the Event at the level `$level` (tracing's levels are fixed per call site).
+    macro_rules! log_at {
+        ($level:ident) => {
+            tracing::$level!(
+                namespace,
+                lock,
+                claim,
+                reason = event.reason,
+                "{}",
+                event.note
+            )
+        };
+    }
     match event.severity {
         // Phase changes are logged (with the token) where the status is written.
-        EventSeverity::Normal => tracing::debug!(
-            namespace,
-            lock,
-            claim,
-            reason = event.reason,
-            "{}",
-            event.note
-        ),
-        EventSeverity::Warning => tracing::warn!(
-            namespace,
-            lock,
-            claim,
-            reason = event.reason,
-            "{}",
-            event.note
-        ),
+        EventSeverity::Normal => log_at!(debug),
+        EventSeverity::Warning => log_at!(warn),
     }
     let published = Event {
         type_: match event.severity {

@@ -215,19 +215,16 @@ pub async fn run(
         None => None,
     };
 
+    // Runs the controllers, writing while `leadership` is open, until `stop` is raised.
+    // Boxed: the controllers' future is deep (a pass per lock inside each stream).
+    let controllers = |leadership: LeadershipGate, stop: &watch::Receiver<bool>| {
+        let stop = raised(stop);
+        Box::pin(run_controllers(
+            &client, &config, &metrics, &readiness, leadership, stop,
+        ))
+    };
     match config.leader_election.clone() {
-        None => {
-            let leadership = LeadershipGate::always_open();
-            Box::pin(run_controllers(
-                &client,
-                &config,
-                &metrics,
-                &readiness,
-                leadership,
-                raised(&stop),
-            ))
-            .await;
-        }
+        None => controllers(LeadershipGate::always_open(), &stop).await,
         Some(leader_config) => {
             // The Lease is released only after the controllers have stopped.
             let (released_tx, released) = watch::channel(false);
@@ -264,17 +261,7 @@ pub async fn run(
                     term_metrics.replica.set_leader(false);
                     let _ = term_tx.send(true);
                 });
-                let leadership = LeadershipGate::following(is_leader.clone());
-                // Boxed: the controllers' future is deep (a pass per lock inside each stream).
-                Box::pin(run_controllers(
-                    &client,
-                    &config,
-                    &metrics,
-                    &readiness,
-                    leadership,
-                    raised(&term_rx),
-                ))
-                .await;
+                controllers(LeadershipGate::following(is_leader.clone()), &term_rx).await;
                 watcher_task.abort();
                 metrics.replica.set_leader(false);
                 if *stop.borrow() {

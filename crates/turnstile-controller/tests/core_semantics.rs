@@ -7,6 +7,7 @@ mod sim;
 
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use proptest::prelude::*;
 use sim::{paused_runtime, Sim};
 use turnstile_api::{ClaimMode, ClaimPhase, LockClaimSpec};
@@ -17,6 +18,24 @@ fn with_priority(priority: i32) -> LockClaimSpec {
         priority: Some(priority),
         ..Sim::claim_spec(None, None)
     }
+}
+
+/// Asserts that claim `name` is in `phase`; `why` says what the test expects there.
+#[track_caller]
+fn assert_phase(sim: &Sim, name: &str, phase: ClaimPhase, why: &str) {
+    assert_eq!(sim.phase(name), Some(phase), "{name}: {why}");
+}
+
+/// Creates claim `a` with a live owner, then a plain claim `b` behind it, and settles.
+async fn owned_a_then_b(sim: &mut Sim) {
+    sim.create_owned("a", Sim::claim_spec(None, None));
+    sim.create("b", Sim::claim_spec(None, None));
+    sim.settle().await;
+}
+
+/// The `expiresAt` of claim `name`'s status.
+fn expires_at(sim: &Sim, name: &str) -> Option<Time> {
+    sim.claims[name].status.as_ref()?.expires_at.clone()
 }
 
 fn reason(sim: &Sim, name: &str) -> Option<String> {
@@ -59,9 +78,7 @@ async fn higher_priority_is_served_first_then_fifo() {
 async fn the_maximum_hold_ends_a_grant_whatever_its_renewals() {
     let mut sim = Sim::new(1, 10);
     sim.lock.spec.max_hold_seconds = Some(25);
-    sim.create_owned("a", Sim::claim_spec(None, None));
-    sim.create("b", Sim::claim_spec(None, None));
-    sim.settle().await;
+    owned_a_then_b(&mut sim).await;
     assert_eq!(sim.phase("a"), Some(ClaimPhase::Held));
     // The live owner renews every few seconds; the lease never runs past the max hold.
     for _ in 0..12 {
@@ -74,7 +91,7 @@ async fn the_maximum_hold_ends_a_grant_whatever_its_renewals() {
     assert_eq!(sim.phase("a"), Some(ClaimPhase::Expired));
     assert_eq!(reason(&sim, "a").as_deref(), Some("MaxHoldExceeded"));
     assert!(sim.events.contains(&("a".to_owned(), "LockLost")));
-    assert_eq!(sim.phase("b"), Some(ClaimPhase::Held), "the lock moves on");
+    assert_phase(&sim, "b", ClaimPhase::Held, "the lock moves on");
 }
 
 #[tokio::test(start_paused = true)]
@@ -131,13 +148,14 @@ async fn a_lock_delay_follows_an_expiry_but_not_a_release() {
     );
     sim.advance(Duration::from_secs(10)).await;
     sim.settle().await;
-    assert_eq!(sim.phase("c"), Some(ClaimPhase::Pending), "still delayed");
+    assert_phase(&sim, "c", ClaimPhase::Pending, "still delayed");
     sim.advance(Duration::from_secs(11)).await;
     sim.settle().await;
-    assert_eq!(
-        sim.phase("c"),
-        Some(ClaimPhase::Held),
-        "granted once the delay is over"
+    assert_phase(
+        &sim,
+        "c",
+        ClaimPhase::Held,
+        "granted once the delay is over",
     );
 }
 
@@ -158,11 +176,7 @@ async fn a_deletion_or_a_finished_owner_hands_on_at_once_under_a_lock_delay() {
     sim.set_owner("b", OwnerState::Finished);
     sim.settle().await;
     assert_eq!(sim.phase("b"), Some(ClaimPhase::Released));
-    assert_eq!(
-        sim.phase("c"),
-        Some(ClaimPhase::Held),
-        "no lock-delay after a release"
-    );
+    assert_phase(&sim, "c", ClaimPhase::Held, "no lock-delay after a release");
     let locked_until = sim
         .lock
         .status
@@ -176,25 +190,19 @@ async fn an_owned_claim_is_renewed_once_half_its_lease_has_passed() {
     let mut sim = Sim::new(1, 10);
     sim.create_owned("a", Sim::claim_spec(None, None));
     sim.settle().await;
-    let expiry = |sim: &Sim| {
-        sim.claims["a"]
-            .status
-            .as_ref()
-            .and_then(|s| s.expires_at.clone())
-    };
-    let first = expiry(&sim).expect("expiresAt");
+    let first = expires_at(&sim, "a").expect("expiresAt");
     // Before half of the 10 s lease: no renewal (and no write).
     sim.advance(Duration::from_secs(4)).await;
     sim.settle().await;
     assert_eq!(
-        expiry(&sim),
+        expires_at(&sim, "a"),
         Some(first.clone()),
         "renewed before half the lease"
     );
     // Past half: renewed, a lease from now.
     sim.advance(Duration::from_secs(2)).await;
     sim.settle().await;
-    let renewed = expiry(&sim).expect("expiresAt");
+    let renewed = expires_at(&sim, "a").expect("expiresAt");
     assert!(renewed.0 > first.0, "not renewed after 6 s of a 10 s lease");
     assert_eq!(sim.phase("a"), Some(ClaimPhase::Held));
 }
@@ -203,9 +211,7 @@ async fn an_owned_claim_is_renewed_once_half_its_lease_has_passed() {
 async fn a_vanished_owner_starts_the_lock_delay() {
     let mut sim = Sim::new(1, 30);
     sim.lock.spec.lock_delay_seconds = Some(15);
-    sim.create_owned("a", Sim::claim_spec(None, None));
-    sim.create("b", Sim::claim_spec(None, None));
-    sim.settle().await;
+    owned_a_then_b(&mut sim).await;
     sim.set_owner("a", OwnerState::Gone);
     sim.settle().await;
     assert_eq!(reason(&sim, "a").as_deref(), Some("OwnerGone"));
@@ -232,15 +238,11 @@ async fn limits_changed_live_take_effect_at_the_next_grant_and_revoke_nobody() {
     }
     sim.release("a");
     sim.settle().await;
-    assert_eq!(sim.phase("d"), Some(ClaimPhase::Pending), "two still hold");
+    assert_phase(&sim, "d", ClaimPhase::Pending, "two still hold");
     sim.release("b");
     sim.release("c");
     sim.settle().await;
-    assert_eq!(
-        sim.phase("d"),
-        Some(ClaimPhase::Held),
-        "below the limit again"
-    );
+    assert_phase(&sim, "d", ClaimPhase::Held, "below the limit again");
     assert_eq!(sim.phase("e"), Some(ClaimPhase::Pending));
 
     // Raised: d was granted on a mutex, so it holds alone until it lets go; then the new
@@ -248,11 +250,7 @@ async fn limits_changed_live_take_effect_at_the_next_grant_and_revoke_nobody() {
     sim.lock.spec.lease_duration_seconds = 7;
     sim.set_max_holders(2);
     sim.settle().await;
-    assert_eq!(
-        sim.phase("e"),
-        Some(ClaimPhase::Pending),
-        "d holds exclusively"
-    );
+    assert_phase(&sim, "e", ClaimPhase::Pending, "d holds exclusively");
     sim.release("d");
     sim.settle().await;
     assert_eq!(sim.phase("e"), Some(ClaimPhase::Held));
@@ -267,10 +265,7 @@ async fn a_changed_lease_applies_from_the_holders_next_renewal() {
     let mut sim = Sim::new(1, 30);
     sim.create("a", Sim::claim_spec(None, None));
     sim.settle().await;
-    let expires = |sim: &Sim| {
-        let status = sim.claims["a"].status.clone().expect("status");
-        status.expires_at.expect("expiresAt").0.as_second()
-    };
+    let expires = |sim: &Sim| expires_at(sim, "a").expect("expiresAt").0.as_second();
     let granted = expires(&sim);
     // The lock's lease changes: the holder's expiry stays until it renews.
     sim.lock.spec.lease_duration_seconds = 90;
@@ -445,14 +440,10 @@ async fn a_waiting_exclusive_claim_holds_back_later_shared_ones() {
     assert_eq!(sim.position("reader-3"), Some(2));
     sim.release("reader-1");
     sim.settle().await;
-    assert_eq!(
-        sim.phase("writer"),
-        Some(ClaimPhase::Pending),
-        "reader-2 still holds"
-    );
+    assert_phase(&sim, "writer", ClaimPhase::Pending, "reader-2 still holds");
     sim.release("reader-2");
     sim.settle().await;
-    assert_eq!(sim.phase("writer"), Some(ClaimPhase::Held), "alone");
+    assert_phase(&sim, "writer", ClaimPhase::Held, "alone");
     assert_eq!(sim.phase("reader-3"), Some(ClaimPhase::Pending));
     sim.release("writer");
     sim.settle().await;

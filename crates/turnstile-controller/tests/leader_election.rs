@@ -72,6 +72,19 @@ async fn server_with_leader(identity: &str) -> (FakeApiServer, Candidate) {
     (server, leader)
 }
 
+/// A server whose candidate `leader` leads, and a candidate `standby` that has then watched
+/// it for `periods` retry periods.
+async fn leader_and_standby(
+    leader: &str,
+    standby: &str,
+    periods: u32,
+) -> (FakeApiServer, Candidate, Candidate) {
+    let (server, leader) = server_with_leader(leader).await;
+    let standby = start(&server, standby);
+    tokio::time::sleep(RETRY_PERIOD * periods).await;
+    (server, leader, standby)
+}
+
 impl Candidate {
     async fn shut_down(self) {
         let _ = self.stop.send(());
@@ -120,6 +133,16 @@ async fn lease(server: &FakeApiServer) -> Lease {
         .get(LEASE)
         .await
         .expect("the Lease exists")
+}
+
+/// When the Lease was last renewed.
+async fn last_renewal(server: &FakeApiServer) -> Timestamp {
+    lease(server)
+        .await
+        .spec
+        .and_then(|s| s.renew_time)
+        .expect("renewed")
+        .0
 }
 
 fn holder(lease: &Lease) -> Option<String> {
@@ -176,9 +199,7 @@ async fn of_two_candidates_exactly_one_leads_and_keeps_leading() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_that_shuts_down_releases_and_the_standby_takes_over() {
-    let (server, first) = server_with_leader("first").await;
-    let second = start(&server, "second");
-    tokio::time::sleep(RETRY_PERIOD * 3).await;
+    let (server, first, second) = leader_and_standby("first", "second", 3).await;
     assert!(
         !second.elector.is_leader(),
         "the standby leads while the leader is healthy"
@@ -214,12 +235,7 @@ async fn a_crashed_leader_is_replaced_after_its_lease_ran_out_not_before() {
     assert!(!standby.elector.is_leader());
 
     // The process dies: no step-down, no release.
-    let last_renewal = lease(&server)
-        .await
-        .spec
-        .and_then(|s| s.renew_time)
-        .expect("renewed")
-        .0;
+    let last_renewal = last_renewal(&server).await;
     let crashed_at = Instant::now();
     crashed.runtime.shutdown_background();
     wait_until("the standby leads", || standby.elector.is_leader()).await;
@@ -243,9 +259,7 @@ async fn a_crashed_leader_is_replaced_after_its_lease_ran_out_not_before() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_renewals_fail_steps_down_before_its_lease_runs_out() {
-    let (server, leader) = server_with_leader("leader").await;
-    let standby = start(&server, "standby");
-    tokio::time::sleep(RETRY_PERIOD * 2).await;
+    let (server, leader, standby) = leader_and_standby("leader", "standby", 2).await;
 
     // Every write of the Lease now fails; reads still work.
     let path = format!("/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases");
@@ -256,12 +270,7 @@ async fn a_leader_whose_renewals_fail_steps_down_before_its_lease_runs_out() {
         .expect("the leader stepped down")
         .expect("open");
     let stepped_down_at = Timestamp::now();
-    let last_renewal = lease(&server)
-        .await
-        .spec
-        .and_then(|s| s.renew_time)
-        .expect("renewed")
-        .0;
+    let last_renewal = last_renewal(&server).await;
     let held_for = stepped_down_at.duration_since(last_renewal).unsigned_abs();
     assert!(
         held_for < LEASE_DURATION,

@@ -20,6 +20,7 @@ use proptest::prelude::*;
 
 use turnstile_api::{
     BackendKind, ClaimPhase, DistributedLock, DistributedLockSpec, LockClaim, LockClaimSpec,
+    LockClaimStatus,
 };
 use turnstile_controller::core::{BackendView, ClaimView, LockInput, LockView, LEASE_CUT};
 use turnstile_controller::lock_reconciler::{run_pass, Engine};
@@ -81,15 +82,6 @@ fn phase(claim: &LockClaim) -> ClaimPhase {
         .unwrap_or_default()
 }
 
-fn queue_key(claim: &LockClaim) -> (i64, String) {
-    let created = claim
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map_or(0, |time| time.0.as_second());
-    (created, claim.metadata.name.clone().unwrap_or_default())
-}
-
 impl World {
     fn new(max_holders: &[i32]) -> Self {
         let locks = LOCKS
@@ -123,6 +115,14 @@ impl World {
             tokens: BTreeMap::new(),
             granted: BTreeSet::new(),
         }
+    }
+
+    /// Four single-holder locks, b held by a claim on b alone (returned with the world).
+    async fn with_b_held() -> (Self, String) {
+        let mut world = World::new(&[1, 1, 1, 1]);
+        let on_b = world.create(&["b"]);
+        world.pass("b", true).await;
+        (world, on_b)
     }
 
     fn now(&self) -> Timestamp {
@@ -284,7 +284,7 @@ impl World {
                     .values()
                     .filter(on_lock)
                     .filter(|other| {
-                        queue_key(other) < queue_key(&claim)
+                        other.arrival() < claim.arrival()
                             && phase(other) == ClaimPhase::Pending
                             && other.metadata.deletion_timestamp.is_none()
                             && other.spec.release != Some(true)
@@ -556,23 +556,18 @@ fn two_claims_on_the_same_locks_in_opposite_order_both_complete_in_turn() {
             world.check().await;
         }
         assert_eq!(phase(&world.claims[&first]), ClaimPhase::Released);
-        let second = world.claims[&second].status.clone().unwrap_or_default();
-        assert_eq!(second.phase, Some(ClaimPhase::Held));
-        let tokens: Vec<(String, i64)> = second
-            .locks
-            .iter()
-            .map(|entry| (entry.lock_name.clone(), entry.fencing_token))
-            .collect();
-        assert_eq!(tokens, [("a".to_owned(), 2), ("b".to_owned(), 2)]);
+        assert_eq!(phase(&world.claims[&second]), ClaimPhase::Held);
+        assert_eq!(
+            lock_tokens(&world, &second),
+            [("a".to_owned(), 2), ("b".to_owned(), 2)]
+        );
     });
 }
 
 #[test]
 fn a_claim_waiting_for_a_busy_lock_holds_nothing_and_keeps_the_other_idle() {
     paused_runtime().block_on(async {
-        let mut world = World::new(&[1, 1, 1, 1]);
-        let on_b = world.create(&["b"]);
-        world.pass("b", true).await;
+        let (mut world, on_b) = World::with_b_held().await;
         let both = world.create(&["a", "b"]);
         let later_on_a = world.create(&["a"]);
         for lock in ["a", "b", "a"] {
@@ -583,10 +578,7 @@ fn a_claim_waiting_for_a_busy_lock_holds_nothing_and_keeps_the_other_idle() {
         let waiting = world.claims[&both].status.clone().unwrap_or_default();
         assert_eq!(waiting.phase, Some(ClaimPhase::Pending));
         assert!(
-            waiting
-                .message
-                .as_deref()
-                .is_some_and(|m| m.contains("lock b")),
+            mentions(&waiting, "lock b"),
             "says what it waits for: {waiting:?}"
         );
         // Lock a stays free for it: the claim behind it does not overtake it.
@@ -627,6 +619,20 @@ async fn backend_grant(world: &World, claim: &str, lock: &str) -> Option<(u64, D
         .map(|holder| (holder.fencing_token, holder.expires_in))
 }
 
+/// Asserts that `claim` ended in `phase` for `reason`; returns its status.
+#[track_caller]
+fn assert_ended(world: &World, claim: &str, phase: ClaimPhase, reason: &str) -> LockClaimStatus {
+    let status = world.claims[claim].status.clone().unwrap_or_default();
+    assert_eq!(status.phase, Some(phase), "{status:?}");
+    assert_eq!(status.reason.as_deref(), Some(reason), "{status:?}");
+    status
+}
+
+/// Whether the status message mentions `what`.
+fn mentions(status: &LockClaimStatus, what: &str) -> bool {
+    status.message.as_deref().is_some_and(|m| m.contains(what))
+}
+
 fn lock_tokens(world: &World, claim: &str) -> Vec<(String, i64)> {
     world.claims[claim]
         .status
@@ -639,9 +645,7 @@ fn lock_tokens(world: &World, claim: &str) -> Vec<(String, i64)> {
 #[test]
 fn grants_the_backend_lost_are_taken_back_on_every_lock_with_their_own_tokens() {
     paused_runtime().block_on(async {
-        let mut world = World::new(&[1, 1, 1, 1]);
-        let before = world.create(&["b"]);
-        world.pass("b", true).await;
+        let (mut world, before) = World::with_b_held().await;
         world.release(&before);
         world.pass("b", true).await;
         let both = world.create(&["a", "b"]);
@@ -729,16 +733,8 @@ fn deleting_one_of_its_locks_ends_the_grant_and_gives_the_others_back() {
         }
         world.pass("a", true).await;
         world.check().await;
-        let status = world.claims[&both].status.clone().unwrap_or_default();
-        assert_eq!(status.phase, Some(ClaimPhase::Expired));
-        assert_eq!(status.reason.as_deref(), Some("LockDeleted"));
-        assert!(
-            status
-                .message
-                .as_deref()
-                .is_some_and(|m| m.contains("lock b")),
-            "{status:?}"
-        );
+        let status = assert_ended(&world, &both, ClaimPhase::Expired, "LockDeleted");
+        assert!(mentions(&status, "lock b"), "{status:?}");
         assert_eq!(backend_grant(&world, &both, "a").await, None);
         assert_eq!(backend_grant(&world, &both, "b").await, None);
     });
@@ -778,9 +774,7 @@ fn the_shortest_maximum_hold_of_its_locks_ends_the_grant_on_every_lock() {
         renew(&mut world, &both);
         world.pass("a", true).await;
         world.check().await;
-        let status = world.claims[&both].status.clone().unwrap_or_default();
-        assert_eq!(status.phase, Some(ClaimPhase::Expired), "{status:?}");
-        assert_eq!(status.reason.as_deref(), Some("MaxHoldExceeded"));
+        assert_ended(&world, &both, ClaimPhase::Expired, "MaxHoldExceeded");
         assert_eq!(backend_grant(&world, &both, "a").await, None);
         assert_eq!(backend_grant(&world, &both, "b").await, None);
     });
@@ -813,9 +807,7 @@ fn a_lock_someone_else_took_in_the_backend_ends_the_grant_on_every_lock() {
             .expect("the outsider's acquire");
         world.pass("a", true).await;
         world.check().await;
-        let status = world.claims[&both].status.clone().unwrap_or_default();
-        assert_eq!(status.phase, Some(ClaimPhase::Expired), "{status:?}");
-        assert_eq!(status.reason.as_deref(), Some("LockLost"));
+        assert_ended(&world, &both, ClaimPhase::Expired, "LockLost");
         // Locks a and b, re-attached, are not kept for a claim that holds nothing: a's lease
         // is cut, as at the end of a lease, b is given back; the next claims get them.
         world.advance(Duration::from_millis(10)).await;
@@ -846,9 +838,7 @@ fn a_lock_someone_else_took_in_the_backend_ends_the_grant_on_every_lock() {
 #[test]
 fn a_claim_on_several_locks_times_out_like_any_other_holding_nothing() {
     paused_runtime().block_on(async {
-        let mut world = World::new(&[1, 1, 1, 1]);
-        let on_b = world.create(&["b"]);
-        world.pass("b", true).await;
+        let (mut world, on_b) = World::with_b_held().await;
         let both = world.create(&["a", "b"]);
         if let Some(claim) = world.claims.get_mut(&both) {
             claim.spec.acquire_timeout_seconds = Some(2);
@@ -860,9 +850,7 @@ fn a_claim_on_several_locks_times_out_like_any_other_holding_nothing() {
         world.pass("a", true).await;
         world.pass("b", true).await;
         world.check().await;
-        let status = world.claims[&both].status.clone().unwrap_or_default();
-        assert_eq!(status.phase, Some(ClaimPhase::Failed), "{status:?}");
-        assert_eq!(status.reason.as_deref(), Some("AcquireTimeout"));
+        assert_ended(&world, &both, ClaimPhase::Failed, "AcquireTimeout");
         assert_eq!(backend_grant(&world, &both, "a").await, None);
         assert_eq!(phase(&world.claims[&on_b]), ClaimPhase::Held);
         // Lock a is free for the next claim at once.

@@ -4,18 +4,14 @@ use super::*;
 
 #[tokio::test]
 async fn injected_faults_answer_the_next_writes() {
-    let Some(env) = Env::fake_only("injected_faults_answer_the_next_writes").await else {
-        return;
-    };
-    env.install_widget_crd().await;
-    let api = env.widgets();
+    let (env, api) = fake_widgets_or_return!("injected_faults_answer_the_next_writes");
     env.server().inject_faults(&widgets_path(&env), 2, 409);
     for _ in 0..2 {
-        let (code, reason, _) = api_code(
-            api.create(&PostParams::default(), &widget("w", json!({"size": 1})))
-                .await,
+        expect_error(
+            try_create(&api, "w", json!({"size": 1})).await,
+            409,
+            "Conflict",
         );
-        assert_eq!((code, reason.as_str()), (409, "Conflict"));
     }
     assert!(
         api.get_opt("w").await.unwrap().is_none(),
@@ -33,11 +29,11 @@ async fn injected_faults_answer_the_next_writes() {
         2
     );
     env.server().inject_faults(&widget_path(&env, "w"), 1, 403);
-    let (code, reason, _) = api_code(merge(&api, "w", json!({"spec": {"size": 3}})).await);
-    assert_eq!(
-        (code, reason.as_str()),
-        (403, "Forbidden"),
-        "as RBAC refuses"
+    // As RBAC refuses.
+    expect_error(
+        merge(&api, "w", json!({"spec": {"size": 3}})).await,
+        403,
+        "Forbidden",
     );
     let log = env.server().request_log();
     assert_eq!(log.iter().filter(|r| r.injected_fault).count(), 4);
@@ -47,10 +43,9 @@ async fn injected_faults_answer_the_next_writes() {
 #[tokio::test]
 async fn an_injected_429_says_when_to_retry() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Some(env) = Env::fake_only("an_injected_429_says_when_to_retry").await else {
+    let Some(env) = Env::fake_only_with_widgets("an_injected_429_says_when_to_retry").await else {
         return;
     };
-    env.install_widget_crd().await;
     env.server().inject_faults(&widgets_path(&env), 1, 429);
     let body = serde_json::to_string(&widget("w", json!({"size": 1}))).unwrap();
     let request = format!(
@@ -80,11 +75,7 @@ async fn an_injected_429_says_when_to_retry() {
 
 #[tokio::test]
 async fn injected_delays_slow_the_next_requests_down() {
-    let Some(env) = Env::fake_only("injected_delays_slow_the_next_requests_down").await else {
-        return;
-    };
-    env.install_widget_crd().await;
-    let api = env.widgets();
+    let (env, api) = fake_widgets_or_return!("injected_delays_slow_the_next_requests_down");
     create(&api, "w", json!({"size": 1})).await;
     let delay = Duration::from_millis(400);
     env.server()
@@ -100,12 +91,7 @@ async fn injected_delays_slow_the_next_requests_down() {
 
 #[tokio::test]
 async fn a_slow_spell_slows_every_request_down_until_it_ends() {
-    let Some(env) = Env::fake_only("a_slow_spell_slows_every_request_down_until_it_ends").await
-    else {
-        return;
-    };
-    env.install_widget_crd().await;
-    let api = env.widgets();
+    let (env, api) = fake_widgets_or_return!("a_slow_spell_slows_every_request_down_until_it_ends");
     create(&api, "w", json!({"size": 1})).await;
     let delay = Duration::from_millis(300);
     let length = Duration::from_secs(2);

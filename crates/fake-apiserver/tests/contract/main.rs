@@ -5,6 +5,20 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+/// The test's [`Env`](support::Env) with the Widget CRD, and its Widgets API; on a real
+/// cluster the test returns at once (it needs the fake's hooks, and says so).
+macro_rules! fake_widgets_or_return {
+    ($test:literal) => {
+        match $crate::support::Env::fake_only_with_widgets($test).await {
+            Some(env) => {
+                let api = env.widgets();
+                (env, api)
+            }
+            None => return,
+        }
+    };
+}
+
 mod deletion;
 mod faults;
 mod reads;
@@ -21,37 +35,39 @@ use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Namespace, Pod, 
 use k8s_openapi::api::events::v1::Event as EventV1;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
-use support::{api_code, expect_invalid, type_and_name, widget, Env, WIDGET_GROUP};
+use support::{
+    api_code, assert_contains_all, expect_error, expect_invalid, names_in, type_and_name, widget,
+    Env, WIDGET_GROUP,
+};
 
 const T: Duration = Duration::from_secs(10);
+
+/// The Widgets of a test's namespace ([`Env::widgets`]).
+type Widgets = Api<DynamicObject>;
 
 fn rv(o: &DynamicObject) -> String {
     o.metadata.resource_version.clone().unwrap_or_default()
 }
 
-/// Creates a Widget (panics on failure).
-async fn create(api: &Api<DynamicObject>, name: &str, spec: Value) -> DynamicObject {
+/// Posts a Widget.
+async fn try_create(api: &Widgets, name: &str, spec: Value) -> kube::Result<DynamicObject> {
     api.create(&PostParams::default(), &widget(name, spec))
         .await
-        .unwrap()
+}
+
+/// Creates a Widget (panics on failure).
+async fn create(api: &Widgets, name: &str, spec: Value) -> DynamicObject {
+    try_create(api, name, spec).await.unwrap()
 }
 
 /// A JSON merge patch of the main resource.
-async fn merge(
-    api: &Api<DynamicObject>,
-    name: &str,
-    patch: Value,
-) -> Result<DynamicObject, kube::Error> {
+async fn merge(api: &Widgets, name: &str, patch: Value) -> kube::Result<DynamicObject> {
     api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
         .await
 }
 
 /// A JSON merge patch of `/status`.
-async fn merge_status(
-    api: &Api<DynamicObject>,
-    name: &str,
-    patch: Value,
-) -> Result<DynamicObject, kube::Error> {
+async fn merge_status(api: &Widgets, name: &str, patch: Value) -> kube::Result<DynamicObject> {
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
         .await
 }
@@ -77,11 +93,13 @@ fn widgets_path(env: &Env) -> String {
     )
 }
 
+/// Opens a watch on the test's widgets, with `params` (`&name=value...`) after `watch=true`.
+async fn watch_widgets(env: &Env, params: &str) -> support::WatchLines {
+    env.open_watch(&format!("{}?watch=true{params}", widgets_path(env)))
+        .await
+}
+
 /// Opens a watch on the test's widgets from resource version `rv`.
 async fn watch_widgets_from(env: &Env, rv: impl std::fmt::Display) -> support::WatchLines {
-    env.open_watch(&format!(
-        "{}?watch=true&resourceVersion={rv}",
-        widgets_path(env)
-    ))
-    .await
+    watch_widgets(env, &format!("&resourceVersion={rv}")).await
 }

@@ -22,9 +22,7 @@ async fn watch_streams_json_lines_and_resumes_from_a_resource_version() {
     let ev = watch.next_change(T).await.unwrap();
     assert_eq!(type_and_name(&ev), ("DELETED", "a"));
     // Without a resourceVersion the watch starts with the current state.
-    let mut from_now = env
-        .open_watch(&format!("{}?watch=true", widgets_path(&env)))
-        .await;
+    let mut from_now = watch_widgets(&env, "").await;
     let ev = from_now.next_change(T).await.unwrap();
     assert_eq!(type_and_name(&ev), ("ADDED", "b"));
 }
@@ -41,13 +39,11 @@ async fn watch_sends_bookmarks_and_ends_at_its_timeout() {
         .create(&PostParams::default(), &widget("w", json!({"size": 1})))
         .await
         .unwrap();
-    let mut watch = env
-        .open_watch(&format!(
-            "{}?watch=true&allowWatchBookmarks=true&timeoutSeconds=2&resourceVersion={}",
-            widgets_path(&env),
-            rv(&created)
-        ))
-        .await;
+    let params = format!(
+        "&allowWatchBookmarks=true&timeoutSeconds=2&resourceVersion={}",
+        rv(&created)
+    );
+    let mut watch = watch_widgets(&env, &params).await;
     // The stream must end by itself (at timeoutSeconds): `next` panics if it stays open
     // silently, and the count bounds a stream that keeps sending bookmarks.
     let mut bookmarks = 0;
@@ -75,9 +71,11 @@ async fn watch_sends_initial_events_then_an_end_bookmark() {
         .create(&PostParams::default(), &widget("w", json!({"size": 1})))
         .await
         .unwrap();
-    let mut watch = env
-        .open_watch(&format!("{}?watch=true&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan", widgets_path(&env)))
-        .await;
+    let mut watch = watch_widgets(
+        &env,
+        "&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan",
+    )
+    .await;
     let ev = watch.next(T).await.unwrap();
     assert_eq!(type_and_name(&ev), ("ADDED", "w"));
     let end = watch.next(T).await.unwrap();
@@ -90,11 +88,7 @@ async fn watch_sends_initial_events_then_an_end_bookmark() {
 
 #[tokio::test]
 async fn watch_from_a_compacted_resource_version_gets_410_expired() {
-    let Some(env) = Env::fake_only("watch_from_a_compacted_resource_version").await else {
-        return;
-    };
-    env.install_widget_crd().await;
-    let api = env.widgets();
+    let (env, api) = fake_widgets_or_return!("watch_from_a_compacted_resource_version");
     let old = create(&api, "a", json!({"size": 1})).await;
     create(&api, "b", json!({"size": 1})).await;
     env.server().compact();
@@ -114,6 +108,13 @@ async fn watch_from_a_compacted_resource_version_gets_410_expired() {
     assert_eq!(ok.next_change(T).await.unwrap()["type"], "ADDED");
 }
 
+/// Sets the `pick` label (the selector's) of Widget `name` to `value`.
+async fn label_pick(api: &Widgets, name: &str, value: &str) {
+    merge(api, name, json!({"metadata": {"labels": {"pick": value}}}))
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn watch_filters_by_namespace_and_selectors() {
     let env = Env::with_widgets().await;
@@ -122,13 +123,8 @@ async fn watch_filters_by_namespace_and_selectors() {
     let other_api: Api<DynamicObject> =
         Api::namespaced_with(env.client.clone(), &other, &support::widget_resource());
     let start = create(&api, "seed", json!({"size": 1})).await;
-    let mut watch = env
-        .open_watch(&format!(
-            "{}?watch=true&labelSelector=pick%3Dyes&resourceVersion={}",
-            widgets_path(&env),
-            rv(&start)
-        ))
-        .await;
+    let params = format!("&labelSelector=pick%3Dyes&resourceVersion={}", rv(&start));
+    let mut watch = watch_widgets(&env, &params).await;
     let mut chosen = widget("chosen", json!({"size": 1}));
     chosen.metadata.labels = Some([("pick".to_string(), "yes".to_string())].into());
     other_api
@@ -146,35 +142,22 @@ async fn watch_filters_by_namespace_and_selectors() {
         ("ADDED", env.namespace.as_str())
     );
     assert_eq!(ev["object"]["metadata"]["name"], "chosen");
-    merge(
-        &api,
-        "chosen",
-        json!({"metadata": {"labels": {"pick": "no"}}}),
-    )
-    .await
-    .unwrap();
+    label_pick(&api, "chosen", "no").await;
     let left = watch.next_change(T).await.unwrap();
     assert_eq!(
         left["type"], "DELETED",
         "an object leaving the selector is seen as deleted"
     );
-    merge(
-        &api,
-        "unlabelled",
-        json!({"metadata": {"labels": {"pick": "yes"}}}),
-    )
-    .await
-    .unwrap();
+    label_pick(&api, "unlabelled", "yes").await;
     let entered = watch.next_change(T).await.unwrap();
     assert_eq!(type_and_name(&entered), ("ADDED", "unlabelled"));
 }
 
 #[tokio::test]
 async fn close_watches_ends_open_streams() {
-    let Some(env) = Env::fake_only("close_watches_ends_open_streams").await else {
+    let Some(env) = Env::fake_only_with_widgets("close_watches_ends_open_streams").await else {
         return;
     };
-    env.install_widget_crd().await;
     let mut watch = watch_widgets_from(&env, env.server().resource_version()).await;
     env.server().close_watches();
     assert!(watch.next(T).await.is_none(), "the stream ended");

@@ -66,11 +66,11 @@ async fn create_sets_server_fields_and_rejects_duplicates() {
         "{name}"
     );
 
-    let (code, reason, message) = api_code(
-        api.create(&PostParams::default(), &widget("w1", json!({"size": 2})))
-            .await,
+    let message = expect_error(
+        try_create(&api, "w1", json!({"size": 2})).await,
+        409,
+        "AlreadyExists",
     );
-    assert_eq!((code, reason.as_str()), (409, "AlreadyExists"));
     assert_eq!(
         message,
         format!("widgets.{WIDGET_GROUP} \"w1\" already exists")
@@ -90,13 +90,21 @@ async fn update_with_a_stale_resource_version_conflicts() {
     assert_ne!(rv(&updated), rv(&first));
     let mut stale = first.clone();
     stale.data["spec"]["size"] = json!(3);
-    let (code, reason, message) = api_code(api.replace("w", &PostParams::default(), &stale).await);
-    assert_eq!((code, reason.as_str()), (409, "Conflict"));
-    assert!(message.contains("the object has been modified; please apply your changes to the latest version and try again"), "{message}");
+    let message = expect_error(
+        api.replace("w", &PostParams::default(), &stale).await,
+        409,
+        "Conflict",
+    );
+    assert_contains_all(&message, &["the object has been modified; please apply your changes to the latest version and try again"]);
     // A patch carrying a stale resourceVersion conflicts too.
     let patch = json!({"metadata": {"resourceVersion": rv(&first)}, "spec": {"size": 4}});
     let (code, _, _) = api_code(merge(&api, "w", patch).await);
     assert_eq!(code, 409);
+}
+
+/// A patch that sets both `.spec.size` and `.status.phase`.
+fn size_and_phase(size: i64, phase: &str) -> Value {
+    json!({"spec": {"size": size}, "status": {"phase": phase}})
 }
 
 #[tokio::test]
@@ -104,25 +112,15 @@ async fn status_subresource_is_isolated_from_the_main_resource() {
     let env = Env::with_widgets().await;
     let api = env.widgets();
     create(&api, "w", json!({"size": 1})).await;
-    let patched = merge_status(
-        &api,
-        "w",
-        json!({"status": {"phase": "Ready"}, "spec": {"size": 9}}),
-    )
-    .await
-    .unwrap();
+    let patched = merge_status(&api, "w", size_and_phase(9, "Ready"))
+        .await
+        .unwrap();
     assert_eq!(patched.data["status"]["phase"], "Ready");
     assert_eq!(
         patched.data["spec"]["size"], 1,
         "/status changes only .status"
     );
-    let main = merge(
-        &api,
-        "w",
-        json!({"status": {"phase": "Hacked"}, "spec": {"size": 2}}),
-    )
-    .await
-    .unwrap();
+    let main = merge(&api, "w", size_and_phase(2, "Hacked")).await.unwrap();
     assert_eq!(main.data["spec"]["size"], 2);
     assert_eq!(
         main.data["status"]["phase"], "Ready",
@@ -215,22 +213,24 @@ async fn a_write_that_changes_nothing_keeps_the_resource_version_and_emits_no_ev
     );
 }
 
+/// Server-side applies Widget `w` with `spec` (field manager `contract-test`).
+async fn apply_w(api: &Widgets, spec: Value) -> DynamicObject {
+    let manifest = serde_json::to_value(widget("w", spec)).unwrap();
+    api.patch(
+        "w",
+        &PatchParams::apply("contract-test"),
+        &Patch::Apply(manifest),
+    )
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
 async fn patch_types_merge_json_and_apply() {
     let env = Env::with_widgets().await;
     let api = env.widgets();
     // Apply to a missing object creates it.
-    let applied = api
-        .patch(
-            "w",
-            &PatchParams::apply("contract-test"),
-            &Patch::Apply(
-                json!({"apiVersion": format!("{WIDGET_GROUP}/v1"), "kind": "Widget",
-            "metadata": {"name": "w"}, "spec": {"size": 1, "note": "n"}}),
-            ),
-        )
-        .await
-        .unwrap();
+    let applied = apply_w(&api, json!({"size": 1, "note": "n"})).await;
     assert_eq!(applied.data["spec"]["note"], "n");
     // Merge patch: explicit null clears a field.
     let merged = merge(&api, "w", json!({"spec": {"note": null, "size": 2}}))
@@ -280,16 +280,6 @@ async fn patch_types_merge_json_and_apply() {
     );
     assert_eq!(code, 415);
     // Apply on an existing object merges.
-    let reapplied = api
-        .patch(
-            "w",
-            &PatchParams::apply("contract-test"),
-            &Patch::Apply(
-                json!({"apiVersion": format!("{WIDGET_GROUP}/v1"), "kind": "Widget",
-            "metadata": {"name": "w"}, "spec": {"size": 5}}),
-            ),
-        )
-        .await
-        .unwrap();
+    let reapplied = apply_w(&api, json!({"size": 5})).await;
     assert_eq!(reapplied.data["spec"]["size"], 5);
 }

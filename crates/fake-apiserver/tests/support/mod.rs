@@ -29,11 +29,9 @@ pub struct Env {
     dir: tempfile::TempDir,
 }
 
-fn real_kubeconfig() -> Option<PathBuf> {
-    std::env::var(REAL_CLUSTER_ENV)
-        .ok()
-        .filter(|p| !p.is_empty())
-        .map(PathBuf::from)
+/// The real cluster's kubeconfig named by [`REAL_CLUSTER_ENV`], if any.
+pub fn real_kubeconfig() -> Option<PathBuf> {
+    test_servers::env_path(REAL_CLUSTER_ENV)
 }
 
 fn random_suffix() -> String {
@@ -93,13 +91,7 @@ impl Env {
         };
         let mut env = env;
         env.namespace = format!("ct-{}", random_suffix());
-        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client.clone());
-        let ns = serde_json::from_value(json!({"metadata": {"name": env.namespace}}))
-            .expect("namespace");
-        namespaces
-            .create(&PostParams::default(), &ns)
-            .await
-            .expect("create test namespace");
+        create_namespace(&env.client, &env.namespace).await;
         env
     }
 
@@ -110,6 +102,13 @@ impl Env {
             return None;
         }
         Some(Env::new().await)
+    }
+
+    /// [`Env::fake_only`] with the Widget CRD installed.
+    pub async fn fake_only_with_widgets(test: &str) -> Option<Env> {
+        let env = Env::fake_only(test).await?;
+        env.install_widget_crd().await;
+        Some(env)
     }
 
     /// Like [`Env::fake_only`], configuring the fake with `builder`.
@@ -197,6 +196,13 @@ impl Env {
         (status, headers, String::from_utf8_lossy(&body).into_owned())
     }
 
+    /// GETs `path`, asserts a 200 and returns the body as JSON.
+    pub async fn get_json(&self, path: &str) -> Value {
+        let (code, _, body) = self.raw("GET", path, &[], None).await;
+        assert_eq!(code, 200, "GET {path}: {body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: not JSON ({e}): {body}"))
+    }
+
     /// Opens a watch and returns the raw response for line-by-line reading.
     pub async fn open_watch(&self, path_and_query: &str) -> WatchLines {
         let request = http::Request::builder()
@@ -238,19 +244,8 @@ impl Env {
 
     /// Runs kubectl with `stdin` piped in.
     pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
-        use std::io::Write as _;
-        let mut child = self
-            .kubectl_command(args)
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .expect("spawn kubectl");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(stdin.as_bytes())
-            .expect("write stdin");
-        child.wait_with_output().expect("kubectl output")
+        test_servers::output_with_stdin(&mut self.kubectl_command(args), stdin)
+            .expect("run kubectl with stdin")
     }
 }
 
@@ -412,6 +407,16 @@ pub fn widget_crd() -> Value {
     })
 }
 
+/// Creates the namespace `name` (panics on failure).
+async fn create_namespace(client: &Client, name: &str) {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let ns = serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace");
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+}
+
 /// The code of a kube API error.
 pub fn api_code<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, String, String) {
     match result {
@@ -420,18 +425,46 @@ pub fn api_code<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, Str
     }
 }
 
+/// Asserts that `result` is an API error with `code` and `reason`; returns its message.
+#[track_caller]
+pub fn expect_error<T: std::fmt::Debug>(
+    result: Result<T, kube::Error>,
+    code: u16,
+    reason: &str,
+) -> String {
+    let (got_code, got_reason, message) = api_code(result);
+    assert_eq!((got_code, got_reason.as_str()), (code, reason), "{message}");
+    message
+}
+
+/// Asserts that `text` contains every one of `needles`.
+#[track_caller]
+pub fn assert_contains_all(text: &str, needles: &[&str]) {
+    for needle in needles {
+        assert!(text.contains(needle), "{needle:?} not in {text:?}");
+    }
+}
+
 /// Asserts that `result` is a 422 Invalid whose message contains every one of `needles`;
 /// returns the message.
+#[track_caller]
 pub fn expect_invalid<T: std::fmt::Debug>(
     result: Result<T, kube::Error>,
     needles: &[&str],
 ) -> String {
-    let (code, reason, message) = api_code(result);
-    assert_eq!((code, reason.as_str()), (422, "Invalid"), "{message}");
-    for needle in needles {
-        assert!(message.contains(needle), "{needle:?} not in {message:?}");
-    }
+    let message = expect_error(result, 422, "Invalid");
+    assert_contains_all(&message, needles);
     message
+}
+
+/// The `name` of each item of the JSON array `items` (discovery groups, table columns, ...).
+pub fn names_in(items: &Value) -> Vec<&str> {
+    items
+        .as_array()
+        .unwrap_or_else(|| panic!("not an array: {items}"))
+        .iter()
+        .map(|item| item["name"].as_str().expect("a name"))
+        .collect()
 }
 
 impl Env {
@@ -439,12 +472,7 @@ impl Env {
     /// guaranteed; it carries the same random prefix).
     pub async fn new_namespace(env: &Env) -> String {
         let name = format!("{}-x", env.namespace);
-        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client.clone());
-        let ns = serde_json::from_value(json!({"metadata": {"name": name}})).expect("namespace");
-        namespaces
-            .create(&PostParams::default(), &ns)
-            .await
-            .expect("create namespace");
+        create_namespace(&env.client, &name).await;
         name
     }
 }

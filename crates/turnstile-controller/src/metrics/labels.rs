@@ -199,9 +199,23 @@ label_value!(
     HoldOutcome
 );
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(super) struct BackendLabels {
-    pub(super) backend: BackendLabel,
+/// Declares label sets: structs whose fields are the labels, named as the fields.
+macro_rules! label_sets {
+    ($($name:ident { $($label:ident: $kind:ty),+ $(,)? })*) => {$(
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+        pub(super) struct $name {
+            $(pub(super) $label: $kind,)+
+        }
+    )*};
+}
+label_sets! {
+    BackendLabels { backend: BackendLabel }
+    LostLabels { backend: BackendLabel, cause: LockLostCause }
+    HoldLabels { backend: BackendLabel, outcome: HoldOutcome }
+    BackendErrorLabels { backend: BackendLabel, operation: BackendOperation }
+    ReconcileErrorLabels { kind: ReconcileErrorKind }
+    ControllerLabels { controller: ControllerKind }
+    ReconcileLabels { controller: ControllerKind, result: ReconcileResult }
 }
 
 impl BackendLabels {
@@ -210,38 +224,4 @@ impl BackendLabels {
             backend: BackendLabel(backend),
         }
     }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(super) struct LostLabels {
-    pub(super) backend: BackendLabel,
-    pub(super) cause: LockLostCause,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(super) struct HoldLabels {
-    pub(super) backend: BackendLabel,
-    pub(super) outcome: HoldOutcome,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(super) struct BackendErrorLabels {
-    pub(super) backend: BackendLabel,
-    pub(super) operation: BackendOperation,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(super) struct ReconcileErrorLabels {
-    pub(super) kind: ReconcileErrorKind,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(super) struct ControllerLabels {
-    pub(super) controller: ControllerKind,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(super) struct ReconcileLabels {
-    pub(super) controller: ControllerKind,
-    pub(super) result: ReconcileResult,
 }
