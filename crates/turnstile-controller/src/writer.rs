@@ -321,12 +321,11 @@ impl PassWrites {
 /// Where a lock pass's writes land: the API server ([`ApiStore`]), or a test's simulated
 /// one (the controller's property tests run the shell's own pass over it).
 pub trait PassStore: Send {
-    /// Makes `write` on the claim it names ([`Target::Claim`]) or on the lock, conditional on
-    /// `resource_version`; returns the object's resourceVersion after it.
+    /// Makes `write` on its object, conditional on `resource_version`; returns the object's
+    /// resourceVersion after it.
     fn patch(
         &mut self,
-        target: Target,
-        write: &Write,
+        write: &PassWrite,
         resource_version: Option<&str>,
     ) -> impl Future<Output = Result<Option<String>, ControllerError>> + Send;
 
@@ -358,8 +357,7 @@ impl ApiStore {
 impl PassStore for ApiStore {
     async fn patch(
         &mut self,
-        target: Target,
-        write: &Write,
+        PassWrite { target, write }: &PassWrite,
         resource_version: Option<&str>,
     ) -> Result<Option<String>, ControllerError> {
         Ok(match target {
@@ -417,11 +415,12 @@ impl<'a, S: PassStore> PassWriter<'a, S> {
         }
     }
 
-    async fn write(&mut self, target: Target, write: &Write) -> Result<(), ControllerError> {
-        match target {
+    async fn write(&mut self, pass_write: &PassWrite) -> Result<(), ControllerError> {
+        let write = &pass_write.write;
+        match pass_write.target {
             Target::Claim => {
                 let version = self.versions.get(&write.name).cloned().flatten();
-                let updated = self.store.patch(target, write, version.as_deref()).await?;
+                let updated = self.store.patch(pass_write, version.as_deref()).await?;
                 if let Some(version) = &updated {
                     self.written.insert(write.name.clone(), version.clone());
                 }
@@ -435,7 +434,7 @@ impl<'a, S: PassStore> PassWriter<'a, S> {
                     Some(version) => Some(version.clone()),
                     None => self.lock.resource_version(),
                 };
-                self.lock_written = self.store.patch(target, write, version.as_deref()).await?;
+                self.lock_written = self.store.patch(pass_write, version.as_deref()).await?;
             }
         }
         Ok(())
@@ -446,8 +445,12 @@ impl<'a, S: PassStore> PassWriter<'a, S> {
     pub async fn add_claim_finalizers(&mut self, names: &[String]) -> Result<(), ControllerError> {
         let writes = self.writes.add_finalizers(names);
         self.store.before_writes(writes.len());
-        for write in &writes {
-            self.write(Target::Claim, write).await?;
+        for write in writes {
+            let write = PassWrite {
+                target: Target::Claim,
+                write,
+            };
+            self.write(&write).await?;
         }
         Ok(())
     }
@@ -469,7 +472,7 @@ impl<'a, S: PassStore> PassWriter<'a, S> {
         let mut landed = HashSet::new();
         let mut result = Ok(());
         for pass_write in &writes {
-            result = self.write(pass_write.target, &pass_write.write).await;
+            result = self.write(pass_write).await;
             if result.is_err() {
                 break;
             }

@@ -26,7 +26,7 @@ use turnstile_controller::core::{BackendView, ClaimView, LockInput, LockView, LE
 use turnstile_controller::lock_reconciler::{run_pass, Engine};
 use turnstile_controller::multi_lock::{other_locks_needed, prepare, OtherLock};
 use turnstile_controller::writer::{PassStore, PassWriter};
-use turnstile_controller::writer::{Target, Write};
+use turnstile_controller::writer::{PassWrite, Target, Write};
 use turnstile_controller::ControllerError;
 use turnstile_lock::{AcquireMode, AcquireRequest, Backend, MemoryBackend};
 
@@ -43,8 +43,7 @@ struct WorldApi<'w> {
 impl PassStore for WorldApi<'_> {
     async fn patch(
         &mut self,
-        target: Target,
-        write: &Write,
+        PassWrite { target, write }: &PassWrite,
         _resource_version: Option<&str>,
     ) -> Result<Option<String>, ControllerError> {
         match target {

@@ -25,7 +25,7 @@ use turnstile_controller::lock_reconciler::{run_pass, Engine, PassOutcome};
 use turnstile_controller::multi_lock::MemberGrants;
 use turnstile_controller::patch::apply_merge_patch;
 use turnstile_controller::writer::{PassStore, PassWriter};
-use turnstile_controller::writer::{Target, Write};
+use turnstile_controller::writer::{PassWrite, Target, Write};
 use turnstile_controller::ControllerError;
 use turnstile_lock::{
     AcquireOutcome, AcquireRequest, Backend, LockError, LockResult, LockSnapshot, MemoryBackend,
@@ -214,8 +214,7 @@ impl PassStore for SimApi<'_> {
 
     async fn patch(
         &mut self,
-        target: Target,
-        write: &Write,
+        PassWrite { target, write }: &PassWrite,
         resource_version: Option<&str>,
     ) -> Result<Option<String>, ControllerError> {
         let index = self.made;
