@@ -141,6 +141,26 @@ struct LazyMongo {
     connected: Mutex<Option<Arc<MongoBackend>>>,
 }
 
+/// The backend in `slot`, connected by `connect` if it is not yet (one connect at a time; a
+/// failed one is tried again by the next caller).
+async fn connect_once<B, F, Fut>(
+    slot: &Mutex<Option<Arc<B>>>,
+    connect: F,
+) -> Result<Arc<dyn Backend>, BackendLookupError>
+where
+    B: Backend + 'static,
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<B, LockError>>,
+{
+    let mut connected = slot.lock().await;
+    if let Some(backend) = connected.as_ref() {
+        return Ok(backend.clone());
+    }
+    let backend = Arc::new(connect().await?);
+    *connected = Some(backend.clone());
+    Ok(backend)
+}
+
 /// Why a lock's backend cannot be used right now.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendLookupError {
@@ -210,33 +230,25 @@ impl Backends {
                     .redis
                     .as_ref()
                     .ok_or(BackendLookupError::NotConfigured(kind))?;
-                let mut connected = redis.connected.lock().await;
-                if let Some(backend) = connected.as_ref() {
-                    return Ok(backend.clone());
-                }
-                let config = redis
-                    .config
-                    .clone()
-                    .map_err(|error| LockError::backend("redis", "configure TLS", error))?;
-                let backend = Arc::new(RedisBackend::connect(config).await?);
-                *connected = Some(backend.clone());
-                Ok(backend)
+                connect_once(&redis.connected, || async {
+                    let config = redis
+                        .config
+                        .clone()
+                        .map_err(|error| LockError::backend("redis", "configure TLS", error))?;
+                    RedisBackend::connect(config).await
+                })
+                .await
             }
             BackendKind::Mongo => {
                 let mongo = self
                     .mongo
                     .as_ref()
                     .ok_or(BackendLookupError::NotConfigured(kind))?;
-                let mut connected = mongo.connected.lock().await;
-                if let Some(backend) = connected.as_ref() {
-                    return Ok(backend.clone());
-                }
-                let backend = Arc::new(
-                    MongoBackend::connect(&mongo.settings.url, mongo.settings.backend_config())
-                        .await?,
-                );
-                *connected = Some(backend.clone());
-                Ok(backend)
+                let settings = &mongo.settings;
+                connect_once(&mongo.connected, || {
+                    MongoBackend::connect(&settings.url, settings.backend_config())
+                })
+                .await
             }
         }
     }

@@ -233,23 +233,21 @@ mod tests {
 
     #[test]
     fn pods_run_until_they_succeed_or_fail() {
-        assert_eq!(
-            pod_state(&pod("u1", "Running"), &owner()),
-            OwnerState::Alive
-        );
-        assert_eq!(
-            pod_state(&pod("u1", "Pending"), &owner()),
-            OwnerState::Alive
-        );
-        assert_eq!(
-            pod_state(&pod("u1", "Succeeded"), &owner()),
-            OwnerState::Finished
-        );
-        assert_eq!(
-            pod_state(&pod("u1", "Failed"), &owner()),
-            OwnerState::Finished
-        );
-        assert_eq!(pod_state(&pod("u2", "Running"), &owner()), OwnerState::Gone);
+        let cases = [
+            ("u1", "Running", OwnerState::Alive),
+            ("u1", "Pending", OwnerState::Alive),
+            ("u1", "Succeeded", OwnerState::Finished),
+            ("u1", "Failed", OwnerState::Finished),
+            // Another Pod under the owner's name: the owner is gone.
+            ("u2", "Running", OwnerState::Gone),
+        ];
+        for (uid, phase, state) in cases {
+            assert_eq!(
+                pod_state(&pod(uid, phase), &owner()),
+                state,
+                "{uid} {phase}"
+            );
+        }
     }
 
     #[test]

@@ -68,6 +68,16 @@ pub struct PlannedOp {
     pub op: BackendOp,
 }
 
+impl PlannedOp {
+    /// `op`, made for `claim`.
+    fn for_claim(claim: &ClaimView, op: BackendOp) -> Self {
+        Self {
+            claim: Some(claim.name.clone()),
+            op,
+        }
+    }
+}
+
 /// The answer to one [`PlannedOp`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OpOutcome {
@@ -455,13 +465,9 @@ impl<'a> Builder<'a> {
     }
 
     fn push_release(&mut self, claim: &ClaimView, involuntary: bool) -> OpRef {
-        self.releases.push(PlannedOp {
-            claim: Some(claim.name.clone()),
-            op: BackendOp::Release {
-                owner: claim.uid.clone(),
-                involuntary,
-            },
-        });
+        let owner = claim.uid.clone();
+        let op = BackendOp::Release { owner, involuntary };
+        self.releases.push(PlannedOp::for_claim(claim, op));
         OpRef::Release(self.releases.len() - 1)
     }
 
@@ -488,26 +494,20 @@ impl<'a> Builder<'a> {
     }
 
     fn extend(&mut self, claim: &ClaimView, ttl: Duration) -> OpRef {
-        self.extends.push(PlannedOp {
-            claim: Some(claim.name.clone()),
-            op: BackendOp::Extend {
-                owner: claim.uid.clone(),
-                ttl,
-            },
-        });
+        let owner = claim.uid.clone();
+        let op = BackendOp::Extend { owner, ttl };
+        self.extends.push(PlannedOp::for_claim(claim, op));
         OpRef::Extend(self.extends.len() - 1)
     }
 
     fn grant(&mut self, claim: &ClaimView, ttl: Duration) -> OpRef {
-        self.grants.push(PlannedOp {
-            claim: Some(claim.name.clone()),
-            op: BackendOp::Acquire {
-                owner: claim.uid.clone(),
-                ttl,
-                purpose: AcquirePurpose::Grant,
-                shared: claim.shared(&self.input.lock),
-            },
-        });
+        let op = BackendOp::Acquire {
+            owner: claim.uid.clone(),
+            ttl,
+            purpose: AcquirePurpose::Grant,
+            shared: claim.shared(&self.input.lock),
+        };
+        self.grants.push(PlannedOp::for_claim(claim, op));
         OpRef::Grant(self.grants.len() - 1)
     }
 

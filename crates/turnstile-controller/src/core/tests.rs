@@ -80,32 +80,34 @@ fn input_at(now: i64, claim: ClaimView) -> LockInput {
     }
 }
 
+/// The effective expiry of a claim held until `expires` and renewed at `renewed`, at `now`.
+fn expiry_of(expires: i64, renewed: Option<i64>, now: i64) -> (i64, bool) {
+    let claim = held_claim(expires, renewed);
+    let input = input_at(now, claim.clone());
+    effective_expiry(&input, &claim)
+}
+
 #[test]
 fn renewal_counts_from_renew_time_plus_lease() {
-    let claim = held_claim(T0 + 10, Some(T0 + 8));
-    let input = input_at(T0 + 9, claim.clone());
-    assert_eq!(effective_expiry(&input, &claim), (T0 + 18, true));
+    assert_eq!(expiry_of(T0 + 10, Some(T0 + 8), T0 + 9), (T0 + 18, true));
 }
 
 #[test]
 fn renewal_dated_in_the_future_counts_from_now() {
-    let claim = held_claim(T0 + 10, Some(T0 + 9_000));
-    let input = input_at(T0 + 5, claim.clone());
-    assert_eq!(effective_expiry(&input, &claim), (T0 + 15, true));
+    assert_eq!(
+        expiry_of(T0 + 10, Some(T0 + 9_000), T0 + 5),
+        (T0 + 15, true)
+    );
 }
 
 #[test]
 fn renewal_after_the_lease_ran_out_is_too_late() {
-    let claim = held_claim(T0 + 10, Some(T0 + 11));
-    let input = input_at(T0 + 12, claim.clone());
-    assert_eq!(effective_expiry(&input, &claim), (T0 + 10, false));
+    assert_eq!(expiry_of(T0 + 10, Some(T0 + 11), T0 + 12), (T0 + 10, false));
 }
 
 #[test]
 fn an_applied_renewal_is_not_applied_again() {
-    let claim = held_claim(T0 + 18, Some(T0 + 8));
-    let input = input_at(T0 + 9, claim.clone());
-    assert_eq!(effective_expiry(&input, &claim), (T0 + 18, false));
+    assert_eq!(expiry_of(T0 + 18, Some(T0 + 8), T0 + 9), (T0 + 18, false));
 }
 
 #[test]
