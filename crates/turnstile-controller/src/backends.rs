@@ -156,7 +156,8 @@ where
     if let Some(backend) = connected.as_ref() {
         return Ok(backend.clone());
     }
-    let backend = Arc::new(connect().await?);
+    // Boxed: the connect futures are deep, and every pass's future would otherwise embed them.
+    let backend = Arc::new(Box::pin(connect()).await?);
     *connected = Some(backend.clone());
     Ok(backend)
 }
