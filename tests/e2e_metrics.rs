@@ -153,8 +153,10 @@ async fn renewals_failures_losses_and_errors_are_counted_as_they_happen() {
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.apply_claim("a", "db", "");
     let a = env.wait_phase("a", ClaimPhase::Held).await;
-    env.apply_claim("b", "db", "acquireTimeoutSeconds: 1");
     wait_for_samples(addr, &[(renewals, 0.0), (failures, 0.0), (RELEASES, 0.0)]).await;
+    // Created after that scrape: with a timeout of one second (and creation times in whole
+    // seconds) b may fail before a scrape on a busy machine.
+    env.apply_claim("b", "db", "acquireTimeoutSeconds: 1");
     // Times are whole seconds: a renewal dated in the grant's own second extends nothing.
     let acquired = a
         .status
