@@ -26,6 +26,9 @@ use std::path::PathBuf;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
+use e2e_support::child::{finish_within, spawn_captured};
+use e2e_support::launch::{blocking, launch};
+use e2e_support::output::{stderr, stdout};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tempfile::TempDir;
@@ -48,10 +51,7 @@ struct Fixture {
 
 impl Fixture {
     async fn start() -> Self {
-        let server = tokio::task::spawn_blocking(RedisServer::start)
-            .await
-            .expect("launcher thread")
-            .expect("redis-server starts");
+        let server = launch(RedisServer::start, "redis-server starts").await;
         let connection = redis::Client::open(server.url())
             .expect("client")
             .get_multiplexed_async_connection()
@@ -172,27 +172,20 @@ fn spawn_lock(
     dir: &TempDir,
     stdin: Stdio,
 ) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_turnstile"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
+    command
         .arg("lock")
         .args(["--backend", url, key])
         .args(args)
         .args(["--", "sh", "-c", script])
         .current_dir(dir.path())
-        .env_remove("TURNSTILE_BACKEND_URL")
-        .stdin(stdin)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn turnstile")
+        .env_remove("TURNSTILE_BACKEND_URL");
+    spawn_captured(&mut command, stdin, "turnstile lock")
 }
 
 /// Waits (bounded) for the process to end.
 async fn finish(child: Child) -> Output {
-    tokio::time::timeout(PATIENCE, child.wait_with_output())
-        .await
-        .expect("turnstile lock finished in time")
-        .expect("turnstile output")
+    finish_within(PATIENCE, child, "turnstile lock").await
 }
 
 /// Every run exited 0.
@@ -213,14 +206,6 @@ fn code(output: &Output) -> i32 {
         .status
         .code()
         .unwrap_or_else(|| panic!("turnstile itself was killed: {output:?}"))
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
 /// Polls (bounded) until `condition` holds.
@@ -706,10 +691,7 @@ async fn memory_is_refused_and_an_unreachable_backend_reported() {
 
 #[tokio::test]
 async fn runs_on_mongodb_too() {
-    let Some(mongo) = tokio::task::spawn_blocking(test_servers::MongoServer::shared_or_skip)
-        .await
-        .expect("launcher thread")
-    else {
+    let Some(mongo) = blocking(test_servers::MongoServer::shared_or_skip).await else {
         return;
     };
     let dir = tempfile::tempdir().expect("dir");
@@ -825,10 +807,7 @@ async fn a_waiting_exclusive_request_keeps_later_shared_ones_out() {
 async fn runs_on_a_mongodb_srv_url() {
     use e2e_support::dns::MongoSrv;
 
-    let Some(mongo) = tokio::task::spawn_blocking(test_servers::MongoServer::shared_or_skip)
-        .await
-        .expect("launcher thread")
-    else {
+    let Some(mongo) = blocking(test_servers::MongoServer::shared_or_skip).await else {
         return;
     };
     let Some(srv) = MongoSrv::serve(mongo.uri(), "runs_on_a_mongodb_srv_url").await else {

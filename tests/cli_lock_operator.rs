@@ -16,8 +16,10 @@ use std::time::{Duration, Instant};
 use std::collections::BTreeMap;
 
 use e2e_support::actor::{sent_by, tagged_client};
+use e2e_support::child::{finish_within, spawn_captured};
+use e2e_support::output::{one_line_exit, stderr};
 use e2e_support::roles::{example_role, verbs};
-use e2e_support::{phase_of, Env, WAIT};
+use e2e_support::{phase_of, write_unreachable_kubeconfig, Env, WAIT};
 use kube::api::ListParams;
 use tokio::process::{Child, Command};
 use turnstile_api::{ClaimPhase, LockClaim};
@@ -25,35 +27,24 @@ use turnstile_controller::ControllerConfig;
 
 /// `turnstile lock --lock LOCK ARGS… -- sh -c SCRIPT` in `dir`, against the test's cluster.
 fn spawn_lock(env: &Env, lock: &str, args: &[&str], script: &str, dir: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_turnstile"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
+    command
         .args(["lock", "--lock", lock, "-n", &env.namespace])
         .args(args)
         .args(["--", "sh", "-c", script])
         .current_dir(dir)
         .env("KUBECONFIG", &env.kubeconfig)
         .env_remove("POD_NAMESPACE")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn turnstile lock")
+        .env_remove("RUST_LOG");
+    spawn_captured(&mut command, Stdio::null(), "turnstile lock")
 }
 
 async fn finish(child: Child) -> Output {
-    tokio::time::timeout(WAIT, child.wait_with_output())
-        .await
-        .expect("turnstile lock ends in time")
-        .expect("turnstile lock output")
+    finish_within(WAIT, child, "turnstile lock").await
 }
 
 fn code(output: &Output) -> i32 {
     output.status.code().unwrap_or(-1)
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
 fn read(dir: &Path, file: &str) -> String {
@@ -105,8 +96,7 @@ async fn until_claims(env: &Env, lock: &str, count: usize) -> Vec<LockClaim> {
 
 /// The fake API server, the controller, and the DistributedLock `db`.
 async fn env_with_lock() -> Env {
-    let mut env = Env::new().await;
-    env.start_default_controller();
+    let env = Env::started().await;
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env
 }
@@ -211,8 +201,7 @@ async fn a_claim_lost_while_the_command_runs_stops_it_with_76() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn giving_up_leaves_no_claim_behind() {
     let mut env = env_with_lock().await;
-    env.apply_claim("holder", "db", "");
-    env.wait_phase("holder", ClaimPhase::Held).await;
+    env.hold("holder", "db", "").await;
     let dir = tempfile::tempdir().expect("dir");
 
     let timed_out = finish(spawn_lock(
@@ -306,15 +295,7 @@ fn an_unreachable_api_server_exits_69_with_one_line() {
     let port = test_servers::free_port().expect("free port");
     let dir = tempfile::tempdir().expect("dir");
     let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: gone\n  cluster:\n    server: http://127.0.0.1:{port}\n\
-             contexts:\n- name: gone\n  context:\n    cluster: gone\n    user: nobody\n    namespace: default\n\
-             current-context: gone\nusers:\n- name: nobody\n  user: {{}}\n"
-        ),
-    )
-    .expect("write kubeconfig");
+    write_unreachable_kubeconfig(&kubeconfig, port, "default");
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
         .args(["lock", "--lock", "db", "--", "sh", "-c", "touch ran"])
         .current_dir(dir.path())
@@ -323,10 +304,7 @@ fn an_unreachable_api_server_exits_69_with_one_line() {
         .stdin(Stdio::null())
         .output()
         .expect("run turnstile lock");
-    let line = stderr(&output);
-    assert_eq!(code(&output), 69, "{line}");
-    assert_eq!(line.lines().count(), 1, "one line, got {line:?}");
-    assert!(line.starts_with("turnstile: "), "{line:?}");
+    one_line_exit(&output, 69, "turnstile lock");
     assert!(!dir.path().join("ran").exists(), "the command ran");
 }
 

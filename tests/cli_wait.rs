@@ -18,9 +18,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use e2e_support::namespace_with_a_claim;
+use e2e_support::child::{finish_within, spawn_captured};
+use e2e_support::output::{one_line_exit, stderr, stdout};
 use e2e_support::roles::{example_role, verbs};
 use e2e_support::tls_front::tls_front;
+use e2e_support::{namespace_with_a_claim, write_unreachable_kubeconfig};
 use fake_apiserver::FakeApiServer;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -108,20 +110,16 @@ impl Cluster {
 
     /// `turnstile wait ARGS…` with only `KUBECONFIG` (and `extra_env`) set for it.
     fn spawn_wait(&self, args: &[&str], extra_env: &[(&str, &str)]) -> Child {
-        Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
+        command
             .arg("wait")
             .args(args)
             .env("KUBECONFIG", &self.kubeconfig)
             .env_remove("POD_NAME")
             .env_remove("POD_NAMESPACE")
             .env_remove("POD_UID")
-            .envs(extra_env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn turnstile wait")
+            .envs(extra_env.iter().copied());
+        spawn_captured(&mut command, Stdio::null(), "turnstile wait")
     }
 
     /// Spawns `turnstile wait` on the claim `args[0]` and returns once it is watching it.
@@ -155,22 +153,11 @@ impl Cluster {
 }
 
 async fn finish(child: Child) -> Output {
-    tokio::time::timeout(PATIENCE, child.wait_with_output())
-        .await
-        .expect("turnstile wait finished in time")
-        .expect("turnstile output")
+    finish_within(PATIENCE, child, "turnstile wait").await
 }
 
 fn code(output: &Output) -> i32 {
     output.status.code().expect("exited normally")
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
 /// Exited `expected` (non-zero) with exactly one stderr line starting `turnstile: `, as the
@@ -551,11 +538,8 @@ fn usage_errors_are_one_turnstile_line_and_exit_2() {
     ];
     for (args, names) in cases {
         let output = wait_without_a_server(args);
-        let line = stderr(&output);
-        assert_eq!(code(&output), 2, "{args:?}: {line}");
+        let line = one_line_exit(&output, 2, &format!("{args:?}"));
         assert_eq!(stdout(&output), "", "{args:?}");
-        assert_eq!(line.lines().count(), 1, "{args:?}: one line, got {line:?}");
-        assert!(line.starts_with("turnstile: "), "{args:?}: {line:?}");
         assert!(line.contains(names), "{args:?} names {names}: {line:?}");
     }
 }
@@ -611,15 +595,7 @@ fn an_unreachable_api_server_exits_1_with_one_line_from_wait_and_queue() {
     let port = test_servers::free_port().expect("free port");
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: gone\n  cluster:\n    server: http://127.0.0.1:{port}\n\
-             contexts:\n- name: gone\n  context:\n    cluster: gone\n    user: nobody\n    namespace: {NAMESPACE}\n\
-             current-context: gone\nusers:\n- name: nobody\n  user: {{}}\n"
-        ),
-    )
-    .unwrap();
+    write_unreachable_kubeconfig(&kubeconfig, port, NAMESPACE);
     // `turnstile queue` reads the API the same way and ends the same way.
     for args in [&["wait", "c", "--timeout", "60s"][..], &["queue", "db"][..]] {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
@@ -629,11 +605,8 @@ fn an_unreachable_api_server_exits_1_with_one_line_from_wait_and_queue() {
             .stdin(Stdio::null())
             .output()
             .expect("run turnstile");
-        let line = stderr(&output);
-        assert_eq!(code(&output), 1, "{args:?}: {line}");
+        one_line_exit(&output, 1, &format!("{args:?}"));
         assert_eq!(stdout(&output), "", "{args:?}");
-        assert_eq!(line.lines().count(), 1, "{args:?}: one line, got {line:?}");
-        assert!(line.starts_with("turnstile: "), "{args:?}: {line:?}");
     }
 }
 

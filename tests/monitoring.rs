@@ -22,6 +22,7 @@ use std::process::Command;
 
 use deploy_support::{find, render_with_component, repo, str_at, strings};
 use e2e_support::scrape::get;
+use e2e_support::scratch::scratch;
 use e2e_support::Env;
 use serde_json::{json, Value};
 
@@ -300,10 +301,7 @@ fn the_rules_pass_promtool_check_and_every_unit_case() {
         return;
     };
     let objects = rendered();
-    let dir = tempfile::Builder::new()
-        .prefix("promtool-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .expect("temporary directory");
+    let dir = scratch("promtool-");
     std::fs::write(dir.path().join("rules.yaml"), rules_file(&objects)).expect("write rules");
     std::fs::copy(
         repo().join("tests/monitoring/alerts.test.yaml"),
@@ -474,10 +472,7 @@ fn every_dashboard_query_is_valid_promql() {
         .enumerate()
         .map(|(i, (_, expr))| json!({"record": format!("dashboard:query_{i}"), "expr": as_promql(expr)}))
         .collect();
-    let dir = tempfile::Builder::new()
-        .prefix("promtool-dashboard-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .expect("temporary directory");
+    let dir = scratch("promtool-dashboard-");
     let file = json!({"groups": [{"name": "dashboard", "rules": rules}]});
     std::fs::write(
         dir.path().join("dashboard.yaml"),
