@@ -101,13 +101,18 @@ async fn env_with_lock() -> Env {
     env
 }
 
+/// [`env_with_lock`], and a scratch directory for the command to run in.
+async fn env_with_lock_and_dir() -> (Env, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("dir");
+    (env_with_lock().await, dir)
+}
+
 const RECORD: &str =
     "echo $TURNSTILE_FENCING_TOKEN > $1.token; echo $TURNSTILE_LOCK_CLAIM > $1.claim";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_under_a_claim_of_its_own_and_a_second_run_waits_for_the_first() {
-    let mut env = env_with_lock().await;
-    let dir = tempfile::tempdir().expect("dir");
+    let (mut env, dir) = env_with_lock_and_dir().await;
 
     // The first run holds until `go` exists; the second waits behind it.
     let first = spawn_lock(
@@ -154,8 +159,7 @@ async fn runs_under_a_claim_of_its_own_and_a_second_run_waits_for_the_first() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lease_is_renewed_while_the_command_runs() {
-    let mut env = env_with_lock().await;
-    let dir = tempfile::tempdir().expect("dir");
+    let (mut env, dir) = env_with_lock_and_dir().await;
     // A 3 s lease and a command of 8 s: only renewals keep the grant.
     let run = spawn_lock(
         &env,
@@ -176,8 +180,7 @@ async fn the_lease_is_renewed_while_the_command_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_lost_while_the_command_runs_stops_it_with_76() {
-    let mut env = env_with_lock().await;
-    let dir = tempfile::tempdir().expect("dir");
+    let (mut env, dir) = env_with_lock_and_dir().await;
     let run = spawn_lock(
         &env,
         "db",
@@ -310,8 +313,7 @@ fn an_unreachable_api_server_exits_69_with_one_line() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_turnstile_frees_the_lock_once_its_ttl_runs_out() {
-    let mut env = env_with_lock().await;
-    let dir = tempfile::tempdir().expect("dir");
+    let (mut env, dir) = env_with_lock_and_dir().await;
     let ttl = Duration::from_secs(3);
     // The command records its shell's PID, so the test can end it after killing turnstile.
     let mut first = spawn_lock(
@@ -357,8 +359,7 @@ async fn a_killed_turnstile_frees_the_lock_once_its_ttl_runs_out() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewals_refused_for_a_whole_ttl_stop_the_command_with_76() {
-    let mut env = env_with_lock().await;
-    let dir = tempfile::tempdir().expect("dir");
+    let (mut env, dir) = env_with_lock_and_dir().await;
     let run = spawn_lock(
         &env,
         "db",

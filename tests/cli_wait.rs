@@ -64,6 +64,13 @@ impl Cluster {
         }
     }
 
+    /// [`Cluster::start`], with the DistributedLock `lock`.
+    async fn with_lock(lock: &str) -> Self {
+        let cluster = Cluster::start().await;
+        cluster.create_lock(lock).await;
+        cluster
+    }
+
     fn claims(&self) -> Api<LockClaim> {
         Api::namespaced(self.client.clone(), NAMESPACE)
     }
@@ -183,8 +190,7 @@ fn held(token: i64) -> Value {
 
 #[tokio::test]
 async fn prints_the_token_once_the_claim_is_held() {
-    let cluster = Cluster::start().await;
-    cluster.create_lock("db").await;
+    let cluster = Cluster::with_lock("db").await;
     cluster.create_claim("job-a", "db").await;
     let waiting = cluster
         .waiting(&["job-a"], &[("POD_NAMESPACE", NAMESPACE)])
@@ -200,8 +206,7 @@ async fn prints_the_token_once_the_claim_is_held() {
 
 #[tokio::test]
 async fn terminal_phases_exit_with_their_codes_and_reasons() {
-    let cluster = Cluster::start().await;
-    cluster.create_lock("db").await;
+    let cluster = Cluster::with_lock("db").await;
     let cases = [
         (
             "failed",
@@ -251,13 +256,11 @@ async fn terminal_phases_exit_with_their_codes_and_reasons() {
 
 #[tokio::test]
 async fn timeout_exits_75_and_says_where_the_claim_stands() {
-    let cluster = Cluster::start().await;
-    cluster.create_lock("db").await;
+    let cluster = Cluster::with_lock("db").await;
     cluster.create_claim("slow", "db").await;
     cluster.set_status("slow", pending(3)).await;
     let output = finish(cluster.spawn_wait(&["slow", "--timeout", "1s"], &[])).await;
-    one_line_failure(&output, 75);
-    let line = stderr(&output);
+    let line = one_line_failure(&output, 75);
     assert!(line.contains("timed out after 1s"), "{line}");
     assert!(
         line.contains("Pending, position 3 (Queued: position 3 in the queue)"),
@@ -285,11 +288,10 @@ async fn a_missing_lock_exits_6() {
     // --create checks the lock first and leaves nothing behind.
     let output =
         finish(cluster.spawn_wait(&["web-0-db", "--create", "--lock", "nope"], &pod_env)).await;
-    one_line_failure(&output, 6);
+    let line = one_line_failure(&output, 6);
     assert!(
-        stderr(&output).contains("DistributedLock nope does not exist"),
-        "{}",
-        stderr(&output)
+        line.contains("DistributedLock nope does not exist"),
+        "{line}"
     );
     assert!(cluster
         .claims()
@@ -325,8 +327,7 @@ async fn a_missing_lock_exits_6() {
 
 #[tokio::test]
 async fn a_stale_lock_not_found_status_keeps_waiting_while_the_lock_exists() {
-    let cluster = Cluster::start().await;
-    cluster.create_lock("db").await;
+    let cluster = Cluster::with_lock("db").await;
     cluster.create_claim("early", "db").await;
     let waiting = cluster.waiting(&["early"], &[]).await;
     // Written before the lock existed, say; the lock exists now.
@@ -345,8 +346,7 @@ async fn a_stale_lock_not_found_status_keeps_waiting_while_the_lock_exists() {
 
 #[tokio::test]
 async fn a_missing_or_deleted_claim_exits_7() {
-    let cluster = Cluster::start().await;
-    cluster.create_lock("db").await;
+    let cluster = Cluster::with_lock("db").await;
     let output = finish(cluster.spawn_wait(&["never-made"], &[])).await;
     one_line_failure(&output, 7);
     assert!(stderr(&output).contains("LockClaim never-made in namespace default does not exist"));
@@ -359,12 +359,8 @@ async fn a_missing_or_deleted_claim_exits_7() {
         .await
         .unwrap();
     let output = finish(waiting).await;
-    one_line_failure(&output, 7);
-    assert!(
-        stderr(&output).contains("was deleted"),
-        "{}",
-        stderr(&output)
-    );
+    let line = one_line_failure(&output, 7);
+    assert!(line.contains("was deleted"), "{line}");
 }
 
 async fn create_pod(cluster: &Cluster, name: &str) -> String {
@@ -393,8 +389,7 @@ fn read_token(path: &Path) -> String {
 
 #[tokio::test]
 async fn create_makes_the_claim_owned_by_the_pod_and_adopts_it_on_restart() {
-    let cluster = Cluster::start().await;
-    cluster.create_lock("db").await;
+    let cluster = Cluster::with_lock("db").await;
     let uid = create_pod(&cluster, "web-0").await;
     let env = downward_api("web-0", &uid);
     let token_dir = tempfile::tempdir().unwrap();
@@ -450,20 +445,15 @@ async fn create_makes_the_claim_owned_by_the_pod_and_adopts_it_on_restart() {
     let other_env = downward_api("web-1", &other_uid);
     let stolen =
         finish(cluster.spawn_wait(&["web-0-db", "--create", "--lock", "db"], &other_env)).await;
-    one_line_failure(&stolen, 8);
-    assert!(
-        stderr(&stolen).contains("belongs to Pod web-0"),
-        "{}",
-        stderr(&stolen)
-    );
+    let line = one_line_failure(&stolen, 8);
+    assert!(line.contains("belongs to Pod web-0"), "{line}");
     assert_eq!(stdout(&stolen), "");
 
     // The same Pod asking for another lock under this claim's name: refused too.
     cluster.create_lock("other").await;
     let other_lock =
         finish(cluster.spawn_wait(&["web-0-db", "--create", "--lock", "other"], &env)).await;
-    one_line_failure(&other_lock, 8);
-    let line = stderr(&other_lock);
+    let line = one_line_failure(&other_lock, 8);
     assert!(
         line.starts_with("turnstile: ") && line.contains("already exists for lock \"db\""),
         "{line}"
@@ -498,8 +488,7 @@ fn lock_and_queue_help_end_with_their_exit_codes() {
 
 #[tokio::test]
 async fn create_without_the_downward_api_variables_is_a_usage_error() {
-    let cluster = Cluster::start().await;
-    cluster.create_lock("db").await;
+    let cluster = Cluster::with_lock("db").await;
     let output = finish(cluster.spawn_wait(&["c", "--create", "--lock", "db"], &[])).await;
     assert_eq!(code(&output), 2, "{}", stderr(&output));
     assert!(
@@ -557,8 +546,7 @@ fn help_is_still_clap_help() {
 
 #[tokio::test]
 async fn pod_flags_override_the_downward_api_variables() {
-    let cluster = Cluster::start().await;
-    cluster.create_lock("db").await;
+    let cluster = Cluster::with_lock("db").await;
     let uid = create_pod(&cluster, "web-2").await;
     // The env names another Pod; the flags win.
     let env = [
@@ -613,8 +601,7 @@ fn an_unreachable_api_server_exits_1_with_one_line_from_wait_and_queue() {
 #[tokio::test]
 async fn a_refused_request_exits_1_with_one_line() {
     // As RBAC would refuse `create` on lockclaims: the Pod's Role lacks the verb.
-    let cluster = Cluster::start().await;
-    cluster.create_lock("db").await;
+    let cluster = Cluster::with_lock("db").await;
     let uid = create_pod(&cluster, "web-0").await;
     let env = downward_api("web-0", &uid);
     let claims_path = format!("/apis/turnstile.dev/v1alpha1/namespaces/{NAMESPACE}/lockclaims");
@@ -651,8 +638,7 @@ fn help_never_shows_the_backend_urls_from_the_environment() {
 
 #[tokio::test]
 async fn wait_uses_exactly_the_verbs_the_readme_and_the_example_role_grant() {
-    let cluster = Cluster::start().await;
-    cluster.create_lock("db").await;
+    let cluster = Cluster::with_lock("db").await;
     let uid = create_pod(&cluster, "web-0").await;
     let env = downward_api("web-0", &uid);
     let args = ["web-0-db", "--create", "--lock", "db"];

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use deploy_support::{find, render_with_component, repo, str_at, strings};
+use e2e_support::child::output_with_input;
 use e2e_support::scrape::get;
 use e2e_support::scratch::scratch;
 use e2e_support::Env;
@@ -159,23 +160,11 @@ fn operator_schemas(test: &str) -> Option<(PathBuf, PathBuf)> {
 
 /// `tests/monitoring/operator_schemas.mjs` on `objects`: whether every one passed, and its lines.
 fn validate_against_the_operator(node: &Path, dir: &Path, objects: &[Value]) -> (bool, String) {
-    use std::io::Write;
-    let mut child = Command::new(node)
-        .arg(repo().join("tests/monitoring/operator_schemas.mjs"))
-        .arg(dir)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run node");
+    let mut node = Command::new(node);
+    node.arg(repo().join("tests/monitoring/operator_schemas.mjs"))
+        .arg(dir);
     let input = serde_json::to_vec(objects).expect("objects as JSON");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(&input)
-        .expect("write objects");
-    let output = child.wait_with_output().expect("node finished");
+    let output = output_with_input(&mut node, &input, "node");
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),

@@ -18,7 +18,6 @@ pub mod scrape;
 pub mod scratch;
 pub mod tls_front;
 
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -75,8 +74,7 @@ pub struct Env {
 }
 
 fn real_kubeconfig() -> Option<PathBuf> {
-    std::env::var(REAL_CLUSTER_ENV)
-        .ok()
+    std::env::var_os(REAL_CLUSTER_ENV)
         .filter(|path| !path.is_empty())
         .map(PathBuf::from)
 }
@@ -392,20 +390,8 @@ impl Env {
 
     /// `kubectl apply -f -` with `yaml` on stdin; returns the output.
     pub fn kubectl_apply_output(&self, yaml: &str) -> Output {
-        let mut child = self
-            .kubectl_command(&["apply", "-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn kubectl");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(yaml.as_bytes())
-            .expect("write yaml");
-        child.wait_with_output().expect("kubectl apply")
+        let mut apply = self.kubectl_command(&["apply", "-f", "-"]);
+        child::output_with_input(&mut apply, yaml.as_bytes(), "kubectl apply")
     }
 
     /// `kubectl apply -f -` with `yaml`; panics on failure.
