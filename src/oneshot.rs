@@ -4,6 +4,9 @@
 
 use std::io::{IsTerminal, Write};
 
+use kube::Api;
+use turnstile_api::{DistributedLock, LockClaim};
+
 /// Exit code of a usage error (clap's, and the commands' own argument checks).
 pub const EXIT_USAGE: u8 = 2;
 
@@ -95,6 +98,21 @@ pub async fn client_in_namespace(
         .filter(|namespace| !namespace.is_empty())
         .map_or_else(|| client.default_namespace().to_owned(), str::to_owned);
     Ok((client, namespace))
+}
+
+/// The namespace a one-shot command works in, its DistributedLocks and its LockClaims.
+pub type NamespaceApis = (String, Api<DistributedLock>, Api<LockClaim>);
+
+/// [`client_in_namespace`], with the APIs of that namespace's locks and claims. On failure,
+/// the outcome to end with (`error_exit`, one line naming the cause).
+pub async fn namespace_apis(
+    namespace: Option<&str>,
+    error_exit: u8,
+) -> Result<NamespaceApis, Outcome> {
+    let (client, namespace) = client_in_namespace(namespace, error_exit).await?;
+    let locks = Api::namespaced(client.clone(), &namespace);
+    let claims = Api::namespaced(client, &namespace);
+    Ok((namespace, locks, claims))
 }
 
 #[cfg(test)]

@@ -12,11 +12,11 @@
 
 use std::fmt::Write as _;
 
-use kube::api::{Api, ListParams};
+use kube::api::ListParams;
 use kube::ResourceExt;
 use serde::Serialize;
 
-use crate::oneshot::{client_in_namespace, error_chain, init_logging, Outcome};
+use crate::oneshot::{error_chain, init_logging, namespace_apis, Outcome};
 use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
 use turnstile_controller::core::{queue_order, seconds_of, ClaimView, Seconds};
 
@@ -340,13 +340,11 @@ pub fn render_table(view: &QueueView, wide: bool) -> String {
 /// Runs `turnstile queue` and says how it ended.
 pub async fn queue_command(args: QueueArgs) -> Outcome {
     init_logging();
-    let (client, namespace) =
-        match client_in_namespace(args.namespace.as_deref(), exit_code::ERROR).await {
-            Ok(found) => found,
+    let (namespace, locks, claims) =
+        match namespace_apis(args.namespace.as_deref(), exit_code::ERROR).await {
+            Ok(apis) => apis,
             Err(outcome) => return outcome,
         };
-    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &namespace);
-    let claims: Api<LockClaim> = Api::namespaced(client, &namespace);
     let lock = match locks.get_opt(&args.lock).await {
         Ok(Some(lock)) => lock,
         Ok(None) => {

@@ -16,8 +16,10 @@ use std::time::{Duration, Instant};
 use std::collections::BTreeMap;
 
 use e2e_support::actor::{sent_by, tagged_client};
+use e2e_support::child::{finish_within, spawn_captured};
+use e2e_support::output::{one_line_exit, stderr};
 use e2e_support::roles::{example_role, verbs};
-use e2e_support::{phase_of, Env, WAIT};
+use e2e_support::{phase_of, write_unreachable_kubeconfig, Env, WAIT};
 use kube::api::ListParams;
 use tokio::process::{Child, Command};
 use turnstile_api::{ClaimPhase, LockClaim};
@@ -25,35 +27,24 @@ use turnstile_controller::ControllerConfig;
 
 /// `turnstile lock --lock LOCK ARGS… -- sh -c SCRIPT` in `dir`, against the test's cluster.
 fn spawn_lock(env: &Env, lock: &str, args: &[&str], script: &str, dir: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_turnstile"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
+    command
         .args(["lock", "--lock", lock, "-n", &env.namespace])
         .args(args)
         .args(["--", "sh", "-c", script])
         .current_dir(dir)
         .env("KUBECONFIG", &env.kubeconfig)
         .env_remove("POD_NAMESPACE")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn turnstile lock")
+        .env_remove("RUST_LOG");
+    spawn_captured(&mut command, Stdio::null(), "turnstile lock")
 }
 
 async fn finish(child: Child) -> Output {
-    tokio::time::timeout(WAIT, child.wait_with_output())
-        .await
-        .expect("turnstile lock ends in time")
-        .expect("turnstile lock output")
+    finish_within(WAIT, child, "turnstile lock").await
 }
 
 fn code(output: &Output) -> i32 {
     output.status.code().unwrap_or(-1)
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
 fn read(dir: &Path, file: &str) -> String {
@@ -105,10 +96,15 @@ async fn until_claims(env: &Env, lock: &str, count: usize) -> Vec<LockClaim> {
 
 /// The fake API server, the controller, and the DistributedLock `db`.
 async fn env_with_lock() -> Env {
-    let mut env = Env::new().await;
-    env.start_default_controller();
+    let env = Env::started().await;
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env
+}
+
+/// [`env_with_lock`], and a scratch directory for the command to run in.
+async fn env_with_lock_and_dir() -> (Env, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("dir");
+    (env_with_lock().await, dir)
 }
 
 const RECORD: &str =
@@ -116,8 +112,7 @@ const RECORD: &str =
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_under_a_claim_of_its_own_and_a_second_run_waits_for_the_first() {
-    let mut env = env_with_lock().await;
-    let dir = tempfile::tempdir().expect("dir");
+    let (mut env, dir) = env_with_lock_and_dir().await;
 
     // The first run holds until `go` exists; the second waits behind it.
     let first = spawn_lock(
@@ -164,8 +159,7 @@ async fn runs_under_a_claim_of_its_own_and_a_second_run_waits_for_the_first() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lease_is_renewed_while_the_command_runs() {
-    let mut env = env_with_lock().await;
-    let dir = tempfile::tempdir().expect("dir");
+    let (mut env, dir) = env_with_lock_and_dir().await;
     // A 3 s lease and a command of 8 s: only renewals keep the grant.
     let run = spawn_lock(
         &env,
@@ -186,8 +180,7 @@ async fn the_lease_is_renewed_while_the_command_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_lost_while_the_command_runs_stops_it_with_76() {
-    let mut env = env_with_lock().await;
-    let dir = tempfile::tempdir().expect("dir");
+    let (mut env, dir) = env_with_lock_and_dir().await;
     let run = spawn_lock(
         &env,
         "db",
@@ -211,8 +204,7 @@ async fn a_claim_lost_while_the_command_runs_stops_it_with_76() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn giving_up_leaves_no_claim_behind() {
     let mut env = env_with_lock().await;
-    env.apply_claim("holder", "db", "");
-    env.wait_phase("holder", ClaimPhase::Held).await;
+    env.hold("holder", "db", "").await;
     let dir = tempfile::tempdir().expect("dir");
 
     let timed_out = finish(spawn_lock(
@@ -306,15 +298,7 @@ fn an_unreachable_api_server_exits_69_with_one_line() {
     let port = test_servers::free_port().expect("free port");
     let dir = tempfile::tempdir().expect("dir");
     let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: gone\n  cluster:\n    server: http://127.0.0.1:{port}\n\
-             contexts:\n- name: gone\n  context:\n    cluster: gone\n    user: nobody\n    namespace: default\n\
-             current-context: gone\nusers:\n- name: nobody\n  user: {{}}\n"
-        ),
-    )
-    .expect("write kubeconfig");
+    write_unreachable_kubeconfig(&kubeconfig, port, "default");
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
         .args(["lock", "--lock", "db", "--", "sh", "-c", "touch ran"])
         .current_dir(dir.path())
@@ -323,17 +307,13 @@ fn an_unreachable_api_server_exits_69_with_one_line() {
         .stdin(Stdio::null())
         .output()
         .expect("run turnstile lock");
-    let line = stderr(&output);
-    assert_eq!(code(&output), 69, "{line}");
-    assert_eq!(line.lines().count(), 1, "one line, got {line:?}");
-    assert!(line.starts_with("turnstile: "), "{line:?}");
+    one_line_exit(&output, 69, "turnstile lock");
     assert!(!dir.path().join("ran").exists(), "the command ran");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_turnstile_frees_the_lock_once_its_ttl_runs_out() {
-    let mut env = env_with_lock().await;
-    let dir = tempfile::tempdir().expect("dir");
+    let (mut env, dir) = env_with_lock_and_dir().await;
     let ttl = Duration::from_secs(3);
     // The command records its shell's PID, so the test can end it after killing turnstile.
     let mut first = spawn_lock(
@@ -379,8 +359,7 @@ async fn a_killed_turnstile_frees_the_lock_once_its_ttl_runs_out() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewals_refused_for_a_whole_ttl_stop_the_command_with_76() {
-    let mut env = env_with_lock().await;
-    let dir = tempfile::tempdir().expect("dir");
+    let (mut env, dir) = env_with_lock_and_dir().await;
     let run = spawn_lock(
         &env,
         "db",

@@ -5,6 +5,13 @@
 //! `redis+sentinel://` URL (with and without `?min_replica_acks=1`), `rediss+sentinel://` with
 //! mutual TLS, and the controller's Redis settings (`Backends`) over TLS.
 
+#[path = "e2e_support/child.rs"]
+mod child;
+#[path = "e2e_support/launch.rs"]
+mod launch;
+#[path = "e2e_support/output.rs"]
+mod output;
+
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
@@ -14,15 +21,20 @@ use turnstile_api::BackendKind;
 use turnstile_controller::backends::{Backends, RedisTlsFiles};
 use turnstile_lock::Locker;
 
+use child::{finish_within, spawn_captured};
+use launch::launch;
+use output::{stderr, stdout};
+
 /// Upper bound on anything that should finish in a few seconds, even on a loaded box.
 const PATIENCE: Duration = Duration::from_secs(60);
 const BACKEND_UNAVAILABLE: i32 = 69;
 
 async fn start(options: RedisOptions) -> RedisServer {
-    tokio::task::spawn_blocking(move || RedisServer::start_with(&options))
-        .await
-        .expect("launcher thread")
-        .expect("redis-server starts")
+    launch(
+        move || RedisServer::start_with(&options),
+        "redis-server starts",
+    )
+    .await
 }
 
 /// `turnstile lock --backend URL KEY -- sh -c SCRIPT` with exactly the `TURNSTILE_REDIS_*`
@@ -36,26 +48,19 @@ async fn lock(url: &str, key: &str, env: &[(&str, &std::path::Path)], script: &s
         .env_remove("TURNSTILE_BACKEND_URL")
         .env_remove("TURNSTILE_REDIS_CA_FILE")
         .env_remove("TURNSTILE_REDIS_CLIENT_CERT")
-        .env_remove("TURNSTILE_REDIS_CLIENT_KEY")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+        .env_remove("TURNSTILE_REDIS_CLIENT_KEY");
     for (name, value) in env {
         command.env(name, value);
     }
-    tokio::time::timeout(PATIENCE, command.output())
-        .await
-        .expect("turnstile lock finishes")
-        .expect("run turnstile")
+    let child = spawn_captured(&mut command, Stdio::null(), "turnstile lock");
+    finish_within(PATIENCE, child, "turnstile lock").await
 }
 
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
+/// `turnstile lock` could not reach or use the backend: exit 69. Its stderr.
+fn unavailable(output: &Output) -> String {
+    let message = stderr(output);
+    assert_eq!(output.status.code(), Some(BACKEND_UNAVAILABLE), "{message}");
+    message
 }
 
 fn mtls_env(files: &TlsFiles) -> Vec<(&'static str, &std::path::Path)> {
@@ -98,14 +103,8 @@ async fn a_rejected_server_certificate_is_reported_and_exits_69() {
         "echo ran",
     )
     .await;
-    assert_eq!(
-        output.status.code(),
-        Some(BACKEND_UNAVAILABLE),
-        "{}",
-        stderr(&output)
-    );
+    let message = unavailable(&output);
     assert!(!stdout(&output).contains("ran"));
-    let message = stderr(&output);
     assert!(
         message.contains("TLS certificate was rejected") && message.contains("UnknownIssuer"),
         "{message}"
@@ -119,12 +118,8 @@ async fn a_rejected_server_certificate_is_reported_and_exits_69() {
         "echo ran",
     )
     .await;
-    assert_eq!(output.status.code(), Some(BACKEND_UNAVAILABLE));
-    assert!(
-        stderr(&output).contains("TURNSTILE_REDIS_CLIENT_KEY"),
-        "{}",
-        stderr(&output)
-    );
+    let message = unavailable(&output);
+    assert!(message.contains("TURNSTILE_REDIS_CLIENT_KEY"), "{message}");
 }
 
 #[tokio::test]
@@ -160,8 +155,7 @@ async fn lock_as_an_acl_user_and_a_wrong_password_is_reported() {
         "echo ran",
     )
     .await;
-    assert_eq!(output.status.code(), Some(BACKEND_UNAVAILABLE));
-    let message = stderr(&output);
+    let message = unavailable(&output);
     assert!(message.contains("refused the credentials"), "{message}");
     assert!(!message.contains("not-it"), "password leaked: {message}");
 }
@@ -214,10 +208,7 @@ fn anyhow_chain(error: &(dyn std::error::Error + 'static)) -> String {
 
 #[tokio::test]
 async fn lock_on_a_redis_cluster_url() {
-    let cluster = tokio::task::spawn_blocking(test_servers::RedisCluster::start)
-        .await
-        .expect("launcher thread")
-        .expect("Redis Cluster starts");
+    let cluster = launch(test_servers::RedisCluster::start, "Redis Cluster starts").await;
     let mut tokens = Vec::new();
     // Keys on different slots: each is served by the primary that owns it.
     for key in ["cluster-a", "cluster-b", "cluster-a"] {
@@ -230,10 +221,11 @@ async fn lock_on_a_redis_cluster_url() {
 
 #[tokio::test]
 async fn lock_on_a_redis_sentinel_url_with_and_without_replica_acks() {
-    let setup = tokio::task::spawn_blocking(test_servers::RedisSentinel::start)
-        .await
-        .expect("launcher thread")
-        .expect("Redis Sentinel setup starts");
+    let setup = launch(
+        test_servers::RedisSentinel::start,
+        "Redis Sentinel setup starts",
+    )
+    .await;
     let acked = format!(
         "{}?min_replica_acks=1&replica_ack_timeout_ms=500",
         setup.url()
@@ -253,38 +245,28 @@ async fn lock_on_a_redis_sentinel_url_with_and_without_replica_acks() {
     assert!(fence.ends_with("2\r\n"), "{fence:?}");
 
     let wrong = setup.url().replace("/turnstile", "/nosuchmaster");
-    let output = lock(&wrong, "sentinel-job", &[], "true").await;
-    assert_eq!(
-        output.status.code(),
-        Some(BACKEND_UNAVAILABLE),
-        "{}",
-        stderr(&output)
-    );
+    unavailable(&lock(&wrong, "sentinel-job", &[], "true").await);
 
     // The replica cut off (its reconnects fail: a wrong masterauth): no replica acknowledges
     // the grant, so `turnstile lock` exits 69 and the command does not run.
     setup.cut_off_replica(master).expect("cut the replica off");
     let output = lock(&acked, "sentinel-cut", &[], "echo ran").await;
-    assert_eq!(
-        output.status.code(),
-        Some(BACKEND_UNAVAILABLE),
-        "{}",
-        stderr(&output)
-    );
+    let message = unavailable(&output);
     assert_eq!(
         stdout(&output),
         "",
         "the command must not run on an unacknowledged grant"
     );
-    assert!(stderr(&output).contains("replica"), "{}", stderr(&output));
+    assert!(message.contains("replica"), "{message}");
 }
 
 #[tokio::test]
 async fn lock_on_a_rediss_sentinel_url_over_mutual_tls() {
-    let setup = tokio::task::spawn_blocking(test_servers::RedisSentinel::start_tls)
-        .await
-        .expect("launcher thread")
-        .expect("TLS Redis Sentinel setup starts");
+    let setup = launch(
+        test_servers::RedisSentinel::start_tls,
+        "TLS Redis Sentinel setup starts",
+    )
+    .await;
     let files = setup.tls_files().expect("certificates").clone();
     let output = lock(
         setup.url(),
@@ -299,10 +281,11 @@ async fn lock_on_a_rediss_sentinel_url_over_mutual_tls() {
 
 #[tokio::test]
 async fn lock_on_a_rediss_cluster_url_over_mutual_tls() {
-    let cluster = tokio::task::spawn_blocking(test_servers::RedisCluster::start_tls)
-        .await
-        .expect("launcher thread")
-        .expect("TLS Redis Cluster starts");
+    let cluster = launch(
+        test_servers::RedisCluster::start_tls,
+        "TLS Redis Cluster starts",
+    )
+    .await;
     let files = cluster.tls_files().expect("certificates").clone();
     let env = mtls_env(&files);
     let mut tokens = Vec::new();

@@ -18,9 +18,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use e2e_support::output::text;
+use e2e_support::output::{one_line_exit, text};
 use e2e_support::pods::create_pod;
 use e2e_support::{position_of, Env};
+use kube::ResourceExt;
 use serde_json::Value;
 use turnstile_api::{ClaimPhase, LockClaim};
 
@@ -98,17 +99,14 @@ fn json_order(out: &str) -> (Vec<String>, Vec<String>, Value) {
 /// `(creationTimestamp, name)` of a claim: the order the controller grants in.
 fn created(claim: &LockClaim) -> (i64, String) {
     let seconds = claim
-        .metadata
-        .creation_timestamp
-        .as_ref()
+        .creation_timestamp()
         .map_or(0, |time| time.0.as_second());
-    (seconds, claim.metadata.name.clone().unwrap_or_default())
+    (seconds, claim.name_any())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_shows_holders_and_waiters_in_grant_order() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
+    let mut env = Env::started().await;
     env.apply_lock("pool", "maxHolders: 2\nleaseDurationSeconds: 300");
 
     // Two holders: one owned by a Pod, one with its own holder identity.
@@ -119,8 +117,8 @@ async fn queue_shows_holders_and_waiters_in_grant_order() {
          controller: true\nspec:\n  lockName: pool\n"
     ));
     env.wait_phase("h-pod", ClaimPhase::Held).await;
-    env.apply_claim("h-named", "pool", "holderIdentity: worker-7");
-    env.wait_phase("h-named", ClaimPhase::Held).await;
+    env.hold("h-named", "pool", "holderIdentity: worker-7")
+        .await;
 
     // Four waiters. zulu is created a second before bravo and alpha, so it comes before
     // them though its name sorts last; urgent, created last, has a higher priority and comes
@@ -421,10 +419,7 @@ async fn a_refused_read_exits_1_with_one_line() {
         &["queue", "db", "-n", &env.namespace],
         None,
     );
-    assert_eq!(output.status.code(), Some(1), "{}", text(&output));
-    let said = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert_eq!(said.lines().count(), 1, "one line: {said:?}");
-    assert!(said.starts_with("turnstile: "), "{said:?}");
+    let said = one_line_exit(&output, 1, &text(&output));
     assert!(said.contains("forbidden"), "the refusal is named: {said:?}");
     assert!(output.stdout.is_empty(), "{}", text(&output));
     assert!(

@@ -17,14 +17,15 @@ mod e2e_support;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use e2e_support::child::spawn_captured;
+use e2e_support::launch::{blocking, launch};
 use e2e_support::scrape::get;
 use e2e_support::{namespace_with_a_claim, phase_of, token_of, Env, WAIT};
 use serde_json::json;
 use test_servers::{MongoServer, RedisOptions, RedisSentinel, RedisServer, TlsClientAuth};
 use tokio::process::{Child, Command};
 use turnstile_api::ClaimPhase;
-use turnstile_lock::backend::{MongoBackend, MongoBackendConfig};
-use turnstile_lock::Backend;
+use turnstile_lock::backend::MongoBackendConfig;
 
 const DATABASE: &str = "turnstile_env_test";
 const COLLECTION: &str = "env_test_locks";
@@ -74,20 +75,13 @@ fn spawn_run_with(env: &Env, args: &[&str], vars: &[(&str, &str)]) -> Child {
         .args(args)
         .envs(vars.iter().copied())
         .env("KUBECONFIG", &env.kubeconfig)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn turnstile run")
+        .env("RUST_LOG", "info");
+    spawn_captured(&mut command, Stdio::null(), "turnstile run")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_takes_its_backends_from_the_environment() {
-    let mongo = tokio::task::spawn_blocking(MongoServer::shared_or_skip)
-        .await
-        .expect("launcher thread");
+    let mongo = blocking(MongoServer::shared_or_skip).await;
     let redis = RedisServer::start().expect("start redis-server");
     let env = Env::new().await;
     let mut vars = vec![("TURNSTILE_REDIS_URL", redis.url().to_owned())];
@@ -101,8 +95,7 @@ async fn run_takes_its_backends_from_the_environment() {
     let controller = spawn_run(&env, &borrowed, metrics);
 
     env.apply_lock("on-redis", "backend: redis\nleaseDurationSeconds: 300");
-    env.apply_claim("r", "on-redis", "");
-    let held = env.wait_phase("r", ClaimPhase::Held).await;
+    let held = env.hold("r", "on-redis", "").await;
     assert_eq!(token_of(&held), Some(1));
     let key = format!("turnstile:{{{}/on-redis}}:holders", env.namespace);
     let deadline = Instant::now() + WAIT;
@@ -121,20 +114,13 @@ async fn run_takes_its_backends_from_the_environment() {
 
     if let Some(mongo) = &mongo {
         env.apply_lock("on-mongo", "backend: mongo\nleaseDurationSeconds: 300");
-        env.apply_claim("m", "on-mongo", "");
-        env.wait_phase("m", ClaimPhase::Held).await;
+        env.hold("m", "on-mongo", "").await;
         // In the database and collection TURNSTILE_MONGO_DATABASE and _COLLECTION name, not
         // the default ones.
         let names = MongoBackendConfig::new()
             .database(DATABASE)
             .collection(COLLECTION);
-        let reader = MongoBackend::connect(mongo.uri(), names)
-            .await
-            .expect("connect to MongoDB");
-        let snapshot = reader
-            .snapshot(&format!("{}/on-mongo", env.namespace))
-            .await
-            .expect("snapshot");
+        let snapshot = env.mongo_snapshot(mongo.uri(), names, "on-mongo").await;
         assert_eq!(snapshot.holders.len(), 1, "{snapshot:?}");
     }
 
@@ -192,18 +178,11 @@ async fn namespace_scopes_the_watch_and_without_it_every_namespace_is_served() {
     let held = env.wait_phase("mine", ClaimPhase::Held).await;
     assert_eq!(token_of(&held), Some(1));
     // A claim in the watched namespace that does not decode: skipped and named in one line.
-    env.server().store_unvalidated(
-        "turnstile.dev",
-        "lockclaims",
-        &env.namespace,
-        json!({
-            "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
-            "metadata": {
-                "name": "bad", "namespace": env.namespace, "uid": "bad-claim-uid",
-                "creationTimestamp": "2026-01-01T00:00:00Z", "generation": 1
-            },
-            "spec": {"lockName": "db", "release": "yes please"}
-        }),
+    env.store_unvalidated_claim(
+        "bad",
+        "bad-claim-uid",
+        json!({}),
+        json!({"lockName": "db", "release": "yes please"}),
     );
     // Long enough for a watch event and a pass: the scoped controller never touches `other`.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -250,12 +229,12 @@ async fn namespace_scopes_the_watch_and_without_it_every_namespace_is_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_takes_the_redis_tls_files_from_the_environment() {
-    let redis = tokio::task::spawn_blocking(|| {
-        RedisServer::start_with(&RedisOptions::new().tls(TlsClientAuth::Required))
-    })
-    .await
-    .expect("launcher thread")
-    .expect("redis-server with TLS");
+    let options = RedisOptions::new().tls(TlsClientAuth::Required);
+    let redis = launch(
+        move || RedisServer::start_with(&options),
+        "redis-server with TLS",
+    )
+    .await;
     let files = redis.tls_files().expect("certificates").clone();
     assert!(redis.url().starts_with("rediss://"), "{}", redis.url());
     let env = Env::new().await;
@@ -301,8 +280,7 @@ async fn run_takes_the_redis_tls_files_from_the_environment() {
             ("TURNSTILE_REDIS_CLIENT_KEY", &key),
         ],
     );
-    env.apply_claim("c", "db", "");
-    let held = env.wait_phase("c", ClaimPhase::Held).await;
+    let held = env.hold("c", "db", "").await;
     assert_eq!(token_of(&held), Some(1));
     env.wait_ready("db", "True").await;
     stop(trusting).await;
@@ -310,10 +288,7 @@ async fn run_takes_the_redis_tls_files_from_the_environment() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_sentinel_grants_wait_for_the_replica_acks_the_environment_asks_for() {
-    let sentinel = tokio::task::spawn_blocking(RedisSentinel::start)
-        .await
-        .expect("launcher thread")
-        .expect("Redis Sentinel starts");
+    let sentinel = launch(RedisSentinel::start, "Redis Sentinel starts").await;
     let env = Env::new().await;
     env.apply_lock("db", "backend: redis\nleaseDurationSeconds: 300");
     let controller = spawn_run_with(
@@ -365,10 +340,7 @@ async fn on_sentinel_grants_wait_for_the_replica_acks_the_environment_asks_for()
 async fn serves_mongo_locks_from_a_mongodb_srv_url() {
     use e2e_support::dns::MongoSrv;
 
-    let Some(mongo) = tokio::task::spawn_blocking(MongoServer::shared_or_skip)
-        .await
-        .expect("launcher thread")
-    else {
+    let Some(mongo) = blocking(MongoServer::shared_or_skip).await else {
         return;
     };
     let Some(srv) = MongoSrv::serve(mongo.uri(), "serves_mongo_locks_from_a_mongodb_srv_url").await

@@ -18,9 +18,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use e2e_support::namespace_with_a_claim;
+use e2e_support::child::{finish_within, spawn_captured};
+use e2e_support::output::{one_line_exit, stderr, stdout};
 use e2e_support::roles::{example_role, verbs};
 use e2e_support::tls_front::tls_front;
+use e2e_support::{namespace_with_a_claim, write_unreachable_kubeconfig};
 use fake_apiserver::FakeApiServer;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -60,6 +62,13 @@ impl Cluster {
             kubeconfig,
             _dir: dir,
         }
+    }
+
+    /// [`Cluster::start`], with the DistributedLock `lock`.
+    async fn with_lock(lock: &str) -> Self {
+        let cluster = Cluster::start().await;
+        cluster.create_lock(lock).await;
+        cluster
     }
 
     fn claims(&self) -> Api<LockClaim> {
@@ -108,20 +117,16 @@ impl Cluster {
 
     /// `turnstile wait ARGS…` with only `KUBECONFIG` (and `extra_env`) set for it.
     fn spawn_wait(&self, args: &[&str], extra_env: &[(&str, &str)]) -> Child {
-        Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
+        command
             .arg("wait")
             .args(args)
             .env("KUBECONFIG", &self.kubeconfig)
             .env_remove("POD_NAME")
             .env_remove("POD_NAMESPACE")
             .env_remove("POD_UID")
-            .envs(extra_env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn turnstile wait")
+            .envs(extra_env.iter().copied());
+        spawn_captured(&mut command, Stdio::null(), "turnstile wait")
     }
 
     /// Spawns `turnstile wait` on the claim `args[0]` and returns once it is watching it.
@@ -155,22 +160,11 @@ impl Cluster {
 }
 
 async fn finish(child: Child) -> Output {
-    tokio::time::timeout(PATIENCE, child.wait_with_output())
-        .await
-        .expect("turnstile wait finished in time")
-        .expect("turnstile output")
+    finish_within(PATIENCE, child, "turnstile wait").await
 }
 
 fn code(output: &Output) -> i32 {
     output.status.code().expect("exited normally")
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
 /// Exited `expected` (non-zero) with exactly one stderr line starting `turnstile: `, as the
@@ -196,8 +190,7 @@ fn held(token: i64) -> Value {
 
 #[tokio::test]
 async fn prints_the_token_once_the_claim_is_held() {
-    let cluster = Cluster::start().await;
-    cluster.create_lock("db").await;
+    let cluster = Cluster::with_lock("db").await;
     cluster.create_claim("job-a", "db").await;
     let waiting = cluster
         .waiting(&["job-a"], &[("POD_NAMESPACE", NAMESPACE)])
@@ -213,8 +206,7 @@ async fn prints_the_token_once_the_claim_is_held() {
 
 #[tokio::test]
 async fn terminal_phases_exit_with_their_codes_and_reasons() {
-    let cluster = Cluster::start().await;
-    cluster.create_lock("db").await;
+    let cluster = Cluster::with_lock("db").await;
     let cases = [
         (
             "failed",
@@ -264,13 +256,11 @@ async fn terminal_phases_exit_with_their_codes_and_reasons() {
 
 #[tokio::test]
 async fn timeout_exits_75_and_says_where_the_claim_stands() {
-    let cluster = Cluster::start().await;
-    cluster.create_lock("db").await;
+    let cluster = Cluster::with_lock("db").await;
     cluster.create_claim("slow", "db").await;
     cluster.set_status("slow", pending(3)).await;
     let output = finish(cluster.spawn_wait(&["slow", "--timeout", "1s"], &[])).await;
-    one_line_failure(&output, 75);
-    let line = stderr(&output);
+    let line = one_line_failure(&output, 75);
     assert!(line.contains("timed out after 1s"), "{line}");
     assert!(
         line.contains("Pending, position 3 (Queued: position 3 in the queue)"),
@@ -298,11 +288,10 @@ async fn a_missing_lock_exits_6() {
     // --create checks the lock first and leaves nothing behind.
     let output =
         finish(cluster.spawn_wait(&["web-0-db", "--create", "--lock", "nope"], &pod_env)).await;
-    one_line_failure(&output, 6);
+    let line = one_line_failure(&output, 6);
     assert!(
-        stderr(&output).contains("DistributedLock nope does not exist"),
-        "{}",
-        stderr(&output)
+        line.contains("DistributedLock nope does not exist"),
+        "{line}"
     );
     assert!(cluster
         .claims()
@@ -338,8 +327,7 @@ async fn a_missing_lock_exits_6() {
 
 #[tokio::test]
 async fn a_stale_lock_not_found_status_keeps_waiting_while_the_lock_exists() {
-    let cluster = Cluster::start().await;
-    cluster.create_lock("db").await;
+    let cluster = Cluster::with_lock("db").await;
     cluster.create_claim("early", "db").await;
     let waiting = cluster.waiting(&["early"], &[]).await;
     // Written before the lock existed, say; the lock exists now.
@@ -358,8 +346,7 @@ async fn a_stale_lock_not_found_status_keeps_waiting_while_the_lock_exists() {
 
 #[tokio::test]
 async fn a_missing_or_deleted_claim_exits_7() {
-    let cluster = Cluster::start().await;
-    cluster.create_lock("db").await;
+    let cluster = Cluster::with_lock("db").await;
     let output = finish(cluster.spawn_wait(&["never-made"], &[])).await;
     one_line_failure(&output, 7);
     assert!(stderr(&output).contains("LockClaim never-made in namespace default does not exist"));
@@ -372,12 +359,8 @@ async fn a_missing_or_deleted_claim_exits_7() {
         .await
         .unwrap();
     let output = finish(waiting).await;
-    one_line_failure(&output, 7);
-    assert!(
-        stderr(&output).contains("was deleted"),
-        "{}",
-        stderr(&output)
-    );
+    let line = one_line_failure(&output, 7);
+    assert!(line.contains("was deleted"), "{line}");
 }
 
 async fn create_pod(cluster: &Cluster, name: &str) -> String {
@@ -406,8 +389,7 @@ fn read_token(path: &Path) -> String {
 
 #[tokio::test]
 async fn create_makes_the_claim_owned_by_the_pod_and_adopts_it_on_restart() {
-    let cluster = Cluster::start().await;
-    cluster.create_lock("db").await;
+    let cluster = Cluster::with_lock("db").await;
     let uid = create_pod(&cluster, "web-0").await;
     let env = downward_api("web-0", &uid);
     let token_dir = tempfile::tempdir().unwrap();
@@ -463,20 +445,15 @@ async fn create_makes_the_claim_owned_by_the_pod_and_adopts_it_on_restart() {
     let other_env = downward_api("web-1", &other_uid);
     let stolen =
         finish(cluster.spawn_wait(&["web-0-db", "--create", "--lock", "db"], &other_env)).await;
-    one_line_failure(&stolen, 8);
-    assert!(
-        stderr(&stolen).contains("belongs to Pod web-0"),
-        "{}",
-        stderr(&stolen)
-    );
+    let line = one_line_failure(&stolen, 8);
+    assert!(line.contains("belongs to Pod web-0"), "{line}");
     assert_eq!(stdout(&stolen), "");
 
     // The same Pod asking for another lock under this claim's name: refused too.
     cluster.create_lock("other").await;
     let other_lock =
         finish(cluster.spawn_wait(&["web-0-db", "--create", "--lock", "other"], &env)).await;
-    one_line_failure(&other_lock, 8);
-    let line = stderr(&other_lock);
+    let line = one_line_failure(&other_lock, 8);
     assert!(
         line.starts_with("turnstile: ") && line.contains("already exists for lock \"db\""),
         "{line}"
@@ -511,8 +488,7 @@ fn lock_and_queue_help_end_with_their_exit_codes() {
 
 #[tokio::test]
 async fn create_without_the_downward_api_variables_is_a_usage_error() {
-    let cluster = Cluster::start().await;
-    cluster.create_lock("db").await;
+    let cluster = Cluster::with_lock("db").await;
     let output = finish(cluster.spawn_wait(&["c", "--create", "--lock", "db"], &[])).await;
     assert_eq!(code(&output), 2, "{}", stderr(&output));
     assert!(
@@ -551,11 +527,8 @@ fn usage_errors_are_one_turnstile_line_and_exit_2() {
     ];
     for (args, names) in cases {
         let output = wait_without_a_server(args);
-        let line = stderr(&output);
-        assert_eq!(code(&output), 2, "{args:?}: {line}");
+        let line = one_line_exit(&output, 2, &format!("{args:?}"));
         assert_eq!(stdout(&output), "", "{args:?}");
-        assert_eq!(line.lines().count(), 1, "{args:?}: one line, got {line:?}");
-        assert!(line.starts_with("turnstile: "), "{args:?}: {line:?}");
         assert!(line.contains(names), "{args:?} names {names}: {line:?}");
     }
 }
@@ -573,8 +546,7 @@ fn help_is_still_clap_help() {
 
 #[tokio::test]
 async fn pod_flags_override_the_downward_api_variables() {
-    let cluster = Cluster::start().await;
-    cluster.create_lock("db").await;
+    let cluster = Cluster::with_lock("db").await;
     let uid = create_pod(&cluster, "web-2").await;
     // The env names another Pod; the flags win.
     let env = [
@@ -611,15 +583,7 @@ fn an_unreachable_api_server_exits_1_with_one_line_from_wait_and_queue() {
     let port = test_servers::free_port().expect("free port");
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: gone\n  cluster:\n    server: http://127.0.0.1:{port}\n\
-             contexts:\n- name: gone\n  context:\n    cluster: gone\n    user: nobody\n    namespace: {NAMESPACE}\n\
-             current-context: gone\nusers:\n- name: nobody\n  user: {{}}\n"
-        ),
-    )
-    .unwrap();
+    write_unreachable_kubeconfig(&kubeconfig, port, NAMESPACE);
     // `turnstile queue` reads the API the same way and ends the same way.
     for args in [&["wait", "c", "--timeout", "60s"][..], &["queue", "db"][..]] {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
@@ -629,19 +593,15 @@ fn an_unreachable_api_server_exits_1_with_one_line_from_wait_and_queue() {
             .stdin(Stdio::null())
             .output()
             .expect("run turnstile");
-        let line = stderr(&output);
-        assert_eq!(code(&output), 1, "{args:?}: {line}");
+        one_line_exit(&output, 1, &format!("{args:?}"));
         assert_eq!(stdout(&output), "", "{args:?}");
-        assert_eq!(line.lines().count(), 1, "{args:?}: one line, got {line:?}");
-        assert!(line.starts_with("turnstile: "), "{args:?}: {line:?}");
     }
 }
 
 #[tokio::test]
 async fn a_refused_request_exits_1_with_one_line() {
     // As RBAC would refuse `create` on lockclaims: the Pod's Role lacks the verb.
-    let cluster = Cluster::start().await;
-    cluster.create_lock("db").await;
+    let cluster = Cluster::with_lock("db").await;
     let uid = create_pod(&cluster, "web-0").await;
     let env = downward_api("web-0", &uid);
     let claims_path = format!("/apis/turnstile.dev/v1alpha1/namespaces/{NAMESPACE}/lockclaims");
@@ -678,8 +638,7 @@ fn help_never_shows_the_backend_urls_from_the_environment() {
 
 #[tokio::test]
 async fn wait_uses_exactly_the_verbs_the_readme_and_the_example_role_grant() {
-    let cluster = Cluster::start().await;
-    cluster.create_lock("db").await;
+    let cluster = Cluster::with_lock("db").await;
     let uid = create_pod(&cluster, "web-0").await;
     let env = downward_api("web-0", &uid);
     let args = ["web-0-db", "--create", "--lock", "db"];

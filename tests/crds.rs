@@ -4,11 +4,16 @@
 //! After changing `src/api`, regenerate the files with
 //! `TURNSTILE_BLESS_CRDS=1 cargo test -p turnstile --test crds`.
 
+#[path = "e2e_support/json.rs"]
+mod json;
+
 use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::Value;
 use turnstile_api::{crd_yaml, crds};
+
+use json::strings_of;
 
 fn committed_path(crd_name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -208,14 +213,8 @@ fn claim_spec_bounds_and_required_lock_name() {
     let spec = spec_properties("lockclaims");
     // Exactly one of lockName and lockNames: a CEL rule, as the schema cannot say "one of".
     assert!(spec.get("required").is_none(), "{spec:#}");
-    let rules: Vec<&str> = spec["x-kubernetes-validations"]
-        .as_array()
-        .expect("spec rules")
-        .iter()
-        .filter_map(|rule| rule["rule"].as_str())
-        .collect();
     assert_eq!(
-        rules,
+        strings_of(&spec["x-kubernetes-validations"], "rule"),
         [
             "has(self.lockName) != has(self.lockNames)",
             "has(self.lockNames) == has(oldSelf.lockNames)"

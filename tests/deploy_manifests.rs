@@ -6,6 +6,8 @@
 //! its directory); `TURNSTILE_BLESS_CRDS=1` refreshes them, as it refreshes `crds/`.
 
 mod deploy_support;
+#[path = "e2e_support/scratch.rs"]
+mod scratch;
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -14,6 +16,7 @@ use deploy_support::{
     file_names, find, grants, kind_of, kustomize, name_of, relative, render_base,
     render_with_component, repo, str_at, strings, Grant,
 };
+use scratch::scratch;
 use serde_json::Value;
 use turnstile_controller::leader::{DEFAULT_LEASE_NAME, POD_NAMESPACE_ENV, POD_NAME_ENV};
 
@@ -691,10 +694,7 @@ fn the_component_redis_keeps_no_data_and_a_url_change_rolls_the_controller() {
 /// overlay: what a user who edits the component's URL renders.
 fn objects_with_redis_url(url: &str) -> Vec<Value> {
     const URL: &str = "url=redis://turnstile-redis.turnstile-system.svc:6379";
-    let overlay = tempfile::Builder::new()
-        .prefix("deploy-overlay-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .expect("temporary overlay directory");
+    let overlay = scratch("deploy-overlay-");
     let root = overlay.path().canonicalize().expect("overlay path");
     let component = repo().join("deploy").join("components").join("redis");
     let copy = root.join("redis");

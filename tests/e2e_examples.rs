@@ -38,8 +38,9 @@ use std::time::{Duration, Instant};
 
 use e2e_support::actor::tagged_client;
 use e2e_support::jobs::{finish_job, is_suspended, jobs, wait_job};
+use e2e_support::json::strings_of;
 use e2e_support::pods::{pods, set_pod_phase};
-use e2e_support::{phase_of, position_of, token_of, Env, WAIT};
+use e2e_support::{lock_tokens, phase_of, position_of, token_of, Env, WAIT};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -209,10 +210,10 @@ async fn still_waiting(child: &mut tokio::process::Child, for_how_long: Duration
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_claims_example_queues_three_claims() {
-    let Some(mut env) = Env::fake_only("the_claims_example_queues_three_claims").await else {
+    let Some(mut env) = Env::fake_only_started("the_claims_example_queues_three_claims").await
+    else {
         return;
     };
-    env.start_default_controller();
     let scratch = Scratch::new(&env);
     scratch.apply(&env, &documents(&example("lock.yaml"))).await;
     scratch
@@ -231,33 +232,25 @@ async fn the_claims_example_queues_three_claims() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_multi_lock_example_grants_both_locks_to_one_claim_at_a_time() {
     let Some(mut env) =
-        Env::fake_only("the_multi_lock_example_grants_both_locks_to_one_claim_at_a_time").await
+        Env::fake_only_started("the_multi_lock_example_grants_both_locks_to_one_claim_at_a_time")
+            .await
     else {
         return;
     };
-    env.start_default_controller();
     let scratch = Scratch::new(&env);
     scratch
         .apply(&env, &documents(&example("multi-lock.yaml")))
         .await;
     let first = env.wait_phase("move-tenant-42", ClaimPhase::Held).await;
-    let locks = |claim: &LockClaim| -> Vec<(String, i64)> {
-        claim
-            .status
-            .iter()
-            .flat_map(|status| &status.locks)
-            .map(|entry| (entry.lock_name.clone(), entry.fencing_token))
-            .collect()
-    };
     assert_eq!(
-        locks(&first),
+        lock_tokens(&first),
         [("billing-db".to_owned(), 1), ("tenants-db".to_owned(), 1)]
     );
     // The other claim waits, holding nothing (its status may come a pass later).
     let second = env
         .wait_phase("rebill-tenant-42", ClaimPhase::Pending)
         .await;
-    assert!(locks(&second).is_empty(), "{second:?}");
+    assert!(lock_tokens(&second).is_empty(), "{second:?}");
     assert_eq!(
         phase_of(&env.claim("move-tenant-42").await),
         Some(ClaimPhase::Held)
@@ -266,7 +259,7 @@ async fn the_multi_lock_example_grants_both_locks_to_one_claim_at_a_time() {
         .await;
     let second = env.wait_phase("rebill-tenant-42", ClaimPhase::Held).await;
     assert_eq!(
-        locks(&second),
+        lock_tokens(&second),
         [("billing-db".to_owned(), 2), ("tenants-db".to_owned(), 2)]
     );
     env.stop_controller().await;
@@ -274,12 +267,13 @@ async fn the_multi_lock_example_grants_both_locks_to_one_claim_at_a_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lock_in_a_container_example_runs_one_step_at_a_time_across_pods() {
-    let Some(mut env) =
-        Env::fake_only("the_lock_in_a_container_example_runs_one_step_at_a_time_across_pods").await
+    let Some(mut env) = Env::fake_only_started(
+        "the_lock_in_a_container_example_runs_one_step_at_a_time_across_pods",
+    )
+    .await
     else {
         return;
     };
-    env.start_default_controller();
     let scratch = Scratch::new(&env);
     let docs = without_rbac(documents(&example("lock-in-a-container.yaml")));
     scratch.apply(&env, &documents(&example("lock.yaml"))).await;
@@ -358,10 +352,11 @@ async fn the_lock_in_a_container_example_runs_one_step_at_a_time_across_pods() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_priority_example_serves_the_hotfix_first() {
-    let Some(mut env) = Env::fake_only("the_priority_example_serves_the_hotfix_first").await else {
+    let Some(mut env) =
+        Env::fake_only_started("the_priority_example_serves_the_hotfix_first").await
+    else {
         return;
     };
-    env.start_default_controller();
     let scratch = Scratch::new(&env);
     // The lock and current first, so that current finds the lock free whatever the timing;
     // then the waiters (see the example's comment).
@@ -472,11 +467,10 @@ async fn second_pod_waits_for_the_first(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kubectl_wait_job_example_gates_its_pods_one_at_a_time() {
     let Some(mut env) =
-        Env::fake_only("the_kubectl_wait_job_example_gates_its_pods_one_at_a_time").await
+        Env::fake_only_started("the_kubectl_wait_job_example_gates_its_pods_one_at_a_time").await
     else {
         return;
     };
-    env.start_default_controller();
     let scratch = Scratch::new(&env);
     let docs = without_rbac(documents(&example("kubectl-wait-job.yaml")));
     scratch.apply(&env, &documents(&example("lock.yaml"))).await;
@@ -509,23 +503,20 @@ async fn the_kubectl_wait_job_example_gates_its_pods_one_at_a_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_init_container_example_runs_turnstile_wait_as_the_pod_would() {
     let Some(mut env) =
-        Env::fake_only("the_init_container_example_runs_turnstile_wait_as_the_pod_would").await
+        Env::fake_only_started("the_init_container_example_runs_turnstile_wait_as_the_pod_would")
+            .await
     else {
         return;
     };
-    env.start_default_controller();
     let scratch = Scratch::new(&env);
     let docs = without_rbac(documents(&example("wait-init-container.yaml")));
     scratch.apply(&env, &documents(&example("lock.yaml"))).await;
     scratch.apply(&env, &docs).await;
     let init = init_container(&docs, "db-migrate");
-    let env_names: Vec<&str> = init["env"]
-        .as_array()
-        .expect("env")
-        .iter()
-        .filter_map(|var| var["name"].as_str())
-        .collect();
-    assert_eq!(env_names, ["POD_NAME", "POD_NAMESPACE", "POD_UID"]);
+    assert_eq!(
+        strings_of(&init["env"], "name"),
+        ["POD_NAME", "POD_NAMESPACE", "POD_UID"]
+    );
 
     // The container's args, expanded by "the kubelet", the token file on a scratch path.
     let namespace = env.namespace.clone();
@@ -784,11 +775,11 @@ async fn the_gated_job_example_runs_only_while_its_claim_is_held() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gated_deployment_example_lets_its_replicas_go_one_at_a_time() {
     let Some(mut env) =
-        Env::fake_only("the_gated_deployment_example_lets_its_replicas_go_one_at_a_time").await
+        Env::fake_only_started("the_gated_deployment_example_lets_its_replicas_go_one_at_a_time")
+            .await
     else {
         return;
     };
-    env.start_default_controller();
     let scratch = Scratch::new(&env);
     scratch.apply(&env, &documents(&example("lock.yaml"))).await;
     let deployment = documents(&example("gated-deployment.yaml"))
@@ -865,11 +856,11 @@ async fn the_gated_deployment_example_lets_its_replicas_go_one_at_a_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cronjobs_example_never_runs_two_jobs_at_once() {
-    let Some(mut env) = Env::fake_only("the_cronjobs_example_never_runs_two_jobs_at_once").await
+    let Some(mut env) =
+        Env::fake_only_started("the_cronjobs_example_never_runs_two_jobs_at_once").await
     else {
         return;
     };
-    env.start_default_controller();
     let scratch = Scratch::new(&env);
     let docs = documents(&example("cronjobs-sharing-a-lock.yaml"));
     let lock = find(&docs, "DistributedLock").clone();

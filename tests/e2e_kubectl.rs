@@ -7,11 +7,15 @@ mod e2e_support;
 
 use std::time::Duration;
 
+use e2e_support::output::succeeded;
 use e2e_support::{phase_of, position_of, token_of, Env};
 use kube::ResourceExt;
 use turnstile_api::ClaimPhase;
 
-const LOCK_AND_CLAIMS: &str = "\
+/// The memory lock `db-migrations` and the claims `a`, `b`, `c` on it, as one document stream
+/// for a single `kubectl apply`.
+fn lock_and_claims() -> String {
+    let mut yaml = "\
 apiVersion: turnstile.dev/v1alpha1
 kind: DistributedLock
 metadata:
@@ -19,28 +23,15 @@ metadata:
 spec:
   backend: memory
   leaseDurationSeconds: 300
----
-apiVersion: turnstile.dev/v1alpha1
-kind: LockClaim
-metadata:
-  name: a
-spec:
-  lockName: db-migrations
----
-apiVersion: turnstile.dev/v1alpha1
-kind: LockClaim
-metadata:
-  name: b
-spec:
-  lockName: db-migrations
----
-apiVersion: turnstile.dev/v1alpha1
-kind: LockClaim
-metadata:
-  name: c
-spec:
-  lockName: db-migrations
-";
+"
+    .to_owned();
+    for claim in ["a", "b", "c"] {
+        yaml.push_str(&format!(
+            "---\napiVersion: turnstile.dev/v1alpha1\nkind: LockClaim\nmetadata:\n  name: {claim}\nspec:\n  lockName: db-migrations\n"
+        ));
+    }
+    yaml
+}
 
 /// The header line of the table whose first column is `NAME` and which mentions `marker`.
 fn header_with<'a>(output: &'a str, marker: &str) -> &'a str {
@@ -99,7 +90,7 @@ async fn the_real_cluster_mode_runs_the_steps_through_a_kubeconfig_alone() {
 /// Events: the steps of the quick tour, with no hook of the fake.
 async fn apply_get_and_wait(mut env: Env) {
     env.start_default_controller();
-    env.apply(LOCK_AND_CLAIMS);
+    env.apply(&lock_and_claims());
 
     let a = env.wait_phase("a", ClaimPhase::Held).await;
     assert_eq!(token_of(&a), Some(1));
@@ -210,11 +201,10 @@ async fn apply_get_and_wait(mut env: Env) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_controller_writes_nothing() {
-    let Some(mut env) = Env::fake_only("an_idle_controller_writes_nothing").await else {
+    let Some(mut env) = Env::fake_only_started("an_idle_controller_writes_nothing").await else {
         return;
     };
-    env.start_default_controller();
-    env.apply(LOCK_AND_CLAIMS);
+    env.apply(&lock_and_claims());
     // Also idle: a lock whose backend is not configured, and a claim for a missing lock.
     env.apply_lock("cache", "backend: redis");
     env.apply_claim("x", "cache", "");
@@ -257,8 +247,7 @@ async fn an_idle_controller_writes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uninstall_as_the_readme_says_with_the_controller_and_without_it() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
+    let mut env = Env::started().await;
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.a_holds_and_b_waits("db").await;
     // With the controller running: every grant released, every finalizer removed.
@@ -276,19 +265,14 @@ async fn uninstall_as_the_readme_says_with_the_controller_and_without_it() {
         ])
         .output()
         .expect("run kubectl");
-    assert!(
-        deleted.status.success(),
-        "{}",
-        String::from_utf8_lossy(&deleted.stderr)
-    );
+    succeeded("kubectl delete", &deleted);
     assert!(lists_nothing(env.claims()).await, "claims left");
     assert!(lists_nothing(env.locks()).await, "locks left");
 
     // The controller gone first: deletion waits on the finalizers until they are removed by
     // hand with the README's patch.
     env.apply_lock("db", "leaseDurationSeconds: 300");
-    env.apply_claim("a", "db", "");
-    env.wait_phase("a", ClaimPhase::Held).await;
+    env.hold("a", "db", "").await;
     env.stop_controller().await;
     env.kubectl(&["delete", "lockclaim", "a", "--wait=false"]);
     env.kubectl(&["delete", "distributedlock", "db", "--wait=false"]);

@@ -43,13 +43,8 @@ fn replica(env: &Env, identity: &str) -> ControllerConfig {
 }
 
 async fn reporting_instances(env: &Env) -> Vec<String> {
-    let events: kube::Api<k8s_openapi::api::events::v1::Event> =
-        kube::Api::namespaced(env.client.clone(), &env.namespace);
-    events
-        .list(&Default::default())
+    env.events()
         .await
-        .expect("list events")
-        .items
         .into_iter()
         .filter_map(|event| event.reporting_instance)
         .collect()
@@ -261,8 +256,7 @@ async fn a_replica_that_loses_the_lease_stops_granting() {
             ..replica(&env, "replica-1")
         },
     );
-    env.apply_lock("db", "leaseDurationSeconds: 300");
-    env.apply_lock("free", "leaseDurationSeconds: 300");
+    env.apply_locks(&["db", "free"], "leaseDurationSeconds: 300");
     env.queue_of_three("db").await;
     let leader_gauge = || async {
         sample(
@@ -314,12 +308,7 @@ async fn a_replica_that_loses_the_lease_stops_granting() {
     assert_eq!(phase_of(&env.claim("b").await), Some(ClaimPhase::Pending));
     assert_eq!(phase_of(&env.claim("d").await), None);
     // The Job gate stopped too: no claim for the Job, and the Job still suspended.
-    assert!(env
-        .claims()
-        .get_opt("gated-free")
-        .await
-        .expect("get")
-        .is_none());
+    assert!(env.claim_opt("gated-free").await.is_none());
     assert!(is_suspended(&jobs(&env).get("gated").await.expect("job")));
     replica.stop().await;
 }

@@ -10,11 +10,9 @@ use turnstile_api::ClaimPhase;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn priority_orders_the_queue_and_a_restart_keeps_it() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
+    let mut env = Env::started().await;
     env.apply_lock("db", "leaseDurationSeconds: 300");
-    env.apply_claim("holder", "db", "");
-    env.wait_phase("holder", ClaimPhase::Held).await;
+    env.hold("holder", "db", "").await;
     env.apply_claim("early-low", "db", "");
     env.apply_claim("late-high", "db", "priority: 10");
     env.wait_claim("late-high", |c| position_of(c) == Some(1))
@@ -36,8 +34,7 @@ async fn priority_orders_the_queue_and_a_restart_keeps_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_maximum_hold_ends_a_grant_and_the_lock_delay_holds_the_next() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
+    let mut env = Env::started().await;
     env.apply_lock(
         "db",
         "leaseDurationSeconds: 300\nmaxHoldSeconds: 2\nlockDelaySeconds: 2",
@@ -64,8 +61,7 @@ async fn the_maximum_hold_ends_a_grant_and_the_lock_delay_holds_the_next() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lowered_limit_revokes_nobody_and_stops_grants() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
+    let mut env = Env::started().await;
     env.apply_lock("pool", "maxHolders: 2\nleaseDurationSeconds: 300");
     for name in ["a", "b", "c"] {
         env.apply_claim(name, "pool", "");
@@ -101,8 +97,7 @@ async fn a_lowered_limit_revokes_nobody_and_stops_grants() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_share_a_writer_holds_alone_and_is_not_overtaken() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
+    let mut env = Env::started().await;
     env.apply_lock("table", "maxHolders: 3\nleaseDurationSeconds: 300");
     env.apply_claim("reader-1", "table", "mode: Shared");
     env.apply_claim("reader-2", "table", "mode: Shared");
@@ -120,19 +115,11 @@ async fn readers_share_a_writer_holds_alone_and_is_not_overtaken() {
         .await;
     let wide = env.kubectl(&["get", "lockclaim", "writer", "-o", "wide"]);
     assert!(wide.contains("Exclusive"), "{wide}");
-    let changed = env.kubectl_output(&[
-        "patch",
-        "lockclaim",
-        "writer",
-        "--type=merge",
-        "-p",
+    env.assert_patch_refused(
+        "lockclaim/writer",
         r#"{"spec":{"mode":"Shared"}}"#,
-    ]);
-    assert!(!changed.status.success(), "spec.mode is immutable");
-    assert!(
-        String::from_utf8_lossy(&changed.stderr).contains("mode is immutable"),
-        "{}",
-        String::from_utf8_lossy(&changed.stderr)
+        "spec.mode is immutable",
+        "mode is immutable",
     );
 
     env.delete_claim("reader-1").await;

@@ -151,8 +151,7 @@ async fn renewals_failures_losses_and_errors_are_counted_as_they_happen() {
 
     // A renewal.
     env.apply_lock("db", "leaseDurationSeconds: 300");
-    env.apply_claim("a", "db", "");
-    let a = env.wait_phase("a", ClaimPhase::Held).await;
+    let a = env.hold("a", "db", "").await;
     wait_for_samples(addr, &[(renewals, 0.0), (failures, 0.0), (RELEASES, 0.0)]).await;
     // Created after that scrape: with a timeout of one second (and creation times in whole
     // seconds) b may fail before a scrape on a busy machine.
@@ -189,8 +188,7 @@ async fn renewals_failures_losses_and_errors_are_counted_as_they_happen() {
 
     // The lock is deleted under a holder: lost, not released.
     env.apply_lock("doomed", "leaseDurationSeconds: 300");
-    env.apply_claim("h", "doomed", "");
-    env.wait_phase("h", ClaimPhase::Held).await;
+    env.hold("h", "doomed", "").await;
     env.locks()
         .delete("doomed", &DeleteParams::default())
         .await
@@ -204,8 +202,7 @@ async fn renewals_failures_losses_and_errors_are_counted_as_they_happen() {
     let before = sample(&get(addr, "/metrics").await.body, api_errors).expect("api errors");
     env.server()
         .inject_faults(&format!("{base}/lockclaims/c/status"), 2, 500);
-    env.apply_claim("c", "db", "");
-    env.wait_phase("c", ClaimPhase::Held).await;
+    env.hold("c", "db", "").await;
     wait_for_at_least(addr, api_errors, before + 1.0).await;
 
     // A Redis lock while nobody listens on the controller's Redis: connect errors.

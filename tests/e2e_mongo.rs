@@ -11,6 +11,7 @@ mod e2e_support;
 
 use std::sync::Arc;
 
+use e2e_support::launch::blocking;
 use e2e_support::{phase_of, position_of, token_of, Env, HolderMonitor};
 use test_servers::{free_port, MongoFlavor, MongoServer};
 use turnstile_api::{BackendKind, ClaimPhase};
@@ -21,9 +22,7 @@ use turnstile_lock::Backend;
 
 /// The shared test server, or `None` (after one line saying why) when there is none here.
 async fn mongo_server() -> Option<Arc<MongoServer>> {
-    tokio::task::spawn_blocking(MongoServer::shared_or_skip)
-        .await
-        .expect("launcher thread")
+    blocking(MongoServer::shared_or_skip).await
 }
 
 /// A server of this test's own (to crash it), or `None` after one line when none can be
@@ -33,9 +32,7 @@ async fn own_server() -> Option<MongoServer> {
         println!("skipped: MONGODB_URI names an external server, which a test must not crash");
         return None;
     }
-    tokio::task::spawn_blocking(|| MongoServer::start_or_skip(MongoFlavor::ReplicaSet))
-        .await
-        .expect("launcher thread")
+    blocking(|| MongoServer::start_or_skip(MongoFlavor::ReplicaSet)).await
 }
 
 /// Whether the `what` step (a crash, an outage) could not be made on this test server, which
@@ -85,16 +82,8 @@ async fn a_mongo_crash_between_grants_keeps_tokens_increasing() {
     }
     // The loss really happened: the restarted server knows neither a's grant nor the counter,
     // so only the controller's floor (a's token in the API) keeps the next token above 1.
-    let reader = MongoBackend::connect(
-        server.uri(),
-        MongoBackendConfig::new().database("turnstile_crash"),
-    )
-    .await
-    .expect("connect to the restarted server");
-    let lost = reader
-        .snapshot(&format!("{}/db", env.namespace))
-        .await
-        .expect("snapshot after the crash");
+    let config = MongoBackendConfig::new().database("turnstile_crash");
+    let lost = env.mongo_snapshot(server.uri(), config, "db").await;
     assert!(
         lost.holders.is_empty() && lost.fencing_token == 0,
         "the crash lost nothing: {lost:?}"
@@ -195,16 +184,8 @@ async fn fifo_handover_with_increasing_tokens_on_mongo() {
     env.wait_ready("db", "True").await;
 
     // The grant is in MongoDB, under the namespaced key, as the claim says.
-    let reader = MongoBackend::connect(
-        server.uri(),
-        MongoBackendConfig::new().database(database.clone()),
-    )
-    .await
-    .expect("connect to the test server");
-    let snapshot = reader
-        .snapshot(&format!("{}/db", env.namespace))
-        .await
-        .expect("snapshot");
+    let config = MongoBackendConfig::new().database(database.clone());
+    let snapshot = env.mongo_snapshot(server.uri(), config, "db").await;
     assert_eq!(snapshot.fencing_token, 3);
     let tokens: Vec<u64> = snapshot.holders.iter().map(|h| h.fencing_token).collect();
     assert_eq!(tokens, [3]);

@@ -36,10 +36,8 @@ fn lock_names(claim: &LockClaim) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_on_the_same_locks_in_opposite_order_both_complete_in_turn() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
-    env.apply_lock("a", "leaseDurationSeconds: 300");
-    env.apply_lock("b", "leaseDurationSeconds: 300");
+    let mut env = Env::started().await;
+    env.apply_locks(&["a", "b"], "leaseDurationSeconds: 300");
     let on_a = HolderMonitor::start(&env, "a", 1);
     let on_b = HolderMonitor::start(&env, "b", 1);
     // One apply: both exist before either is granted.
@@ -88,12 +86,9 @@ async fn claims_on_the_same_locks_in_opposite_order_both_complete_in_turn() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_on_several_locks_waits_at_the_head_and_nobody_overtakes_it() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
-    env.apply_lock("a", "leaseDurationSeconds: 300");
-    env.apply_lock("b", "leaseDurationSeconds: 300");
-    env.apply_claim("holds-b", "b", "");
-    env.wait_phase("holds-b", ClaimPhase::Held).await;
+    let mut env = Env::started().await;
+    env.apply_locks(&["a", "b"], "leaseDurationSeconds: 300");
+    env.hold("holds-b", "b", "").await;
     env.apply(&multi_claim("both", "a, b", ""));
     env.wait_claim("both", |claim| {
         reason_of(claim).as_deref() == Some("Queued")
@@ -143,8 +138,7 @@ async fn a_claim_on_several_locks_waits_at_the_head_and_nobody_overtakes_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unrenewed_claim_on_several_locks_expires_and_frees_them_all() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
+    let mut env = Env::started().await;
     env.apply_lock("a", "leaseDurationSeconds: 300");
     env.apply_lock("b", "leaseDurationSeconds: 2");
     // The shortest lease of its locks: b's two seconds.
@@ -172,12 +166,9 @@ async fn an_unrenewed_claim_on_several_locks_expires_and_frees_them_all() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gated_job_with_the_locks_annotation_runs_holding_all_its_locks() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
-    env.apply_lock("cache", "leaseDurationSeconds: 300");
-    env.apply_lock("db", "leaseDurationSeconds: 300");
-    env.apply_claim("holds-cache", "cache", "");
-    env.wait_phase("holds-cache", ClaimPhase::Held).await;
+    let mut env = Env::started().await;
+    env.apply_locks(&["cache", "db"], "leaseDurationSeconds: 300");
+    env.hold("holds-cache", "cache", "").await;
     env.apply(
         "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: report\n  annotations:\n    turnstile.dev/lock: db\n    turnstile.dev/locks: db,cache\nspec:\n  suspend: true\n  template:\n    spec:\n      restartPolicy: Never\n      containers:\n        - name: report\n          image: busybox:1.36\n",
     );
@@ -237,10 +228,8 @@ async fn a_gated_job_with_the_locks_annotation_runs_holding_all_its_locks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_one_of_its_locks_ends_the_grant_and_frees_the_others() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
-    env.apply_lock("a", "leaseDurationSeconds: 300");
-    env.apply_lock("b", "leaseDurationSeconds: 300");
+    let mut env = Env::started().await;
+    env.apply_locks(&["a", "b"], "leaseDurationSeconds: 300");
     env.apply(&multi_claim("ab", "a, b", ""));
     env.wait_phase("ab", ClaimPhase::Held).await;
     env.apply_claim("later-on-a", "a", "");
@@ -257,14 +246,12 @@ async fn deleting_one_of_its_locks_ends_the_grant_and_frees_the_others() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_naming_a_missing_lock_waits_and_holds_back_nobody() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
+    let mut env = Env::started().await;
     env.apply_lock("present", "leaseDurationSeconds: 300");
     env.apply(&multi_claim("both", "absent, present", ""));
     env.wait_pending_for("both", "LockNotFound").await;
     // Queued nowhere: a later claim on the lock that exists is granted.
-    env.apply_claim("later", "present", "");
-    env.wait_phase("later", ClaimPhase::Held).await;
+    env.hold("later", "present", "").await;
     let present = env.lock("present").await.status.unwrap_or_default();
     assert_eq!(present.waiting, 0, "{present:?}");
     env.wait_event("both", "LockNotFound").await;

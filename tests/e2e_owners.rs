@@ -10,7 +10,7 @@ mod e2e_support;
 use std::time::{Duration, Instant};
 
 use e2e_support::pods::{create_pod, owned_claim, pods, set_pod_phase};
-use e2e_support::{phase_of, position_of, reason_of, token_of, Env};
+use e2e_support::{annotate, phase_of, position_of, reason_of, token_of, Env};
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -71,8 +71,7 @@ fn expires_at(claim: &turnstile_api::LockClaim) -> Option<k8s_openapi::jiff::Tim
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_pod_keeps_its_claim_and_finishing_releases_it() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
+    let mut env = Env::started().await;
     let (_, first) = pod_holds_with_one_waiting(&env, "worker-1", "leaseDurationSeconds: 3").await;
 
     // Over three leases go by without anyone touching spec.renewTime.
@@ -104,8 +103,7 @@ async fn a_running_pod_keeps_its_claim_and_finishing_releases_it() {
 
 /// A Job-owned claim, held, released once the Job gets the `condition` (`Complete` or `Failed`).
 async fn a_finished_job_releases_its_claim(condition: &str) {
-    let mut env = Env::new().await;
-    env.start_default_controller();
+    let mut env = Env::started().await;
     env.apply_lock("db", "leaseDurationSeconds: 300");
     let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.namespace);
     let job: Job = serde_json::from_value(json!({
@@ -164,11 +162,11 @@ async fn a_failed_job_releases_its_claim() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_pod_takes_its_claim_and_the_lock_moves_on() {
-    let Some(mut env) = Env::fake_only("a_deleted_pod_takes_its_claim_and_the_lock_moves_on").await
+    let Some(mut env) =
+        Env::fake_only_started("a_deleted_pod_takes_its_claim_and_the_lock_moves_on").await
     else {
         return;
     };
-    env.start_default_controller();
     pod_holds_with_one_waiting(&env, "worker-2", "leaseDurationSeconds: 300").await;
 
     delete_pod(&env, "worker-2", &DeleteParams::default()).await;
@@ -184,8 +182,7 @@ async fn a_deleted_pod_takes_its_claim_and_the_lock_moves_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_pod_hands_the_lock_on_long_before_its_lease_ends() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
+    let mut env = Env::started().await;
     let (_, first) =
         pod_holds_with_one_waiting(&env, "worker-3", "leaseDurationSeconds: 300").await;
 
@@ -272,11 +269,10 @@ async fn pod_owned_waiters_cost_no_api_lookup_per_pass() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orphaning_pod_delete_leaves_a_plain_claim_that_runs_out() {
     let Some(mut env) =
-        Env::fake_only("an_orphaning_pod_delete_leaves_a_plain_claim_that_runs_out").await
+        Env::fake_only_started("an_orphaning_pod_delete_leaves_a_plain_claim_that_runs_out").await
     else {
         return;
     };
-    env.start_default_controller();
     pod_holds_with_one_waiting(&env, "worker-4", "leaseDurationSeconds: 4").await;
     // Orphaning strips the owner reference from the claim: nobody renews it any more.
     delete_pod(&env, "worker-4", &DeleteParams::orphan()).await;
@@ -304,14 +300,7 @@ async fn an_orphaning_pod_delete_seen_before_the_claims_change_keeps_the_grant()
     settle().await;
     delete_pod(&env, "worker-5", &DeleteParams::orphan()).await;
     // Wakes the lock's pass while the claim's change is still on its way.
-    env.locks()
-        .patch(
-            "db",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {"test/wake": "1"}}})),
-        )
-        .await
-        .expect("annotate lock");
+    annotate(&env.locks(), "db", "test/wake", "1").await;
     // Long after the claim's change has arrived: the plain claim still holds the same grant
     // (its lease runs on); nothing was released on the stale view and taken again.
     tokio::time::sleep(Duration::from_secs(4)).await;

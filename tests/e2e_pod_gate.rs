@@ -21,10 +21,10 @@ use std::time::{Duration, Instant};
 use e2e_support::actor::{requests_of, tagged_client};
 use e2e_support::jobs::{is_suspended, jobs, wait_job};
 use e2e_support::pods::{pods, set_pod_phase};
-use e2e_support::{phase_of, reason_of, token_of, Env, WAIT};
+use e2e_support::{annotate, lock_tokens, phase_of, reason_of, token_of, Env, WAIT};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use kube::ResourceExt;
 use serde_json::json;
 use turnstile_api::{
@@ -99,8 +99,7 @@ async fn next_running(env: &Env, done: &BTreeSet<String>) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gated_replicas_on_a_mutex_run_one_at_a_time() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
+    let mut env = Env::started().await;
     env.apply_lock("db", "leaseDurationSeconds: 300");
     for name in ["web-a", "web-b", "web-c"] {
         create_gated_pod(&env, name, "db").await;
@@ -202,11 +201,9 @@ async fn gated_replicas_on_a_mutex_run_one_at_a_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gated_pod_whose_claim_fails_stays_gated_and_says_why() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
+    let mut env = Env::started().await;
     env.apply_lock("db", "leaseDurationSeconds: 300");
-    env.apply_claim("holder", "db", "");
-    env.wait_phase("holder", ClaimPhase::Held).await;
+    env.hold("holder", "db", "").await;
     create_gated_pod(&env, "web-x", "db").await;
     env.wait_claim("web-x-db", |claim| {
         phase_of(claim) == Some(ClaimPhase::Pending)
@@ -219,14 +216,7 @@ async fn a_gated_pod_whose_claim_fails_stays_gated_and_says_why() {
     assert_eq!(reason_of(&failed).as_deref(), Some("AcquireTimeout"));
     env.wait_event("web-x", "GateBlocked").await;
     // Each change of the Pod says it again: one Event, its count rising.
-    pods(&env)
-        .patch(
-            "web-x",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {"test/touch": "1"}}})),
-        )
-        .await
-        .expect("annotate pod");
+    annotate(&pods(&env), "web-x", "test/touch", "1").await;
     env.wait_event_said("web-x", "GateBlocked", 2).await;
     let pod = pods(&env).get("web-x").await.expect("pod");
     assert!(is_gated(&pod), "a Pod whose claim failed stays gated");
@@ -242,12 +232,7 @@ async fn a_gated_pod_whose_claim_fails_stays_gated_and_says_why() {
         .await
         .expect("create pod");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert!(env
-        .claims()
-        .get_opt("web-y-db")
-        .await
-        .expect("get")
-        .is_none());
+    assert!(env.claim_opt("web-y-db").await.is_none());
     env.stop_controller().await;
 }
 
@@ -257,12 +242,9 @@ async fn a_gated_pod_whose_claim_fails_stays_gated_and_says_why() {
 /// when it finishes both locks go to the next claims.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_locks_annotation_gates_a_pod_on_all_its_locks() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
-    env.apply_lock("cache", "leaseDurationSeconds: 300");
-    env.apply_lock("db", "leaseDurationSeconds: 300");
-    env.apply_claim("holds-db", "db", "");
-    env.wait_phase("holds-db", ClaimPhase::Held).await;
+    let mut env = Env::started().await;
+    env.apply_locks(&["cache", "db"], "leaseDurationSeconds: 300");
+    env.hold("holds-db", "db", "").await;
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {
             "name": "web-m",
@@ -298,13 +280,10 @@ async fn the_locks_annotation_gates_a_pod_on_all_its_locks() {
 
     env.delete_claim("holds-db").await;
     let held = env.wait_phase("web-m-db", ClaimPhase::Held).await;
-    let status = held.status.clone().unwrap_or_default();
-    let tokens: Vec<(String, i64)> = status
-        .locks
-        .iter()
-        .map(|entry| (entry.lock_name.clone(), entry.fencing_token))
-        .collect();
-    assert_eq!(tokens, [("cache".to_owned(), 1), ("db".to_owned(), 2)]);
+    assert_eq!(
+        lock_tokens(&held),
+        [("cache".to_owned(), 1), ("db".to_owned(), 2)]
+    );
     let deadline = Instant::now() + WAIT;
     let pod = loop {
         let pod = pods(&env).get("web-m").await.expect("pod");
@@ -378,31 +357,16 @@ async fn a_gated_job_adopts_a_claim_of_its_name_and_is_let_go_once() {
         .inject_delays(&claims_path, 1, Duration::from_secs(5));
     env.server().close_watches();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    env.server().store_unvalidated(
-        "turnstile.dev",
-        "lockclaims",
-        &env.namespace,
-        json!({
-            "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
-            "metadata": {
-                "name": "migrate-db", "namespace": env.namespace, "uid": "adopted-claim-uid",
-                "creationTimestamp": "2026-01-01T00:00:00Z", "generation": 1,
-                "ownerReferences": [{
-                    "apiVersion": "batch/v1", "kind": "Job", "name": "migrate",
-                    "uid": uid, "controller": true
-                }]
-            },
-            "spec": {"lockName": "db"}
-        }),
+    env.store_unvalidated_claim(
+        "migrate-db",
+        "adopted-claim-uid",
+        json!({"ownerReferences": [{
+            "apiVersion": "batch/v1", "kind": "Job", "name": "migrate",
+            "uid": uid, "controller": true
+        }]}),
+        json!({"lockName": "db"}),
     );
-    jobs(&env)
-        .patch(
-            "migrate",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"metadata": {"annotations": {LOCK_ANNOTATION: "db"}}})),
-        )
-        .await
-        .expect("annotate the job");
+    annotate(&jobs(&env), "migrate", LOCK_ANNOTATION, "db").await;
 
     let job = wait_job(&env, "migrate", |job| !is_suspended(job)).await;
     let claim = env.claim("migrate-db").await;

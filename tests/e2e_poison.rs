@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use e2e_support::scrape::{get, sample};
 use e2e_support::{Env, WAIT};
-use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use serde_json::json;
 use turnstile_api::{object_event_reasons, ClaimPhase, DistributedLock};
@@ -58,24 +57,25 @@ fn start_with_two_locks(env: &mut Env) -> SocketAddr {
         metrics_addr: Some(metrics_addr),
         ..ControllerConfig::default()
     });
-    env.apply_lock("db", "leaseDurationSeconds: 300");
-    env.apply_lock("other", "leaseDurationSeconds: 300");
+    env.apply_locks(&["db", "other"], "leaseDurationSeconds: 300");
     metrics_addr
 }
 
-/// The notes of the Warning Events `InvalidObject` in the test's namespace.
-async fn invalid_object_warnings(env: &Env) -> Vec<String> {
-    let events: Api<Event> = Api::namespaced(env.client.clone(), &env.namespace);
-    events
-        .list(&Default::default())
+/// Waits for the Event `InvalidObject` about `object`, and asserts a Warning of that reason
+/// in the test's namespace names `field`; returns the notes of all those Warnings.
+async fn invalid_object_warned(env: &Env, object: &str, field: &str) -> Vec<String> {
+    env.wait_event(object, object_event_reasons::INVALID_OBJECT)
+        .await;
+    let notes: Vec<String> = env
+        .events()
         .await
-        .expect("events")
-        .items
         .into_iter()
         .filter(|event| event.reason.as_deref() == Some(object_event_reasons::INVALID_OBJECT))
         .filter(|event| event.type_.as_deref() == Some("Warning"))
         .filter_map(|event| event.note)
-        .collect()
+        .collect();
+    assert!(notes.iter().any(|note| note.contains(field)), "{notes:?}");
+    notes
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,23 +95,12 @@ async fn a_claim_that_does_not_decode_stops_nothing_and_is_picked_up_once_fixed(
             bad_claim(&env.namespace, json!("maybe"), edit),
         );
     }
-    let created = Instant::now();
-    env.apply_claim("good", "other", "");
-    env.wait_phase("good", ClaimPhase::Held).await;
-    let granted_in = created.elapsed();
-    assert!(
-        granted_in < Duration::from_secs(3),
-        "another lock's claim took {granted_in:?} behind the bad object"
-    );
+    let why = "another lock's claim waits behind the bad object";
+    env.hold_within(Duration::from_secs(3), why, "good", "other")
+        .await;
 
     // The bad object is named, with its field, in a Warning Event, a log line and the gauge.
-    env.wait_event("bad", object_event_reasons::INVALID_OBJECT)
-        .await;
-    let notes = invalid_object_warnings(&env).await;
-    assert!(
-        notes.iter().any(|note| note.contains("spec.release")),
-        "{notes:?}"
-    );
+    let notes = invalid_object_warned(&env, "bad", "spec.release").await;
     assert!(
         notes
             .iter()
@@ -146,8 +135,7 @@ async fn a_lock_that_does_not_decode_keeps_its_holder_stops_no_other_lock_and_is
         return;
     };
     let metrics_addr = start_with_two_locks(&mut env);
-    env.apply_claim("holder", "db", "");
-    let granted = env.wait_phase("holder", ClaimPhase::Held).await;
+    let granted = env.hold("holder", "db", "").await;
     let token = granted.status.and_then(|s| s.fencing_token);
 
     // The lock as stored, with a field of another type (an older or newer schema).
@@ -160,27 +148,16 @@ async fn a_lock_that_does_not_decode_keeps_its_holder_stops_no_other_lock_and_is
         &env.namespace,
         lock.clone(),
     );
-    env.wait_event("db", object_event_reasons::INVALID_OBJECT)
-        .await;
-    let notes = invalid_object_warnings(&env).await;
-    assert!(
-        notes.iter().any(|note| note.contains("spec.maxHolders")),
-        "{notes:?}"
-    );
+    invalid_object_warned(&env, "db", "spec.maxHolders").await;
     eventually("turnstile_invalid_objects is 1", || async {
         invalid_objects(metrics_addr).await == Some(1.0)
     })
     .await;
 
     // Other locks are served at once.
-    let created = Instant::now();
-    env.apply_claim("elsewhere", "other", "");
-    env.wait_phase("elsewhere", ClaimPhase::Held).await;
-    assert!(
-        created.elapsed() < Duration::from_secs(3),
-        "another lock's claim took {:?} behind the bad lock",
-        created.elapsed()
-    );
+    let why = "another lock's claim waits behind the bad lock";
+    env.hold_within(Duration::from_secs(3), why, "elsewhere", "other")
+        .await;
     // The lock's cached good version (maxHolders 1) stays in force: its holder keeps the
     // grant (no LockDeleted), and a new claim queues behind it.
     env.apply_claim("next", "db", "");

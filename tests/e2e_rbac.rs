@@ -11,16 +11,16 @@ mod deploy_support;
 mod e2e_support;
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use deploy_support::{find, grants, render_base, Grant};
 use e2e_support::actor::{requests_of, tagged_client};
-use e2e_support::pods::owned_claim;
-use e2e_support::{Env, WAIT};
+use e2e_support::pods::{owned_claim, pods, set_pod_phase};
+use e2e_support::{wait_object, Env};
 use fake_apiserver::{rbac_summary, RecordedRequest};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use serde_json::json;
 use turnstile_api::ClaimPhase;
 use turnstile_controller::leader::{LeaderConfig, DEFAULT_LEASE_NAME};
@@ -98,14 +98,7 @@ async fn the_deployed_rbac_grants_every_call_the_controller_makes() {
                "spec": {"containers": [{"name": "main", "image": "busybox"}]}}),
     )
     .await;
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), &env.namespace);
-    pods.patch_status(
-        "worker",
-        &PatchParams::default(),
-        &Patch::Merge(&json!({"status": {"phase": "Running"}})),
-    )
-    .await
-    .expect("pod status");
+    set_pod_phase(&env, "worker", "Running").await;
     env.apply(&owned_claim("worker-db", "db", "Pod", "v1", &pod.0, &pod.1));
     env.wait_phase("worker-db", ClaimPhase::Held).await;
     let job = create_owner::<Job>(
@@ -126,13 +119,7 @@ async fn the_deployed_rbac_grants_every_call_the_controller_makes() {
     env.apply_claim("plain", "db", "");
 
     // The Pod finishes: its claim is released, the Job's claim is granted.
-    pods.patch_status(
-        "worker",
-        &PatchParams::default(),
-        &Patch::Merge(&json!({"status": {"phase": "Succeeded"}})),
-    )
-    .await
-    .expect("pod status");
+    set_pod_phase(&env, "worker", "Succeeded").await;
     env.wait_phase("migrate-db", ClaimPhase::Held).await;
     // Deleting the holder's claim releases it through the finalizer.
     env.delete_claim("migrate-db").await;
@@ -147,40 +134,23 @@ async fn the_deployed_rbac_grants_every_call_the_controller_makes() {
         "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: gated\n  annotations:\n    turnstile.dev/lock: db\nspec:\n  suspend: true\n  template:\n    spec:\n      restartPolicy: Never\n      containers:\n      - name: main\n        image: busybox\n",
     );
     let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.namespace);
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let job = jobs.get("gated").await.expect("gated job");
-        if job.spec.as_ref().and_then(|spec| spec.suspend) == Some(false) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the gated Job was never un-suspended"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_object(jobs, "gated", |job| {
+        job.spec.as_ref().and_then(|spec| spec.suspend) == Some(false)
+    })
+    .await;
 
     // A gated Pod (on its own lock): its claim is created and its scheduling gate removed.
     env.apply_lock("pods", "leaseDurationSeconds: 300");
     env.apply(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: gated-pod\n  labels:\n    turnstile.dev/lock: pods\nspec:\n  schedulingGates:\n  - name: turnstile.dev/lock\n  containers:\n  - name: main\n    image: busybox\n",
     );
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let pod = pods.get("gated-pod").await.expect("gated pod");
-        let gates = pod
-            .spec
-            .and_then(|spec| spec.scheduling_gates)
-            .unwrap_or_default();
-        if gates.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the gated Pod's gate was never removed"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_object(pods(&env), "gated-pod", |pod| {
+        pod.spec
+            .as_ref()
+            .and_then(|spec| spec.scheduling_gates.as_ref())
+            .is_none_or(|gates| gates.is_empty())
+    })
+    .await;
 
     // An expiry on a short lease, and a claim on a lock that does not exist.
     env.apply_lock("short", "leaseDurationSeconds: 1");

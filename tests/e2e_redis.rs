@@ -230,8 +230,7 @@ async fn the_lock_delay_holds_off_a_process_outside_kubernetes() {
     let mut env =
         controller_and_db_on_redis(server.url(), "leaseDurationSeconds: 2\nlockDelaySeconds: 6")
             .await;
-    env.apply_claim("a", "db", "");
-    let a = env.wait_phase("a", ClaimPhase::Held).await;
+    let a = env.hold("a", "db", "").await;
     let a_token = token_of(&a).expect("a's token");
     // a does not renew: its lease runs out and the lock-delay starts.
     let a = env.wait_phase("a", ClaimPhase::Expired).await;
@@ -276,8 +275,7 @@ async fn with_the_controller_away_both_lock_delays_hold_and_the_grant_waits_for_
     let mut env =
         controller_and_db_on_redis(server.url(), "leaseDurationSeconds: 2\nlockDelaySeconds: 4")
             .await;
-    env.apply_claim("a", "db", "");
-    let a = env.wait_phase("a", ClaimPhase::Held).await;
+    let a = env.hold("a", "db", "").await;
     let expires_at = a
         .status
         .as_ref()

@@ -5,6 +5,7 @@
 
 mod e2e_support;
 
+use e2e_support::launch::launch;
 use e2e_support::{Env, HolderMonitor};
 use test_servers::RedisCluster;
 use turnstile_controller::backends::RedisTlsFiles;
@@ -23,10 +24,7 @@ async fn hand_off_through_the_queue(config: ControllerConfig) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_controller_serves_locks_from_a_redis_cluster() {
-    let cluster = tokio::task::spawn_blocking(RedisCluster::shared)
-        .await
-        .expect("launcher thread")
-        .expect("start the Redis Cluster");
+    let cluster = launch(RedisCluster::shared, "start the Redis Cluster").await;
     assert!(cluster.url().starts_with("redis+cluster://"));
     hand_off_through_the_queue(ControllerConfig {
         redis_url: Some(cluster.url().to_owned()),
@@ -37,10 +35,7 @@ async fn the_controller_serves_locks_from_a_redis_cluster() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_controller_serves_locks_from_a_tls_redis_cluster() {
-    let cluster = tokio::task::spawn_blocking(RedisCluster::shared_tls)
-        .await
-        .expect("launcher thread")
-        .expect("start the TLS Redis Cluster");
+    let cluster = launch(RedisCluster::shared_tls, "start the TLS Redis Cluster").await;
     assert!(cluster.url().starts_with("rediss+cluster://"));
     let files = cluster.tls_files().expect("certificates");
     let redis_tls = RedisTlsFiles::new(

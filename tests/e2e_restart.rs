@@ -13,8 +13,7 @@ use turnstile_api::ClaimPhase;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_mid_queue_keeps_holder_order_and_tokens() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
+    let mut env = Env::started().await;
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.queue_of_three("db").await;
     let monitor = HolderMonitor::start(&env, "db", 1);
@@ -52,10 +51,10 @@ async fn restart_mid_queue_keeps_holder_order_and_tokens() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forced_watch_410_does_not_break_anything() {
-    let Some(mut env) = Env::fake_only("forced_watch_410_does_not_break_anything").await else {
+    let Some(mut env) = Env::fake_only_started("forced_watch_410_does_not_break_anything").await
+    else {
         return;
     };
-    env.start_default_controller();
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.queue_of_three("db").await;
     let monitor = HolderMonitor::start(&env, "db", 1);
@@ -84,8 +83,7 @@ async fn every_watch_410_is_followed_by_a_relist_however_often_it_comes() {
     };
     env.start_default_controller();
     env.apply_lock("db", "leaseDurationSeconds: 300");
-    env.apply_claim("first", "db", "");
-    env.wait_phase("first", ClaimPhase::Held).await;
+    env.hold("first", "db", "").await;
     let claim_requests = |verb: &str| {
         env.server()
             .request_log()
@@ -110,25 +108,19 @@ async fn every_watch_410_is_followed_by_a_relist_however_often_it_comes() {
     }
     env.server().compact();
     env.server().close_watches();
-    let started = Instant::now();
-    env.apply_claim("after", "free-0", "");
-    env.wait_phase("after", ClaimPhase::Held).await;
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "a claim created after the seventh 410 took {:?}",
-        started.elapsed()
-    );
+    let why = "a claim created after the seventh 410 waits";
+    env.hold_within(Duration::from_secs(5), why, "after", "free-0")
+        .await;
     env.stop_controller().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injected_write_errors_are_retried_without_double_grants() {
     let Some(mut env) =
-        Env::fake_only("injected_write_errors_are_retried_without_double_grants").await
+        Env::fake_only_started("injected_write_errors_are_retried_without_double_grants").await
     else {
         return;
     };
-    env.start_default_controller();
     env.apply_lock("db", "leaseDurationSeconds: 300\nmaxHolders: 1");
     for name in ["a", "b", "c", "d"] {
         env.apply_claim(name, "db", "");
@@ -184,14 +176,13 @@ async fn injected_write_errors_are_retried_without_double_grants() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_429_is_retried_after_the_servers_retry_after() {
-    let Some(mut env) = Env::fake_only("a_429_is_retried_after_the_servers_retry_after").await
+    let Some(mut env) =
+        Env::fake_only_started("a_429_is_retried_after_the_servers_retry_after").await
     else {
         return;
     };
-    env.start_default_controller();
     env.apply_lock("db", "leaseDurationSeconds: 300");
-    env.apply_claim("a", "db", "");
-    env.wait_phase("a", ClaimPhase::Held).await;
+    env.hold("a", "db", "").await;
     let status_path = format!(
         "/apis/turnstile.dev/v1alpha1/namespaces/{}/lockclaims/b/status",
         env.namespace

@@ -39,6 +39,14 @@ fn spawn_tagged_controller(env: &Env) -> RunningController {
     )
 }
 
+/// [`Env::fake_only`] with [`spawn_tagged_controller`]'s controller running: None (after
+/// saying so) on a real cluster.
+async fn fake_only_tagged(test: &str) -> Option<(Env, RunningController)> {
+    let env = Env::fake_only(test).await?;
+    let controller = spawn_tagged_controller(&env);
+    Some((env, controller))
+}
+
 /// The controller's writes (Events included) in the fake's log so far.
 fn controller_writes(env: &Env) -> Vec<RecordedRequest> {
     requests_of(&env.server().request_log(), CONTROLLER)
@@ -105,8 +113,7 @@ async fn create_claim(env: &Env, name: &str, lock: &str) {
 /// A lock with one holder and `waiters` claims queued behind it; returns the controller's
 /// writes for each of [`HAND_OFFS`] hand-offs (the holder's claim deleted, the next one `Held`).
 async fn writes_per_hand_off(waiters: usize) -> Option<Vec<usize>> {
-    let env = Env::fake_only("writes_per_hand_off").await?;
-    let controller = spawn_tagged_controller(&env);
+    let (env, controller) = fake_only_tagged("writes_per_hand_off").await?;
     create_lock(&env, "db").await;
     for index in 0..=waiters {
         create_claim(&env, &claim_name(index), "db").await;
@@ -209,13 +216,12 @@ fn shapes(writes: &[RecordedRequest]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_waiting_claim_costs_four_writes() {
-    let Some(env) = Env::fake_only("a_new_waiting_claim_costs_four_writes").await else {
+    let Some((env, controller)) = fake_only_tagged("a_new_waiting_claim_costs_four_writes").await
+    else {
         return;
     };
-    let controller = spawn_tagged_controller(&env);
     env.apply_lock("db", "leaseDurationSeconds: 300");
-    env.apply_claim("holder", "db", "");
-    env.wait_phase("holder", ClaimPhase::Held).await;
+    env.hold("holder", "db", "").await;
     let before = settled_writes(&env, Duration::from_millis(500)).await.len();
 
     env.apply_claim("waiter", "db", "");
@@ -333,10 +339,10 @@ async fn a_pass_among_ten_thousand_cached_claims_touches_only_its_own() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_re_syncs_without_writing() {
-    let Some(env) = Env::fake_only("a_restart_re_syncs_without_writing").await else {
+    let Some((env, controller)) = fake_only_tagged("a_restart_re_syncs_without_writing").await
+    else {
         return;
     };
-    let controller = spawn_tagged_controller(&env);
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.queue_of_three("db").await;
     settled_writes(&env, Duration::from_millis(500)).await;
@@ -359,11 +365,11 @@ async fn a_restart_re_syncs_without_writing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_watch_per_kind_and_pods_only_through_selectors() {
-    let Some(env) = Env::fake_only("one_watch_per_kind_and_pods_only_through_selectors").await
+    let Some((env, controller)) =
+        fake_only_tagged("one_watch_per_kind_and_pods_only_through_selectors").await
     else {
         return;
     };
-    let controller = spawn_tagged_controller(&env);
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.queue_of_three("db").await;
     env.delete_claim("a").await;

@@ -14,8 +14,7 @@ use turnstile_api::ClaimPhase;
 
 /// A fresh namespace with the default controller running and lock `lock` (spec `lock_spec`).
 async fn controller_and_lock(lock: &str, lock_spec: &str) -> Env {
-    let mut env = Env::new().await;
-    env.start_default_controller();
+    let env = Env::started().await;
     env.apply_lock(lock, lock_spec);
     env
 }
@@ -24,8 +23,7 @@ async fn controller_and_lock(lock: &str, lock_spec: &str) -> Env {
 /// queue behind it (`c` second in line).
 async fn a_holds_then_b_and_c_queue(lock_spec: &str, b_spec: &str) -> Env {
     let env = controller_and_lock("db", lock_spec).await;
-    env.apply_claim("a", "db", "");
-    env.wait_phase("a", ClaimPhase::Held).await;
+    env.hold("a", "db", "").await;
     env.apply_claim("b", "db", b_spec);
     env.apply_claim("c", "db", "");
     env.wait_claim("c", |c| position_of(c) == Some(2)).await;
@@ -164,8 +162,7 @@ async fn acquire_timeout_fails_the_claim() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_for_a_missing_lock_waits_then_is_granted() {
-    let mut env = Env::new().await;
-    env.start_default_controller();
+    let mut env = Env::started().await;
     env.apply_claim("early", "later", "");
     let early = env.wait_pending_for("early", "LockNotFound").await;
     assert_eq!(position_of(&early), None);
@@ -245,17 +242,10 @@ async fn out_of_bounds_durations_are_rejected_by_the_schema() {
         "a claim without lockName was accepted"
     );
     env.apply_claim("moving", "one", "");
-    let output = env.kubectl_output(&[
-        "patch",
+    env.assert_patch_refused(
         "lockclaim/moving",
-        "--type=merge",
-        "-p",
         r#"{"spec":{"lockName":"two"}}"#,
-    ]);
-    assert!(!output.status.success(), "lockName changed");
-    assert!(
-        String::from_utf8_lossy(&output.stderr).contains("immutable"),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+        "lockName changed",
+        "immutable",
     );
 }

@@ -17,10 +17,10 @@ const MAX_HOLDERS: usize = 2;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_claims_never_exceed_max_holders_nor_reuse_tokens() {
-    let Some(mut env) = Env::fake_only("concurrent_claims_never_exceed_max_holders").await else {
+    let Some(mut env) = Env::fake_only_started("concurrent_claims_never_exceed_max_holders").await
+    else {
         return;
     };
-    env.start_default_controller();
     env.apply_lock("pool", "maxHolders: 2\nleaseDurationSeconds: 3");
     let monitor = HolderMonitor::start(&env, "pool", MAX_HOLDERS);
     let claims = env.claims();

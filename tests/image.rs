@@ -15,12 +15,18 @@
 //!   (`--locked`, `-p turnstile`, `--bin turnstile`) with `cargo metadata --locked`.
 
 mod deploy_support;
+#[path = "e2e_support/output.rs"]
+mod output;
+#[path = "e2e_support/scratch.rs"]
+mod scratch;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use deploy_support::{find, render_base, repo, strings};
+use output::succeeded;
+use scratch::scratch;
 use serde_json::Value;
 
 /// The uid and gid of distroless's `nonroot` user, and the Dockerfile's `USER`.
@@ -318,12 +324,9 @@ fn check_the_dockerfile_build_resolves() {
         .current_dir(repo())
         .output()
         .expect("cargo metadata");
-    assert!(
-        output.status.success(),
-        "cargo metadata --locked failed (the Dockerfile's --locked build would too): {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let metadata: Value = serde_json::from_slice(&output.stdout).expect("metadata JSON");
+    // Were it to fail, the Dockerfile's --locked build would too.
+    let metadata: Value = serde_json::from_str(&succeeded("cargo metadata --locked", &output))
+        .expect("metadata JSON");
     let found = metadata["packages"]
         .as_array()
         .expect("packages")
@@ -372,10 +375,7 @@ fn the_binary_runs_as_nonroot_in_a_read_only_directory() {
     let built = binary_under_test();
 
     // A directory only root may write, readable by all: the image's `/`, as the Pod mounts it.
-    let scratch = tempfile::Builder::new()
-        .prefix("image-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .expect("temporary directory");
+    let scratch = scratch("image-");
     let root = scratch.path();
     let binary = root.join("turnstile");
     std::fs::copy(&built, &binary).expect("copy the binary");

@@ -21,6 +21,10 @@
 //! passes, except under `CI=true`, where it fails.
 
 mod deploy_support;
+#[path = "e2e_support/readme.rs"]
+mod readme;
+#[path = "e2e_support/scratch.rs"]
+mod scratch;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -30,6 +34,8 @@ use deploy_support::{
     file_names, kind_of, kustomize_text, name_of, objects, render_base,
     render_text_with_components, repo,
 };
+use readme::readme_line;
+use scratch::{scratch, scratch_file};
 use serde_json::Value;
 
 /// `tool` on PATH, or None after saying why (a failure under `CI=true`).
@@ -40,11 +46,7 @@ fn tool(name: &str, test: &str) -> Option<PathBuf> {
 /// The oldest and newest supported Kubernetes versions, from the README's line
 /// "Supported Kubernetes versions: **1.X to 1.Y**".
 fn supported_versions() -> (String, String) {
-    let readme = std::fs::read_to_string(repo().join("README.md")).expect("read README.md");
-    let line = readme
-        .lines()
-        .find(|line| line.contains("Supported Kubernetes versions:"))
-        .expect("README.md has a \"Supported Kubernetes versions:\" line");
+    let line = readme_line("Supported Kubernetes versions:");
     let range = line
         .split("**")
         .nth(1)
@@ -107,13 +109,6 @@ fn examples() -> Vec<(PathBuf, Vec<Value>)> {
             (path, objects(&text))
         })
         .collect()
-}
-
-fn scratch(prefix: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(prefix)
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .expect("temporary directory")
 }
 
 fn api_group(object: &Value) -> &str {
@@ -230,13 +225,11 @@ fn kubernetes_validate_strict_rejects_an_unknown_field() {
         return;
     };
     let (oldest, _) = supported_versions();
-    let dir = scratch("kubernetes-validate-bad-");
-    let file = dir.path().join("bad.yaml");
-    std::fs::write(
-        &file,
+    let (_dir, file) = scratch_file(
+        "kubernetes-validate-bad-",
+        "bad.yaml",
         "apiVersion: v1\nkind: Service\nmetadata:\n  name: x\nspec:\n  ports:\n    - port: 80\n      targetPorts: 8080\n",
-    )
-    .expect("write");
+    );
     let (ok, text) = run(Command::new(&validate)
         .args(["--strict", "-k", &oldest])
         .arg(&file));
@@ -296,13 +289,11 @@ fn every_custom_resource_passes_the_crd_schemas_strictly() {
         }
     }
     // And it can fail: an unknown spec field, unknown metadata, a mode outside the enum.
-    let dir = scratch("custom-resources-bad-");
-    let bad = dir.path().join("bad.yaml");
-    std::fs::write(
-        &bad,
+    let (_dir, bad) = scratch_file(
+        "custom-resources-bad-",
+        "bad.yaml",
         "apiVersion: turnstile.dev/v1alpha1\nkind: LockClaim\nmetadata:\n  name: x\n  labelz: {}\nspec:\n  lockName: db\n  mode: Weird\n  lockname: db\n",
-    )
-    .expect("write");
+    );
     let (ok, text) = validate_custom_resources(&python, &oldest, &[bad]);
     assert!(!ok, "a bad claim passed:\n{text}");
     for field in ["labelz", "Weird", "lockname"] {

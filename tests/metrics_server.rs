@@ -40,87 +40,79 @@ async fn scrapes_show_what_was_recorded_and_probes_follow_readiness() {
     readiness.set_ready(true);
     assert_eq!(get(addr, "/readyz").await.status, 200);
 
-    for _ in 0..3 {
-        metrics
-            .grants
-            .record_grant(BackendKind::Memory, Duration::from_millis(250));
+    let grants = &metrics.grants;
+    // Three grants on memory after 250 ms each, one on Redis after 2 s.
+    let waits = [(BackendKind::Memory, Duration::from_millis(250)); 3];
+    for (backend, wait) in waits
+        .into_iter()
+        .chain([(BackendKind::Redis, Duration::from_secs(2))])
+    {
+        grants.record_grant(backend, wait);
     }
-    metrics
-        .grants
-        .record_grant(BackendKind::Redis, Duration::from_secs(2));
     for _ in 0..2 {
-        metrics
-            .grants
-            .record_release(BackendKind::Memory, Duration::from_secs(1));
+        grants.record_release(BackendKind::Memory, Duration::from_secs(1));
     }
-    metrics
-        .grants
-        .record_expiry(BackendKind::Redis, Duration::from_secs(30));
-    metrics.grants.record_lock_lost(
-        BackendKind::Memory,
-        LockLostCause::BackendLost,
-        Duration::from_secs(5),
-    );
-    metrics.grants.record_renewal(BackendKind::Memory);
-    metrics
-        .backends
-        .record_error(BackendKind::Redis, BackendOperation::Acquire);
+    grants.record_expiry(BackendKind::Redis, Duration::from_secs(30));
+    let lost = LockLostCause::BackendLost;
+    grants.record_lock_lost(BackendKind::Memory, lost, Duration::from_secs(5));
+    grants.record_renewal(BackendKind::Memory);
+    let backends = &metrics.backends;
+    backends.record_error(BackendKind::Redis, BackendOperation::Acquire);
     metrics.reconciles.record_error(ReconcileErrorKind::Api);
-    metrics
-        .backends
-        .set_queue_depth("team-a/db", BackendKind::Memory, 4);
-    metrics
-        .backends
-        .set_queue_depth("team-b/db", BackendKind::Memory, 2);
+    for (lock, depth) in [("team-a/db", 4), ("team-b/db", 2)] {
+        backends.set_queue_depth(lock, BackendKind::Memory, depth);
+    }
     metrics.replica.set_leader(true);
 
     let scrape = get(addr, "/metrics").await;
     assert_eq!(scrape.status, 200);
     assert_eq!(scrape.content_type, METRICS_CONTENT_TYPE);
     let text = scrape.body;
-    let expect = |series: &str, value: f64| {
+    let expected = [
+        (r#"turnstile_grants_total{backend="memory"}"#, 3.0),
+        (r#"turnstile_grants_total{backend="redis"}"#, 1.0),
+        (r#"turnstile_grants_total{backend="mongo"}"#, 0.0),
+        (r#"turnstile_releases_total{backend="memory"}"#, 2.0),
+        (r#"turnstile_expiries_total{backend="redis"}"#, 1.0),
+        (
+            r#"turnstile_lock_lost_total{backend="redis",cause="expired"}"#,
+            1.0,
+        ),
+        (
+            r#"turnstile_lock_lost_total{backend="memory",cause="backend_lost"}"#,
+            1.0,
+        ),
+        (r#"turnstile_renewals_total{backend="memory"}"#, 1.0),
+        (
+            r#"turnstile_backend_errors_total{backend="redis",operation="acquire"}"#,
+            1.0,
+        ),
+        (r#"turnstile_reconcile_errors_total{kind="api"}"#, 1.0),
+        (r#"turnstile_queue_depth{backend="memory"}"#, 6.0),
+        ("turnstile_leader", 1.0),
+        // Histograms: counts, sums and cumulative buckets.
+        (r#"turnstile_wait_seconds_count{backend="memory"}"#, 3.0),
+        (r#"turnstile_wait_seconds_sum{backend="memory"}"#, 0.75),
+        (
+            r#"turnstile_wait_seconds_bucket{le="0.32",backend="memory"}"#,
+            3.0,
+        ),
+        (
+            r#"turnstile_wait_seconds_bucket{le="0.08",backend="memory"}"#,
+            0.0,
+        ),
+        (
+            r#"turnstile_hold_seconds_count{backend="memory",outcome="released"}"#,
+            2.0,
+        ),
+        (
+            r#"turnstile_hold_seconds_count{backend="memory",outcome="lost"}"#,
+            1.0,
+        ),
+    ];
+    for (series, value) in expected {
         assert_eq!(sample(&text, series), Some(value), "{series} in:\n{text}");
-    };
-    expect(r#"turnstile_grants_total{backend="memory"}"#, 3.0);
-    expect(r#"turnstile_grants_total{backend="redis"}"#, 1.0);
-    expect(r#"turnstile_grants_total{backend="mongo"}"#, 0.0);
-    expect(r#"turnstile_releases_total{backend="memory"}"#, 2.0);
-    expect(r#"turnstile_expiries_total{backend="redis"}"#, 1.0);
-    expect(
-        r#"turnstile_lock_lost_total{backend="redis",cause="expired"}"#,
-        1.0,
-    );
-    expect(
-        r#"turnstile_lock_lost_total{backend="memory",cause="backend_lost"}"#,
-        1.0,
-    );
-    expect(r#"turnstile_renewals_total{backend="memory"}"#, 1.0);
-    expect(
-        r#"turnstile_backend_errors_total{backend="redis",operation="acquire"}"#,
-        1.0,
-    );
-    expect(r#"turnstile_reconcile_errors_total{kind="api"}"#, 1.0);
-    expect(r#"turnstile_queue_depth{backend="memory"}"#, 6.0);
-    expect("turnstile_leader", 1.0);
-    // Histograms: counts, sums and cumulative buckets.
-    expect(r#"turnstile_wait_seconds_count{backend="memory"}"#, 3.0);
-    expect(r#"turnstile_wait_seconds_sum{backend="memory"}"#, 0.75);
-    expect(
-        r#"turnstile_wait_seconds_bucket{le="0.32",backend="memory"}"#,
-        3.0,
-    );
-    expect(
-        r#"turnstile_wait_seconds_bucket{le="0.08",backend="memory"}"#,
-        0.0,
-    );
-    expect(
-        r#"turnstile_hold_seconds_count{backend="memory",outcome="released"}"#,
-        2.0,
-    );
-    expect(
-        r#"turnstile_hold_seconds_count{backend="memory",outcome="lost"}"#,
-        1.0,
-    );
+    }
     assert!(text.ends_with("# EOF\n"));
     // No lock name leaks into a label.
     assert!(!text.contains("team-a") && !text.contains("team-b"));

@@ -21,7 +21,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use deploy_support::{find, render_with_component, repo, str_at, strings};
+use e2e_support::child::output_with_input;
 use e2e_support::scrape::get;
+use e2e_support::scratch::scratch;
 use e2e_support::Env;
 use serde_json::{json, Value};
 
@@ -158,23 +160,11 @@ fn operator_schemas(test: &str) -> Option<(PathBuf, PathBuf)> {
 
 /// `tests/monitoring/operator_schemas.mjs` on `objects`: whether every one passed, and its lines.
 fn validate_against_the_operator(node: &Path, dir: &Path, objects: &[Value]) -> (bool, String) {
-    use std::io::Write;
-    let mut child = Command::new(node)
-        .arg(repo().join("tests/monitoring/operator_schemas.mjs"))
-        .arg(dir)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run node");
+    let mut node = Command::new(node);
+    node.arg(repo().join("tests/monitoring/operator_schemas.mjs"))
+        .arg(dir);
     let input = serde_json::to_vec(objects).expect("objects as JSON");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(&input)
-        .expect("write objects");
-    let output = child.wait_with_output().expect("node finished");
+    let output = output_with_input(&mut node, &input, "node");
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),
@@ -300,10 +290,7 @@ fn the_rules_pass_promtool_check_and_every_unit_case() {
         return;
     };
     let objects = rendered();
-    let dir = tempfile::Builder::new()
-        .prefix("promtool-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .expect("temporary directory");
+    let dir = scratch("promtool-");
     std::fs::write(dir.path().join("rules.yaml"), rules_file(&objects)).expect("write rules");
     std::fs::copy(
         repo().join("tests/monitoring/alerts.test.yaml"),
@@ -474,10 +461,7 @@ fn every_dashboard_query_is_valid_promql() {
         .enumerate()
         .map(|(i, (_, expr))| json!({"record": format!("dashboard:query_{i}"), "expr": as_promql(expr)}))
         .collect();
-    let dir = tempfile::Builder::new()
-        .prefix("promtool-dashboard-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .expect("temporary directory");
+    let dir = scratch("promtool-dashboard-");
     let file = json!({"groups": [{"name": "dashboard", "rules": rules}]});
     std::fs::write(
         dir.path().join("dashboard.yaml"),

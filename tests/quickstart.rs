@@ -12,6 +12,8 @@
 //!   `export KUBECONFIG=` line, leaves both processes serving after it exits, and `stop` ends
 //!   them by PID.
 
+#[path = "e2e_support/json.rs"]
+mod json;
 #[path = "e2e_support/output.rs"]
 mod output;
 
@@ -19,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
+use json::strings_of;
 use output::text;
 use serde::Deserialize as _;
 
@@ -254,18 +257,15 @@ fn kind_path_rolls_out_the_image_it_built_and_loaded() {
 
 #[test]
 fn the_default_cluster_has_three_nodes_and_the_examples_follow_the_rollout() {
-    let config: serde_yaml::Value = serde_yaml::from_str(
+    let config: serde_json::Value = serde_yaml::from_str(
         &std::fs::read_to_string(repo().join("kind-config.yaml")).expect("kind-config.yaml"),
     )
     .expect("kind-config.yaml is YAML");
     assert_eq!(config["name"].as_str(), Some("turnstile"));
-    let roles: Vec<&str> = config["nodes"]
-        .as_sequence()
-        .expect("nodes")
-        .iter()
-        .filter_map(|node| node["role"].as_str())
-        .collect();
-    assert_eq!(roles, ["control-plane", "worker", "worker"]);
+    assert_eq!(
+        strings_of(&config["nodes"], "role"),
+        ["control-plane", "worker", "worker"]
+    );
 
     let run = run_kind_path(KindSetup {
         mode: Some("kind"),

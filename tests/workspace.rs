@@ -3,8 +3,19 @@
 //! what `cargo package` would publish. The builds use a target folder of their own
 //! (`target/workspace-check`), since the suite's own build folder is locked while it runs.
 
+#[path = "e2e_support/json.rs"]
+mod json;
+#[path = "e2e_support/output.rs"]
+mod output;
+#[path = "e2e_support/readme.rs"]
+mod readme;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use json::strings_of;
+use output::succeeded;
+use readme::{readme_line, readme_text};
 
 fn workspace() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -20,16 +31,6 @@ fn cargo(args: &[&str]) -> std::process::Output {
         .env("CARGO_INCREMENTAL", "0")
         .output()
         .expect("run cargo")
-}
-
-fn succeeded(what: &str, output: &std::process::Output) -> String {
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "{what} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    stdout
 }
 
 #[test]
@@ -89,11 +90,8 @@ fn commands(script: &str) -> Vec<String> {
 
 #[test]
 fn ci_runs_the_readmes_test_command_and_nothing_else() {
-    let readme = std::fs::read_to_string(workspace().join("README.md")).expect("README.md");
-    let row = readme
-        .lines()
-        .find(|line| line.starts_with("| pass the tests:"))
-        .expect("the README's set-up row for the tests");
+    let readme = readme_text();
+    let row = readme_line("| pass the tests:");
     let command = row
         .rsplit('|')
         .map(str::trim)
@@ -188,12 +186,7 @@ fn each_crate_depends_only_on_the_crates_above_it() {
         "turnstile-controller",
         "turnstile",
     ];
-    let members: Vec<&str> = metadata["packages"]
-        .as_array()
-        .expect("packages")
-        .iter()
-        .filter_map(|package| package["name"].as_str())
-        .collect();
+    let members = strings_of(&metadata["packages"], "name");
     let mut edges = Vec::new();
     for package in metadata["packages"].as_array().expect("packages") {
         let name = package["name"].as_str().expect("name");

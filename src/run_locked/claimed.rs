@@ -30,9 +30,9 @@ use super::signals::TerminationSignals;
 use super::{
     command_ended, exit_code, pass_on, renewal_interval, spawn_failure, stop_after_loss, LockArgs,
 };
-use crate::oneshot::{client_in_namespace, error_chain, Outcome, EXIT_USAGE};
+use crate::oneshot::{error_chain, namespace_apis, Outcome, EXIT_USAGE};
 use crate::wait::{assess, describe, Verdict};
-use turnstile_api::{ClaimMode, DistributedLock, LockClaim, LockClaimSpec};
+use turnstile_api::{ClaimMode, LockClaim, LockClaimSpec};
 
 /// Longest pause between watch retries after errors.
 const MAX_WATCH_BACKOFF: Duration = Duration::from_secs(5);
@@ -47,17 +47,11 @@ pub async fn lock_through_claim(args: &LockArgs, signals: &mut TerminationSignal
     let Some(lock) = args.lock.as_deref() else {
         return Outcome::with_reason(EXIT_USAGE, "give --backend and a KEY, or --lock NAME");
     };
-    let (client, namespace) = match client_in_namespace(
-        args.namespace.as_deref(),
-        exit_code::BACKEND_UNAVAILABLE,
-    )
-    .await
-    {
-        Ok(found) => found,
-        Err(outcome) => return outcome,
-    };
-    let claims: Api<LockClaim> = Api::namespaced(client.clone(), &namespace);
-    let locks: Api<DistributedLock> = Api::namespaced(client, &namespace);
+    let (namespace, locks, claims) =
+        match namespace_apis(args.namespace.as_deref(), exit_code::BACKEND_UNAVAILABLE).await {
+            Ok(apis) => apis,
+            Err(outcome) => return outcome,
+        };
     let unreachable = |what: &str, error: &kube::Error| {
         Outcome::with_reason(
             exit_code::BACKEND_UNAVAILABLE,

@@ -26,7 +26,7 @@ use kube::api::Api;
 use kube::runtime::watcher;
 use tokio::time::Instant;
 
-use crate::oneshot::{client_in_namespace, error_chain, init_logging, Outcome, EXIT_USAGE};
+use crate::oneshot::{error_chain, init_logging, namespace_apis, Outcome, EXIT_USAGE};
 use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
 
 pub use self::create::{
@@ -172,13 +172,11 @@ async fn wait_for_claim(
     owner: Option<&PodIdentity>,
     last_seen: &mut Option<LockClaim>,
 ) -> Outcome {
-    let (client, namespace) =
-        match client_in_namespace(args.namespace.as_deref(), exit_code::ERROR).await {
-            Ok(found) => found,
+    let (namespace, locks, claims) =
+        match namespace_apis(args.namespace.as_deref(), exit_code::ERROR).await {
+            Ok(apis) => apis,
             Err(outcome) => return outcome,
         };
-    let claims: Api<LockClaim> = Api::namespaced(client.clone(), &namespace);
-    let locks: Api<DistributedLock> = Api::namespaced(client, &namespace);
     let target = Target {
         claim: &args.claim,
         namespace: &namespace,

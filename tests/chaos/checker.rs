@@ -168,18 +168,12 @@ fn facts(entries: &[Entry]) -> BTreeMap<String, ClaimFacts> {
                 facts.created_here = Some(entry.at);
             }
             Event::SawHeld { claim, .. } => {
-                claims
-                    .entry(claim.clone())
-                    .or_default()
-                    .worker_saw_held
-                    .get_or_insert(entry.at);
+                let facts = claims.entry(claim.clone()).or_default();
+                facts.worker_saw_held.get_or_insert(entry.at);
             }
             Event::Ended { claim, .. } => {
-                claims
-                    .entry(claim.clone())
-                    .or_default()
-                    .ended_here
-                    .get_or_insert(entry.at);
+                let facts = claims.entry(claim.clone()).or_default();
+                facts.ended_here.get_or_insert(entry.at);
             }
             _ => {}
         }

@@ -127,6 +127,39 @@ fn clean() -> Script {
     script
 }
 
+/// One grant as the history records it: `(fencing token, from, until)`, in seconds.
+type Grant = (i64, i64, i64);
+
+/// a (created at 0) and b (created at 1), each granted once as `a`, `b` and deleted at
+/// `a_deleted`, `b_deleted`, neither writing: the hand-offs that go wrong by their times or
+/// tokens alone.
+fn hand_off(a: Grant, a_deleted: i64, b: Grant, b_deleted: i64) -> Script {
+    let script = Script::default();
+    script
+        .create("a", 0)
+        .create("b", 1)
+        .held("a", 0, a.0, a.1, a.2)
+        .delete("a", a_deleted)
+        .held("b", 1, b.0, b.1, b.2)
+        .delete("b", b_deleted);
+    script
+}
+
+/// a and b, both created at 0, granted as `a` and `b` (in that order, before either is
+/// deleted) and deleted at `deleted.0`, `deleted.1`: grants side by side, or one after the
+/// other's lease.
+fn both_granted(a: Grant, b: Grant, deleted: (i64, i64)) -> Script {
+    let script = Script::default();
+    script
+        .create("a", 0)
+        .create("b", 0)
+        .held("a", 0, a.0, a.1, a.2)
+        .held("b", 0, b.0, b.1, b.2)
+        .delete("a", deleted.0)
+        .delete("b", deleted.1);
+    script
+}
+
 /// Only `kind` was found, `at_least` times or more.
 fn assert_only(report: &Report, kind: Kind) {
     assert!(report.count(kind) > 0, "{kind:?} not caught: {report:?}");
@@ -148,41 +181,20 @@ fn a_clean_history_passes() {
 
 #[test]
 fn two_holders_of_a_mutex_at_once_are_caught() {
-    let script = Script::default();
-    script
-        .create("a", 0)
-        .create("b", 0)
-        .held("a", 0, 1, 0, 3)
-        .held("b", 0, 2, 1, 4)
-        .delete("a", 2)
-        .delete("b", 3);
+    let script = both_granted((1, 0, 3), (2, 1, 4), (2, 3));
     assert_only(&script.check(&[]), Kind::OverCapacity);
 }
 
 #[test]
 fn a_lease_that_ran_out_before_the_next_grant_is_no_overlap() {
-    let script = Script::default();
-    script
-        .create("a", 0)
-        .create("b", 0)
-        .held("a", 0, 1, 0, 3)
-        .held("b", 0, 2, 3, 6)
-        .delete("a", 5)
-        .delete("b", 5);
+    let script = both_granted((1, 0, 3), (2, 3, 6), (5, 5));
     let report = script.check(&[]);
     assert!(report.violations.is_empty(), "{:?}", report.violations);
 }
 
 #[test]
 fn a_token_that_goes_backwards_is_caught() {
-    let script = Script::default();
-    script
-        .create("a", 0)
-        .create("b", 1)
-        .held("a", 0, 5, 0, 3)
-        .delete("a", 2)
-        .held("b", 1, 4, 2, 5)
-        .delete("b", 4);
+    let script = hand_off((5, 0, 3), 2, (4, 2, 5), 4);
     assert_only(&script.check(&[]), Kind::TokenRegression);
 }
 
@@ -230,15 +242,8 @@ fn a_claim_that_never_got_anywhere_is_caught() {
 
 #[test]
 fn a_lock_left_free_with_a_waiter_is_caught() {
-    let script = Script::default();
-    script
-        .create("a", 0)
-        .create("b", 1)
-        .held("a", 0, 1, 0, 3)
-        .delete("a", 2)
-        // Nobody holds from 2 to 20 while b waits: more than the lease (3) + margin (5).
-        .held("b", 1, 2, 20, 23)
-        .delete("b", 21);
+    // Nobody holds from 2 to 20 while b waits: more than the lease (3) + margin (5).
+    let script = hand_off((1, 0, 3), 2, (2, 20, 23), 21);
     assert_only(&script.check(&[]), Kind::StuckFree);
 }
 

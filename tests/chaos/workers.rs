@@ -281,23 +281,11 @@ impl Workload {
         match ending {
             Ending::Release => {
                 let release = json!({"spec": {"release": true}});
-                retry("release", not_found, || async {
-                    self.claims
-                        .patch(claim, &PatchParams::default(), &Patch::Merge(&release))
-                        .await
-                        .map(|_| ())
-                })
-                .await;
+                merge_patch("release", &self.claims, claim, &release).await;
             }
             Ending::PodSucceeded => {
                 let done = json!({"status": {"phase": "Succeeded"}});
-                retry("finish pod", not_found, || async {
-                    self.pods
-                        .patch_status(claim, &PatchParams::default(), &Patch::Merge(&done))
-                        .await
-                        .map(|_| ())
-                })
-                .await;
+                merge_patch("finish pod", &self.pods, claim, &done).await;
             }
             Ending::PodDeleted => self.delete_pod(claim).await,
             Ending::Delete | Ending::GaveUp => self.delete_claim(claim).await,
@@ -320,6 +308,26 @@ where
 {
     retry("delete", not_found, || async {
         api.delete(name, &DeleteParams::default()).await.map(|_| ())
+    })
+    .await;
+}
+
+/// Merge-patches `name` with `patch`, its status if `patch` sets only `status` (retrying;
+/// gone already is fine).
+async fn merge_patch<K>(what: &str, api: &Api<K>, name: &str, patch: &serde_json::Value)
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let status_only = patch
+        .as_object()
+        .is_some_and(|fields| fields.len() == 1 && fields.contains_key("status"));
+    let (params, patch) = (PatchParams::default(), Patch::Merge(patch));
+    retry(what, not_found, || async {
+        if status_only {
+            api.patch_status(name, &params, &patch).await.map(|_| ())
+        } else {
+            api.patch(name, &params, &patch).await.map(|_| ())
+        }
     })
     .await;
 }

@@ -5,15 +5,19 @@
 #![allow(dead_code)]
 
 pub mod actor;
+pub mod child;
 pub mod dns;
 pub mod jobs;
+pub mod json;
+pub mod launch;
 pub mod output;
 pub mod pods;
+pub mod readme;
 pub mod roles;
 pub mod scrape;
+pub mod scratch;
 pub mod tls_front;
 
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -29,6 +33,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
 use turnstile_controller::{run, ControllerConfig};
+use turnstile_lock::{Backend as _, LockSnapshot, MongoBackend, MongoBackendConfig};
 
 /// The variable naming a real cluster's kubeconfig.
 pub const REAL_CLUSTER_ENV: &str = "TURNSTILE_E2E_KUBECONFIG";
@@ -69,8 +74,7 @@ pub struct Env {
 }
 
 fn real_kubeconfig() -> Option<PathBuf> {
-    std::env::var(REAL_CLUSTER_ENV)
-        .ok()
+    std::env::var_os(REAL_CLUSTER_ENV)
         .filter(|path| !path.is_empty())
         .map(PathBuf::from)
 }
@@ -170,11 +174,70 @@ impl Env {
         Some(Env::with_fake(fake).await)
     }
 
+    /// [`Env::new`] with the default controller already running (memory backend).
+    pub async fn started() -> Env {
+        let mut env = Env::new().await;
+        env.start_default_controller();
+        env
+    }
+
+    /// [`Env::fake_only`] with the default controller already running: None (after saying so)
+    /// on a real cluster.
+    pub async fn fake_only_started(test: &str) -> Option<Env> {
+        let mut env = Env::fake_only(test).await?;
+        env.start_default_controller();
+        Some(env)
+    }
+
     /// The fake (panics on a real cluster).
     pub fn server(&self) -> &FakeApiServer {
         self.fake
             .as_ref()
             .expect("this step needs the fake API server")
+    }
+
+    /// Stores the claim `name` (uid `uid`) with `spec` in the fake as it is, past the schema
+    /// (as one written before a schema change would be); `metadata` adds to its metadata.
+    pub fn store_unvalidated_claim(
+        &self,
+        name: &str,
+        uid: &str,
+        metadata: serde_json::Value,
+        spec: serde_json::Value,
+    ) {
+        let mut object = json!({
+            "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
+            "metadata": {
+                "name": name, "namespace": self.namespace, "uid": uid,
+                "creationTimestamp": "2026-01-01T00:00:00Z", "generation": 1
+            },
+            "spec": spec
+        });
+        if let serde_json::Value::Object(extra) = metadata {
+            object["metadata"]
+                .as_object_mut()
+                .expect("metadata")
+                .extend(extra);
+        }
+        self.server()
+            .store_unvalidated("turnstile.dev", "lockclaims", &self.namespace, object);
+    }
+
+    /// The lock `lock` of the test's namespace as the MongoDB at `uri` holds it, in the
+    /// database and collection `config` names.
+    pub async fn mongo_snapshot(
+        &self,
+        uri: &str,
+        config: MongoBackendConfig,
+        lock: &str,
+    ) -> LockSnapshot {
+        let reader = MongoBackend::connect(uri, config)
+            .await
+            .unwrap_or_else(|error| panic!("connect to MongoDB at {uri}: {error}"));
+        reader
+            .snapshot(&format!("{}/{lock}", self.namespace))
+            .await
+            .unwrap_or_else(|error| panic!("snapshot of {lock}: {error}"))
     }
 
     /// Posts the generated CRDs (as `turnstile crds` prints them) and waits until served.
@@ -268,12 +331,7 @@ impl Env {
     /// Stops the controller and waits until it has stopped.
     pub async fn stop_controller(&mut self) {
         let running = self.controller.take().expect("controller running");
-        let _ = running.stop.send(());
-        tokio::time::timeout(WAIT, running.task)
-            .await
-            .expect("controller stops in time")
-            .expect("controller task")
-            .expect("controller result");
+        running.stop().await;
     }
 
     /// Claims in the test namespace.
@@ -309,6 +367,15 @@ impl Env {
         String::from_utf8(output.stdout).expect("utf-8")
     }
 
+    /// A merge patch of `object` (`kind/name`) with `patch`, by `kubectl patch`; asserts the
+    /// API server refuses it with `message` in the error (`why` says what was refused).
+    pub fn assert_patch_refused(&self, object: &str, patch: &str, why: &str, message: &str) {
+        let output = self.kubectl_output(&["patch", object, "--type=merge", "-p", patch]);
+        assert!(!output.status.success(), "{why}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(message), "{stderr}");
+    }
+
     /// A `kubectl` command (with kubeconfig and namespace) to spawn.
     pub fn kubectl_command(&self, args: &[&str]) -> Command {
         let mut command = Command::new("kubectl");
@@ -323,20 +390,8 @@ impl Env {
 
     /// `kubectl apply -f -` with `yaml` on stdin; returns the output.
     pub fn kubectl_apply_output(&self, yaml: &str) -> Output {
-        let mut child = self
-            .kubectl_command(&["apply", "-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn kubectl");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(yaml.as_bytes())
-            .expect("write yaml");
-        child.wait_with_output().expect("kubectl apply")
+        let mut apply = self.kubectl_command(&["apply", "-f", "-"]);
+        child::output_with_input(&mut apply, yaml.as_bytes(), "kubectl apply")
     }
 
     /// `kubectl apply -f -` with `yaml`; panics on failure.
@@ -357,12 +412,41 @@ impl Env {
         ));
     }
 
+    /// Applies the locks `names`, each with `spec`.
+    pub fn apply_locks(&self, names: &[&str], spec: &str) {
+        for name in names {
+            self.apply_lock(name, spec);
+        }
+    }
+
     /// Applies a claim on `lock` with extra spec lines.
     pub fn apply_claim(&self, name: &str, lock: &str, extra_spec: &str) {
         self.apply(&format!(
             "apiVersion: turnstile.dev/v1alpha1\nkind: LockClaim\nmetadata:\n  name: {name}\nspec:\n  lockName: {lock}\n{}",
             indent(extra_spec)
         ));
+    }
+
+    /// Applies the claim `name` on `lock` (with extra spec lines) and waits until it is `Held`.
+    pub async fn hold(&self, name: &str, lock: &str, extra_spec: &str) -> LockClaim {
+        self.apply_claim(name, lock, extra_spec);
+        self.wait_phase(name, ClaimPhase::Held).await
+    }
+
+    /// [`Env::hold`], asserting the claim was `Held` within `limit` of being applied (`why`
+    /// says what it shows, for the message).
+    pub async fn hold_within(
+        &self,
+        limit: Duration,
+        why: &str,
+        name: &str,
+        lock: &str,
+    ) -> LockClaim {
+        let applied = Instant::now();
+        let held = self.hold(name, lock, "").await;
+        let took = applied.elapsed();
+        assert!(took < limit, "{why}: {name} was held only after {took:?}");
+        held
     }
 
     /// Applies claims `a`, `b`, `c` on `lock` (in that order) and waits until `a` holds it and
@@ -426,6 +510,11 @@ impl Env {
             "a keeps its grant"
         );
         assert_eq!(token_of(&during), Some(1));
+    }
+
+    /// Reads a claim: None if there is none of that name.
+    pub async fn claim_opt(&self, name: &str) -> Option<LockClaim> {
+        self.claims().get_opt(name).await.expect("get claim")
     }
 
     /// Reads a claim.
@@ -541,18 +630,25 @@ impl Env {
 
     /// The Events about the object `name` in the test namespace, oldest first.
     pub async fn events_about(&self, name: &str) -> Vec<k8s_openapi::api::events::v1::Event> {
-        let events: Api<k8s_openapi::api::events::v1::Event> =
-            Api::namespaced(self.client.clone(), &self.namespace);
-        let mut found: Vec<_> = events
-            .list(&Default::default())
+        let mut found: Vec<_> = self
+            .events()
             .await
-            .expect("list events")
-            .items
             .into_iter()
             .filter(|event| event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
             .collect();
         found.sort_by_key(|event| event.event_time.as_ref().map(|t| t.0));
         found
+    }
+
+    /// All Events in the test namespace.
+    pub async fn events(&self) -> Vec<k8s_openapi::api::events::v1::Event> {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        events
+            .list(&Default::default())
+            .await
+            .expect("list events")
+            .items
     }
 
     /// Waits until an Event with `reason` about `name` exists.
@@ -636,7 +732,7 @@ impl Drop for Env {
 
 /// Polls `name` in `api` until it exists and satisfies `done`; panics with its last state
 /// after [`WAIT`].
-async fn wait_object<K>(api: Api<K>, name: &str, done: impl Fn(&K) -> bool) -> K
+pub async fn wait_object<K>(api: Api<K>, name: &str, done: impl Fn(&K) -> bool) -> K
 where
     K: Clone + std::fmt::Debug + serde::de::DeserializeOwned,
 {
@@ -690,6 +786,21 @@ pub fn in_own_mount_namespace(script: &str) -> tokio::process::Command {
     command
 }
 
+/// Writes at `path` a kubeconfig whose only cluster is `http://127.0.0.1:PORT`, with the
+/// context's namespace `namespace` (for a test whose API server cannot be reached: nothing
+/// listens on a port just found free).
+pub fn write_unreachable_kubeconfig(path: &std::path::Path, port: u16, namespace: &str) {
+    std::fs::write(
+        path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: gone\n  cluster:\n    server: http://127.0.0.1:{port}\n\
+             contexts:\n- name: gone\n  context:\n    cluster: gone\n    user: nobody\n    namespace: {namespace}\n\
+             current-context: gone\nusers:\n- name: nobody\n  user: {{}}\n"
+        ),
+    )
+    .unwrap_or_else(|error| panic!("write {}: {error}", path.display()));
+}
+
 /// Creates namespace `namespace` and, in it, the memory lock `lock` and the claim `claim` on
 /// it (for a test about a namespace other than its own); returns the claims of that namespace.
 pub async fn namespace_with_a_claim(
@@ -699,32 +810,39 @@ pub async fn namespace_with_a_claim(
     claim: &str,
 ) -> Api<LockClaim> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let object = serde_json::from_value(json!({"metadata": {"name": namespace}})).expect("ns");
-    namespaces
-        .create(&PostParams::default(), &object)
-        .await
-        .expect("create namespace");
+    create_from_json(&namespaces, json!({"metadata": {"name": namespace}})).await;
     let locks: Api<DistributedLock> = Api::namespaced(client.clone(), namespace);
-    let object = serde_json::from_value(json!({
-        "apiVersion": "turnstile.dev/v1alpha1", "kind": "DistributedLock",
-        "metadata": {"name": lock}, "spec": {"leaseDurationSeconds": 300}
-    }))
-    .expect("lock");
-    locks
-        .create(&PostParams::default(), &object)
-        .await
-        .expect("create lock");
+    create_from_json(
+        &locks,
+        json!({
+            "apiVersion": "turnstile.dev/v1alpha1", "kind": "DistributedLock",
+            "metadata": {"name": lock}, "spec": {"leaseDurationSeconds": 300}
+        }),
+    )
+    .await;
     let claims: Api<LockClaim> = Api::namespaced(client.clone(), namespace);
-    let object = serde_json::from_value(json!({
-        "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
-        "metadata": {"name": claim}, "spec": {"lockName": lock}
-    }))
-    .expect("claim");
+    create_from_json(
+        &claims,
+        json!({
+            "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
+            "metadata": {"name": claim}, "spec": {"lockName": lock}
+        }),
+    )
+    .await;
     claims
-        .create(&PostParams::default(), &object)
+}
+
+/// Creates the object `object` (JSON, as `kubectl` would send it) through `api`; panics if
+/// it does not decode or the API server refuses it.
+pub async fn create_from_json<K>(api: &Api<K>, object: serde_json::Value) -> K
+where
+    K: Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+{
+    let typed: K = serde_json::from_value(object.clone())
+        .unwrap_or_else(|error| panic!("{object} does not decode: {error}"));
+    api.create(&PostParams::default(), &typed)
         .await
-        .expect("create claim");
-    claims
+        .unwrap_or_else(|error| panic!("create {object}: {error}"))
 }
 
 /// A claim's phase.
@@ -753,6 +871,31 @@ pub fn token_on(claim: &LockClaim, lock: &str) -> Option<i64> {
         .iter()
         .find(|entry| entry.lock_name == lock)
         .map(|entry| entry.fencing_token)
+}
+
+/// A claim's fencing token on each of its locks, as its `status.locks` records them.
+pub fn lock_tokens(claim: &LockClaim) -> Vec<(String, i64)> {
+    claim
+        .status
+        .iter()
+        .flat_map(|status| &status.locks)
+        .map(|entry| (entry.lock_name.clone(), entry.fencing_token))
+        .collect()
+}
+
+/// Sets the annotation `key` to `value` on the object `name` of `api` (a change that wakes
+/// whoever watches it, and nothing else).
+pub async fn annotate<K>(api: &Api<K>, name: &str, key: &str, value: &str)
+where
+    K: Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {key: value}}})),
+    )
+    .await
+    .unwrap_or_else(|error| panic!("annotate {name}: {error}"));
 }
 
 /// A claim's queue position.
