@@ -244,7 +244,7 @@ async fn run(plan: RunPlan) -> Option<(Report, String)> {
     // created between two pages must still reach the controller (the hour-long run once lost
     // one for minutes when the fake served later pages from a newer snapshot).
     let fake = fake_apiserver::FakeApiServer::builder().max_list_page(CHAOS_LIST_PAGE);
-    let env = Env::fake_only_with(plan.title, fake).await?;
+    let env = Env::fake_only_with(fake).await?;
     let dir = tempfile::tempdir().expect("run dir");
     // `TURNSTILE_CHAOS_LOG_DIR` keeps the replicas' whole logs for a look afterwards.
     let kept_logs = std::env::var_os("TURNSTILE_CHAOS_LOG_DIR")

@@ -210,8 +210,7 @@ async fn still_waiting(child: &mut tokio::process::Child, for_how_long: Duration
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_claims_example_queues_three_claims() {
-    let Some(mut env) = Env::fake_only_started("the_claims_example_queues_three_claims").await
-    else {
+    let Some(mut env) = Env::fake_only_started().await else {
         return;
     };
     let scratch = Scratch::new(&env);
@@ -231,10 +230,7 @@ async fn the_claims_example_queues_three_claims() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_multi_lock_example_grants_both_locks_to_one_claim_at_a_time() {
-    let Some(mut env) =
-        Env::fake_only_started("the_multi_lock_example_grants_both_locks_to_one_claim_at_a_time")
-            .await
-    else {
+    let Some(mut env) = Env::fake_only_started().await else {
         return;
     };
     let scratch = Scratch::new(&env);
@@ -267,11 +263,7 @@ async fn the_multi_lock_example_grants_both_locks_to_one_claim_at_a_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lock_in_a_container_example_runs_one_step_at_a_time_across_pods() {
-    let Some(mut env) = Env::fake_only_started(
-        "the_lock_in_a_container_example_runs_one_step_at_a_time_across_pods",
-    )
-    .await
-    else {
+    let Some(mut env) = Env::fake_only_started().await else {
         return;
     };
     let scratch = Scratch::new(&env);
@@ -352,9 +344,7 @@ async fn the_lock_in_a_container_example_runs_one_step_at_a_time_across_pods() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_priority_example_serves_the_hotfix_first() {
-    let Some(mut env) =
-        Env::fake_only_started("the_priority_example_serves_the_hotfix_first").await
-    else {
+    let Some(mut env) = Env::fake_only_started().await else {
         return;
     };
     let scratch = Scratch::new(&env);
@@ -466,9 +456,7 @@ async fn second_pod_waits_for_the_first(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kubectl_wait_job_example_gates_its_pods_one_at_a_time() {
-    let Some(mut env) =
-        Env::fake_only_started("the_kubectl_wait_job_example_gates_its_pods_one_at_a_time").await
-    else {
+    let Some(mut env) = Env::fake_only_started().await else {
         return;
     };
     let scratch = Scratch::new(&env);
@@ -502,10 +490,7 @@ async fn the_kubectl_wait_job_example_gates_its_pods_one_at_a_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_init_container_example_runs_turnstile_wait_as_the_pod_would() {
-    let Some(mut env) =
-        Env::fake_only_started("the_init_container_example_runs_turnstile_wait_as_the_pod_would")
-            .await
-    else {
+    let Some(mut env) = Env::fake_only_started().await else {
         return;
     };
     let scratch = Scratch::new(&env);
@@ -660,9 +645,7 @@ fn annotation(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gated_job_example_runs_only_while_its_claim_is_held() {
-    let Some(mut env) =
-        Env::fake_only("the_gated_job_example_runs_only_while_its_claim_is_held").await
-    else {
+    let Some(mut env) = Env::fake_only().await else {
         return;
     };
     let scratch = Scratch::new(&env);
@@ -774,10 +757,7 @@ async fn the_gated_job_example_runs_only_while_its_claim_is_held() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gated_deployment_example_lets_its_replicas_go_one_at_a_time() {
-    let Some(mut env) =
-        Env::fake_only_started("the_gated_deployment_example_lets_its_replicas_go_one_at_a_time")
-            .await
-    else {
+    let Some(mut env) = Env::fake_only_started().await else {
         return;
     };
     let scratch = Scratch::new(&env);
@@ -856,9 +836,7 @@ async fn the_gated_deployment_example_lets_its_replicas_go_one_at_a_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cronjobs_example_never_runs_two_jobs_at_once() {
-    let Some(mut env) =
-        Env::fake_only_started("the_cronjobs_example_never_runs_two_jobs_at_once").await
-    else {
+    let Some(mut env) = Env::fake_only_started().await else {
         return;
     };
     let scratch = Scratch::new(&env);
@@ -949,7 +927,7 @@ fn lockclaim_verbs(docs: &[Value], role: &str) -> BTreeSet<String> {
 async fn the_kubectl_wait_script_uses_exactly_the_verbs_of_its_role() {
     // No controller: the test plays it (and the kubelet) through a client of its own, so
     // every other request in the fake's log is the script's kubectl.
-    let Some(env) = Env::fake_only("the_kubectl_wait_script_uses_exactly_the_verbs").await else {
+    let Some(env) = Env::fake_only().await else {
         return;
     };
     let scratch = Scratch::new(&env);
@@ -1020,7 +998,7 @@ async fn the_kubectl_wait_script_uses_exactly_the_verbs_of_its_role() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_or_expired_claim_leaves_kubectl_wait_waiting_until_its_timeout() {
     // kubectl wait knows only "Held or not yet": the README's caveat, shown.
-    let Some(env) = Env::fake_only("a_failed_or_expired_claim_leaves_kubectl_wait").await else {
+    let Some(env) = Env::fake_only().await else {
         return;
     };
     let scratch = Scratch::new(&env);

@@ -201,7 +201,7 @@ async fn apply_get_and_wait(mut env: Env) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_controller_writes_nothing() {
-    let Some(mut env) = Env::fake_only_started("an_idle_controller_writes_nothing").await else {
+    let Some(mut env) = Env::fake_only_started().await else {
         return;
     };
     env.apply(&lock_and_claims());

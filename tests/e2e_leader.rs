@@ -188,7 +188,7 @@ fn writes(log: &[fake_apiserver::RecordedRequest]) -> Vec<String> {
 /// backend nor writes to the API; the same pass once the gate opens grants the claim.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_leadership_gate_stops_grants_and_writes() {
-    let Some(env) = Env::fake_only("a_closed_leadership_gate_stops_grants_and_writes").await else {
+    let Some(env) = Env::fake_only().await else {
         return;
     };
     env.apply_lock("db", "leaseDurationSeconds: 300");
@@ -244,7 +244,7 @@ async fn a_closed_leadership_gate_stops_grants_and_writes() {
 /// releases the holder and adds a claim; the next claim stays queued.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_loses_the_lease_stops_granting() {
-    let Some(env) = Env::fake_only("a_replica_that_loses_the_lease_stops_granting").await else {
+    let Some(env) = Env::fake_only().await else {
         return;
     };
     let metrics_addr = free_addr();

@@ -162,9 +162,7 @@ async fn a_failed_job_releases_its_claim() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_pod_takes_its_claim_and_the_lock_moves_on() {
-    let Some(mut env) =
-        Env::fake_only_started("a_deleted_pod_takes_its_claim_and_the_lock_moves_on").await
-    else {
+    let Some(mut env) = Env::fake_only_started().await else {
         return;
     };
     pod_holds_with_one_waiting(&env, "worker-2", "leaseDurationSeconds: 300").await;
@@ -225,7 +223,7 @@ async fn a_failed_pod_hands_the_lock_on_long_before_its_lease_ends() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_owned_waiters_cost_no_api_lookup_per_pass() {
-    let Some(env) = Env::fake_only("pod_owned_waiters_cost_no_api_lookup_per_pass").await else {
+    let Some(env) = Env::fake_only().await else {
         return;
     };
     let controller = env.spawn_controller(Default::default());
@@ -268,9 +266,7 @@ async fn pod_owned_waiters_cost_no_api_lookup_per_pass() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orphaning_pod_delete_leaves_a_plain_claim_that_runs_out() {
-    let Some(mut env) =
-        Env::fake_only_started("an_orphaning_pod_delete_leaves_a_plain_claim_that_runs_out").await
-    else {
+    let Some(mut env) = Env::fake_only_started().await else {
         return;
     };
     pod_holds_with_one_waiting(&env, "worker-4", "leaseDurationSeconds: 4").await;
@@ -284,10 +280,7 @@ async fn an_orphaning_pod_delete_leaves_a_plain_claim_that_runs_out() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orphaning_pod_delete_seen_before_the_claims_change_keeps_the_grant() {
-    let Some(mut env) =
-        Env::fake_only("an_orphaning_pod_delete_seen_before_the_claims_change_keeps_the_grant")
-            .await
-    else {
+    let Some(mut env) = Env::fake_only().await else {
         return;
     };
     // The claims' changes reach the controller 1.5 s late; a holder's Pod is looked up at

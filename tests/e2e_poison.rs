@@ -80,7 +80,7 @@ async fn invalid_object_warned(env: &Env, object: &str, field: &str) -> Vec<Stri
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_that_does_not_decode_stops_nothing_and_is_picked_up_once_fixed() {
-    let Some(mut env) = Env::fake_only("a_claim_that_does_not_decode_stops_nothing").await else {
+    let Some(mut env) = Env::fake_only().await else {
         return;
     };
     let metrics_addr = start_with_two_locks(&mut env);
@@ -131,7 +131,7 @@ async fn a_claim_that_does_not_decode_stops_nothing_and_is_picked_up_once_fixed(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_that_does_not_decode_keeps_its_holder_stops_no_other_lock_and_is_picked_up() {
-    let Some(mut env) = Env::fake_only("a_lock_that_does_not_decode").await else {
+    let Some(mut env) = Env::fake_only().await else {
         return;
     };
     let metrics_addr = start_with_two_locks(&mut env);

@@ -70,9 +70,7 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deployed_rbac_grants_every_call_the_controller_makes() {
-    let Some(env) =
-        Env::fake_only("the_deployed_rbac_grants_every_call_the_controller_makes").await
-    else {
+    let Some(env) = Env::fake_only().await else {
         return;
     };
     let controller = env.spawn_controller_with(

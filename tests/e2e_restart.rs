@@ -51,8 +51,7 @@ async fn restart_mid_queue_keeps_holder_order_and_tokens() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forced_watch_410_does_not_break_anything() {
-    let Some(mut env) = Env::fake_only_started("forced_watch_410_does_not_break_anything").await
-    else {
+    let Some(mut env) = Env::fake_only_started().await else {
         return;
     };
     env.apply_lock("db", "leaseDurationSeconds: 300");
@@ -77,8 +76,7 @@ async fn forced_watch_410_does_not_break_anything() {
 async fn every_watch_410_is_followed_by_a_relist_however_often_it_comes() {
     // No bookmarks: they would move the claim watch's resourceVersion past the compaction.
     let fake = FakeApiServer::builder().bookmark_interval(Duration::from_secs(3_600));
-    let Some(mut env) = Env::fake_only_with("every_watch_410_is_followed_by_a_relist", fake).await
-    else {
+    let Some(mut env) = Env::fake_only_with(fake).await else {
         return;
     };
     env.start_default_controller();
@@ -116,9 +114,7 @@ async fn every_watch_410_is_followed_by_a_relist_however_often_it_comes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injected_write_errors_are_retried_without_double_grants() {
-    let Some(mut env) =
-        Env::fake_only_started("injected_write_errors_are_retried_without_double_grants").await
-    else {
+    let Some(mut env) = Env::fake_only_started().await else {
         return;
     };
     env.apply_lock("db", "leaseDurationSeconds: 300\nmaxHolders: 1");
@@ -176,9 +172,7 @@ async fn injected_write_errors_are_retried_without_double_grants() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_429_is_retried_after_the_servers_retry_after() {
-    let Some(mut env) =
-        Env::fake_only_started("a_429_is_retried_after_the_servers_retry_after").await
-    else {
+    let Some(mut env) = Env::fake_only_started().await else {
         return;
     };
     env.apply_lock("db", "leaseDurationSeconds: 300");

@@ -41,8 +41,8 @@ fn spawn_tagged_controller(env: &Env) -> RunningController {
 
 /// [`Env::fake_only`] with [`spawn_tagged_controller`]'s controller running: None (after
 /// saying so) on a real cluster.
-async fn fake_only_tagged(test: &str) -> Option<(Env, RunningController)> {
-    let env = Env::fake_only(test).await?;
+async fn fake_only_tagged() -> Option<(Env, RunningController)> {
+    let env = Env::fake_only().await?;
     let controller = spawn_tagged_controller(&env);
     Some((env, controller))
 }
@@ -113,7 +113,7 @@ async fn create_claim(env: &Env, name: &str, lock: &str) {
 /// A lock with one holder and `waiters` claims queued behind it; returns the controller's
 /// writes for each of [`HAND_OFFS`] hand-offs (the holder's claim deleted, the next one `Held`).
 async fn writes_per_hand_off(waiters: usize) -> Option<Vec<usize>> {
-    let (env, controller) = fake_only_tagged("writes_per_hand_off").await?;
+    let (env, controller) = fake_only_tagged().await?;
     create_lock(&env, "db").await;
     for index in 0..=waiters {
         create_claim(&env, &claim_name(index), "db").await;
@@ -216,8 +216,7 @@ fn shapes(writes: &[RecordedRequest]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_waiting_claim_costs_four_writes() {
-    let Some((env, controller)) = fake_only_tagged("a_new_waiting_claim_costs_four_writes").await
-    else {
+    let Some((env, controller)) = fake_only_tagged().await else {
         return;
     };
     env.apply_lock("db", "leaseDurationSeconds: 300");
@@ -287,7 +286,7 @@ fn archived_claim(namespace: &str, index: usize) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_among_ten_thousand_cached_claims_touches_only_its_own() {
-    let Some(env) = Env::fake_only("a_pass_among_ten_thousand_cached_claims").await else {
+    let Some(env) = Env::fake_only().await else {
         return;
     };
     for index in 0..ARCHIVED {
@@ -339,8 +338,7 @@ async fn a_pass_among_ten_thousand_cached_claims_touches_only_its_own() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_re_syncs_without_writing() {
-    let Some((env, controller)) = fake_only_tagged("a_restart_re_syncs_without_writing").await
-    else {
+    let Some((env, controller)) = fake_only_tagged().await else {
         return;
     };
     env.apply_lock("db", "leaseDurationSeconds: 300");
@@ -365,9 +363,7 @@ async fn a_restart_re_syncs_without_writing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_watch_per_kind_and_pods_only_through_selectors() {
-    let Some((env, controller)) =
-        fake_only_tagged("one_watch_per_kind_and_pods_only_through_selectors").await
-    else {
+    let Some((env, controller)) = fake_only_tagged().await else {
         return;
     };
     env.apply_lock("db", "leaseDurationSeconds: 300");
@@ -432,7 +428,7 @@ fn most_in_flight(requests: &[RecordedRequest]) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_most_sixteen_passes_write_at_once() {
-    let Some(env) = Env::fake_only("at_most_sixteen_passes_write_at_once").await else {
+    let Some(env) = Env::fake_only().await else {
         return;
     };
     for index in 0..BURST {
@@ -470,7 +466,7 @@ async fn at_most_sixteen_passes_write_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_after_a_hand_off_waits_for_its_writes_even_when_the_lock_cache_lags() {
-    let Some(env) = Env::fake_only("a_pass_after_a_hand_off_waits_for_its_writes").await else {
+    let Some(env) = Env::fake_only().await else {
         return;
     };
     // The lock's status reaches the controller 400 ms after it was written, the claims' at

@@ -76,8 +76,7 @@ async fn sigterm_and_wait(controller: &mut Controller) -> Duration {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_steps_down_from_the_lease_and_keeps_the_grants() {
-    let Some(env) = Env::fake_only("sigterm_steps_down_from_the_lease_and_keeps_the_grants").await
-    else {
+    let Some(env) = Env::fake_only().await else {
         return;
     };
     env.apply_lock("db", "leaseDurationSeconds: 300");
@@ -102,7 +101,7 @@ async fn sigterm_steps_down_from_the_lease_and_keeps_the_grants() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_during_a_pass_stuck_in_api_retries_still_exits_in_time() {
-    let Some(env) = Env::fake_only("sigterm_during_a_pass_stuck_in_api_retries").await else {
+    let Some(env) = Env::fake_only().await else {
         return;
     };
     env.apply_lock("db", "leaseDurationSeconds: 300");

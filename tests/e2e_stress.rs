@@ -17,8 +17,7 @@ const MAX_HOLDERS: usize = 2;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_claims_never_exceed_max_holders_nor_reuse_tokens() {
-    let Some(mut env) = Env::fake_only_started("concurrent_claims_never_exceed_max_holders").await
-    else {
+    let Some(mut env) = Env::fake_only_started().await else {
         return;
     };
     env.apply_lock("pool", "maxHolders: 2\nleaseDurationSeconds: 3");

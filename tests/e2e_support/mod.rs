@@ -161,13 +161,18 @@ impl Env {
     }
 
     /// For tests that need the fake's hooks: None (after saying so) on a real cluster.
-    pub async fn fake_only(test: &str) -> Option<Env> {
-        Env::fake_only_with(test, FakeApiServer::builder()).await
+    pub async fn fake_only() -> Option<Env> {
+        Env::fake_only_with(FakeApiServer::builder()).await
     }
 
     /// [`Env::fake_only`], with the fake configured by `fake`.
-    pub async fn fake_only_with(test: &str, fake: fake_apiserver::Builder) -> Option<Env> {
+    pub async fn fake_only_with(fake: fake_apiserver::Builder) -> Option<Env> {
         if real_kubeconfig().is_some() {
+            // The test harness names each test's thread after the test.
+            let test = std::thread::current()
+                .name()
+                .unwrap_or("this test")
+                .to_owned();
             println!("skipped {test}: it needs the fake API server's test hooks");
             return None;
         }
@@ -183,8 +188,8 @@ impl Env {
 
     /// [`Env::fake_only`] with the default controller already running: None (after saying so)
     /// on a real cluster.
-    pub async fn fake_only_started(test: &str) -> Option<Env> {
-        let mut env = Env::fake_only(test).await?;
+    pub async fn fake_only_started() -> Option<Env> {
+        let mut env = Env::fake_only().await?;
         env.start_default_controller();
         Some(env)
     }
