@@ -6,6 +6,7 @@ use std::io::{IsTerminal, Write};
 
 use kube::Api;
 use turnstile_api::{DistributedLock, LockClaim};
+use turnstile_controller::error;
 
 /// Exit code of a usage error (clap's, and the commands' own argument checks).
 pub const EXIT_USAGE: u8 = 2;
@@ -46,23 +47,6 @@ impl Outcome {
     }
 }
 
-/// Renders an error with its whole `source()` chain on one line (`a: b: c`), since the
-/// top-level messages of client libraries are often just the operation's name.
-pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut line = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        // Wrappers often repeat their source's message; don't print it twice.
-        if !line.ends_with(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
-        source = cause.source();
-    }
-    line
-}
-
 /// Logs to stderr (stdout is reserved for the commands' results), warnings and errors only
 /// unless `RUST_LOG` says otherwise. The kube client's own log of a failed request is off by
 /// default: the failure reaches the user once, as the command's one `turnstile:` line.
@@ -90,7 +74,7 @@ pub async fn client_in_namespace(
             error_exit,
             format!(
                 "cannot configure a Kubernetes client (in-cluster or KUBECONFIG): {}",
-                error_chain(&error)
+                error::describe(&error)
             ),
         )
     })?;
@@ -113,30 +97,4 @@ pub async fn namespace_apis(
     let locks = Api::namespaced(client.clone(), &namespace);
     let claims = Api::namespaced(client, &namespace);
     Ok((namespace, locks, claims))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("connect")]
-    struct Outer(#[source] Inner);
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("connection refused")]
-    struct Inner;
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("backend unavailable: connection refused")]
-    struct Repeating(#[source] Inner);
-
-    #[test]
-    fn error_chain_joins_sources_without_repeating_them() {
-        assert_eq!(error_chain(&Outer(Inner)), "connect: connection refused");
-        assert_eq!(
-            error_chain(&Repeating(Inner)),
-            "backend unavailable: connection refused"
-        );
-    }
 }

@@ -16,9 +16,10 @@ use kube::api::ListParams;
 use kube::ResourceExt;
 use serde::Serialize;
 
-use crate::oneshot::{error_chain, init_logging, namespace_apis, Outcome};
+use crate::oneshot::{init_logging, namespace_apis, Outcome};
 use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
 use turnstile_controller::core::{queue_order, seconds_of, ClaimView, Seconds};
+use turnstile_controller::error;
 
 /// The exit codes of `turnstile queue`.
 pub mod exit_code {
@@ -362,7 +363,7 @@ pub async fn queue_command(args: QueueArgs) -> Outcome {
                 format!(
                     "cannot read DistributedLock {} in namespace {namespace}: {}",
                     args.lock,
-                    error_chain(&error)
+                    error::describe(&error)
                 ),
             )
         }
@@ -376,7 +377,7 @@ pub async fn queue_command(args: QueueArgs) -> Outcome {
                 exit_code::ERROR,
                 format!(
                     "cannot list LockClaims in namespace {namespace}: {}",
-                    error_chain(&error)
+                    error::describe(&error)
                 ),
             )
         }

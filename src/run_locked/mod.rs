@@ -24,7 +24,8 @@ use std::ffi::OsString;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::oneshot::{error_chain, init_logging, Outcome, EXIT_USAGE};
+use crate::oneshot::{init_logging, Outcome, EXIT_USAGE};
+use turnstile_controller::error;
 use turnstile_lock::{Backend, Lock, LockError, Locker, RetryPolicy};
 
 pub use self::backend_url::{BackendUrl, BackendUrlError};
@@ -171,7 +172,7 @@ pub async fn lock_command(args: LockArgs) -> Outcome {
                 format!(
                     "cannot connect to the {} backend: {}",
                     backend_url.kind(),
-                    error_chain(&error)
+                    error::describe(&error)
                 ),
             )
         }
@@ -187,7 +188,7 @@ pub async fn lock_command(args: LockArgs) -> Outcome {
     // would hand the key on at once, cancelling the `--lock-delay` an involuntary end owes.
     if outcome.code != exit_code::LOCK_LOST {
         if let Err(error) = lock.release().await {
-            tracing::warn!(%key, fencing_token = lock.fencing_token(), error = %error_chain(&error), "release failed; the lease will run out");
+            tracing::warn!(%key, fencing_token = lock.fencing_token(), error = %error::describe(&error), "release failed; the lease will run out");
         }
     }
     outcome
@@ -222,7 +223,7 @@ async fn acquire(
         signal = signals.recv() => {
             // Dropping the acquire only schedules its cleanup; the process is about to exit.
             if let Err(error) = backend.release(key, &owner, args.max_holders).await {
-                tracing::warn!(%key, error = %error_chain(&error), "could not leave the lock's queue; the place will age out");
+                tracing::warn!(%key, error = %error::describe(&error), "could not leave the lock's queue; the place will age out");
             }
             return Err(Outcome::with_reason(
                 child::signal_exit_code(signal as i32),
@@ -242,11 +243,11 @@ async fn acquire(
         LockError::InvalidArgument(message) => Outcome::with_reason(EXIT_USAGE, message),
         LockError::BackendUnavailable { .. } => Outcome::with_reason(
             exit_code::BACKEND_UNAVAILABLE,
-            format!("cannot acquire lock {key:?}: {}", error_chain(&error)),
+            format!("cannot acquire lock {key:?}: {}", error::describe(&error)),
         ),
         LockError::LockLost { .. } => Outcome::with_reason(
             exit_code::INTERNAL,
-            format!("cannot acquire lock {key:?}: {}", error_chain(&error)),
+            format!("cannot acquire lock {key:?}: {}", error::describe(&error)),
         ),
     })
 }

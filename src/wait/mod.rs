@@ -26,8 +26,9 @@ use kube::api::Api;
 use kube::runtime::watcher;
 use tokio::time::Instant;
 
-use crate::oneshot::{error_chain, init_logging, namespace_apis, Outcome, EXIT_USAGE};
+use crate::oneshot::{init_logging, namespace_apis, Outcome, EXIT_USAGE};
 use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
+use turnstile_controller::error;
 
 pub use self::create::{
     check_adoptable, claim_for_pod, create_or_adopt, AdoptError, Created, PodIdentity,
@@ -241,12 +242,12 @@ async fn wait_for_claim(
                     format!(
                         "cannot watch LockClaim {} in namespace {namespace}: {}",
                         args.claim,
-                        error_chain(&error)
+                        error::describe(&error)
                     ),
                 )
             }
             Err(error) => {
-                tracing::warn!(claim = %args.claim, error = %error_chain(&error), retry_in_ms = backoff.as_millis() as u64, "watch failed; retrying");
+                tracing::warn!(claim = %args.claim, error = %error::describe(&error), retry_in_ms = backoff.as_millis() as u64, "watch failed; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_WATCH_BACKOFF);
             }
@@ -313,7 +314,7 @@ impl Target<'_> {
                     let forbidden =
                         matches!(&error, kube::Error::Api(status) if status.is_forbidden());
                     if forbidden || attempts_left == 0 {
-                        tracing::warn!(lock, error = %error_chain(&error), "cannot check that the DistributedLock exists; relying on the claim's status");
+                        tracing::warn!(lock, error = %error::describe(&error), "cannot check that the DistributedLock exists; relying on the claim's status");
                         return status_says_missing.then_some(missing);
                     }
                     tokio::time::sleep(LOCK_CHECK_PAUSE).await;
@@ -339,7 +340,7 @@ impl Target<'_> {
                 "cannot {verb} LockClaim {} in namespace {}: {}",
                 self.claim,
                 self.namespace,
-                error_chain(error)
+                error::describe(error)
             ),
         )
     }

@@ -93,3 +93,29 @@ pub fn describe(error: &(dyn std::error::Error + 'static)) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use super::describe;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("connect")]
+    struct Outer(#[source] Inner);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("connection refused")]
+    struct Inner;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("backend unavailable: connection refused")]
+    struct Repeating(#[source] Inner);
+
+    #[test]
+    fn describe_joins_sources_without_repeating_them() {
+        assert_eq!(describe(&Outer(Inner)), "connect: connection refused");
+        assert_eq!(
+            describe(&Repeating(Inner)),
+            "backend unavailable: connection refused"
+        );
+    }
+}
