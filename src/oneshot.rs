@@ -35,6 +35,15 @@ impl Outcome {
         }
     }
 
+    /// Ends with `code` and the reason `cannot <doing>: <error and its causes>`.
+    pub fn cannot(
+        code: u8,
+        doing: impl std::fmt::Display,
+        error: &(dyn std::error::Error + 'static),
+    ) -> Self {
+        Outcome::with_reason(code, format!("cannot {doing}: {}", error::describe(error)))
+    }
+
     /// Prints the reason, flushes stdout (it may carry the command's result) and exits the
     /// process with the code. Called by the CLI after every resource (locks, child processes)
     /// has been cleaned up: the exit skips destructors.
@@ -70,12 +79,10 @@ pub async fn client_in_namespace(
     error_exit: u8,
 ) -> Result<(kube::Client, String), Outcome> {
     let client = kube::Client::try_default().await.map_err(|error| {
-        Outcome::with_reason(
+        Outcome::cannot(
             error_exit,
-            format!(
-                "cannot configure a Kubernetes client (in-cluster or KUBECONFIG): {}",
-                error::describe(&error)
-            ),
+            "configure a Kubernetes client (in-cluster or KUBECONFIG)",
+            &error,
         )
     })?;
     let namespace = namespace

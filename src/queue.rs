@@ -19,7 +19,6 @@ use serde::Serialize;
 use crate::oneshot::{init_logging, namespace_apis, Outcome};
 use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
 use turnstile_controller::core::{queue_order, seconds_of, ClaimView, Seconds};
-use turnstile_controller::error;
 
 /// The exit codes of `turnstile queue`.
 pub mod exit_code {
@@ -358,13 +357,13 @@ pub async fn queue_command(args: QueueArgs) -> Outcome {
             )
         }
         Err(error) => {
-            return Outcome::with_reason(
+            return Outcome::cannot(
                 exit_code::ERROR,
                 format!(
-                    "cannot read DistributedLock {} in namespace {namespace}: {}",
-                    args.lock,
-                    error::describe(&error)
+                    "read DistributedLock {} in namespace {namespace}",
+                    args.lock
                 ),
+                &error,
             )
         }
     };
@@ -373,12 +372,10 @@ pub async fn queue_command(args: QueueArgs) -> Outcome {
     let claims = match claims.list(&ListParams::default()).await {
         Ok(list) => list.items,
         Err(error) => {
-            return Outcome::with_reason(
+            return Outcome::cannot(
                 exit_code::ERROR,
-                format!(
-                    "cannot list LockClaims in namespace {namespace}: {}",
-                    error::describe(&error)
-                ),
+                format!("list LockClaims in namespace {namespace}"),
+                &error,
             )
         }
     };

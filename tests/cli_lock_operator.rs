@@ -9,11 +9,10 @@
 
 mod e2e_support;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
-
-use std::collections::BTreeMap;
 
 use e2e_support::actor::{sent_by, tagged_client};
 use e2e_support::child::{finish_within, spawn_captured};
@@ -21,18 +20,24 @@ use e2e_support::output::{one_line_exit, stderr};
 use e2e_support::roles::{example_role, verbs};
 use e2e_support::{phase_of, write_unreachable_kubeconfig, Env, WAIT};
 use kube::api::ListParams;
+use tempfile::TempDir;
 use tokio::process::{Child, Command};
 use turnstile_api::{ClaimPhase, LockClaim};
 use turnstile_controller::ControllerConfig;
 
-/// `turnstile lock --lock LOCK ARGS… -- sh -c SCRIPT` in `dir`, against the test's cluster.
-fn spawn_lock(env: &Env, lock: &str, args: &[&str], script: &str, dir: &Path) -> Child {
+/// `turnstile lock --lock db ARGS… -- sh -c SCRIPT` in `dir`, against the test's cluster.
+fn spawn_lock(env: &Env, dir: &TempDir, args: &[&str], script: &str) -> Child {
+    spawn_lock_on(env, "db", dir, args, script)
+}
+
+/// [`spawn_lock`] on `lock`.
+fn spawn_lock_on(env: &Env, lock: &str, dir: &TempDir, args: &[&str], script: &str) -> Child {
     let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
     command
         .args(["lock", "--lock", lock, "-n", &env.namespace])
         .args(args)
         .args(["--", "sh", "-c", script])
-        .current_dir(dir)
+        .current_dir(dir.path())
         .env("KUBECONFIG", &env.kubeconfig)
         .env_remove("POD_NAMESPACE")
         .env_remove("RUST_LOG");
@@ -107,8 +112,18 @@ async fn env_with_lock_and_dir() -> (Env, tempfile::TempDir) {
     (env_with_lock().await, dir)
 }
 
-const RECORD: &str =
-    "echo $TURNSTILE_FENCING_TOKEN > $1.token; echo $TURNSTILE_LOCK_CLAIM > $1.claim";
+/// A script that records, as `NAME.token` and `NAME.claim`, the fencing token and claim it
+/// ran under, then goes on with `then` (if any).
+fn recorded(name: &str, then: &str) -> String {
+    let record = format!(
+        "echo $TURNSTILE_FENCING_TOKEN > {name}.token; echo $TURNSTILE_LOCK_CLAIM > {name}.claim"
+    );
+    if then.is_empty() {
+        record
+    } else {
+        format!("{record}; {then}")
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_under_a_claim_of_its_own_and_a_second_run_waits_for_the_first() {
@@ -117,18 +132,16 @@ async fn runs_under_a_claim_of_its_own_and_a_second_run_waits_for_the_first() {
     // The first run holds until `go` exists; the second waits behind it.
     let first = spawn_lock(
         &env,
-        "db",
+        &dir,
         &[],
-        &format!("set -- first; {RECORD}; while [ ! -e go ]; do sleep 0.05; done"),
-        dir.path(),
+        &recorded("first", "while [ ! -e go ]; do sleep 0.05; done"),
     );
     until_exists(dir.path().join("first.token")).await;
     let second = spawn_lock(
         &env,
-        "db",
+        &dir,
         &[],
-        &format!("set -- second; {RECORD}; [ -e go ] || echo overlapped > second.overlap"),
-        dir.path(),
+        &recorded("second", "[ -e go ] || echo overlapped > second.overlap"),
     );
     let claims = until_claims(&env, "db", 2).await;
     let first_claim = read(dir.path(), "first.claim");
@@ -161,13 +174,7 @@ async fn runs_under_a_claim_of_its_own_and_a_second_run_waits_for_the_first() {
 async fn the_lease_is_renewed_while_the_command_runs() {
     let (mut env, dir) = env_with_lock_and_dir().await;
     // A 3 s lease and a command of 8 s: only renewals keep the grant.
-    let run = spawn_lock(
-        &env,
-        "db",
-        &["--ttl", "3s"],
-        &format!("set -- run; {RECORD}; sleep 8"),
-        dir.path(),
-    );
+    let run = spawn_lock(&env, &dir, &["--ttl", "3s"], &recorded("run", "sleep 8"));
     until_exists(dir.path().join("run.token")).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let claims = until_claims(&env, "db", 1).await;
@@ -181,13 +188,7 @@ async fn the_lease_is_renewed_while_the_command_runs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_lost_while_the_command_runs_stops_it_with_76() {
     let (mut env, dir) = env_with_lock_and_dir().await;
-    let run = spawn_lock(
-        &env,
-        "db",
-        &["--grace", "2s"],
-        &format!("set -- run; {RECORD}; sleep 60"),
-        dir.path(),
-    );
+    let run = spawn_lock(&env, &dir, &["--grace", "2s"], &recorded("run", "sleep 60"));
     until_exists(dir.path().join("run.token")).await;
     // Someone deletes the claim (or the controller ends it): the critical section is over.
     env.delete_claim(&read(dir.path(), "run.claim")).await;
@@ -207,19 +208,12 @@ async fn giving_up_leaves_no_claim_behind() {
     env.hold("holder", "db", "").await;
     let dir = tempfile::tempdir().expect("dir");
 
-    let timed_out = finish(spawn_lock(
-        &env,
-        "db",
-        &["--wait", "1s"],
-        "true",
-        dir.path(),
-    ))
-    .await;
+    let timed_out = finish(spawn_lock(&env, &dir, &["--wait", "1s"], "true")).await;
     assert_eq!(code(&timed_out), 75, "{}", stderr(&timed_out));
     assert!(stderr(&timed_out).starts_with("turnstile: could not get lock db within 1s"));
     until_claims(&env, "db", 1).await;
 
-    let waiting = spawn_lock(&env, "db", &[], "true", dir.path());
+    let waiting = spawn_lock(&env, &dir, &[], "true");
     until_claims(&env, "db", 2).await;
     let pid = waiting.id().expect("pid") as i32;
     nix::sys::signal::kill(
@@ -231,7 +225,7 @@ async fn giving_up_leaves_no_claim_behind() {
     assert_eq!(code(&terminated), 128 + 15, "{}", stderr(&terminated));
     until_claims(&env, "db", 1).await;
 
-    let missing = finish(spawn_lock(&env, "nope", &[], "true", dir.path())).await;
+    let missing = finish(spawn_lock_on(&env, "nope", &dir, &[], "true")).await;
     assert_eq!(code(&missing), 2, "{}", stderr(&missing));
     assert!(
         stderr(&missing).contains("DistributedLock nope does not exist"),
@@ -255,14 +249,7 @@ async fn uses_exactly_the_rbac_verbs_the_readme_lists() {
     env.server().clear_request_log();
     let dir = tempfile::tempdir().expect("dir");
     // A 3 s lease renewed every second, so a 2.5 s command sees renewals.
-    let output = finish(spawn_lock(
-        &env,
-        "db",
-        &["--ttl", "3s"],
-        "sleep 2.5",
-        dir.path(),
-    ))
-    .await;
+    let output = finish(spawn_lock(&env, &dir, &["--ttl", "3s"], "sleep 2.5")).await;
     assert_eq!(code(&output), 0, "{}", stderr(&output));
     let log: Vec<_> = env
         .server()
@@ -318,23 +305,16 @@ async fn a_killed_turnstile_frees_the_lock_once_its_ttl_runs_out() {
     // The command records its shell's PID, so the test can end it after killing turnstile.
     let mut first = spawn_lock(
         &env,
-        "db",
+        &dir,
         &["--ttl", "3s"],
-        &format!("set -- first; {RECORD}; echo $$ > first.pid; sleep 60"),
-        dir.path(),
+        &recorded("first", "echo $$ > first.pid; sleep 60"),
     );
     until_exists(dir.path().join("first.pid")).await;
     // SIGKILL: no cleanup at all, the claim stays behind unrenewed.
     first.start_kill().expect("SIGKILL turnstile lock");
     let _ = first.wait().await;
     let killed = Instant::now();
-    let second = spawn_lock(
-        &env,
-        "db",
-        &["--ttl", "3s"],
-        &format!("set -- second; {RECORD}"),
-        dir.path(),
-    );
+    let second = spawn_lock(&env, &dir, &["--ttl", "3s"], &recorded("second", ""));
     let second = finish(second).await;
     let waited = killed.elapsed();
     if let Ok(pid) = read(dir.path(), "first.pid").parse::<i32>() {
@@ -362,10 +342,9 @@ async fn renewals_refused_for_a_whole_ttl_stop_the_command_with_76() {
     let (mut env, dir) = env_with_lock_and_dir().await;
     let run = spawn_lock(
         &env,
-        "db",
+        &dir,
         &["--ttl", "3s", "--grace", "2s"],
-        &format!("set -- run; {RECORD}; sleep 60"),
-        dir.path(),
+        &recorded("run", "sleep 60"),
     );
     until_exists(dir.path().join("run.token")).await;
     // The controller away (the claim keeps reading `Held`), then every write to the claims
@@ -399,12 +378,12 @@ async fn a_claim_the_controller_expires_stops_the_command_with_76() {
     // The lock's maximum hold ends every grant after 2 s, renewed or not.
     env.apply_lock("short", "leaseDurationSeconds: 300\nmaxHoldSeconds: 2");
     let dir = tempfile::tempdir().expect("dir");
-    let run = spawn_lock(
+    let run = spawn_lock_on(
         &env,
         "short",
+        &dir,
         &["--grace", "2s"],
-        &format!("set -- run; {RECORD}; sleep 60"),
-        dir.path(),
+        &recorded("run", "sleep 60"),
     );
     until_exists(dir.path().join("run.token")).await;
     let output = finish(run).await;

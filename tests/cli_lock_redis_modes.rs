@@ -15,7 +15,9 @@ mod output;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use test_servers::{RedisOptions, RedisServer, TlsClientAuth, TlsFiles};
+use test_servers::{
+    RedisCluster, RedisOptions, RedisSentinel, RedisServer, TlsClientAuth, TlsFiles,
+};
 use tokio::process::Command;
 use turnstile_api::BackendKind;
 use turnstile_controller::backends::{Backends, RedisTlsFiles};
@@ -63,6 +65,22 @@ fn unavailable(output: &Output) -> String {
     message
 }
 
+/// `turnstile lock` of `key` printing its fencing token: it must exit 0. The token.
+async fn token_from_lock(url: &str, key: &str, env: &[(&str, &std::path::Path)]) -> u64 {
+    let output = lock(url, key, env, "echo $TURNSTILE_FENCING_TOKEN").await;
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    stdout(&output).trim().parse().expect("a fencing token")
+}
+
+/// `turnstile lock` of `key` that must not get to run its command: exit 69, nothing on
+/// stdout. Its stderr.
+async fn refused_lock(url: &str, key: &str, env: &[(&str, &std::path::Path)]) -> String {
+    let output = lock(url, key, env, "echo ran").await;
+    let message = unavailable(&output);
+    assert_eq!(stdout(&output), "", "the command must not run: {message}");
+    message
+}
+
 fn mtls_env(files: &TlsFiles) -> Vec<(&'static str, &std::path::Path)> {
     vec![
         ("TURNSTILE_REDIS_CA_FILE", files.ca_cert.as_path()),
@@ -78,16 +96,7 @@ async fn lock_over_mutual_tls_runs_the_command_with_increasing_tokens() {
     let env = mtls_env(&files);
     let mut tokens = Vec::new();
     for _ in 0..2 {
-        let output = lock(
-            server.url(),
-            "tls-job",
-            &env,
-            "echo $TURNSTILE_FENCING_TOKEN",
-        )
-        .await;
-        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-        let token: u64 = stdout(&output).trim().parse().expect("a fencing token");
-        tokens.push(token);
+        tokens.push(token_from_lock(server.url(), "tls-job", &env).await);
     }
     assert!(tokens[1] > tokens[0], "{tokens:?}");
 }
@@ -96,29 +105,16 @@ async fn lock_over_mutual_tls_runs_the_command_with_increasing_tokens() {
 async fn a_rejected_server_certificate_is_reported_and_exits_69() {
     let server = start(RedisOptions::new().tls(TlsClientAuth::Optional)).await;
     let files = server.tls_files().expect("certificates").clone();
-    let output = lock(
-        server.url(),
-        "tls-job",
-        &[("TURNSTILE_REDIS_CA_FILE", files.other_ca_cert.as_path())],
-        "echo ran",
-    )
-    .await;
-    let message = unavailable(&output);
-    assert!(!stdout(&output).contains("ran"));
+    let wrong_ca = [("TURNSTILE_REDIS_CA_FILE", files.other_ca_cert.as_path())];
+    let message = refused_lock(server.url(), "tls-job", &wrong_ca).await;
     assert!(
         message.contains("TLS certificate was rejected") && message.contains("UnknownIssuer"),
         "{message}"
     );
 
     // Half a client certificate pair is refused before connecting.
-    let output = lock(
-        server.url(),
-        "tls-job",
-        &[("TURNSTILE_REDIS_CLIENT_CERT", files.client_cert.as_path())],
-        "echo ran",
-    )
-    .await;
-    let message = unavailable(&output);
+    let half_a_pair = [("TURNSTILE_REDIS_CLIENT_CERT", files.client_cert.as_path())];
+    let message = refused_lock(server.url(), "tls-job", &half_a_pair).await;
     assert!(message.contains("TURNSTILE_REDIS_CLIENT_KEY"), "{message}");
 }
 
@@ -139,23 +135,11 @@ async fn lock_as_an_acl_user_and_a_wrong_password_is_reported() {
         .expect("ACL SETUSER");
     assert_eq!(reply, "+OK\r\n");
     let port = server.port();
-    let output = lock(
-        &format!("redis://ci:ci-secret@127.0.0.1:{port}/"),
-        "acl-job",
-        &[],
-        "echo $TURNSTILE_FENCING_TOKEN",
-    )
-    .await;
-    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let as_ci = format!("redis://ci:ci-secret@127.0.0.1:{port}/");
+    assert_eq!(token_from_lock(&as_ci, "acl-job", &[]).await, 1);
 
-    let output = lock(
-        &format!("redis://ci:not-it@127.0.0.1:{port}/"),
-        "acl-job",
-        &[],
-        "echo ran",
-    )
-    .await;
-    let message = unavailable(&output);
+    let wrong_password = format!("redis://ci:not-it@127.0.0.1:{port}/");
+    let message = refused_lock(&wrong_password, "acl-job", &[]).await;
     assert!(message.contains("refused the credentials"), "{message}");
     assert!(!message.contains("not-it"), "password leaked: {message}");
 }
@@ -208,33 +192,25 @@ fn anyhow_chain(error: &(dyn std::error::Error + 'static)) -> String {
 
 #[tokio::test]
 async fn lock_on_a_redis_cluster_url() {
-    let cluster = launch(test_servers::RedisCluster::start, "Redis Cluster starts").await;
+    let cluster = launch(RedisCluster::start, "Redis Cluster starts").await;
     let mut tokens = Vec::new();
     // Keys on different slots: each is served by the primary that owns it.
     for key in ["cluster-a", "cluster-b", "cluster-a"] {
-        let output = lock(cluster.url(), key, &[], "echo $TURNSTILE_FENCING_TOKEN").await;
-        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-        tokens.push(stdout(&output).trim().parse::<u64>().expect("token"));
+        tokens.push(token_from_lock(cluster.url(), key, &[]).await);
     }
     assert_eq!(tokens, [1, 1, 2]);
 }
 
 #[tokio::test]
 async fn lock_on_a_redis_sentinel_url_with_and_without_replica_acks() {
-    let setup = launch(
-        test_servers::RedisSentinel::start,
-        "Redis Sentinel setup starts",
-    )
-    .await;
+    let setup = launch(RedisSentinel::start, "Redis Sentinel setup starts").await;
     let acked = format!(
         "{}?min_replica_acks=1&replica_ack_timeout_ms=500",
         setup.url()
     );
     let mut tokens = Vec::new();
     for url in [setup.url(), acked.as_str()] {
-        let output = lock(url, "sentinel-job", &[], "echo $TURNSTILE_FENCING_TOKEN").await;
-        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-        tokens.push(stdout(&output).trim().parse::<u64>().expect("token"));
+        tokens.push(token_from_lock(url, "sentinel-job", &[]).await);
     }
     assert_eq!(tokens, [1, 2]);
     // The grants went to the master the sentinels name.
@@ -250,49 +226,26 @@ async fn lock_on_a_redis_sentinel_url_with_and_without_replica_acks() {
     // The replica cut off (its reconnects fail: a wrong masterauth): no replica acknowledges
     // the grant, so `turnstile lock` exits 69 and the command does not run.
     setup.cut_off_replica(master).expect("cut the replica off");
-    let output = lock(&acked, "sentinel-cut", &[], "echo ran").await;
-    let message = unavailable(&output);
-    assert_eq!(
-        stdout(&output),
-        "",
-        "the command must not run on an unacknowledged grant"
-    );
+    let message = refused_lock(&acked, "sentinel-cut", &[]).await;
     assert!(message.contains("replica"), "{message}");
 }
 
 #[tokio::test]
 async fn lock_on_a_rediss_sentinel_url_over_mutual_tls() {
-    let setup = launch(
-        test_servers::RedisSentinel::start_tls,
-        "TLS Redis Sentinel setup starts",
-    )
-    .await;
+    let setup = launch(RedisSentinel::start_tls, "TLS Redis Sentinel setup starts").await;
     let files = setup.tls_files().expect("certificates").clone();
-    let output = lock(
-        setup.url(),
-        "tls-sentinel-job",
-        &mtls_env(&files),
-        "echo $TURNSTILE_FENCING_TOKEN",
-    )
-    .await;
-    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    assert_eq!(stdout(&output).trim(), "1");
+    let token = token_from_lock(setup.url(), "tls-sentinel-job", &mtls_env(&files)).await;
+    assert_eq!(token, 1);
 }
 
 #[tokio::test]
 async fn lock_on_a_rediss_cluster_url_over_mutual_tls() {
-    let cluster = launch(
-        test_servers::RedisCluster::start_tls,
-        "TLS Redis Cluster starts",
-    )
-    .await;
+    let cluster = launch(RedisCluster::start_tls, "TLS Redis Cluster starts").await;
     let files = cluster.tls_files().expect("certificates").clone();
     let env = mtls_env(&files);
     let mut tokens = Vec::new();
     for key in ["cluster-a", "cluster-b", "cluster-a"] {
-        let output = lock(cluster.url(), key, &env, "echo $TURNSTILE_FENCING_TOKEN").await;
-        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-        tokens.push(stdout(&output).trim().parse::<u64>().expect("token"));
+        tokens.push(token_from_lock(cluster.url(), key, &env).await);
     }
     assert_eq!(tokens, [1, 1, 2]);
 }

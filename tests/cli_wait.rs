@@ -35,6 +35,32 @@ use turnstile_api::{DistributedLock, LockClaim};
 const PATIENCE: Duration = Duration::from_secs(60);
 const NAMESPACE: &str = "default";
 
+/// The status the controller writes on a claim of the missing lock `db`.
+fn lock_db_not_found() -> Value {
+    json!({"phase": "Pending", "reason": "LockNotFound", "message": "DistributedLock db does not exist"})
+}
+
+/// Creates `object` (its JSON) through `api`.
+async fn create<K>(api: &Api<K>, object: Value)
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+{
+    let object: K = serde_json::from_value(object).expect("a valid object");
+    api.create(&PostParams::default(), &object)
+        .await
+        .expect("create");
+}
+
+/// Deletes `name` through `api`.
+async fn delete<K>(api: &Api<K>, name: &str)
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    api.delete(name, &DeleteParams::default())
+        .await
+        .expect("delete");
+}
+
 /// A fake API server with the CRDs registered and a kubeconfig file for the binary.
 struct Cluster {
     server: FakeApiServer,
@@ -80,27 +106,19 @@ impl Cluster {
     }
 
     async fn create_lock(&self, name: &str) {
-        let lock: DistributedLock = serde_json::from_value(json!({
+        let lock = json!({
             "apiVersion": "turnstile.dev/v1alpha1", "kind": "DistributedLock",
             "metadata": {"name": name}, "spec": {}
-        }))
-        .unwrap();
-        self.locks()
-            .create(&PostParams::default(), &lock)
-            .await
-            .unwrap();
+        });
+        create(&self.locks(), lock).await;
     }
 
     async fn create_claim(&self, name: &str, lock: &str) {
-        let claim: LockClaim = serde_json::from_value(json!({
+        let claim = json!({
             "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
             "metadata": {"name": name}, "spec": {"lockName": lock}
-        }))
-        .unwrap();
-        self.claims()
-            .create(&PostParams::default(), &claim)
-            .await
-            .unwrap();
+        });
+        create(&self.claims(), claim).await;
     }
 
     /// Plays the controller: writes the claim's status.
@@ -309,18 +327,8 @@ async fn a_missing_lock_exits_6() {
     cluster.create_lock("db").await;
     cluster.create_claim("c", "db").await;
     let waiting = cluster.waiting(&["c"], &[]).await;
-    cluster
-        .locks()
-        .delete("db", &DeleteParams::default())
-        .await
-        .unwrap();
-    cluster
-        .set_status(
-            "c",
-            json!({"phase": "Pending", "reason": "LockNotFound",
-                                "message": "DistributedLock db does not exist"}),
-        )
-        .await;
+    delete(&cluster.locks(), "db").await;
+    cluster.set_status("c", lock_db_not_found()).await;
     let output = finish(waiting).await;
     one_line_failure(&output, 6);
 }
@@ -331,13 +339,7 @@ async fn a_stale_lock_not_found_status_keeps_waiting_while_the_lock_exists() {
     cluster.create_claim("early", "db").await;
     let waiting = cluster.waiting(&["early"], &[]).await;
     // Written before the lock existed, say; the lock exists now.
-    cluster
-        .set_status(
-            "early",
-            json!({"phase": "Pending", "reason": "LockNotFound",
-                                    "message": "DistributedLock db does not exist"}),
-        )
-        .await;
+    cluster.set_status("early", lock_db_not_found()).await;
     cluster.set_status("early", held(5)).await;
     let output = finish(waiting).await;
     assert_eq!(code(&output), 0, "{}", stderr(&output));
@@ -353,11 +355,7 @@ async fn a_missing_or_deleted_claim_exits_7() {
 
     cluster.create_claim("doomed", "db").await;
     let waiting = cluster.waiting(&["doomed"], &[]).await;
-    cluster
-        .claims()
-        .delete("doomed", &DeleteParams::default())
-        .await
-        .unwrap();
+    delete(&cluster.claims(), "doomed").await;
     let output = finish(waiting).await;
     let line = one_line_failure(&output, 7);
     assert!(line.contains("was deleted"), "{line}");

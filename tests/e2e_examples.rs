@@ -40,15 +40,15 @@ use e2e_support::actor::tagged_client;
 use e2e_support::jobs::{finish_job, is_suspended, jobs, wait_job};
 use e2e_support::json::strings_of;
 use e2e_support::pods::{pods, set_pod_phase};
-use e2e_support::{lock_tokens, phase_of, position_of, token_of, Env, WAIT};
+use e2e_support::{lock_tokens, phase_of, position_of, token_annotation, token_of, Env, WAIT};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
+use turnstile_api::LOCK_ANNOTATION;
 use turnstile_api::{ClaimPhase, LockClaim};
-use turnstile_api::{LOCK_ANNOTATION, TOKEN_ANNOTATION};
 
 const LOCK: &str = "db-migrations";
 
@@ -94,6 +94,23 @@ struct Scratch {
 }
 
 impl Scratch {
+    /// A started controller on the fake and a scratch kubeconfig for it; `None` where the
+    /// fake cannot run here (as `Env::fake_only_started`).
+    async fn started() -> Option<(Env, Scratch)> {
+        let env = Env::fake_only_started().await?;
+        let scratch = Scratch::new(&env);
+        Some((env, scratch))
+    }
+
+    /// Applies `lock.yaml`, then the example `file` without its RBAC objects, as a reader
+    /// following the example would; returns the example's documents.
+    async fn apply_beside_the_lock(&self, env: &Env, file: &str) -> Vec<Value> {
+        let docs = without_rbac(documents(&example(file)));
+        self.apply(env, &documents(&example("lock.yaml"))).await;
+        self.apply(env, &docs).await;
+        docs
+    }
+
     fn new(env: &Env) -> Scratch {
         let dir = tempfile::tempdir().expect("tempdir");
         let kubeconfig = dir.path().join("kubeconfig");
@@ -210,10 +227,9 @@ async fn still_waiting(child: &mut tokio::process::Child, for_how_long: Duration
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_claims_example_queues_three_claims() {
-    let Some(mut env) = Env::fake_only_started().await else {
+    let Some((mut env, scratch)) = Scratch::started().await else {
         return;
     };
-    let scratch = Scratch::new(&env);
     scratch.apply(&env, &documents(&example("lock.yaml"))).await;
     scratch
         .apply(&env, &documents(&example("claims.yaml")))
@@ -230,10 +246,9 @@ async fn the_claims_example_queues_three_claims() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_multi_lock_example_grants_both_locks_to_one_claim_at_a_time() {
-    let Some(mut env) = Env::fake_only_started().await else {
+    let Some((mut env, scratch)) = Scratch::started().await else {
         return;
     };
-    let scratch = Scratch::new(&env);
     scratch
         .apply(&env, &documents(&example("multi-lock.yaml")))
         .await;
@@ -263,13 +278,12 @@ async fn the_multi_lock_example_grants_both_locks_to_one_claim_at_a_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lock_in_a_container_example_runs_one_step_at_a_time_across_pods() {
-    let Some(mut env) = Env::fake_only_started().await else {
+    let Some((mut env, scratch)) = Scratch::started().await else {
         return;
     };
-    let scratch = Scratch::new(&env);
-    let docs = without_rbac(documents(&example("lock-in-a-container.yaml")));
-    scratch.apply(&env, &documents(&example("lock.yaml"))).await;
-    scratch.apply(&env, &docs).await;
+    let docs = scratch
+        .apply_beside_the_lock(&env, "lock-in-a-container.yaml")
+        .await;
     let job = find(&docs, "Job");
     let container = &job["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(container["command"][0], "sh");
@@ -344,10 +358,9 @@ async fn the_lock_in_a_container_example_runs_one_step_at_a_time_across_pods() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_priority_example_serves_the_hotfix_first() {
-    let Some(mut env) = Env::fake_only_started().await else {
+    let Some((mut env, scratch)) = Scratch::started().await else {
         return;
     };
-    let scratch = Scratch::new(&env);
     // The lock and current first, so that current finds the lock free whatever the timing;
     // then the waiters (see the example's comment).
     let all = documents(&example("priority-and-limits.yaml"));
@@ -456,13 +469,12 @@ async fn second_pod_waits_for_the_first(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kubectl_wait_job_example_gates_its_pods_one_at_a_time() {
-    let Some(mut env) = Env::fake_only_started().await else {
+    let Some((mut env, scratch)) = Scratch::started().await else {
         return;
     };
-    let scratch = Scratch::new(&env);
-    let docs = without_rbac(documents(&example("kubectl-wait-job.yaml")));
-    scratch.apply(&env, &documents(&example("lock.yaml"))).await;
-    scratch.apply(&env, &docs).await;
+    let docs = scratch
+        .apply_beside_the_lock(&env, "kubectl-wait-job.yaml")
+        .await;
     let init = init_container(&docs, "nightly-report");
     assert_eq!(init["command"], json!(["/bin/bash", "-c"]));
 
@@ -490,13 +502,12 @@ async fn the_kubectl_wait_job_example_gates_its_pods_one_at_a_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_init_container_example_runs_turnstile_wait_as_the_pod_would() {
-    let Some(mut env) = Env::fake_only_started().await else {
+    let Some((mut env, scratch)) = Scratch::started().await else {
         return;
     };
-    let scratch = Scratch::new(&env);
-    let docs = without_rbac(documents(&example("wait-init-container.yaml")));
-    scratch.apply(&env, &documents(&example("lock.yaml"))).await;
-    scratch.apply(&env, &docs).await;
+    let docs = scratch
+        .apply_beside_the_lock(&env, "wait-init-container.yaml")
+        .await;
     let init = init_container(&docs, "db-migrate");
     assert_eq!(
         strings_of(&init["env"], "name"),
@@ -635,14 +646,6 @@ impl GateMonitor {
     }
 }
 
-fn annotation(
-    object_annotations: Option<&std::collections::BTreeMap<String, String>>,
-) -> Option<String> {
-    object_annotations
-        .and_then(|a| a.get(TOKEN_ANNOTATION))
-        .cloned()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gated_job_example_runs_only_while_its_claim_is_held() {
     let Some(mut env) = Env::fake_only().await else {
@@ -683,7 +686,7 @@ async fn the_gated_job_example_runs_only_while_its_claim_is_held() {
     assert_eq!((owner.kind.as_str(), owner.controller), ("Job", Some(true)));
     let first = wait_job(&env, "gated-migrate", |job| !is_suspended(job)).await;
     assert_eq!(
-        annotation(first.metadata.annotations.as_ref()),
+        token_annotation(first.metadata.annotations.as_ref()),
         Some(first_token.to_string())
     );
     let template_annotations = first
@@ -692,7 +695,7 @@ async fn the_gated_job_example_runs_only_while_its_claim_is_held() {
         .and_then(|s| s.template.metadata.as_ref())
         .and_then(|m| m.annotations.as_ref());
     assert_eq!(
-        annotation(template_annotations),
+        token_annotation(template_annotations),
         Some(first_token.to_string())
     );
 
@@ -723,12 +726,12 @@ async fn the_gated_job_example_runs_only_while_its_claim_is_held() {
     assert!(second_token > first_token);
     let second = wait_job(&env, "gated-migrate-2", |job| !is_suspended(job)).await;
     assert_eq!(
-        annotation(second.metadata.annotations.as_ref()),
+        token_annotation(second.metadata.annotations.as_ref()),
         Some(second_token.to_string())
     );
     // The first Job keeps its record; nothing was un-suspended twice.
     assert_eq!(
-        annotation(
+        token_annotation(
             jobs(&env)
                 .get("gated-migrate")
                 .await
@@ -757,10 +760,9 @@ async fn the_gated_job_example_runs_only_while_its_claim_is_held() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gated_deployment_example_lets_its_replicas_go_one_at_a_time() {
-    let Some(mut env) = Env::fake_only_started().await else {
+    let Some((mut env, scratch)) = Scratch::started().await else {
         return;
     };
-    let scratch = Scratch::new(&env);
     scratch.apply(&env, &documents(&example("lock.yaml"))).await;
     let deployment = documents(&example("gated-deployment.yaml"))
         .into_iter()
@@ -810,13 +812,7 @@ async fn the_gated_deployment_example_lets_its_replicas_go_one_at_a_time() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         let name = next.metadata.name.clone().expect("name");
-        let token = next
-            .metadata
-            .annotations
-            .clone()
-            .unwrap_or_default()
-            .get(TOKEN_ANNOTATION)
-            .cloned();
+        let token = token_annotation(next.metadata.annotations.as_ref());
         assert_eq!(
             token,
             Some((round + 1).to_string()),
@@ -836,10 +832,9 @@ async fn the_gated_deployment_example_lets_its_replicas_go_one_at_a_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cronjobs_example_never_runs_two_jobs_at_once() {
-    let Some(mut env) = Env::fake_only_started().await else {
+    let Some((mut env, scratch)) = Scratch::started().await else {
         return;
     };
-    let scratch = Scratch::new(&env);
     let docs = documents(&example("cronjobs-sharing-a-lock.yaml"));
     let lock = find(&docs, "DistributedLock").clone();
     scratch.apply(&env, &[lock]).await;
@@ -888,7 +883,7 @@ async fn the_cronjobs_example_never_runs_two_jobs_at_once() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         let name = running.metadata.name.clone().expect("name");
-        tokens.push(annotation(running.metadata.annotations.as_ref()));
+        tokens.push(token_annotation(running.metadata.annotations.as_ref()));
         // The second run fails: a failed run hands the lock on just as a completed one does.
         if finished.len() == 1 {
             finish_job(&env, &name, "Failed").await;

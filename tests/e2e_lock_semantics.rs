@@ -66,8 +66,7 @@ async fn a_lowered_limit_revokes_nobody_and_stops_grants() {
     for name in ["a", "b", "c"] {
         env.apply_claim(name, "pool", "");
     }
-    env.wait_phase("a", ClaimPhase::Held).await;
-    env.wait_phase("b", ClaimPhase::Held).await;
+    env.wait_held(&["a", "b"]).await;
     env.wait_claim("c", |c| position_of(c) == Some(1)).await;
     // `kubectl get locks` names every holder of a semaphore, not only the first.
     env.wait_lock("pool", |lock| {
@@ -101,8 +100,7 @@ async fn readers_share_a_writer_holds_alone_and_is_not_overtaken() {
     env.apply_lock("table", "maxHolders: 3\nleaseDurationSeconds: 300");
     env.apply_claim("reader-1", "table", "mode: Shared");
     env.apply_claim("reader-2", "table", "mode: Shared");
-    env.wait_phase("reader-1", ClaimPhase::Held).await;
-    env.wait_phase("reader-2", ClaimPhase::Held).await;
+    env.wait_held(&["reader-1", "reader-2"]).await;
     env.apply_claim("writer", "table", "mode: Exclusive");
     env.wait_claim("writer", |c| position_of(c) == Some(1))
         .await;

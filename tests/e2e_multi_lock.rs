@@ -11,8 +11,8 @@ mod e2e_support;
 use std::time::Duration;
 
 use e2e_support::jobs::{finish_job, is_suspended, jobs, wait_job};
-use e2e_support::{phase_of, reason_of, token_on, Env, HolderMonitor};
-use turnstile_api::{ClaimPhase, LockClaim, TOKEN_ANNOTATION};
+use e2e_support::{phase_of, reason_of, token_annotation, token_on, Env, HolderMonitor};
+use turnstile_api::{ClaimPhase, LockClaim};
 
 fn multi_claim(name: &str, locks: &str, extra: &str) -> String {
     format!(
@@ -159,8 +159,7 @@ async fn an_unrenewed_claim_on_several_locks_expires_and_frees_them_all() {
     env.apply_claim("next-b", "b", "leaseDurationSeconds: 300");
     let expired = env.wait_phase("both", ClaimPhase::Expired).await;
     assert_eq!(reason_of(&expired).as_deref(), Some("LeaseExpired"));
-    env.wait_phase("next-a", ClaimPhase::Held).await;
-    env.wait_phase("next-b", ClaimPhase::Held).await;
+    env.wait_held(&["next-a", "next-b"]).await;
     env.stop_controller().await;
 }
 
@@ -199,11 +198,7 @@ async fn a_gated_job_with_the_locks_annotation_runs_holding_all_its_locks() {
     assert!(token_on(&held, "db").is_some(), "a token on db");
     let job = wait_job(&env, "report", |job| !is_suspended(job)).await;
     assert_eq!(
-        job.metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(TOKEN_ANNOTATION))
-            .cloned(),
+        token_annotation(job.metadata.annotations.as_ref()),
         Some(cache_token.to_string()),
         "the first lock's (cache) token"
     );
@@ -221,8 +216,7 @@ async fn a_gated_job_with_the_locks_annotation_runs_holding_all_its_locks() {
         record.locks.iter().all(|entry| entry.expires_at.is_none()),
         "no lease after the end: {record:?}"
     );
-    env.wait_phase("next-cache", ClaimPhase::Held).await;
-    env.wait_phase("next-db", ClaimPhase::Held).await;
+    env.wait_held(&["next-cache", "next-db"]).await;
     env.stop_controller().await;
 }
 

@@ -21,15 +21,15 @@ use std::time::{Duration, Instant};
 use e2e_support::actor::{requests_of, tagged_client};
 use e2e_support::jobs::{is_suspended, jobs, wait_job};
 use e2e_support::pods::{pods, set_pod_phase};
-use e2e_support::{annotate, lock_tokens, phase_of, reason_of, token_of, Env, WAIT};
+use e2e_support::{
+    annotate, lock_tokens, phase_of, reason_of, token_annotation, token_of, Env, WAIT,
+};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PostParams};
 use kube::ResourceExt;
 use serde_json::json;
-use turnstile_api::{
-    ClaimPhase, LOCKS_ANNOTATION, LOCK_ANNOTATION, LOCK_LABEL, SCHEDULING_GATE, TOKEN_ANNOTATION,
-};
+use turnstile_api::{ClaimPhase, LOCKS_ANNOTATION, LOCK_ANNOTATION, LOCK_LABEL, SCHEDULING_GATE};
 use turnstile_controller::ControllerConfig;
 
 /// How soon after its predecessor ends the next Pod must be let go: far below the 300 s lease.
@@ -141,11 +141,7 @@ async fn gated_replicas_on_a_mutex_run_one_at_a_time() {
     );
     let pod = pods(&env).get(&first).await.expect("pod");
     assert_eq!(
-        pod.metadata
-            .annotations
-            .unwrap_or_default()
-            .get(TOKEN_ANNOTATION)
-            .map(String::as_str),
+        token_annotation(pod.metadata.annotations.as_ref()).as_deref(),
         Some("1"),
         "the token is on the Pod for the downward API"
     );
@@ -294,11 +290,7 @@ async fn the_locks_annotation_gates_a_pod_on_all_its_locks() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(
-        pod.metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(TOKEN_ANNOTATION))
-            .map(String::as_str),
+        token_annotation(pod.metadata.annotations.as_ref()).as_deref(),
         Some("1"),
         "the first lock's (cache) token"
     );
@@ -373,7 +365,7 @@ async fn a_gated_job_adopts_a_claim_of_its_name_and_is_let_go_once() {
     assert_eq!(claim.uid().as_deref(), Some("adopted-claim-uid"), "adopted");
     assert_eq!(phase_of(&claim), Some(ClaimPhase::Held));
     assert_eq!(
-        job.annotations().get(TOKEN_ANNOTATION).cloned(),
+        token_annotation(job.metadata.annotations.as_ref()),
         token_of(&claim).map(|token| token.to_string())
     );
     let log = requests_of(&env.server().request_log(), "controller");

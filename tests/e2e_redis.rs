@@ -86,8 +86,7 @@ async fn fifo_handover_expiry_and_semaphore_on_redis() {
     let c = env.wait_phase("c", ClaimPhase::Held).await;
     assert_eq!(token_of(&c), Some(3));
 
-    env.wait_phase("p1", ClaimPhase::Held).await;
-    env.wait_phase("p2", ClaimPhase::Held).await;
+    env.wait_held(&["p1", "p2"]).await;
     env.wait_claim("p3", |c| position_of(c) == Some(1)).await;
 
     // The grants live in Redis, under the namespaced key.

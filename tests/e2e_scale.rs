@@ -47,6 +47,14 @@ async fn fake_only_tagged() -> Option<(Env, RunningController)> {
     Some((env, controller))
 }
 
+/// [`fake_only_tagged`] with lock `db` and claims `a` (held), `b` and `c` (waiting).
+async fn tagged_with_a_queue_of_three() -> Option<(Env, RunningController)> {
+    let (env, controller) = fake_only_tagged().await?;
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.queue_of_three("db").await;
+    Some((env, controller))
+}
+
 /// The controller's writes (Events included) in the fake's log so far.
 fn controller_writes(env: &Env) -> Vec<RecordedRequest> {
     requests_of(&env.server().request_log(), CONTROLLER)
@@ -338,11 +346,9 @@ async fn a_pass_among_ten_thousand_cached_claims_touches_only_its_own() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_re_syncs_without_writing() {
-    let Some((env, controller)) = fake_only_tagged().await else {
+    let Some((env, controller)) = tagged_with_a_queue_of_three().await else {
         return;
     };
-    env.apply_lock("db", "leaseDurationSeconds: 300");
-    env.queue_of_three("db").await;
     settled_writes(&env, Duration::from_millis(500)).await;
     controller.stop().await;
     let before = controller_writes(&env).len();
@@ -363,11 +369,9 @@ async fn a_restart_re_syncs_without_writing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_watch_per_kind_and_pods_only_through_selectors() {
-    let Some((env, controller)) = fake_only_tagged().await else {
+    let Some((env, controller)) = tagged_with_a_queue_of_three().await else {
         return;
     };
-    env.apply_lock("db", "leaseDurationSeconds: 300");
-    env.queue_of_three("db").await;
     env.delete_claim("a").await;
     env.wait_phase("b", ClaimPhase::Held).await;
     settled_writes(&env, Duration::from_millis(500)).await;

@@ -47,8 +47,7 @@ async fn semaphore_admits_max_holders_in_order() {
     for name in ["a", "b", "c", "d"] {
         env.apply_claim(name, "pool", "");
     }
-    env.wait_phase("a", ClaimPhase::Held).await;
-    env.wait_phase("b", ClaimPhase::Held).await;
+    env.wait_held(&["a", "b"]).await;
     env.wait_claim("c", |c| position_of(c) == Some(1)).await;
     env.wait_claim("d", |c| position_of(c) == Some(2)).await;
     assert_eq!(env.held_count().await, 2);

@@ -22,7 +22,7 @@ async fn scrapes_show_what_was_recorded_and_probes_follow_readiness() {
     let metrics = Metrics::new();
     let readiness = Readiness::new();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(metrics::serve_on(
+    let server = tokio::spawn(metrics::serve(
         listener,
         metrics.clone(),
         readiness.clone(),
@@ -130,7 +130,7 @@ async fn scrapes_show_what_was_recorded_and_probes_follow_readiness() {
 async fn a_taken_address_is_a_typed_error() {
     let taken = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = taken.local_addr().expect("address");
-    let result = metrics::serve(addr, Metrics::new(), Readiness::new(), async {}).await;
+    let result = metrics::bind(addr).await;
     assert!(
         matches!(result, Err(MetricsError::Bind { addr: failed, .. }) if failed == addr),
         "{result:?}"

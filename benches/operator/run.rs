@@ -690,52 +690,40 @@ pub async fn run(knobs: Knobs) -> Report {
     }
     table.latency("Pod-owned claim create → `Held`", owned, "");
 
-    create(&locks, &lock("gate", 1)).await;
     let seen_jobs = Seen::watch(jobs.clone(), unsuspended);
-    let mut gated = Vec::new();
-    for i in 0..samples {
-        let job_name = format!("job-{i}");
-        let job: Job = serde_json::from_value(json!({
-            "metadata": {"name": job_name, "annotations": {LOCK_ANNOTATION: "gate"}},
+    let gated_jobs = (0..samples).map(|i| {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("job-{i}"), "annotations": {LOCK_ANNOTATION: "gate"}},
             "spec": {"suspend": true, "template": {"spec": {
                 "restartPolicy": "Never",
                 "containers": [{"name": "c", "image": "busybox"}]}}}
         }))
-        .expect("job");
-        let start = Instant::now();
-        create(&jobs, &job).await;
-        gated.push(seen_jobs.wait(&job_name).await - start);
-        claims
-            .delete(&format!("{job_name}-gate"), &DeleteParams::default())
-            .await
-            .ok();
-        wait_free(&locks, "gate").await;
-    }
+        .expect("job")
+    });
+    let gated = gated_latencies(&jobs, &seen_jobs, "gate", gated_jobs, &locks, &claims).await;
     table.latency("gated Job create → unsuspended", gated, "");
 
     // A Pod with the lock label and scheduling gate: create → gate removed.
-    create(&locks, &lock("pod-gate", 1)).await;
     let seen_ungated = Seen::watch(pods.clone(), ungated);
-    let mut gated_pods = Vec::new();
-    for i in 0..samples {
-        let pod_name = format!("gated-pod-{i}");
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": pod_name, "labels": {LOCK_LABEL: "pod-gate"}},
+    let pods_to_gate = (0..samples).map(|i| {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("gated-pod-{i}"), "labels": {LOCK_LABEL: "pod-gate"}},
             "spec": {
                 "schedulingGates": [{"name": SCHEDULING_GATE}],
                 "containers": [{"name": "c", "image": "busybox"}]
             }
         }))
-        .expect("pod");
-        let start = Instant::now();
-        create(&pods, &pod).await;
-        gated_pods.push(seen_ungated.wait(&pod_name).await - start);
-        claims
-            .delete(&format!("{pod_name}-pod-gate"), &DeleteParams::default())
-            .await
-            .ok();
-        wait_free(&locks, "pod-gate").await;
-    }
+        .expect("pod")
+    });
+    let gated_pods = gated_latencies(
+        &pods,
+        &seen_ungated,
+        "pod-gate",
+        pods_to_gate,
+        &locks,
+        &claims,
+    )
+    .await;
     table.latency("gated Pod create → gate removed", gated_pods, "");
 
     // Scale: many locks, 10 claims each.
@@ -888,6 +876,36 @@ pub async fn run(knobs: Knobs) -> Report {
 }
 
 /// Waits until `name` has no holders (between samples; not timed).
+/// Creates lock `lock_name` (a mutex), then each of `workloads` (gated on it) in turn: the
+/// time from its create to `seen` recording it let go. After each, its claim
+/// (`<name>-<lock_name>`) is deleted and the lock waited free, so every sample starts alike.
+async fn gated_latencies<K>(
+    api: &Api<K>,
+    seen: &Seen,
+    lock_name: &str,
+    workloads: impl Iterator<Item = K>,
+    locks: &Api<DistributedLock>,
+    claims: &Api<LockClaim>,
+) -> Vec<Duration>
+where
+    K: Resource + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    create(locks, &lock(lock_name, 1)).await;
+    let mut samples = Vec::new();
+    for workload in workloads {
+        let name = workload.meta().name.clone().expect("a name");
+        let start = Instant::now();
+        create(api, &workload).await;
+        samples.push(seen.wait(&name).await - start);
+        claims
+            .delete(&format!("{name}-{lock_name}"), &DeleteParams::default())
+            .await
+            .ok();
+        wait_free(locks, lock_name).await;
+    }
+    samples
+}
+
 async fn wait_free(locks: &Api<DistributedLock>, name: &str) {
     let deadline = Instant::now() + WAIT;
     loop {

@@ -167,13 +167,10 @@ pub async fn lock_command(args: LockArgs) -> Outcome {
     let backend = match backend_url.connect().await {
         Ok(backend) => backend,
         Err(error) => {
-            return Outcome::with_reason(
+            return Outcome::cannot(
                 exit_code::BACKEND_UNAVAILABLE,
-                format!(
-                    "cannot connect to the {} backend: {}",
-                    backend_url.kind(),
-                    error::describe(&error)
-                ),
+                format!("connect to the {} backend", backend_url.kind()),
+                &error,
             )
         }
     };
@@ -241,14 +238,14 @@ async fn acquire(
             ),
         ),
         LockError::InvalidArgument(message) => Outcome::with_reason(EXIT_USAGE, message),
-        LockError::BackendUnavailable { .. } => Outcome::with_reason(
+        LockError::BackendUnavailable { .. } => Outcome::cannot(
             exit_code::BACKEND_UNAVAILABLE,
-            format!("cannot acquire lock {key:?}: {}", error::describe(&error)),
+            format!("acquire lock {key:?}"),
+            &error,
         ),
-        LockError::LockLost { .. } => Outcome::with_reason(
-            exit_code::INTERNAL,
-            format!("cannot acquire lock {key:?}: {}", error::describe(&error)),
-        ),
+        LockError::LockLost { .. } => {
+            Outcome::cannot(exit_code::INTERNAL, format!("acquire lock {key:?}"), &error)
+        }
     })
 }
 

@@ -237,13 +237,10 @@ async fn wait_for_claim(
             }
             Ok(None) => return target.claim_gone("was deleted while waiting"),
             Err(error) if watch_forbidden(&error) => {
-                return Outcome::with_reason(
+                return Outcome::cannot(
                     exit_code::ERROR,
-                    format!(
-                        "cannot watch LockClaim {} in namespace {namespace}: {}",
-                        args.claim,
-                        error::describe(&error)
-                    ),
+                    format!("watch LockClaim {} in namespace {namespace}", args.claim),
+                    &error,
                 )
             }
             Err(error) => {

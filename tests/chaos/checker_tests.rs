@@ -160,7 +160,12 @@ fn both_granted(a: Grant, b: Grant, deleted: (i64, i64)) -> Script {
     script
 }
 
-/// Only `kind` was found, `at_least` times or more.
+/// The checker finds `kind`, and only `kind`, in `script` (nothing left in the backend).
+fn assert_caught(script: &Script, kind: Kind) {
+    assert_only(&script.check(&[]), kind);
+}
+
+/// `report` has `kind` violations and no other.
 fn assert_only(report: &Report, kind: Kind) {
     assert!(report.count(kind) > 0, "{kind:?} not caught: {report:?}");
     let others: Vec<_> = report
@@ -181,8 +186,10 @@ fn a_clean_history_passes() {
 
 #[test]
 fn two_holders_of_a_mutex_at_once_are_caught() {
-    let script = both_granted((1, 0, 3), (2, 1, 4), (2, 3));
-    assert_only(&script.check(&[]), Kind::OverCapacity);
+    assert_caught(
+        &both_granted((1, 0, 3), (2, 1, 4), (2, 3)),
+        Kind::OverCapacity,
+    );
 }
 
 #[test]
@@ -194,8 +201,7 @@ fn a_lease_that_ran_out_before_the_next_grant_is_no_overlap() {
 
 #[test]
 fn a_token_that_goes_backwards_is_caught() {
-    let script = hand_off((5, 0, 3), 2, (4, 2, 5), 4);
-    assert_only(&script.check(&[]), Kind::TokenRegression);
+    assert_caught(&hand_off((5, 0, 3), 2, (4, 2, 5), 4), Kind::TokenRegression);
 }
 
 #[test]
@@ -207,7 +213,7 @@ fn a_lost_update_is_caught() {
         // c read 0, long ago, and writes over b's 2.
         .write(6, "c", 3, 0, 2)
         .delete("c", 7);
-    assert_only(&script.check(&[]), Kind::LostUpdate);
+    assert_caught(&script, Kind::LostUpdate);
 }
 
 #[test]
@@ -224,7 +230,7 @@ fn a_later_claim_granted_while_an_earlier_one_waits_is_caught() {
         .delete("c", 8)
         .held("b", 1, 3, 8, 20)
         .delete("b", 9);
-    assert_only(&script.check(&[]), Kind::FifoViolation);
+    assert_caught(&script, Kind::FifoViolation);
 }
 
 #[test]
@@ -237,14 +243,13 @@ fn a_claim_that_never_got_anywhere_is_caught() {
             ending: Ending::GaveUp,
         },
     );
-    assert_only(&script.check(&[]), Kind::NeverServed);
+    assert_caught(&script, Kind::NeverServed);
 }
 
 #[test]
 fn a_lock_left_free_with_a_waiter_is_caught() {
     // Nobody holds from 2 to 20 while b waits: more than the lease (3) + margin (5).
-    let script = hand_off((1, 0, 3), 2, (2, 20, 23), 21);
-    assert_only(&script.check(&[]), Kind::StuckFree);
+    assert_caught(&hand_off((1, 0, 3), 2, (2, 20, 23), 21), Kind::StuckFree);
 }
 
 #[test]

@@ -31,7 +31,7 @@ use kube::Client;
 use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
+use turnstile_api::{ClaimPhase, DistributedLock, LockClaim, TOKEN_ANNOTATION};
 use turnstile_controller::{run, ControllerConfig};
 use turnstile_lock::{Backend as _, LockSnapshot, MongoBackend, MongoBackendConfig};
 
@@ -566,6 +566,13 @@ impl Env {
             .await
     }
 
+    /// Waits for each of the claims `names` in turn until it is `Held`.
+    pub async fn wait_held(&self, names: &[&str]) {
+        for name in names {
+            self.wait_phase(name, ClaimPhase::Held).await;
+        }
+    }
+
     /// Waits until lock `name` satisfies `done`.
     pub async fn wait_lock(
         &self,
@@ -733,6 +740,14 @@ impl Drop for Env {
             running.task.abort();
         }
     }
+}
+
+/// The fencing token in `annotations` (a gated workload's, or its Pod template's), as the
+/// controller writes it there for the downward API.
+pub fn token_annotation(
+    annotations: Option<&std::collections::BTreeMap<String, String>>,
+) -> Option<String> {
+    annotations?.get(TOKEN_ANNOTATION).cloned()
 }
 
 /// Polls `name` in `api` until it exists and satisfies `done`; panics with its last state

@@ -22,15 +22,9 @@ pub enum ControllerError {
         #[source]
         source: serde_json::Error,
     },
-    /// The metrics endpoint could not be served.
-    #[error("cannot serve metrics on {addr}: {source}")]
-    Metrics {
-        /// The address asked for.
-        addr: std::net::SocketAddr,
-        /// The socket error.
-        #[source]
-        source: std::io::Error,
-    },
+    /// The metrics endpoint could not be served (its address taken, say).
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
     /// This replica lost the leadership, so the pass stopped before a write.
     #[error("not the leader any more; skipped {action}")]
     NotLeader {

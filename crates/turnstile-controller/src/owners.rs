@@ -242,11 +242,8 @@ mod tests {
             ("u2", "Running", OwnerState::Gone),
         ];
         for (uid, phase, state) in cases {
-            assert_eq!(
-                pod_state(&pod(uid, phase), &owner()),
-                state,
-                "{uid} {phase}"
-            );
+            let pod = pod(uid, phase);
+            assert_eq!(pod_state(&pod, &owner()), state, "{uid} {phase}");
         }
     }
 
@@ -263,21 +260,15 @@ mod tests {
             kind: WorkloadKind::Job,
             ..owner()
         };
-        assert_eq!(
-            job_state(&job("Suspended", "True"), &owner),
-            OwnerState::Alive
-        );
-        assert_eq!(
-            job_state(&job("Complete", "False"), &owner),
-            OwnerState::Alive
-        );
-        assert_eq!(
-            job_state(&job("Complete", "True"), &owner),
-            OwnerState::Finished
-        );
-        assert_eq!(
-            job_state(&job("Failed", "True"), &owner),
-            OwnerState::Finished
-        );
+        let cases = [
+            ("Suspended", "True", OwnerState::Alive),
+            ("Complete", "False", OwnerState::Alive),
+            ("Complete", "True", OwnerState::Finished),
+            ("Failed", "True", OwnerState::Finished),
+        ];
+        for (condition, status, state) in cases {
+            let job = job(condition, status);
+            assert_eq!(job_state(&job, &owner), state, "{condition}={status}");
+        }
     }
 }

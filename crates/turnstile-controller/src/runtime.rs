@@ -201,11 +201,9 @@ pub async fn run(
 
     let server = match config.metrics_addr {
         Some(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|source| ControllerError::Metrics { addr, source })?;
+            let listener = metrics::bind(addr).await?;
             let serving =
-                metrics::serve_on(listener, metrics.clone(), readiness.clone(), raised(&stop));
+                metrics::serve(listener, metrics.clone(), readiness.clone(), raised(&stop));
             Some(tokio::spawn(async move {
                 if let Err(error) = serving.await {
                     tracing::error!(%error, "metrics server stopped");

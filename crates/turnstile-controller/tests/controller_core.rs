@@ -18,11 +18,7 @@ use turnstile_controller::core::{
 
 #[tokio::test(start_paused = true)]
 async fn three_claims_one_holder_two_waiting_in_order() {
-    let mut sim = Sim::new(1, 30);
-    for name in ["a", "b", "c"] {
-        sim.create(name, Sim::claim_spec(None, None));
-    }
-    sim.settle().await;
+    let mut sim = Sim::settled_with(1, 30, &["a", "b", "c"]).await;
     assert_eq!(sim.phase("a"), Some(ClaimPhase::Held));
     assert_eq!(sim.token("a"), Some(1));
     assert_eq!(sim.phase("b"), Some(ClaimPhase::Pending));
@@ -65,11 +61,7 @@ async fn three_claims_one_holder_two_waiting_in_order() {
 
 #[tokio::test(start_paused = true)]
 async fn idle_passes_write_nothing() {
-    let mut sim = Sim::new(2, 30);
-    for name in ["a", "b", "c", "d"] {
-        sim.create(name, Sim::claim_spec(None, None));
-    }
-    sim.settle().await;
+    let mut sim = Sim::settled_with(2, 30, &["a", "b", "c", "d"]).await;
     let writes = sim.writes;
     let events = sim.events.len();
     for _ in 0..5 {
@@ -87,11 +79,7 @@ async fn idle_passes_write_nothing() {
 
 #[tokio::test(start_paused = true)]
 async fn semaphore_grants_max_holders() {
-    let mut sim = Sim::new(2, 30);
-    for name in ["a", "b", "c"] {
-        sim.create(name, Sim::claim_spec(None, None));
-    }
-    sim.settle().await;
+    let sim = Sim::settled_with(2, 30, &["a", "b", "c"]).await;
     assert_eq!(sim.phase("a"), Some(ClaimPhase::Held));
     assert_eq!(sim.phase("b"), Some(ClaimPhase::Held));
     assert_eq!(sim.position("c"), Some(1));
@@ -100,10 +88,7 @@ async fn semaphore_grants_max_holders() {
 
 #[tokio::test(start_paused = true)]
 async fn expiry_without_renewal_hands_on_and_renewal_keeps_it() {
-    let mut sim = Sim::new(1, 10);
-    sim.create("a", Sim::claim_spec(None, None));
-    sim.create("b", Sim::claim_spec(None, None));
-    sim.settle().await;
+    let mut sim = Sim::settled_with(1, 10, &["a", "b"]).await;
     assert_eq!(sim.phase("a"), Some(ClaimPhase::Held));
 
     // Renewing at t=8 extends a's lease to t=18.
@@ -155,11 +140,7 @@ async fn release_on_request_and_acquire_timeout() {
 
 #[tokio::test(start_paused = true)]
 async fn backend_restart_keeps_holder_and_tokens_increase() {
-    let mut sim = Sim::new(1, 30);
-    for name in ["a", "b", "c"] {
-        sim.create(name, Sim::claim_spec(None, None));
-    }
-    sim.settle().await;
+    let mut sim = Sim::settled_with(1, 30, &["a", "b", "c"]).await;
     sim.release("a");
     sim.settle().await;
     assert_eq!(sim.token("b"), Some(2));
@@ -183,9 +164,7 @@ async fn backend_restart_keeps_holder_and_tokens_increase() {
 
 #[tokio::test(start_paused = true)]
 async fn backend_restart_while_idle_restores_the_fencing_floor() {
-    let mut sim = Sim::new(1, 30);
-    sim.create("a", Sim::claim_spec(None, None));
-    sim.settle().await;
+    let mut sim = Sim::settled_with(1, 30, &["a"]).await;
     sim.release("a");
     sim.settle().await;
     sim.restart_backend();
@@ -219,10 +198,7 @@ async fn a_live_owner_keeps_the_lease_and_its_end_releases_it() {
     sim.set_owner("a", OwnerState::Finished);
     sim.settle().await;
     assert_eq!(sim.phase("a"), Some(ClaimPhase::Released));
-    let reason = sim.claims["a"]
-        .status
-        .as_ref()
-        .and_then(|s| s.reason.clone());
+    let reason = sim.reason("a");
     assert_eq!(reason.as_deref(), Some("OwnerFinished"));
     assert_eq!(sim.phase("b"), Some(ClaimPhase::Held));
 
@@ -250,10 +226,7 @@ async fn invalid_claim_fails_and_does_not_block_the_queue() {
     sim.settle().await;
     for name in ["a", "b", "c"] {
         assert_eq!(sim.phase(name), Some(ClaimPhase::Failed), "{name}");
-        let reason = sim.claims[name]
-            .status
-            .as_ref()
-            .and_then(|s| s.reason.clone());
+        let reason = sim.reason(name);
         assert_eq!(reason.as_deref(), Some("InvalidSpec"));
     }
     assert_eq!(sim.phase("d"), Some(ClaimPhase::Held));
@@ -261,14 +234,9 @@ async fn invalid_claim_fails_and_does_not_block_the_queue() {
 
 #[tokio::test(start_paused = true)]
 async fn invalid_lock_blocks_grants_with_a_condition() {
-    let mut sim = Sim::new(0, 30);
-    sim.create("a", Sim::claim_spec(None, None));
-    sim.settle().await;
+    let mut sim = Sim::settled_with(0, 30, &["a"]).await;
     assert_eq!(sim.phase("a"), Some(ClaimPhase::Pending));
-    let reason = sim.claims["a"]
-        .status
-        .as_ref()
-        .and_then(|s| s.reason.clone());
+    let reason = sim.reason("a");
     assert_eq!(reason.as_deref(), Some("InvalidLockSpec"));
     let ready = &sim.lock.status.as_ref().expect("status").conditions[0];
     assert_eq!(
@@ -326,10 +294,7 @@ async fn unavailable_or_unconfigured_backend_grants_nothing_and_reports() {
 
 #[tokio::test(start_paused = true)]
 async fn lock_deletion_ends_holders_and_unqueues_waiters() {
-    let mut sim = Sim::new(1, 30);
-    sim.create("a", Sim::claim_spec(None, None));
-    sim.create("b", Sim::claim_spec(None, None));
-    sim.settle().await;
+    let mut sim = Sim::settled_with(1, 30, &["a", "b"]).await;
     sim.lock.metadata.deletion_timestamp = Some(sim.now_time());
     let (_, decision) = sim.pass().await;
     assert!(decision.remove_lock_finalizer);
@@ -535,7 +500,7 @@ fn step() -> impl Strategy<Value = Step> {
 /// Runs `steps` on a fresh simulation, settling (and so checking the invariants) after each:
 /// the property test's interpreter, and the replay of every recorded regression. Returns the
 /// simulation as the steps left it.
-async fn run_steps(max_holders: i32, lease: i64, steps: Vec<Step>) -> Sim {
+async fn run_steps(max_holders: i32, lease: i64, steps: impl IntoIterator<Item = Step>) -> Sim {
     let mut sim = Sim::new(max_holders, lease);
     // The claims as they stood before each step so far (for `StalePass`).
     let mut views = Vec::new();
@@ -612,6 +577,11 @@ proptest! {
 // (Cases recorded before `Create` had `owned` create plain claims, as they did then.)
 
 /// The step creating plain claim `c{name}` with the lock's lease and no acquire timeout.
+/// [`run_steps`] on a mutex with a one-second lease, where most regressions were found.
+async fn on_a_one_second_mutex(steps: impl IntoIterator<Item = Step>) -> Sim {
+    run_steps(1, 1, steps).await
+}
+
 fn create(name: u8) -> Step {
     Step::Create {
         name,
@@ -624,18 +594,13 @@ fn create(name: u8) -> Step {
 /// A one-second lease: a claim name deleted and created again after its lease ran out.
 #[tokio::test(start_paused = true)]
 async fn regression_a_name_deleted_and_created_again_after_its_lease() {
-    run_steps(
-        1,
-        1,
-        vec![create(4), Step::Advance(1), Step::Delete(4), create(4)],
-    )
-    .await;
+    on_a_one_second_mutex([create(4), Step::Advance(1), Step::Delete(4), create(4)]).await;
 }
 
 /// Two claims on a mutex with a one-second lease.
 #[tokio::test(start_paused = true)]
 async fn regression_two_claims_on_a_one_second_lease() {
-    run_steps(1, 1, vec![create(0), create(1)]).await;
+    on_a_one_second_mutex([create(0), create(1)]).await;
 }
 
 /// Six claims created out of name order, then a waiter in the middle of the queue deleted.
@@ -643,7 +608,7 @@ async fn regression_two_claims_on_a_one_second_lease() {
 async fn regression_a_waiter_deleted_from_the_middle_of_the_queue() {
     let mut steps: Vec<Step> = [6, 3, 2, 0, 1, 4].into_iter().map(create).collect();
     steps.push(Step::Delete(0));
-    run_steps(1, 1, steps).await;
+    on_a_one_second_mutex(steps).await;
 }
 
 /// A pass on the cache from before a controller downtime, in which the holder's one-second
@@ -651,12 +616,7 @@ async fn regression_a_waiter_deleted_from_the_middle_of_the_queue() {
 /// waiter and re-grants it in the backend under a new token (the excuse the README gives).
 #[tokio::test(start_paused = true)]
 async fn regression_a_stale_pass_after_a_downtime() {
-    let sim = run_steps(
-        1,
-        1,
-        vec![create(0), create(1), Step::Down(1), Step::StalePass],
-    )
-    .await;
+    let sim = on_a_one_second_mutex([create(0), create(1), Step::Down(1), Step::StalePass]).await;
     assert_eq!(sim.phase("c1"), Some(ClaimPhase::Held));
     assert_eq!(sim.token("c1"), Some(2));
     let key = LockView::from_resource(&sim.lock).backend_key();
@@ -671,18 +631,11 @@ async fn regression_a_stale_pass_after_a_downtime() {
 /// waiter, which then ends `LockLost` (the excuse the README gives).
 #[tokio::test(start_paused = true)]
 async fn regression_a_stale_pass_after_a_release() {
-    let sim = run_steps(
-        1,
-        1,
-        vec![create(1), create(2), Step::Release(1), Step::StalePass],
-    )
-    .await;
+    let sim =
+        on_a_one_second_mutex([create(1), create(2), Step::Release(1), Step::StalePass]).await;
     assert_eq!(sim.phase("c1"), Some(ClaimPhase::Released));
     assert_eq!(sim.phase("c2"), Some(ClaimPhase::Expired));
-    let reason = sim.claims["c2"]
-        .status
-        .as_ref()
-        .and_then(|s| s.reason.clone());
+    let reason = sim.reason("c2");
     assert_eq!(reason.as_deref(), Some("LockLost"));
 }
 
@@ -691,17 +644,13 @@ async fn regression_a_stale_pass_after_a_release() {
 /// reason it had, and is not taken for a waiter (found by CI's run of the property test).
 #[tokio::test(start_paused = true)]
 async fn regression_a_waiter_deleted_on_an_invalid_lock_while_the_backend_is_away() {
-    let sim = run_steps(
-        1,
-        1,
-        vec![
-            Step::LockSpecInvalid,
-            create(7),
-            Step::BackendDown(4),
-            Step::Delete(7),
-            Step::LockSpecValid,
-        ],
-    )
+    let sim = on_a_one_second_mutex([
+        Step::LockSpecInvalid,
+        create(7),
+        Step::BackendDown(4),
+        Step::Delete(7),
+        Step::LockSpecValid,
+    ])
     .await;
     assert!(sim
         .claims

@@ -7,7 +7,6 @@ mod sim;
 
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use proptest::prelude::*;
 use sim::{paused_runtime, Sim};
 use turnstile_api::{ClaimMode, ClaimPhase, LockClaimSpec};
@@ -33,20 +32,9 @@ async fn owned_a_then_b(sim: &mut Sim) {
     sim.settle().await;
 }
 
-/// The `expiresAt` of claim `name`'s status.
-fn expires_at(sim: &Sim, name: &str) -> Option<Time> {
-    sim.claims[name].status.as_ref()?.expires_at.clone()
-}
-
-fn reason(sim: &Sim, name: &str) -> Option<String> {
-    sim.claims[name].status.as_ref()?.reason.clone()
-}
-
 #[tokio::test(start_paused = true)]
 async fn higher_priority_is_served_first_then_fifo() {
-    let mut sim = Sim::new(1, 30);
-    sim.create("holder", Sim::claim_spec(None, None));
-    sim.settle().await;
+    let mut sim = Sim::settled_with(1, 30, &["holder"]).await;
     sim.advance(Duration::from_secs(1)).await;
     sim.create("early-low", with_priority(0));
     sim.advance(Duration::from_secs(1)).await;
@@ -89,7 +77,7 @@ async fn the_maximum_hold_ends_a_grant_whatever_its_renewals() {
         }
     }
     assert_eq!(sim.phase("a"), Some(ClaimPhase::Expired));
-    assert_eq!(reason(&sim, "a").as_deref(), Some("MaxHoldExceeded"));
+    assert_eq!(sim.reason("a").as_deref(), Some("MaxHoldExceeded"));
     assert!(sim.events.contains(&("a".to_owned(), "LockLost")));
     assert_phase(&sim, "b", ClaimPhase::Held, "the lock moves on");
 }
@@ -190,19 +178,19 @@ async fn an_owned_claim_is_renewed_once_half_its_lease_has_passed() {
     let mut sim = Sim::new(1, 10);
     sim.create_owned("a", Sim::claim_spec(None, None));
     sim.settle().await;
-    let first = expires_at(&sim, "a").expect("expiresAt");
+    let first = sim.expires_at("a").expect("expiresAt");
     // Before half of the 10 s lease: no renewal (and no write).
     sim.advance(Duration::from_secs(4)).await;
     sim.settle().await;
     assert_eq!(
-        expires_at(&sim, "a"),
+        sim.expires_at("a"),
         Some(first.clone()),
         "renewed before half the lease"
     );
     // Past half: renewed, a lease from now.
     sim.advance(Duration::from_secs(2)).await;
     sim.settle().await;
-    let renewed = expires_at(&sim, "a").expect("expiresAt");
+    let renewed = sim.expires_at("a").expect("expiresAt");
     assert!(renewed.0 > first.0, "not renewed after 6 s of a 10 s lease");
     assert_eq!(sim.phase("a"), Some(ClaimPhase::Held));
 }
@@ -214,7 +202,7 @@ async fn a_vanished_owner_starts_the_lock_delay() {
     owned_a_then_b(&mut sim).await;
     sim.set_owner("a", OwnerState::Gone);
     sim.settle().await;
-    assert_eq!(reason(&sim, "a").as_deref(), Some("OwnerGone"));
+    assert_eq!(sim.reason("a").as_deref(), Some("OwnerGone"));
     assert_eq!(sim.phase("b"), Some(ClaimPhase::Pending));
     sim.advance(Duration::from_secs(16)).await;
     sim.settle().await;
@@ -223,11 +211,7 @@ async fn a_vanished_owner_starts_the_lock_delay() {
 
 #[tokio::test(start_paused = true)]
 async fn limits_changed_live_take_effect_at_the_next_grant_and_revoke_nobody() {
-    let mut sim = Sim::new(3, 30);
-    for name in ["a", "b", "c", "d", "e"] {
-        sim.create(name, Sim::claim_spec(None, None));
-    }
-    sim.settle().await;
+    let mut sim = Sim::settled_with(3, 30, &["a", "b", "c", "d", "e"]).await;
     assert_eq!(sim.position("d"), Some(1));
 
     // Lowered below the holders: all three keep the lock, nobody new is granted.
@@ -262,10 +246,8 @@ async fn limits_changed_live_take_effect_at_the_next_grant_and_revoke_nobody() {
 
 #[tokio::test(start_paused = true)]
 async fn a_changed_lease_applies_from_the_holders_next_renewal() {
-    let mut sim = Sim::new(1, 30);
-    sim.create("a", Sim::claim_spec(None, None));
-    sim.settle().await;
-    let expires = |sim: &Sim| expires_at(sim, "a").expect("expiresAt").0.as_second();
+    let mut sim = Sim::settled_with(1, 30, &["a"]).await;
+    let expires = |sim: &Sim| sim.expires_at("a").expect("expiresAt").0.as_second();
     let granted = expires(&sim);
     // The lock's lease changes: the holder's expiry stays until it renews.
     sim.lock.spec.lease_duration_seconds = 90;

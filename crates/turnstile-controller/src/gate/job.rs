@@ -18,11 +18,8 @@ impl Gated for Job {
     const NAME: &'static str = "Job";
     const HELD_BACK: &'static str = "suspended";
 
-    fn gate_lock(&self) -> Option<&str> {
-        self.annotations()
-            .get(LOCK_ANNOTATION)
-            .map(|lock| lock.trim())
-            .filter(|lock| !lock.is_empty())
+    fn marking(&self) -> Option<&String> {
+        self.annotations().get(LOCK_ANNOTATION)
     }
 
     fn held_back(&self) -> bool {

@@ -70,8 +70,14 @@ pub trait Gated:
     /// What "held back" means for it, for Events ("suspended", "gated").
     const HELD_BACK: &'static str;
 
+    /// The value of its marking, as written (a Job's annotation, a Pod's label).
+    fn marking(&self) -> Option<&String>;
     /// The lock it is gated on, if it is marked with a non-empty one.
-    fn gate_lock(&self) -> Option<&str>;
+    fn gate_lock(&self) -> Option<&str> {
+        self.marking()
+            .map(|lock| lock.trim())
+            .filter(|lock| !lock.is_empty())
+    }
     /// Whether it is still held back (suspended, or carrying the scheduling gate).
     fn held_back(&self) -> bool;
     /// Whether it has finished (nothing is gated any more).

@@ -24,11 +24,8 @@ impl Gated for Pod {
     const NAME: &'static str = "Pod";
     const HELD_BACK: &'static str = "gated";
 
-    fn gate_lock(&self) -> Option<&str> {
-        self.labels()
-            .get(LOCK_LABEL)
-            .map(|lock| lock.trim())
-            .filter(|lock| !lock.is_empty())
+    fn marking(&self) -> Option<&String> {
+        self.labels().get(LOCK_LABEL)
     }
 
     fn held_back(&self) -> bool {

@@ -24,7 +24,7 @@
 //! | `turnstile_leader` | gauge | | 1 while this replica leads |
 //! | `turnstile_invalid_objects` | gauge | | locks and claims the controller cannot read (skipped; each has a Warning Event) |
 //!
-//! The reconcilers record through a shared [`Metrics`] (cheap to clone); [`serve`] exposes it:
+//! The reconcilers record through a shared [`Metrics`] (cheap to clone); [`bind`] and [`serve`] expose it:
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), turnstile_controller::metrics::MetricsError> {
@@ -32,8 +32,9 @@
 //! use turnstile_controller::metrics::{self, Metrics, Readiness};
 //! let metrics = Metrics::new();
 //! let readiness = Readiness::new();
+//! let listener = metrics::bind("0.0.0.0:8080".parse().expect("a socket address")).await?;
 //! let server = tokio::spawn(metrics::serve(
-//!     "0.0.0.0:8080".parse().expect("a socket address"),
+//!     listener,
 //!     metrics.clone(),
 //!     readiness.clone(),
 //!     std::future::pending(),
@@ -63,7 +64,7 @@ pub use self::labels::{
 };
 pub use self::reconcile::{ReconcileMetrics, ReconcileTimer};
 pub use self::replica::ReplicaMetrics;
-pub use self::server::{router, serve, serve_on, MetricsError, Readiness, METRICS_CONTENT_TYPE};
+pub use self::server::{bind, router, serve, MetricsError, Readiness, METRICS_CONTENT_TYPE};
 pub use turnstile_api::BackendKind;
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;

@@ -74,24 +74,15 @@ pub fn router(metrics: Metrics, readiness: Readiness) -> Router {
         .with_state(ServerState { metrics, readiness })
 }
 
-/// Binds `addr` and serves [`router`] until `shutdown` completes.
-pub async fn serve<F>(
-    addr: SocketAddr,
-    metrics: Metrics,
-    readiness: Readiness,
-    shutdown: F,
-) -> Result<(), MetricsError>
-where
-    F: Future<Output = ()> + Send + 'static,
-{
-    let listener = TcpListener::bind(addr)
+/// Binds `addr` for [`serve`]; a taken or forbidden address is [`MetricsError::Bind`].
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, MetricsError> {
+    TcpListener::bind(addr)
         .await
-        .map_err(|source| MetricsError::Bind { addr, source })?;
-    serve_on(listener, metrics, readiness, shutdown).await
+        .map_err(|source| MetricsError::Bind { addr, source })
 }
 
-/// Serves [`router`] on an already bound listener until `shutdown` completes.
-pub async fn serve_on<F>(
+/// Serves [`router`] on `listener` (from [`bind`], or a test's own) until `shutdown` completes.
+pub async fn serve<F>(
     listener: TcpListener,
     metrics: Metrics,
     readiness: Readiness,

@@ -316,6 +316,17 @@ pub struct Sim {
 }
 
 impl Sim {
+    /// [`Sim::new`] with plain claims `names` (no owner, the lock's lease and no timeout)
+    /// created in that order, after the passes they cause.
+    pub async fn settled_with(max_holders: i32, lease: i64, names: &[&str]) -> Self {
+        let mut sim = Sim::new(max_holders, lease);
+        for name in names {
+            sim.create(name, Sim::claim_spec(None, None));
+        }
+        sim.settle().await;
+        sim
+    }
+
     pub fn new(max_holders: i32, lease: i64) -> Self {
         let mut lock = DistributedLock::new(
             LOCK,
@@ -550,6 +561,16 @@ impl Sim {
 
     pub fn position(&self, name: &str) -> Option<i32> {
         self.claims[name].status.as_ref()?.position
+    }
+
+    /// `status.reason` of claim `name`.
+    pub fn reason(&self, name: &str) -> Option<String> {
+        self.claims[name].status.as_ref()?.reason.clone()
+    }
+
+    /// `status.expiresAt` of claim `name`.
+    pub fn expires_at(&self, name: &str) -> Option<Time> {
+        self.claims[name].status.as_ref()?.expires_at.clone()
     }
 
     pub fn input(&self, backend: BackendView) -> LockInput {

@@ -185,7 +185,7 @@ impl ConnectionLike for Commands {
         match self {
             Commands::Single(connection) => connection.req_packed_command(cmd),
             Commands::Cluster(connection) => connection.req_packed_command(cmd),
-            Commands::Sentinel(connection) => connection.req_packed_command(cmd),
+            Commands::Sentinel(connection) => Box::pin(connection.command(cmd)),
         }
     }
 
@@ -201,7 +201,7 @@ impl ConnectionLike for Commands {
                 connection.req_packed_commands(pipeline, offset, count)
             }
             Commands::Sentinel(connection) => {
-                connection.req_packed_commands(pipeline, offset, count)
+                Box::pin(connection.pipeline(pipeline, offset, count))
             }
         }
     }
@@ -210,7 +210,7 @@ impl ConnectionLike for Commands {
         match self {
             Commands::Single(connection) => connection.get_db(),
             Commands::Cluster(connection) => connection.get_db(),
-            Commands::Sentinel(connection) => connection.get_db(),
+            Commands::Sentinel(connection) => connection.db(),
         }
     }
 }

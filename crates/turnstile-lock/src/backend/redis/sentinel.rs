@@ -16,7 +16,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-use redis::{AsyncConnectionConfig, ConnectionAddr, RedisFuture, TlsCertificates, TlsMode, Value};
+use redis::{AsyncConnectionConfig, ConnectionAddr, RedisResult, TlsCertificates, TlsMode, Value};
 use tokio::sync::watch;
 
 use super::RedisConnectError;
@@ -415,54 +415,56 @@ impl SentinelCommands {
     }
 }
 
-impl ConnectionLike for SentinelCommands {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(async move {
-            let cmd = cmd.clone();
-            self.run(
-                move |mut connection| {
-                    let cmd = cmd.clone();
-                    Box::pin(async move { connection.req_packed_command(&cmd).await })
-                },
-                verdict_of_value,
-            )
-            .await
-        })
+// Not `ConnectionLike` itself: [`super::connection::Commands`] is the one implementation,
+// and dispatches to these.
+impl SentinelCommands {
+    /// One command on the current master, retried on the next one while a failover is seen.
+    pub(super) async fn command(&mut self, cmd: &redis::Cmd) -> RedisResult<Value> {
+        let cmd = cmd.clone();
+        self.run(
+            move |mut connection| {
+                let cmd = cmd.clone();
+                Box::pin(async move { connection.req_packed_command(&cmd).await })
+            },
+            verdict_of_value,
+        )
+        .await
     }
 
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a redis::Pipeline,
+    /// A pipeline on the current master, as [`SentinelCommands::command`]; `offset` and
+    /// `count` select the replies as in `ConnectionLike::req_packed_commands`.
+    pub(super) async fn pipeline(
+        &mut self,
+        pipeline: &redis::Pipeline,
         offset: usize,
         count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        Box::pin(async move {
-            let pipeline = pipeline.clone();
-            self.run(
-                move |mut connection| {
-                    let pipeline = pipeline.clone();
-                    Box::pin(async move {
-                        connection
-                            .req_packed_commands(&pipeline, offset, count)
-                            .await
-                    })
-                },
-                |values: &Vec<Value>| {
-                    if values
-                        .iter()
-                        .any(|value| matches!(verdict_of_value(value), Verdict::NotMaster))
-                    {
-                        Verdict::NotMaster
-                    } else {
-                        Verdict::Done
-                    }
-                },
-            )
-            .await
-        })
+    ) -> RedisResult<Vec<Value>> {
+        let pipeline = pipeline.clone();
+        self.run(
+            move |mut connection| {
+                let pipeline = pipeline.clone();
+                Box::pin(async move {
+                    connection
+                        .req_packed_commands(&pipeline, offset, count)
+                        .await
+                })
+            },
+            |values: &Vec<Value>| {
+                if values
+                    .iter()
+                    .any(|value| matches!(verdict_of_value(value), Verdict::NotMaster))
+                {
+                    Verdict::NotMaster
+                } else {
+                    Verdict::Done
+                }
+            },
+        )
+        .await
     }
 
-    fn get_db(&self) -> i64 {
+    /// The database index every master connection selects.
+    pub(super) fn db(&self) -> i64 {
         self.resolver.db
     }
 }
