@@ -44,6 +44,14 @@ fn spawn_lock_on(env: &Env, lock: &str, dir: &TempDir, args: &[&str], script: &s
     spawn_captured(&mut command, Stdio::null(), "turnstile lock")
 }
 
+/// [`spawn_lock_on`] `lock` of a script recorded as `run` that goes on with `then`, once it
+/// holds the lock (its token is recorded).
+async fn holding_run(env: &Env, lock: &str, dir: &TempDir, args: &[&str], then: &str) -> Child {
+    let run = spawn_lock_on(env, lock, dir, args, &recorded("run", then));
+    until_exists(dir.path().join("run.token")).await;
+    run
+}
+
 async fn finish(child: Child) -> Output {
     finish_within(WAIT, child, "turnstile lock").await
 }
@@ -174,8 +182,7 @@ async fn runs_under_a_claim_of_its_own_and_a_second_run_waits_for_the_first() {
 async fn the_lease_is_renewed_while_the_command_runs() {
     let (mut env, dir) = env_with_lock_and_dir().await;
     // A 3 s lease and a command of 8 s: only renewals keep the grant.
-    let run = spawn_lock(&env, &dir, &["--ttl", "3s"], &recorded("run", "sleep 8"));
-    until_exists(dir.path().join("run.token")).await;
+    let run = holding_run(&env, "db", &dir, &["--ttl", "3s"], "sleep 8").await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let claims = until_claims(&env, "db", 1).await;
     assert_eq!(phase_of(&claims[0]), Some(ClaimPhase::Held), "still held");
@@ -188,8 +195,7 @@ async fn the_lease_is_renewed_while_the_command_runs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_lost_while_the_command_runs_stops_it_with_76() {
     let (mut env, dir) = env_with_lock_and_dir().await;
-    let run = spawn_lock(&env, &dir, &["--grace", "2s"], &recorded("run", "sleep 60"));
-    until_exists(dir.path().join("run.token")).await;
+    let run = holding_run(&env, "db", &dir, &["--grace", "2s"], "sleep 60").await;
     // Someone deletes the claim (or the controller ends it): the critical section is over.
     env.delete_claim(&read(dir.path(), "run.claim")).await;
     let output = finish(run).await;
@@ -340,21 +346,13 @@ async fn a_killed_turnstile_frees_the_lock_once_its_ttl_runs_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewals_refused_for_a_whole_ttl_stop_the_command_with_76() {
     let (mut env, dir) = env_with_lock_and_dir().await;
-    let run = spawn_lock(
-        &env,
-        &dir,
-        &["--ttl", "3s", "--grace", "2s"],
-        &recorded("run", "sleep 60"),
-    );
-    until_exists(dir.path().join("run.token")).await;
+    let args = ["--ttl", "3s", "--grace", "2s"];
+    let run = holding_run(&env, "db", &dir, &args, "sleep 60").await;
     // The controller away (the claim keeps reading `Held`), then every write to the claims
     // refused with 503, which the client retries for minutes: turnstile cannot know the grant
     // lasts past its lease.
     env.stop_controller().await;
-    let claims_path = format!(
-        "/apis/turnstile.dev/v1alpha1/namespaces/{}/lockclaims",
-        env.namespace
-    );
+    let claims_path = env.turnstile_path("lockclaims");
     env.server().inject_faults(&claims_path, 100_000, 503);
     let refused = Instant::now();
     let output = finish(run).await;
@@ -378,14 +376,7 @@ async fn a_claim_the_controller_expires_stops_the_command_with_76() {
     // The lock's maximum hold ends every grant after 2 s, renewed or not.
     env.apply_lock("short", "leaseDurationSeconds: 300\nmaxHoldSeconds: 2");
     let dir = tempfile::tempdir().expect("dir");
-    let run = spawn_lock_on(
-        &env,
-        "short",
-        &dir,
-        &["--grace", "2s"],
-        &recorded("run", "sleep 60"),
-    );
-    until_exists(dir.path().join("run.token")).await;
+    let run = holding_run(&env, "short", &dir, &["--grace", "2s"], "sleep 60").await;
     let output = finish(run).await;
     assert_eq!(code(&output), 76, "{}", stderr(&output));
     let said = stderr(&output);

@@ -408,10 +408,7 @@ async fn a_refused_read_exits_1_with_one_line() {
     };
     env.apply_lock("db", "leaseDurationSeconds: 300");
     // As RBAC would refuse `list` on lockclaims: the Role lacks the verb.
-    let claims = format!(
-        "/apis/turnstile.dev/v1alpha1/namespaces/{}/lockclaims",
-        env.namespace
-    );
+    let claims = env.turnstile_path("lockclaims");
     env.server().inject_read_faults(&claims, 1, 403);
     let output = run(
         &env,

@@ -195,11 +195,10 @@ async fn renewals_failures_losses_and_errors_are_counted_as_they_happen() {
     wait_for_samples(addr, &[(deleted, 1.0), (lost, 1.0), (RELEASES, 2.0)]).await;
 
     // Injected server errors on a claim's status writes fail a pass: an API error.
-    let base = format!("/apis/turnstile.dev/v1alpha1/namespaces/{}", env.namespace);
     let api_errors = r#"turnstile_reconcile_errors_total{kind="api"}"#;
     let before = sample(&get(addr, "/metrics").await.body, api_errors).expect("api errors");
     env.server()
-        .inject_faults(&format!("{base}/lockclaims/c/status"), 2, 500);
+        .inject_faults(&env.turnstile_path("lockclaims/c/status"), 2, 500);
     env.hold("c", "db", "").await;
     wait_for_at_least(addr, api_errors, before + 1.0).await;
 

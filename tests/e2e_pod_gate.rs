@@ -341,10 +341,7 @@ async fn a_gated_job_adopts_a_claim_of_its_name_and_is_let_go_once() {
 
     // The claim watch's next request is held back for 5 s, and the watch is cut: the cache
     // cannot see the claim stored meanwhile (directly, no request of ours on that path).
-    let claims_path = format!(
-        "/apis/turnstile.dev/v1alpha1/namespaces/{}/lockclaims",
-        env.namespace
-    );
+    let claims_path = env.turnstile_path("lockclaims");
     env.server()
         .inject_delays(&claims_path, 1, Duration::from_secs(5));
     env.server().close_watches();

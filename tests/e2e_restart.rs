@@ -124,14 +124,13 @@ async fn injected_write_errors_are_retried_without_double_grants() {
     env.wait_phase("a", ClaimPhase::Held).await;
     env.wait_claim("d", |c| position_of(c) == Some(3)).await;
     let monitor = HolderMonitor::start(&env, "db", 1);
-    let base = format!("/apis/turnstile.dev/v1alpha1/namespaces/{}", env.namespace);
 
     // Conflicts on the controller's writes while the lock changes hands (the user's own
     // write to a's spec is not affected: it goes to lockclaims/a, not lockclaims/a/status).
     env.server()
-        .inject_faults(&format!("{base}/lockclaims/a/status"), 1, 409);
+        .inject_faults(&env.turnstile_path("lockclaims/a/status"), 1, 409);
     env.server()
-        .inject_faults(&format!("{base}/lockclaims/b"), 3, 409);
+        .inject_faults(&env.turnstile_path("lockclaims/b"), 3, 409);
     env.patch_claim_spec("a", serde_json::json!({"release": true}))
         .await;
     let b = env.wait_phase("b", ClaimPhase::Held).await;
@@ -142,9 +141,9 @@ async fn injected_write_errors_are_retried_without_double_grants() {
 
     // Server errors on a claim and on the lock's status.
     env.server()
-        .inject_faults(&format!("{base}/lockclaims/c"), 3, 500);
+        .inject_faults(&env.turnstile_path("lockclaims/c"), 3, 500);
     env.server()
-        .inject_faults(&format!("{base}/distributedlocks/db/status"), 2, 500);
+        .inject_faults(&env.turnstile_path("distributedlocks/db/status"), 2, 500);
     env.patch_claim_spec("b", serde_json::json!({"release": true}))
         .await;
     let c = env.wait_phase("c", ClaimPhase::Held).await;
@@ -177,10 +176,7 @@ async fn a_429_is_retried_after_the_servers_retry_after() {
     };
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.hold("a", "db", "").await;
-    let status_path = format!(
-        "/apis/turnstile.dev/v1alpha1/namespaces/{}/lockclaims/b/status",
-        env.namespace
-    );
+    let status_path = env.turnstile_path("lockclaims/b/status");
     // The fake answers 429 with `Retry-After: 1`, as API priority and fairness does.
     env.server().inject_faults(&status_path, 1, 429);
     let start = env.server().request_log().len();

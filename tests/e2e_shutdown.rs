@@ -113,10 +113,7 @@ async fn sigterm_during_a_pass_stuck_in_api_retries_still_exits_in_time() {
 
     // Every write to claim `second` answers 503, which the client retries for minutes: the
     // pass that adds its finalizer is stuck.
-    let second = format!(
-        "/apis/turnstile.dev/v1alpha1/namespaces/{}/lockclaims/second",
-        env.namespace
-    );
+    let second = env.turnstile_path("lockclaims/second");
     env.server().inject_faults(&second, 100_000, 503);
     env.apply_claim("second", "db", "");
     let deadline = Instant::now() + Duration::from_secs(30);

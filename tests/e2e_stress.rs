@@ -23,7 +23,6 @@ async fn concurrent_claims_never_exceed_max_holders_nor_reuse_tokens() {
     env.apply_lock("pool", "maxHolders: 2\nleaseDurationSeconds: 3");
     let monitor = HolderMonitor::start(&env, "pool", MAX_HOLDERS);
     let claims = env.claims();
-    let namespace = env.namespace.clone();
 
     let mut workers = Vec::new();
     for worker in 0..WORKERS {
@@ -73,10 +72,9 @@ async fn concurrent_claims_never_exceed_max_holders_nor_reuse_tokens() {
     }
 
     // Meanwhile: write faults, a forced relist and a controller restart.
-    let base = format!("/apis/turnstile.dev/v1alpha1/namespaces/{namespace}");
     tokio::time::sleep(Duration::from_millis(700)).await;
     env.server()
-        .inject_faults(&format!("{base}/lockclaims"), 4, 409);
+        .inject_faults(&env.turnstile_path("lockclaims"), 4, 409);
     tokio::time::sleep(Duration::from_millis(700)).await;
     env.server().compact();
     env.server().close_watches();
@@ -84,7 +82,7 @@ async fn concurrent_claims_never_exceed_max_holders_nor_reuse_tokens() {
     env.stop_controller().await;
     env.start_default_controller();
     env.server()
-        .inject_faults(&format!("{base}/distributedlocks"), 2, 500);
+        .inject_faults(&env.turnstile_path("distributedlocks"), 2, 500);
     for worker in workers {
         worker.await.expect("worker");
     }

@@ -339,6 +339,15 @@ impl Env {
         running.stop().await;
     }
 
+    /// The API path of `rest` (`lockclaims`, `lockclaims/a/status`, …) among the turnstile
+    /// objects of the test namespace, for the fake's fault injection.
+    pub fn turnstile_path(&self, rest: &str) -> String {
+        format!(
+            "/apis/turnstile.dev/v1alpha1/namespaces/{}/{rest}",
+            self.namespace
+        )
+    }
+
     /// Claims in the test namespace.
     pub fn claims(&self) -> Api<LockClaim> {
         Api::namespaced(self.client.clone(), &self.namespace)

@@ -2,6 +2,8 @@
 //! every time reduced to whole Unix seconds (the API's resolution), so that comparisons made
 //! in one pass agree with what the next pass reads back.
 
+use std::fmt::Display;
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -94,31 +96,28 @@ impl LockView {
     /// Why the spec cannot be served, if it cannot (the CRD schema rejects these already, but
     /// a fake or an old API server may let them through).
     pub fn spec_problem(&self) -> Option<String> {
-        let lease = self.spec.lease_duration_seconds;
-        if !(1..=MAX_LEASE_DURATION_SECONDS).contains(&lease) {
-            return Some(format!(
-                "leaseDurationSeconds must be between 1 and {MAX_LEASE_DURATION_SECONDS}, got {lease}"
-            ));
-        }
-        let max = self.spec.max_holders;
-        if !(1..=MAX_HOLDERS).contains(&max) {
-            return Some(format!(
-                "maxHolders must be between 1 and {MAX_HOLDERS}, got {max}"
-            ));
-        }
-        if let Some(max_hold) = self.spec.max_hold_seconds {
-            if !(1..=MAX_HOLD_SECONDS).contains(&max_hold) {
-                return Some(format!(
-                    "maxHoldSeconds must be between 1 and {MAX_HOLD_SECONDS}, got {max_hold}"
-                ));
-            }
-        }
-        if let Some(delay) = self.spec.lock_delay_seconds {
-            if !(0..=MAX_LOCK_DELAY_SECONDS).contains(&delay) {
-                return Some(format!(
-                    "lockDelaySeconds must be between 0 and {MAX_LOCK_DELAY_SECONDS}, got {delay}"
-                ));
-            }
+        let spec = &self.spec;
+        let lease = spec.lease_duration_seconds;
+        let out_of_bounds = [
+            outside(
+                "leaseDurationSeconds",
+                Some(lease),
+                1..=MAX_LEASE_DURATION_SECONDS,
+            ),
+            outside("maxHolders", Some(spec.max_holders), 1..=MAX_HOLDERS),
+            outside(
+                "maxHoldSeconds",
+                spec.max_hold_seconds,
+                1..=MAX_HOLD_SECONDS,
+            ),
+            outside(
+                "lockDelaySeconds",
+                spec.lock_delay_seconds,
+                0..=MAX_LOCK_DELAY_SECONDS,
+            ),
+        ];
+        if let Some(problem) = out_of_bounds.into_iter().flatten().next() {
+            return Some(problem);
         }
         let key = self.backend_key();
         if key.len() > MAX_BACKEND_KEY_LEN {
@@ -465,21 +464,22 @@ impl ClaimView {
                 }
             }
         }
-        if let Some(lease) = self.spec.lease_duration_seconds {
-            if !(1..=MAX_LEASE_DURATION_SECONDS).contains(&lease) {
-                return Some(format!(
-                    "spec.leaseDurationSeconds must be between 1 and {MAX_LEASE_DURATION_SECONDS}, got {lease}"
-                ));
-            }
-        }
-        if let Some(timeout) = self.spec.acquire_timeout_seconds {
-            if !(1..=MAX_ACQUIRE_TIMEOUT_SECONDS).contains(&timeout) {
-                return Some(format!(
-                    "spec.acquireTimeoutSeconds must be between 1 and {MAX_ACQUIRE_TIMEOUT_SECONDS}, got {timeout}"
-                ));
-            }
-        }
-        None
+        let spec = &self.spec;
+        let lease = spec.lease_duration_seconds;
+        let timeout = spec.acquire_timeout_seconds;
+        let out_of_bounds = [
+            outside(
+                "spec.leaseDurationSeconds",
+                lease,
+                1..=MAX_LEASE_DURATION_SECONDS,
+            ),
+            outside(
+                "spec.acquireTimeoutSeconds",
+                timeout,
+                1..=MAX_ACQUIRE_TIMEOUT_SECONDS,
+            ),
+        ];
+        out_of_bounds.into_iter().flatten().next()
     }
 
     /// The lease of this claim's grants in seconds: its own override, else the lock's, both
@@ -583,4 +583,20 @@ impl LockInput {
         let nanos = (at_nanos - now_nanos).max(0);
         Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
     }
+}
+
+/// `"<field> must be between <min> and <max>, got <value>"` when `value` is set and outside
+/// `bounds` (the schema's bounds, checked again for objects an API server let through).
+fn outside<T>(field: &str, value: Option<T>, bounds: RangeInclusive<T>) -> Option<String>
+where
+    T: PartialOrd + Display,
+{
+    let value = value?;
+    (!bounds.contains(&value)).then(|| {
+        format!(
+            "{field} must be between {} and {}, got {value}",
+            bounds.start(),
+            bounds.end()
+        )
+    })
 }

@@ -15,7 +15,6 @@ use turnstile_api::{LOCK_ANNOTATION, TOKEN_ANNOTATION};
 impl Gated for Job {
     const KIND: WorkloadKind = WorkloadKind::Job;
     const CONTROLLER: ControllerKind = ControllerKind::Job;
-    const NAME: &'static str = "Job";
     const HELD_BACK: &'static str = "suspended";
 
     fn marking(&self) -> Option<&String> {

@@ -65,8 +65,6 @@ pub trait Gated:
     const KIND: WorkloadKind;
     /// The metrics label of its passes.
     const CONTROLLER: ControllerKind;
-    /// How people call it in Events and logs (`Job`, `Pod`).
-    const NAME: &'static str;
     /// What "held back" means for it, for Events ("suspended", "gated").
     const HELD_BACK: &'static str;
 
@@ -168,7 +166,10 @@ pub fn decide<W: Gated>(workload: &W, claim: Option<&LockClaim>) -> GateStep {
     });
     if !owned {
         return GateStep::Blocked {
-            reason: format!("claim {name} exists but is not owned by this {}", W::NAME),
+            reason: format!(
+                "claim {name} exists but is not owned by this {}",
+                W::kind(&())
+            ),
         };
     }
     let wanted = gate_locks(workload, lock);
@@ -203,7 +204,7 @@ pub fn decide<W: Gated>(workload: &W, claim: Option<&LockClaim>) -> GateStep {
                 GateStep::Blocked {
                     reason: format!(
                         "claim {name} is {phase}; the {} stays {}",
-                        W::NAME,
+                        W::kind(&()),
                         W::HELD_BACK
                     ),
                 }
@@ -278,7 +279,7 @@ impl GateContext {
             .publish(&event, &workload.object_ref(&()), Repeats::Often)
             .await
         {
-            tracing::debug!(kind = W::NAME, name = %workload.name_any(), %error, "cannot publish gate Event");
+            tracing::debug!(kind = %W::kind(&()), name = %workload.name_any(), %error, "cannot publish gate Event");
         }
     }
 }
@@ -298,7 +299,8 @@ async fn gate<W: Gated>(workload: Arc<W>, ctx: &GateContext) -> Result<Action, C
     let Some(lock) = workload.gate_lock() else {
         return Ok(Action::await_change());
     };
-    let kind = W::NAME;
+    // `Job` or `Pod`, as people call it in logs.
+    let kind = W::kind(&());
     let namespace = workload.namespace().unwrap_or_default();
     let name = workload.name_any();
     let claim_name = claim_name(&name, lock);
@@ -314,7 +316,7 @@ async fn gate<W: Gated>(workload: Arc<W>, ctx: &GateContext) -> Result<Action, C
             .await?
         {
             Created::New(_) => {
-                tracing::info!(%namespace, kind, %name, ?locks, %claim, "gated workload: claim created");
+                tracing::info!(%namespace, %kind, %name, ?locks, %claim, "gated workload: claim created");
                 ctx.event(
                     workload.as_ref(),
                     EventType::Normal,
@@ -345,7 +347,7 @@ async fn gate<W: Gated>(workload: Arc<W>, ctx: &GateContext) -> Result<Action, C
             writer
                 .apply(&api, &write, workload.resource_version().as_deref())
                 .await?;
-            tracing::info!(%namespace, kind, %name, %lock, token, "gated workload: lock held, let go");
+            tracing::info!(%namespace, %kind, %name, %lock, token, "gated workload: lock held, let go");
             ctx.event(
                 workload.as_ref(),
                 EventType::Normal,
@@ -358,7 +360,7 @@ async fn gate<W: Gated>(workload: Arc<W>, ctx: &GateContext) -> Result<Action, C
             .await;
         }
         GateStep::Blocked { reason } => {
-            tracing::warn!(%namespace, kind, %name, %lock, %reason, "gated workload blocked");
+            tracing::warn!(%namespace, %kind, %name, %lock, %reason, "gated workload blocked");
             ctx.event(
                 workload.as_ref(),
                 EventType::Warning,
@@ -384,7 +386,7 @@ pub fn error_policy<W: Gated>(
     }
     let object = format!(
         "{}/{}/{}",
-        W::NAME,
+        W::kind(&()),
         workload.namespace().unwrap_or_default(),
         workload.name_any()
     );
@@ -416,7 +418,7 @@ pub fn run_gate<W: Gated>(
         .run(reconcile::<W>, error_policy::<W>, ctx)
         .for_each(|result| async move {
             if let Err(error) = result {
-                tracing::debug!(kind = W::NAME, %error, "gate");
+                tracing::debug!(kind = %W::kind(&()), %error, "gate");
             }
         })
 }

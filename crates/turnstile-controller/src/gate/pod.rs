@@ -21,7 +21,6 @@ pub const GATED_PODS: &str = LOCK_LABEL;
 impl Gated for Pod {
     const KIND: WorkloadKind = WorkloadKind::Pod;
     const CONTROLLER: ControllerKind = ControllerKind::Pod;
-    const NAME: &'static str = "Pod";
     const HELD_BACK: &'static str = "gated";
 
     fn marking(&self) -> Option<&String> {

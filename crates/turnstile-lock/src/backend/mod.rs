@@ -66,6 +66,8 @@ pub use self::memory::MemoryBackend;
 pub use self::mongo::{MongoBackend, MongoBackendConfig, MongoWakeMode, MongoWakeSource};
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisBackend, RedisBackendConfig};
+// The network backends' wake-up tables share it; the memory backend calls it in place.
+#[cfg(any(feature = "redis", feature = "mongo"))]
 pub(crate) use self::wake::drop_counted;
 pub use self::wake::{Handoff, WakeRegistry, WakeSubscription, WakeUp};
 

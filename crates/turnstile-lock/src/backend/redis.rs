@@ -51,6 +51,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use redis::{FromRedisValue, Script, ScriptInvocation};
 
 pub use self::config::RedisBackendConfig;
 use self::config::ReplicaAcks;
@@ -168,12 +169,33 @@ impl RedisBackend {
         self.shared.connection.clone()
     }
 
+    /// Runs `invocation` on the command connection; a failure is `operation`'s.
+    async fn run<T: FromRedisValue>(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+        operation: &'static str,
+    ) -> LockResult<T> {
+        invocation
+            .invoke_async(&mut self.connection())
+            .await
+            .map_err(redis_error(operation))
+    }
+
+    /// An invocation of `script` on the lock `keys` (all of them, as every script takes).
+    fn script<'a>(script: &'a Script, keys: &LockKeys) -> ScriptInvocation<'a> {
+        let mut invocation = script.prepare_invoke();
+        for key in keys.all() {
+            invocation.key(key);
+        }
+        invocation
+    }
+
     /// The acquire script and `WAIT` in one pipeline (one connection: `WAIT` covers the
     /// writes of the connection it runs on). A grant fewer replicas acknowledged is released.
     async fn acquire_acknowledged(
         &self,
         request: &AcquireRequest<'_>,
-        script_keys: &[&String],
+        keys: &LockKeys,
         args: &[String],
         acks: ReplicaAcks,
     ) -> LockResult<Vec<i64>> {
@@ -182,8 +204,8 @@ impl RedisBackend {
         let mut evalsha = redis::cmd("EVALSHA");
         evalsha
             .arg(script.get_hash())
-            .arg(script_keys.len())
-            .arg(script_keys)
+            .arg(keys.all().len())
+            .arg(&keys.all()[..])
             .arg(args);
         let mut pipeline = redis::pipe();
         pipeline
@@ -244,17 +266,6 @@ impl Backend for RedisBackend {
             AcquireMode::Wait => "wait",
             AcquireMode::Try => "try",
         };
-        let script_keys = [
-            &keys.holders,
-            &keys.tokens,
-            &keys.fence,
-            &keys.queue,
-            &keys.beats,
-            &keys.seq,
-            &keys.waits,
-            &keys.meta,
-            &keys.delay,
-        ];
         let args = [
             request.owner.to_owned(),
             ceil_millis(request.ttl).to_string(),
@@ -284,20 +295,14 @@ impl Backend for RedisBackend {
         ];
         let reply: Vec<i64> = match self.shared.replica_acks {
             None => {
-                let mut invocation = self.shared.scripts.acquire.prepare_invoke();
-                for key in script_keys {
-                    invocation.key(key);
-                }
+                let mut invocation = Self::script(&self.shared.scripts.acquire, &keys);
                 for arg in &args {
                     invocation.arg(arg);
                 }
-                invocation
-                    .invoke_async(&mut self.connection())
-                    .await
-                    .map_err(redis_error("acquire"))?
+                self.run(&invocation, "acquire").await?
             }
             Some(acks) => {
-                self.acquire_acknowledged(request, &script_keys, &args, acks)
+                self.acquire_acknowledged(request, &keys, &args, acks)
                     .await?
             }
         };
@@ -323,32 +328,21 @@ impl Backend for RedisBackend {
         validate_owner(owner)?;
         validate_max_holders(max_holders)?;
         let keys = self.keys(key);
-        let removed: i64 = self
-            .shared
-            .scripts
-            .release
-            .key(&keys.holders)
-            .key(&keys.tokens)
-            .key(&keys.fence)
-            .key(&keys.queue)
-            .key(&keys.beats)
-            .key(&keys.waits)
-            .key(&keys.meta)
-            .key(&keys.delay)
+        // With replica acks a hand-off is only a wake-up: the waiter's own acquire confirms it
+        // (and waits for the replicas).
+        let announce = if self.shared.replica_acks.is_some() {
+            "wake"
+        } else {
+            "handoff"
+        };
+        let mut release = Self::script(&self.shared.scripts.release, &keys);
+        release
             .arg(owner)
             .arg(max_holders)
             .arg(&keys.channel)
             .arg(self.shared.publish)
-            // With replica acks a hand-off is only a wake-up: the waiter's own acquire
-            // confirms it (and waits for the replicas).
-            .arg(if self.shared.replica_acks.is_some() {
-                "wake"
-            } else {
-                "handoff"
-            })
-            .invoke_async(&mut self.connection())
-            .await
-            .map_err(redis_error("release"))?;
+            .arg(announce);
+        let removed: i64 = self.run(&release, "release").await?;
         Ok(removed == 1)
     }
 
@@ -357,18 +351,9 @@ impl Backend for RedisBackend {
         validate_owner(owner)?;
         validate_ttl(ttl)?;
         let keys = self.keys(key);
-        let lease: i64 = self
-            .shared
-            .scripts
-            .extend
-            .key(&keys.holders)
-            .key(&keys.tokens)
-            .key(&keys.meta)
-            .arg(owner)
-            .arg(ceil_millis(ttl))
-            .invoke_async(&mut self.connection())
-            .await
-            .map_err(redis_error("extend"))?;
+        let mut extend = Self::script(&self.shared.scripts.extend, &keys);
+        extend.arg(owner).arg(ceil_millis(ttl));
+        let lease: i64 = self.run(&extend, "extend").await?;
         Ok(millis_from_reply(lease))
     }
 
@@ -376,35 +361,18 @@ impl Backend for RedisBackend {
         validate_key(key)?;
         validate_owner(owner)?;
         let keys = self.keys(key);
-        let held: i64 = self
-            .shared
-            .scripts
-            .is_held
-            .key(&keys.holders)
-            .arg(owner)
-            .invoke_async(&mut self.connection())
-            .await
-            .map_err(redis_error("is_held"))?;
+        let mut is_held = Self::script(&self.shared.scripts.is_held, &keys);
+        is_held.arg(owner);
+        let held: i64 = self.run(&is_held, "is_held").await?;
         Ok(held == 1)
     }
 
     async fn snapshot(&self, key: &str) -> LockResult<LockSnapshot> {
         validate_key(key)?;
         let keys = self.keys(key);
+        let snapshot = Self::script(&self.shared.scripts.snapshot, &keys);
         let (flat_holders, waiters, fence, delayed): (Vec<String>, Vec<String>, String, String) =
-            self.shared
-                .scripts
-                .snapshot
-                .key(&keys.holders)
-                .key(&keys.tokens)
-                .key(&keys.fence)
-                .key(&keys.queue)
-                .key(&keys.beats)
-                .key(&keys.meta)
-                .key(&keys.delay)
-                .invoke_async(&mut self.connection())
-                .await
-                .map_err(redis_error("snapshot"))?;
+            self.run(&snapshot, "snapshot").await?;
         let mut holders = Vec::with_capacity(flat_holders.len() / 4);
         for quad in flat_holders.chunks(4) {
             let [owner, token, remaining, mode] = quad else {
@@ -441,15 +409,9 @@ impl Backend for RedisBackend {
     async fn raise_fencing_floor(&self, key: &str, floor: u64) -> LockResult<u64> {
         validate_key(key)?;
         let keys = self.keys(key);
-        let counter: String = self
-            .shared
-            .scripts
-            .raise_floor
-            .key(&keys.fence)
-            .arg(floor)
-            .invoke_async(&mut self.connection())
-            .await
-            .map_err(redis_error("raise_fencing_floor"))?;
+        let mut raise_floor = Self::script(&self.shared.scripts.raise_floor, &keys);
+        raise_floor.arg(floor);
+        let counter: String = self.run(&raise_floor, "raise_fencing_floor").await?;
         counter
             .parse()
             .map_err(|_| malformed("raise_fencing_floor", &counter))

@@ -39,4 +39,19 @@ impl LockKeys {
             channel: name("wake"),
         }
     }
+
+    /// The keys every script is passed, in the order the scripts' prelude names them.
+    pub(super) fn all(&self) -> [&str; 9] {
+        [
+            &self.holders,
+            &self.tokens,
+            &self.fence,
+            &self.queue,
+            &self.beats,
+            &self.seq,
+            &self.waits,
+            &self.meta,
+            &self.delay,
+        ]
+    }
 }

@@ -12,7 +12,12 @@ use redis::Script;
 
 /// Helpers shared by every script. Scripts touch as few keys as the common case needs:
 /// every `redis.call` costs server time on the path every lock operation takes.
+///
+/// Every script is passed all of the lock's keys in one order (`LockKeys::all`) and reads
+/// them by name from here, so that a name means the same key in each script.
 const PRELUDE: &str = r#"
+local holders, tokens, fence, queue, beats = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local seq, waits, meta, delay = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -127,7 +132,6 @@ local function refresh(holders, tokens, meta, owner, ttl, now)
 end
 "#;
 
-/// KEYS: holders tokens fence queue beats seq waits meta delay.
 /// ARGV: owner ttl_ms max_holders mode(wait|try) waiter_lease_ms share(x|s) priority
 /// max_hold_ms(-1: none) lock_delay_ms acked(1: a holder's re-acquire writes its token again,
 /// so that the caller's `WAIT` covers the hand-off that made it a holder).
@@ -138,36 +142,36 @@ local owner, ttl, max_holders = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local share, priority = ARGV[6], tonumber(ARGV[7])
 local max_hold, lock_delay = tonumber(ARGV[8]), tonumber(ARGV[9])
 local now = now_ms()
-prune_holders(KEYS[1], KEYS[2], KEYS[8], KEYS[9], now)
-local held = redis.call('ZCARD', KEYS[1])
-if held > 0 and redis.call('ZSCORE', KEYS[1], owner) then
-  local lease = refresh(KEYS[1], KEYS[2], KEYS[8], owner, ttl, now)
-  local token = redis.call('HGET', KEYS[2], owner) or '0'
+prune_holders(holders, tokens, meta, delay, now)
+local held = redis.call('ZCARD', holders)
+if held > 0 and redis.call('ZSCORE', holders, owner) then
+  local lease = refresh(holders, tokens, meta, owner, ttl, now)
+  local token = redis.call('HGET', tokens, owner) or '0'
   if ARGV[10] == '1' then
-    redis.call('HSET', KEYS[2], owner, token)
+    redis.call('HSET', tokens, owner, token)
   end
   return {1, tonumber(token), 1, lease}
 end
 local member = false
 local ahead = 0
-if redis.call('EXISTS', KEYS[4]) == 1 then
-  prune_waiters(KEYS[4], KEYS[5], KEYS[7], now)
-  member = words(redis.call('HGET', KEYS[7], owner))[1] or false
+if redis.call('EXISTS', queue) == 1 then
+  prune_waiters(queue, beats, waits, now)
+  member = words(redis.call('HGET', waits, owner))[1] or false
   if member then
-    ahead = redis.call('ZRANK', KEYS[4], member)
+    ahead = redis.call('ZRANK', queue, member)
   else
     -- Judged at the place it would join: after every waiter of its priority or higher.
-    ahead = redis.call('ZCOUNT', KEYS[4], '-inf', -priority)
+    ahead = redis.call('ZCOUNT', queue, '-inf', -priority)
   end
 end
-local delayed = delay_left(KEYS[9], now)
+local delayed = delay_left(delay, now)
 local total = held + ahead + 1
 local granted = delayed == 0 and total <= max_holders
 if granted and total > 1 then
-  granted = share == 's' and not held_exclusive(KEYS[8], held)
+  granted = share == 's' and not held_exclusive(meta, held)
   if granted and ahead > 0 then
-    for _, m in ipairs(redis.call('ZRANGE', KEYS[4], 0, ahead - 1)) do
-      if words(redis.call('HGET', KEYS[7], string.sub(m, 17)))[3] ~= 's' then
+    for _, m in ipairs(redis.call('ZRANGE', queue, 0, ahead - 1)) do
+      if words(redis.call('HGET', waits, string.sub(m, 17)))[3] ~= 's' then
         granted = false
         break
       end
@@ -175,15 +179,15 @@ if granted and total > 1 then
   end
 end
 if granted then
-  local token, lease = grant(KEYS[1], KEYS[2], KEYS[3], KEYS[8], owner, ttl, share,
+  local token, lease = grant(holders, tokens, fence, meta, owner, ttl, share,
     max_hold, lock_delay, now, held == 0)
   if member then
-    dequeue(KEYS[4], KEYS[5], KEYS[7], owner)
+    dequeue(queue, beats, waits, owner)
   end
   return {1, token, 0, lease}
 end
 local retry_after = -1
-local earliest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local earliest = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
 if #earliest > 0 then
   retry_after = math.max(tonumber(earliest[2]) - now, 0)
 end
@@ -195,19 +199,19 @@ if ARGV[4] ~= 'wait' then
 end
 local lease = tonumber(ARGV[5])
 if not member then
-  member = string.format('%016d', redis.call('INCR', KEYS[6])) .. owner
-  redis.call('ZADD', KEYS[4], -priority, member)
+  member = string.format('%016d', redis.call('INCR', seq)) .. owner
+  redis.call('ZADD', queue, -priority, member)
 end
-redis.call('ZADD', KEYS[5], now + lease, owner)
-redis.call('HSET', KEYS[7], owner,
+redis.call('ZADD', beats, now + lease, owner)
+redis.call('HSET', waits, owner,
   member .. ' ' .. ttl .. ' ' .. share .. ' ' .. max_hold .. ' ' .. lock_delay)
-for i = 4, 7 do
-  keep_alive(KEYS[i], lease)
+for _, key in ipairs({queue, beats, seq, waits}) do
+  keep_alive(key, lease)
 end
-return {2, redis.call('ZRANK', KEYS[4], member) + 1, retry_after}
+return {2, redis.call('ZRANK', queue, member) + 1, retry_after}
 "#;
 
-/// KEYS: holders tokens fence queue beats waits meta delay. ARGV: owner max_holders channel
+/// ARGV: owner max_holders channel
 /// publish (`PUBLISH`, or `SPUBLISH` on a cluster: the channel shares the lock's hash tag,
 /// so the message stays on the lock's shard) announce (`handoff`: lines `owner token lease`;
 /// `wake`: bare owners, who confirm with an acquire of their own).
@@ -219,33 +223,33 @@ const RELEASE: &str = r#"
 local owner, max_holders = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
 local held = 0
-local expiry = redis.call('ZSCORE', KEYS[1], owner)
+local expiry = redis.call('ZSCORE', holders, owner)
 if expiry and tonumber(expiry) > now then
-  redis.call('ZREM', KEYS[1], owner)
-  redis.call('HDEL', KEYS[2], owner)
-  redis.call('HDEL', KEYS[7], owner)
+  redis.call('ZREM', holders, owner)
+  redis.call('HDEL', tokens, owner)
+  redis.call('HDEL', meta, owner)
   held = 1
 end
-prune_holders(KEYS[1], KEYS[2], KEYS[7], KEYS[8], now)
-if redis.call('EXISTS', KEYS[4]) == 1 then
-  dequeue(KEYS[4], KEYS[5], KEYS[6], owner)
-  prune_waiters(KEYS[4], KEYS[5], KEYS[6], now)
-  local count = redis.call('ZCARD', KEYS[1])
+prune_holders(holders, tokens, meta, delay, now)
+if redis.call('EXISTS', queue) == 1 then
+  dequeue(queue, beats, waits, owner)
+  prune_waiters(queue, beats, waits, now)
+  local count = redis.call('ZCARD', holders)
   local free = max_holders - count
-  if free > 0 and delay_left(KEYS[8], now) == 0 then
-    local exclusive = held_exclusive(KEYS[7], count)
+  if free > 0 and delay_left(delay, now) == 0 then
+    local exclusive = held_exclusive(meta, count)
     local lines = {}
-    for _, m in ipairs(redis.call('ZRANGE', KEYS[4], 0, free - 1)) do
+    for _, m in ipairs(redis.call('ZRANGE', queue, 0, free - 1)) do
       local next = string.sub(m, 17)
-      local w = words(redis.call('HGET', KEYS[6], next))
+      local w = words(redis.call('HGET', waits, next))
       local mode = w[3] or 'x'
       if mode == 'x' and count > 0 then break end
       if mode == 's' and (exclusive or count >= max_holders) then break end
-      local beat = tonumber(redis.call('ZSCORE', KEYS[5], next) or '0')
+      local beat = tonumber(redis.call('ZSCORE', beats, next) or '0')
       local ttl = math.min(tonumber(w[2] or '0'), beat - now)
-      dequeue(KEYS[4], KEYS[5], KEYS[6], next)
+      dequeue(queue, beats, waits, next)
       if ttl > 0 then
-        local token, lease = grant(KEYS[1], KEYS[2], KEYS[3], KEYS[7], next, ttl, mode,
+        local token, lease = grant(holders, tokens, fence, meta, next, ttl, mode,
           tonumber(w[4] or '-1'), tonumber(w[5] or '0'), now, false)
         if ARGV[5] == 'wake' then
           lines[#lines + 1] = next
@@ -264,65 +268,64 @@ end
 return held
 "#;
 
-/// KEYS: holders tokens meta. ARGV: owner ttl_ms. Returns the lease granted (ms, capped at
+/// ARGV: owner ttl_ms. Returns the lease granted (ms, capped at
 /// the max-hold deadline), or -1 if `owner` holds no live lease.
 const EXTEND: &str = r#"
 local owner = ARGV[1]
 local now = now_ms()
-local expiry = redis.call('ZSCORE', KEYS[1], owner)
+local expiry = redis.call('ZSCORE', holders, owner)
 if not expiry or tonumber(expiry) <= now then
   return -1
 end
-return refresh(KEYS[1], KEYS[2], KEYS[3], owner, tonumber(ARGV[2]), now)
+return refresh(holders, tokens, meta, owner, tonumber(ARGV[2]), now)
 "#;
 
-/// KEYS: holders. ARGV: owner. Returns 1 if `owner` holds a live lease.
+/// ARGV: owner. Returns 1 if `owner` holds a live lease.
 const IS_HELD: &str = r#"
-local expiry = redis.call('ZSCORE', KEYS[1], ARGV[1])
+local expiry = redis.call('ZSCORE', holders, ARGV[1])
 if expiry and tonumber(expiry) > now_ms() then
   return 1
 end
 return 0
 "#;
 
-/// KEYS: holders tokens fence queue beats meta delay.
 /// Returns {{owner, token, remaining_ms, mode, ...}, {live waiters in order}, fence,
 /// delay_left_ms}.
 const SNAPSHOT: &str = r#"
 local now = now_ms()
-local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
-local holders = {}
+local live = redis.call('ZRANGEBYSCORE', holders, '(' .. now, '+inf', 'WITHSCORES')
+local records = {}
 for i = 1, #live, 2 do
-  holders[#holders + 1] = live[i]
-  holders[#holders + 1] = redis.call('HGET', KEYS[2], live[i]) or '0'
-  holders[#holders + 1] = tostring(tonumber(live[i + 1]) - now)
-  holders[#holders + 1] = string.sub(redis.call('HGET', KEYS[6], live[i]) or 'x', 1, 1)
+  records[#records + 1] = live[i]
+  records[#records + 1] = redis.call('HGET', tokens, live[i]) or '0'
+  records[#records + 1] = tostring(tonumber(live[i + 1]) - now)
+  records[#records + 1] = string.sub(redis.call('HGET', meta, live[i]) or 'x', 1, 1)
 end
 local waiters = {}
-for _, m in ipairs(redis.call('ZRANGE', KEYS[4], 0, -1)) do
+for _, m in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
   local owner = string.sub(m, 17)
-  local beat = redis.call('ZSCORE', KEYS[5], owner)
+  local beat = redis.call('ZSCORE', beats, owner)
   if beat and tonumber(beat) > now then
     waiters[#waiters + 1] = owner
   end
 end
 -- A lease that ran out but was not pruned yet starts its lock-delay all the same.
-local delayed = delay_left(KEYS[7], now)
-local ended = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES')
+local delayed = delay_left(delay, now)
+local ended = redis.call('ZRANGEBYSCORE', holders, '-inf', now, 'WITHSCORES')
 for i = 1, #ended, 2 do
-  local d = tonumber(words(redis.call('HGET', KEYS[6], ended[i]))[2] or '0')
+  local d = tonumber(words(redis.call('HGET', meta, ended[i]))[2] or '0')
   if d > 0 then delayed = math.max(delayed, tonumber(ended[i + 1]) + d - now) end
 end
-return {holders, waiters, redis.call('GET', KEYS[3]) or '0', tostring(delayed)}
+return {records, waiters, redis.call('GET', fence) or '0', tostring(delayed)}
 "#;
 
-/// KEYS: fence. ARGV: floor. Returns the counter afterwards (as a string, exact).
+/// ARGV: floor. Returns the counter afterwards (as a string, exact).
 const RAISE_FLOOR: &str = r#"
-local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+local current = tonumber(redis.call('GET', fence) or '0')
 if current < tonumber(ARGV[1]) then
-  redis.call('SET', KEYS[1], ARGV[1])
+  redis.call('SET', fence, ARGV[1])
 end
-return redis.call('GET', KEYS[1]) or '0'
+return redis.call('GET', fence) or '0'
 "#;
 
 /// The loaded scripts.
