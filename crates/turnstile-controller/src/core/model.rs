@@ -97,11 +97,10 @@ impl LockView {
     /// a fake or an old API server may let them through).
     pub fn spec_problem(&self) -> Option<String> {
         let spec = &self.spec;
-        let lease = spec.lease_duration_seconds;
         let out_of_bounds = [
             outside(
                 "leaseDurationSeconds",
-                Some(lease),
+                Some(spec.lease_duration_seconds),
                 1..=MAX_LEASE_DURATION_SECONDS,
             ),
             outside("maxHolders", Some(spec.max_holders), 1..=MAX_HOLDERS),
@@ -465,17 +464,15 @@ impl ClaimView {
             }
         }
         let spec = &self.spec;
-        let lease = spec.lease_duration_seconds;
-        let timeout = spec.acquire_timeout_seconds;
         let out_of_bounds = [
             outside(
                 "spec.leaseDurationSeconds",
-                lease,
+                spec.lease_duration_seconds,
                 1..=MAX_LEASE_DURATION_SECONDS,
             ),
             outside(
                 "spec.acquireTimeoutSeconds",
-                timeout,
+                spec.acquire_timeout_seconds,
                 1..=MAX_ACQUIRE_TIMEOUT_SECONDS,
             ),
         ];
