@@ -21,7 +21,6 @@ use std::time::Duration;
 use e2e_support::output::{one_line_exit, text};
 use e2e_support::pods::create_pod;
 use e2e_support::{position_of, Env};
-use kube::ResourceExt;
 use serde_json::Value;
 use turnstile_api::{ClaimPhase, LockClaim};
 
@@ -96,14 +95,6 @@ fn json_order(out: &str) -> (Vec<String>, Vec<String>, Value) {
     (names("holders"), names("waiters"), value)
 }
 
-/// `(creationTimestamp, name)` of a claim: the order the controller grants in.
-fn created(claim: &LockClaim) -> (i64, String) {
-    let seconds = claim
-        .creation_timestamp()
-        .map_or(0, |time| time.0.as_second());
-    (seconds, claim.name_any())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_shows_holders_and_waiters_in_grant_order() {
     let mut env = Env::started().await;
@@ -152,8 +143,8 @@ async fn queue_shows_holders_and_waiters_in_grant_order() {
         .map(|claim| claim.metadata.name.clone().unwrap_or_default())
         .collect();
     let mut fifo = by_position[1..].to_vec();
-    fifo.sort_by_key(created);
-    let fifo_order: Vec<String> = fifo.iter().map(|claim| created(claim).1).collect();
+    fifo.sort_by_key(LockClaim::arrival);
+    let fifo_order: Vec<String> = fifo.iter().map(|claim| claim.arrival().1).collect();
     assert_eq!(controller_order[0], "urgent", "higher priority first");
     assert_eq!(
         controller_order[1..],

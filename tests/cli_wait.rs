@@ -188,13 +188,7 @@ fn code(output: &Output) -> i32 {
 /// Exited `expected` (non-zero) with exactly one stderr line starting `turnstile: `, as the
 /// README promises for every failure; returns that line.
 fn one_line_failure(output: &Output, expected: i32) -> String {
-    let line = stderr(output);
-    assert_eq!(code(output), expected, "{line}");
-    assert!(
-        line.starts_with("turnstile: ") && line.trim_end().lines().count() == 1,
-        "one `turnstile:` line: {line:?}"
-    );
-    line
+    one_line_exit(output, expected, "turnstile wait")
 }
 
 fn pending(position: i32) -> Value {

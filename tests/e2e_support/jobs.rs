@@ -1,13 +1,11 @@
 //! Playing the Job controller in tests: the Jobs of the test's namespace, finishing one, and
 //! waiting for the gate's changes to it.
 
-use std::time::{Duration, Instant};
-
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use super::{Env, WAIT};
+use super::{wait_object, Env};
 
 /// The Jobs of the test's namespace.
 pub fn jobs(env: &Env) -> Api<Job> {
@@ -33,18 +31,7 @@ pub fn is_suspended(job: &Job) -> bool {
     job.spec.as_ref().and_then(|s| s.suspend) == Some(true)
 }
 
-/// Polls the Job `name` until `done` holds; panics after [`WAIT`].
+/// Polls the Job `name` until `done` holds; panics after [`WAIT`](super::WAIT).
 pub async fn wait_job(env: &Env, name: &str, done: impl Fn(&Job) -> bool) -> Job {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let job = jobs(env).get(name).await.expect("get job");
-        if done(&job) {
-            return job;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "Job {name} never got there: {job:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_object(jobs(env), name, done).await
 }
