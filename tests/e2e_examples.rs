@@ -47,8 +47,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
-use turnstile_api::LOCK_ANNOTATION;
-use turnstile_api::{ClaimPhase, LockClaim};
+use turnstile_api::{ClaimPhase, LockClaim, LOCK_ANNOTATION};
 
 const LOCK: &str = "db-migrations";
 
@@ -230,10 +229,7 @@ async fn the_claims_example_queues_three_claims() {
     let Some((mut env, scratch)) = Scratch::started().await else {
         return;
     };
-    scratch.apply(&env, &documents(&example("lock.yaml"))).await;
-    scratch
-        .apply(&env, &documents(&example("claims.yaml")))
-        .await;
+    scratch.apply_beside_the_lock(&env, "claims.yaml").await;
     let a = env.wait_phase("job-a", ClaimPhase::Held).await;
     env.wait_claim("job-b", |c| position_of(c) == Some(1)).await;
     env.wait_claim("job-c", |c| position_of(c) == Some(2)).await;

@@ -201,11 +201,12 @@ impl RedisBackend {
     ) -> LockResult<Vec<i64>> {
         let script = &self.shared.scripts.acquire;
         let mut connection = self.connection();
+        let script_keys = keys.all();
         let mut evalsha = redis::cmd("EVALSHA");
         evalsha
             .arg(script.get_hash())
-            .arg(keys.all().len())
-            .arg(&keys.all()[..])
+            .arg(script_keys.len())
+            .arg(&script_keys[..])
             .arg(args);
         let mut pipeline = redis::pipe();
         pipeline
