@@ -4,7 +4,8 @@ use std::ffi::OsString;
 
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use crate::oneshot::{Outcome, EXIT_USAGE};
+use crate::exit_codes;
+use crate::oneshot::Outcome;
 
 /// Distributed locks for Kubernetes workloads.
 #[derive(Debug, Parser)]
@@ -103,7 +104,7 @@ fn usage_failure(error: &clap::Error, args: &[OsString]) -> Option<Outcome> {
         .find(|arg| !arg.to_string_lossy().starts_with('-'))?;
     (subcommand == "wait").then(|| {
         Outcome::with_reason(
-            EXIT_USAGE,
+            exit_codes::USAGE,
             format!("{} (see turnstile wait --help)", one_line(error)),
         )
     })
@@ -143,6 +144,20 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// Parsing one subcommand's flags alone (any `clap::Args`), for the commands' unit tests.
+#[cfg(test)]
+pub(crate) trait ParseFlags: clap::Args + Sized {
+    /// Parses `args` (without a program or subcommand name) as these flags.
+    fn parse_flags(args: &[&str]) -> Result<Self, clap::Error> {
+        let matches = Self::augment_args(clap::Command::new("turnstile"))
+            .try_get_matches_from(std::iter::once("turnstile").chain(args.iter().copied()))?;
+        Self::from_arg_matches(&matches)
+    }
+}
+
+#[cfg(test)]
+impl<A: clap::Args> ParseFlags for A {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,7 +174,7 @@ mod tests {
     #[test]
     fn wait_usage_errors_are_one_line() {
         let outcome = failure(&["wait", "c", "--create"]).expect("wait's own report");
-        assert_eq!(outcome.code, EXIT_USAGE);
+        assert_eq!(outcome.code, exit_codes::USAGE);
         let reason = outcome.reason.unwrap_or_default();
         assert!(!reason.contains('\n'), "{reason}");
         assert!(

@@ -10,9 +10,11 @@
 //!   leader election on a Lease; Prometheus metrics, `/healthz`, `/readyz`.
 //! - this crate: [`cli`] (`turnstile run`, `crds`, `wait`, `lock`), with [`run`] (the
 //!   controller's flags and process set-up), [`wait`] (block until a LockClaim is held),
-//!   [`run_locked`] (run a command under a backend lock) and [`oneshot`] for their exits.
+//!   [`run_locked`] (run a command under a backend lock), [`oneshot`] for how they end and
+//!   [`exit_codes`] for the numbers they end with.
 
 pub mod cli;
+pub mod exit_codes;
 pub mod oneshot;
 pub mod queue;
 pub mod run;

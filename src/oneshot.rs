@@ -8,9 +8,6 @@ use kube::Api;
 use turnstile_api::{DistributedLock, LockClaim};
 use turnstile_controller::error;
 
-/// Exit code of a usage error (clap's, and the commands' own argument checks).
-pub const EXIT_USAGE: u8 = 2;
-
 /// How a one-shot command ended: the process exit code and, unless it succeeded quietly, one
 /// line for people on stderr.
 #[derive(Debug, Clone, PartialEq, Eq)]

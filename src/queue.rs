@@ -16,19 +16,10 @@ use kube::api::ListParams;
 use kube::ResourceExt;
 use serde::Serialize;
 
+use crate::exit_codes::queue as exit_code;
 use crate::oneshot::{init_logging, namespace_apis, Outcome};
 use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
 use turnstile_controller::core::{queue_order, seconds_of, ClaimView, Seconds};
-
-/// The exit codes of `turnstile queue`.
-pub mod exit_code {
-    /// The queue was printed.
-    pub const OK: u8 = 0;
-    /// The API server could not be reached or refused a request (kubeconfig, RBAC).
-    pub const ERROR: u8 = 1;
-    /// The DistributedLock does not exist (the same code as `turnstile wait`'s).
-    pub const LOCK_NOT_FOUND: u8 = 6;
-}
 
 /// Output formats besides the default table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -41,11 +32,7 @@ pub enum OutputFormat {
 
 /// Flags of `turnstile queue`.
 #[derive(Debug, Clone, clap::Args)]
-#[command(
-    after_help = "Exit codes:\n  0    printed\n  1    API server unreachable or \
-                        request refused (kubeconfig, RBAC)\n  6    the DistributedLock does \
-                        not exist"
-)]
+#[command(after_help = exit_code::help())]
 pub struct QueueArgs {
     /// The DistributedLock.
     pub lock: String,

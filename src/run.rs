@@ -174,25 +174,19 @@ pub async fn run_command(args: RunArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Debug, Parser)]
-    struct Harness {
-        #[command(flatten)]
-        run: RunArgs,
-    }
+    use crate::cli::ParseFlags;
 
     #[test]
     fn without_flags_nothing_is_served_and_the_default_backend_is_memory() {
-        let defaults = Harness::try_parse_from(["run"]).expect("no flag is required");
-        assert_eq!(defaults.run.metrics_addr, None, "off by default");
+        let defaults = RunArgs::parse_flags(&[]).expect("no flag is required");
+        assert_eq!(defaults.metrics_addr, None, "off by default");
         assert_eq!(
-            defaults.run.default_backend,
+            defaults.default_backend,
             BackendKind::Memory,
             "--default-backend"
         );
-        let set = Harness::try_parse_from(["run", "--metrics-addr", "0.0.0.0:8080"]).unwrap();
-        assert_eq!(set.run.metrics_addr, Some("0.0.0.0:8080".parse().unwrap()));
+        let set = RunArgs::parse_flags(&["--metrics-addr", "0.0.0.0:8080"]).unwrap();
+        assert_eq!(set.metrics_addr, Some("0.0.0.0:8080".parse().unwrap()));
     }
 
     #[test]

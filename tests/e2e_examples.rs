@@ -101,13 +101,14 @@ impl Scratch {
         Some((env, scratch))
     }
 
-    /// Applies `lock.yaml`, then the example `file` without its RBAC objects, as a reader
-    /// following the example would; returns the example's documents.
-    async fn apply_beside_the_lock(&self, env: &Env, file: &str) -> Vec<Value> {
+    /// `started`, then `lock.yaml` and the example `file` without its RBAC objects applied, as
+    /// a reader following the example would; also returns the example's documents.
+    async fn with_example(file: &str) -> Option<(Env, Scratch, Vec<Value>)> {
+        let (env, scratch) = Scratch::started().await?;
         let docs = without_rbac(documents(&example(file)));
-        self.apply(env, &documents(&example("lock.yaml"))).await;
-        self.apply(env, &docs).await;
-        docs
+        scratch.apply(&env, &documents(&example("lock.yaml"))).await;
+        scratch.apply(&env, &docs).await;
+        Some((env, scratch, docs))
     }
 
     fn new(env: &Env) -> Scratch {
@@ -132,6 +133,19 @@ impl Scratch {
 
     fn file(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
+    }
+
+    /// `program` as a container of Pod `pod` would run it: `POD_NAME` from the downward API,
+    /// the scratch kubeconfig, output captured, killed if the test ends first.
+    fn in_pod(&self, program: impl AsRef<std::ffi::OsStr>, pod: &str) -> Command {
+        let mut command = Command::new(program);
+        command
+            .env("POD_NAME", pod)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        command
     }
 
     /// `kubectl apply --validate=false -f -` of `docs` in the test namespace.
@@ -226,10 +240,9 @@ async fn still_waiting(child: &mut tokio::process::Child, for_how_long: Duration
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_claims_example_queues_three_claims() {
-    let Some((mut env, scratch)) = Scratch::started().await else {
+    let Some((mut env, _scratch, _)) = Scratch::with_example("claims.yaml").await else {
         return;
     };
-    scratch.apply_beside_the_lock(&env, "claims.yaml").await;
     let a = env.wait_phase("job-a", ClaimPhase::Held).await;
     env.wait_claim("job-b", |c| position_of(c) == Some(1)).await;
     env.wait_claim("job-c", |c| position_of(c) == Some(2)).await;
@@ -274,12 +287,10 @@ async fn the_multi_lock_example_grants_both_locks_to_one_claim_at_a_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lock_in_a_container_example_runs_one_step_at_a_time_across_pods() {
-    let Some((mut env, scratch)) = Scratch::started().await else {
+    let Some((mut env, scratch, docs)) = Scratch::with_example("lock-in-a-container.yaml").await
+    else {
         return;
     };
-    let docs = scratch
-        .apply_beside_the_lock(&env, "lock-in-a-container.yaml")
-        .await;
     let job = find(&docs, "Job");
     let container = &job["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(container["command"][0], "sh");
@@ -296,16 +307,12 @@ async fn the_lock_in_a_container_example_runs_one_step_at_a_time_across_pods() {
         std::env::var("PATH").unwrap_or_default()
     );
     let run = |pod: &str| {
-        Command::new("sh")
+        scratch
+            .in_pod("sh", pod)
             .arg("-c")
             .arg(&script)
             .env("PATH", &path)
-            .env("POD_NAME", pod)
             .env("POD_NAMESPACE", &env.namespace)
-            .env("KUBECONFIG", &scratch.kubeconfig)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .expect("run the container's script")
     };
@@ -377,7 +384,6 @@ async fn the_priority_example_serves_the_hotfix_first() {
     env.stop_controller().await;
 }
 
-/// Starts an init container for Pod `pod` with uid `uid`; returns it and its token file.
 /// The stock-kubectl init container's script as written, run as Pod `pod` (`uid`), with the
 /// token file on a scratch path instead of the volume. Returns the process and that path.
 fn spawn_kubectl_wait_script(
@@ -391,16 +397,12 @@ fn spawn_kubectl_wait_script(
         .as_str()
         .expect("script")
         .replace("/turnstile/token", &token_file.display().to_string());
-    let child = Command::new("/bin/bash")
+    let child = scratch
+        .in_pod("/bin/bash", pod)
         .arg("-c")
         .arg(script)
-        .env("POD_NAME", pod)
         .env("POD_UID", uid)
-        .env("KUBECONFIG", &scratch.kubeconfig)
         .env("KUBECACHEDIR", scratch.cache_dir())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .expect("run the init script");
     (child, token_file)
@@ -465,12 +467,10 @@ async fn second_pod_waits_for_the_first(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kubectl_wait_job_example_gates_its_pods_one_at_a_time() {
-    let Some((mut env, scratch)) = Scratch::started().await else {
+    let Some((mut env, scratch, docs)) = Scratch::with_example("kubectl-wait-job.yaml").await
+    else {
         return;
     };
-    let docs = scratch
-        .apply_beside_the_lock(&env, "kubectl-wait-job.yaml")
-        .await;
     let init = init_container(&docs, "nightly-report");
     assert_eq!(init["command"], json!(["/bin/bash", "-c"]));
 
@@ -498,12 +498,10 @@ async fn the_kubectl_wait_job_example_gates_its_pods_one_at_a_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_init_container_example_runs_turnstile_wait_as_the_pod_would() {
-    let Some((mut env, scratch)) = Scratch::started().await else {
+    let Some((mut env, scratch, docs)) = Scratch::with_example("wait-init-container.yaml").await
+    else {
         return;
     };
-    let docs = scratch
-        .apply_beside_the_lock(&env, "wait-init-container.yaml")
-        .await;
     let init = init_container(&docs, "db-migrate");
     assert_eq!(
         strings_of(&init["env"], "name"),
@@ -525,15 +523,11 @@ async fn the_init_container_example_runs_turnstile_wait_as_the_pod_would() {
                     .replace("/turnstile/token", &token_file.display().to_string())
             })
             .collect();
-        let child = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        let child = scratch
+            .in_pod(env!("CARGO_BIN_EXE_turnstile"), pod)
             .args(&args)
-            .env("POD_NAME", pod)
             .env("POD_NAMESPACE", &namespace)
             .env("POD_UID", uid)
-            .env("KUBECONFIG", &scratch.kubeconfig)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .expect("run turnstile wait");
         (child, token_file)

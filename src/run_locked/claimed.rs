@@ -30,7 +30,8 @@ use super::signals::TerminationSignals;
 use super::{
     command_ended, exit_code, pass_on, renewal_interval, spawn_failure, stop_after_loss, LockArgs,
 };
-use crate::oneshot::{namespace_apis, Outcome, EXIT_USAGE};
+use crate::exit_codes;
+use crate::oneshot::{namespace_apis, Outcome};
 use crate::wait::{assess, describe, Verdict};
 use turnstile_api::{ClaimMode, LockClaim, LockClaimSpec};
 use turnstile_controller::error;
@@ -46,7 +47,10 @@ const DELETE_TIMEOUT: Duration = Duration::from_secs(10);
 /// is deleted before it returns.
 pub async fn lock_through_claim(args: &LockArgs, signals: &mut TerminationSignals) -> Outcome {
     let Some(lock) = args.lock.as_deref() else {
-        return Outcome::with_reason(EXIT_USAGE, "give --backend and a KEY, or --lock NAME");
+        return Outcome::with_reason(
+            exit_codes::USAGE,
+            "give --backend and a KEY, or --lock NAME",
+        );
     };
     let (namespace, locks, claims) =
         match namespace_apis(args.namespace.as_deref(), exit_code::BACKEND_UNAVAILABLE).await {
@@ -64,7 +68,7 @@ pub async fn lock_through_claim(args: &LockArgs, signals: &mut TerminationSignal
         Ok(Some(_)) => {}
         Ok(None) => {
             return Outcome::with_reason(
-                EXIT_USAGE,
+                exit_codes::USAGE,
                 format!("DistributedLock {lock} does not exist in namespace {namespace}"),
             )
         }

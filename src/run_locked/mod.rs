@@ -12,7 +12,7 @@
 //! SIGTERM, then SIGKILL after `--grace` — because its critical section is no longer
 //! protected. SIGTERM and SIGINT sent to turnstile are passed on to the command.
 //!
-//! Exit codes: see [`exit_code`].
+//! Exit codes: see [`exit_codes::lock`](crate::exit_codes::lock).
 
 mod backend_url;
 mod child;
@@ -24,7 +24,8 @@ use std::ffi::OsString;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::oneshot::{init_logging, Outcome, EXIT_USAGE};
+use crate::exit_codes::{self, lock as exit_code};
+use crate::oneshot::{init_logging, Outcome};
 use turnstile_controller::error;
 use turnstile_lock::{Backend, Lock, LockError, Locker, RetryPolicy};
 
@@ -33,38 +34,9 @@ pub use self::child::{shell_exit_code, Stopped, Supervised};
 pub use self::renewal::{keep_renewed, renewal_interval, Loss};
 pub use self::signals::TerminationSignals;
 
-/// The exit codes of `turnstile lock` besides the command's own. A command exiting with one of
-/// these numbers itself is indistinguishable from them (as with `flock`).
-pub mod exit_code {
-    /// The backend could not be reached (connect, or an error while acquiring).
-    pub const BACKEND_UNAVAILABLE: u8 = 69;
-    /// Something unexpected went wrong in turnstile itself.
-    pub const INTERNAL: u8 = 70;
-    /// The lock was not acquired within `--wait` (EX_TEMPFAIL, as commonly used with `flock -E`).
-    pub const NOT_ACQUIRED: u8 = 75;
-    /// The lock was lost while the command ran; the command was stopped.
-    pub const LOCK_LOST: u8 = 76;
-    /// The command exists but could not be executed (as in shells).
-    pub const CANNOT_EXECUTE: u8 = 126;
-    /// The command was not found (as in shells).
-    pub const COMMAND_NOT_FOUND: u8 = 127;
-}
-
-/// The exit codes, for `turnstile lock --help`.
-const EXIT_CODES_HELP: &str = "\
-Exit codes:
-  the command's own     its exit code, or 128+N if signal N killed it
-  2                     usage error
-  69                    backend unreachable
-  70                    internal error
-  75                    lock not acquired within --wait
-  76                    lock lost while the command ran (the command was stopped)
-  126 / 127             command not executable / not found
-  128+N                 signal N (SIGTERM, SIGINT) received while waiting for the lock";
-
 /// Flags of `turnstile lock`.
 #[derive(Debug, Clone, clap::Args)]
-#[command(after_help = EXIT_CODES_HELP)]
+#[command(after_help = exit_code::help())]
 pub struct LockArgs {
     /// Backend holding the lock: redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://… (TLS; CA
     /// and client certificate from TURNSTILE_REDIS_CA_FILE, TURNSTILE_REDIS_CLIENT_CERT,
@@ -237,7 +209,7 @@ async fn acquire(
                 humantime::format_duration(Duration::from_millis(elapsed.as_millis() as u64)),
             ),
         ),
-        LockError::InvalidArgument(message) => Outcome::with_reason(EXIT_USAGE, message),
+        LockError::InvalidArgument(message) => Outcome::with_reason(exit_codes::USAGE, message),
         LockError::BackendUnavailable { .. } => Outcome::cannot(
             exit_code::BACKEND_UNAVAILABLE,
             format!("acquire lock {key:?}"),
@@ -332,22 +304,11 @@ fn spawn_failure(command: &[OsString], error: &std::io::Error) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Debug, Parser)]
-    struct Harness {
-        #[command(flatten)]
-        lock: LockArgs,
-    }
-
-    fn parse(args: &[&str]) -> Result<LockArgs, clap::Error> {
-        Harness::try_parse_from(std::iter::once("lock").chain(args.iter().copied()))
-            .map(|harness| harness.lock)
-    }
+    use crate::cli::ParseFlags;
 
     #[test]
     fn parses_durations_and_the_command_after_the_separator() {
-        let args = parse(&[
+        let args = LockArgs::parse_flags(&[
             "--backend",
             "redis://h:6379",
             "jobs",
@@ -373,7 +334,7 @@ mod tests {
 
     #[test]
     fn parses_the_lock_semantics_flags() {
-        let args = parse(&[
+        let args = LockArgs::parse_flags(&[
             "--backend",
             "redis://h",
             "k",
@@ -392,13 +353,14 @@ mod tests {
         assert_eq!(args.priority, -3);
         assert_eq!(args.max_hold, Some(Duration::from_millis(1500)));
         assert_eq!(args.lock_delay, Some(Duration::from_millis(500)));
-        let defaults = parse(&["--backend", "redis://h", "k", "--", "true"]).unwrap();
+        let defaults =
+            LockArgs::parse_flags(&["--backend", "redis://h", "k", "--", "true"]).unwrap();
         assert!(!defaults.shared);
         assert_eq!(
             (defaults.priority, defaults.max_hold, defaults.lock_delay),
             (0, None, None)
         );
-        assert!(parse(&[
+        assert!(LockArgs::parse_flags(&[
             "--backend",
             "redis://h",
             "k",
@@ -412,9 +374,10 @@ mod tests {
 
     #[test]
     fn refuses_memory_zero_holders_bad_durations_and_a_missing_command() {
-        let memory = parse(&["--backend", "memory", "k", "--", "true"]).unwrap_err();
+        let memory =
+            LockArgs::parse_flags(&["--backend", "memory", "k", "--", "true"]).unwrap_err();
         assert!(memory.to_string().contains("memory backend"), "{memory}");
-        assert!(parse(&[
+        assert!(LockArgs::parse_flags(&[
             "--backend",
             "redis://h",
             "k",
@@ -424,8 +387,17 @@ mod tests {
             "true"
         ])
         .is_err());
-        assert!(parse(&["--backend", "redis://h", "k", "--ttl", "soon", "--", "true"]).is_err());
-        assert!(parse(&["--backend", "redis://h", "k"]).is_err());
+        assert!(LockArgs::parse_flags(&[
+            "--backend",
+            "redis://h",
+            "k",
+            "--ttl",
+            "soon",
+            "--",
+            "true"
+        ])
+        .is_err());
+        assert!(LockArgs::parse_flags(&["--backend", "redis://h", "k"]).is_err());
     }
 
     #[test]
@@ -448,7 +420,8 @@ mod tests {
 
     #[test]
     fn defaults_durations_and_the_shared_exclusive_conflict_are_as_the_help_says() {
-        let defaults = parse(&["--backend", "redis://h", "k", "--", "true"]).unwrap();
+        let defaults =
+            LockArgs::parse_flags(&["--backend", "redis://h", "k", "--", "true"]).unwrap();
         assert_eq!(
             defaults.ttl,
             Duration::from_secs(30),
@@ -465,7 +438,7 @@ mod tests {
             "--",
             "true",
         ];
-        let conflict = parse(&both).unwrap_err();
+        let conflict = LockArgs::parse_flags(&both).unwrap_err();
         assert_eq!(
             conflict.kind(),
             clap::error::ErrorKind::ArgumentConflict,
@@ -480,8 +453,16 @@ mod tests {
             ("5m", Duration::from_secs(300)),
         ] {
             for flag in ["--max-hold", "--lock-delay"] {
-                let args = parse(&["--backend", "redis://h", "k", flag, value, "--", "true"])
-                    .unwrap_or_else(|error| panic!("{flag} {value}: {error}"));
+                let args = LockArgs::parse_flags(&[
+                    "--backend",
+                    "redis://h",
+                    "k",
+                    flag,
+                    value,
+                    "--",
+                    "true",
+                ])
+                .unwrap_or_else(|error| panic!("{flag} {value}: {error}"));
                 let got = if flag == "--max-hold" {
                     args.max_hold
                 } else {

@@ -9,7 +9,7 @@
 //! the grant while the Pod runs and releases it when the Pod finishes. The wait runs on a
 //! watch of the one claim; when it is `Held` the fencing token is printed on stdout (and
 //! written to `--token-file`). Any other ending exits non-zero with one line on stderr; see
-//! [`exit_code`].
+//! [`exit_codes::wait`](crate::exit_codes::wait).
 //!
 //! A client-side `--timeout` leaves the claim queued: an init container restarted by the
 //! kubelet finds its claim again and keeps its place in the queue.
@@ -26,7 +26,8 @@ use kube::api::Api;
 use kube::runtime::watcher;
 use tokio::time::Instant;
 
-use crate::oneshot::{init_logging, namespace_apis, Outcome, EXIT_USAGE};
+use crate::exit_codes::{self, wait as exit_code};
+use crate::oneshot::{init_logging, namespace_apis, Outcome};
 use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
 use turnstile_controller::error;
 
@@ -34,42 +35,6 @@ pub use self::create::{
     check_adoptable, claim_for_pod, create_or_adopt, AdoptError, Created, PodIdentity,
 };
 pub use self::verdict::{assess, describe, Verdict};
-
-/// The exit codes of `turnstile wait`.
-pub mod exit_code {
-    /// Held: the fencing token was printed.
-    pub const HELD: u8 = 0;
-    /// The API server could not be reached or refused a request (configuration, RBAC, ...).
-    pub const ERROR: u8 = 1;
-    /// The claim is `Failed` (acquire timeout, invalid spec, ...).
-    pub const FAILED: u8 = 3;
-    /// The claim is `Expired`: its lease ran out or its lock was deleted.
-    pub const EXPIRED: u8 = 4;
-    /// The claim is `Released` (or was withdrawn) before we saw it held.
-    pub const RELEASED: u8 = 5;
-    /// The claim's DistributedLock does not exist.
-    pub const LOCK_NOT_FOUND: u8 = 6;
-    /// The claim does not exist (without `--create`), was deleted, or is being deleted.
-    pub const CLAIM_NOT_FOUND: u8 = 7;
-    /// With `--create`: a claim of that name exists for another lock or another Pod.
-    pub const CLAIM_CONFLICT: u8 = 8;
-    /// `--timeout` passed before the claim was held (EX_TEMPFAIL, as for `turnstile lock`).
-    pub const TIMEOUT: u8 = 75;
-}
-
-/// The exit codes, for `turnstile wait --help`.
-const EXIT_CODES_HELP: &str = "\
-Exit codes:
-  0    Held; the fencing token is on stdout
-  1    API server unreachable or request refused (kubeconfig, RBAC)
-  2    usage error (e.g. --create without POD_NAME/POD_UID)
-  3    claim Failed
-  4    claim Expired
-  5    claim Released
-  6    the claim's DistributedLock does not exist
-  7    claim not found, or deleted while waiting
-  8    --create: a claim of that name belongs to another Pod or lock
-  75   --timeout passed";
 
 /// How often the existence of a DistributedLock is asked for before an error is accepted.
 const LOCK_CHECK_ATTEMPTS: u32 = 3;
@@ -80,7 +45,7 @@ const MAX_WATCH_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Flags of `turnstile wait`.
 #[derive(Debug, Clone, clap::Args)]
-#[command(after_help = EXIT_CODES_HELP)]
+#[command(after_help = exit_code::help())]
 pub struct WaitArgs {
     /// The LockClaim to wait for.
     pub claim: String,
@@ -144,7 +109,7 @@ fn owner_pod(args: &WaitArgs) -> Result<Option<PodIdentity>, Outcome> {
     let given = |value: &Option<String>| value.clone().filter(|value| !value.is_empty());
     let (Some(name), Some(uid)) = (given(&args.pod_name), given(&args.pod_uid)) else {
         return Err(Outcome::with_reason(
-            EXIT_USAGE,
+            exit_codes::USAGE,
             "--create needs the Pod's name and uid: set POD_NAME and POD_UID from the downward \
              API (fieldRef metadata.name / metadata.uid), or pass --pod-name and --pod-uid",
         ));
@@ -156,7 +121,7 @@ fn owner_pod(args: &WaitArgs) -> Result<Option<PodIdentity>, Outcome> {
     {
         if !pod_namespace.is_empty() && pod_namespace != *namespace {
             return Err(Outcome::with_reason(
-                EXIT_USAGE,
+                exit_codes::USAGE,
                 format!(
                     "--create makes a claim owned by this Pod, so it must live in the Pod's \
                      namespace {pod_namespace:?}, not {namespace:?}"
@@ -377,36 +342,26 @@ fn watch_forbidden(error: &watcher::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Debug, Parser)]
-    struct Harness {
-        #[command(flatten)]
-        wait: WaitArgs,
-    }
-
-    fn parse(args: &[&str]) -> Result<WaitArgs, clap::Error> {
-        Harness::try_parse_from(std::iter::once("wait").chain(args.iter().copied()))
-            .map(|harness| harness.wait)
-    }
+    use crate::cli::ParseFlags;
 
     #[test]
     fn create_and_lock_go_together() {
-        let args = parse(&["c", "--create", "--lock", "db", "--timeout", "10m"]).unwrap();
+        let args =
+            WaitArgs::parse_flags(&["c", "--create", "--lock", "db", "--timeout", "10m"]).unwrap();
         assert!(args.create);
         assert_eq!(args.lock.as_deref(), Some("db"));
         assert_eq!(args.timeout, Some(Duration::from_secs(600)));
-        assert!(parse(&["c", "--create"]).is_err());
-        assert!(parse(&["c", "--lock", "db"]).is_err());
-        assert!(parse(&["c", "--timeout", "later"]).is_err());
+        assert!(WaitArgs::parse_flags(&["c", "--create"]).is_err());
+        assert!(WaitArgs::parse_flags(&["c", "--lock", "db"]).is_err());
+        assert!(WaitArgs::parse_flags(&["c", "--timeout", "later"]).is_err());
     }
 
     #[test]
     fn create_needs_the_pod_identity() {
-        let mut args = parse(&["c", "--create", "--lock", "db"]).unwrap();
+        let mut args = WaitArgs::parse_flags(&["c", "--create", "--lock", "db"]).unwrap();
         args.pod_name = None;
         args.pod_uid = Some("u".into());
-        assert_eq!(owner_pod(&args).unwrap_err().code, EXIT_USAGE);
+        assert_eq!(owner_pod(&args).unwrap_err().code, exit_codes::USAGE);
         args.pod_name = Some("p".into());
         assert_eq!(
             owner_pod(&args).unwrap(),
