@@ -15,8 +15,10 @@
 //! grants in FIFO order (`creationTimestamp`, then name); fencing tokens strictly increasing;
 //! terminal phases final; a second pass over the resulting state writes nothing.
 
+mod decision;
 mod fold;
 mod model;
+mod ops;
 mod orphan;
 mod plan;
 mod queue;
@@ -25,17 +27,18 @@ mod status;
 #[cfg(test)]
 mod tests;
 
-pub use fold::{
-    fold, ClaimChange, Decision, EventSeverity, EventSubject, FinalizerChange, GrantEnd,
-    Observation, PlannedEvent, EXACT_POSITIONS, POSITION_REFRESHES_PER_PASS, RESYNC_INTERVAL,
+pub use decision::{
+    ClaimChange, Decision, EventSeverity, EventSubject, FinalizerChange, GrantEnd, Observation,
+    PlannedEvent,
 };
+pub use fold::{fold, EXACT_POSITIONS, POSITION_REFRESHES_PER_PASS, RESYNC_INTERVAL};
 pub use model::{
     seconds_of, time_at, BackendView, ClaimView, IncompleteClaim, LockInput, LockView, MemberLock,
     OwnerState, Seconds, WorkloadKind, WorkloadOwner, BACKEND_LEASE_GRACE,
 };
-pub use orphan::{decide_orphan, OrphanDecision};
-pub use plan::{
-    plan, AcquirePurpose, BackendOp, CallTerms, ExecutionGate, OpOutcome, Plan, PlannedOp,
-    LEASE_CUT,
+pub use ops::{
+    AcquirePurpose, BackendOp, CallTerms, ExecutionGate, OpOutcome, PlannedOp, LEASE_CUT,
 };
+pub use orphan::{decide_orphan, OrphanDecision};
+pub use plan::{plan, Plan};
 pub use queue::queue_order;

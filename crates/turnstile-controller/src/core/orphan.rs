@@ -7,7 +7,8 @@ use k8s_openapi::jiff::Timestamp;
 
 use turnstile_api::{event_reasons, reasons};
 
-use super::fold::{EventSeverity, EventSubject, PlannedEvent, RESYNC_INTERVAL};
+use super::decision::{EventSeverity, EventSubject, PlannedEvent};
+use super::fold::RESYNC_INTERVAL;
 use super::model::ClaimView;
 use super::status;
 use turnstile_api::{ClaimPhase, LockClaimStatus};

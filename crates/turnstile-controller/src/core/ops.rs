@@ -1,0 +1,184 @@
+//! The backend calls of a pass: what the core asks of the backend ([`BackendOp`], under the
+//! lock's [`CallTerms`]), what comes back ([`OpOutcome`]), and which calls run at all
+//! ([`ExecutionGate`]). [`super::plan`] lays them out; [`super::fold`] reads their answers.
+
+use std::time::Duration;
+
+use super::model::{ClaimView, LockView};
+
+/// A backend call the shell performs for the core (always on the lock's key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendOp {
+    /// Raise the fence counter to at least `floor`.
+    RaiseFloor {
+        /// The new minimum of the counter.
+        floor: u64,
+    },
+    /// One `AcquireMode::Try` attempt for `owner` (never enqueues in the backend: the queue
+    /// lives in the API).
+    Acquire {
+        /// The claim's uid.
+        owner: String,
+        /// The backend lease (the API lease plus [`BACKEND_LEASE_GRACE`](super::BACKEND_LEASE_GRACE)).
+        ttl: Duration,
+        /// A new grant, or re-attaching a grant the backend lost.
+        purpose: AcquirePurpose,
+        /// Holds together with other shared holders (else alone).
+        shared: bool,
+    },
+    /// Extend `owner`'s lease to `ttl` from now.
+    Extend {
+        /// The claim's uid.
+        owner: String,
+        /// The backend lease (the API lease plus [`BACKEND_LEASE_GRACE`](super::BACKEND_LEASE_GRACE)).
+        ttl: Duration,
+    },
+    /// Release `owner`'s grant (compare-and-delete: never touches anyone else's).
+    Release {
+        /// The claim's uid.
+        owner: String,
+        /// The grant ended without its holder asking (its lease or maximum hold ran out, its
+        /// owner vanished) on a lock with a lock-delay: its lease is cut to
+        /// [`LEASE_CUT`] instead of deleted, so the backend starts the lock-delay it
+        /// recorded with the grant and holds off every acquirer of the key, in Kubernetes or
+        /// not.
+        involuntary: bool,
+    },
+}
+
+/// Why an [`BackendOp::Acquire`] is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquirePurpose {
+    /// Grant a pending claim. After one grant is refused, later grants in the pass are
+    /// skipped: nobody overtakes the head of the queue.
+    Grant,
+    /// The backend lost a grant the API records (restart of the memory backend, a flushed
+    /// Redis): take it again with the same fencing token.
+    Reattach,
+}
+
+/// A backend call and the claim it is for (`None` for lock-wide calls).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedOp {
+    /// The claim the call is made for.
+    pub claim: Option<String>,
+    /// The call.
+    pub op: BackendOp,
+}
+
+impl PlannedOp {
+    /// `op`, made for `claim`.
+    pub(crate) fn for_claim(claim: &ClaimView, op: BackendOp) -> Self {
+        Self {
+            claim: Some(claim.name.clone()),
+            op,
+        }
+    }
+}
+
+/// The answer to one [`PlannedOp`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpOutcome {
+    /// The owner holds the lock with this token.
+    Granted {
+        /// The grant's fencing token.
+        fencing_token: u64,
+        /// The owner already held it (idempotent re-acquire).
+        already_held: bool,
+    },
+    /// Not granted.
+    Busy {
+        /// When the backend expects a slot to free up.
+        retry_after: Option<Duration>,
+    },
+    /// The lease was extended (`true`) or was no longer held (`false`).
+    Extended {
+        /// Whether the owner still held a live lease.
+        still_held: bool,
+    },
+    /// The grant was released (`was_held`: it was live).
+    Released {
+        /// Whether the owner held a live lease.
+        was_held: bool,
+    },
+    /// The fence counter is now `counter`.
+    FloorRaised {
+        /// The counter afterwards.
+        counter: u64,
+    },
+    /// The backend failed; the rest of the pass's calls are skipped.
+    Failed {
+        /// The error, for people.
+        message: String,
+    },
+    /// Not attempted (an earlier call failed, or an earlier grant was refused).
+    Skipped,
+}
+
+/// Decides which planned calls run: after a failure nothing more runs, and after a refused
+/// grant no later grant runs (FIFO: nobody overtakes the head of the queue).
+#[derive(Debug, Clone, Default)]
+pub struct ExecutionGate {
+    failed: bool,
+    grants_blocked: bool,
+}
+
+impl ExecutionGate {
+    /// Whether `op` should be performed, given what ran before.
+    pub fn admits(&self, op: &BackendOp) -> bool {
+        if self.failed {
+            return false;
+        }
+        !(self.grants_blocked
+            && matches!(
+                op,
+                BackendOp::Acquire {
+                    purpose: AcquirePurpose::Grant,
+                    ..
+                }
+            ))
+    }
+
+    /// Records the outcome of a performed `op`.
+    pub fn record(&mut self, op: &BackendOp, outcome: &OpOutcome) {
+        match outcome {
+            OpOutcome::Failed { .. } => self.failed = true,
+            OpOutcome::Busy { .. }
+                if matches!(
+                    op,
+                    BackendOp::Acquire {
+                        purpose: AcquirePurpose::Grant,
+                        ..
+                    }
+                ) =>
+            {
+                self.grants_blocked = true
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The lock's terms at plan time, the same for every backend call of one pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallTerms {
+    /// 1 for a mutex, N for a counting semaphore.
+    pub max_holders: u32,
+    /// Recorded with every grant: when one ends involuntarily the backend itself refuses the
+    /// key to everyone for this long (see [`BackendOp::Release`]).
+    pub lock_delay: Duration,
+}
+
+impl CallTerms {
+    /// The terms of `lock` as its spec says now (clamped into the accepted ranges).
+    pub fn of(lock: &LockView) -> Self {
+        Self {
+            max_holders: lock.max_holders(),
+            lock_delay: Duration::from_secs(u64::try_from(lock.lock_delay_seconds()).unwrap_or(0)),
+        }
+    }
+}
+
+/// How short an involuntarily ended grant's lease is cut (the backends' resolution): it runs
+/// out at once, as an expired lease, and the backend's lock-delay starts.
+pub const LEASE_CUT: Duration = Duration::from_millis(1);
