@@ -5,9 +5,10 @@
 //! 1. [`plan`]: from the lock, all its claims, the time and one snapshot of the backend,
 //!    decide what every claim is heading for and which backend calls that takes, in order
 //!    (releases, re-attaching lost grants, renewals, raising the fencing floor, new grants).
-//! 2. The shell performs the calls (gated by [`ExecutionGate`]) and records their outcomes.
+//! 2. The shell performs the calls ([`BackendOp`], gated by [`ExecutionGate`]: module `ops`)
+//!    and records their outcomes ([`OpOutcome`]).
 //! 3. [`fold`]: turn the outcomes into the claims' and the lock's statuses, Events, metrics
-//!    observations and the requeue time ([`Decision`]).
+//!    observations and the requeue time ([`Decision`]: module `decision`).
 //!
 //! Claims whose lock does not exist are decided by [`decide_orphan`].
 //!
