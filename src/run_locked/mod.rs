@@ -12,7 +12,7 @@
 //! SIGTERM, then SIGKILL after `--grace` — because its critical section is no longer
 //! protected. SIGTERM and SIGINT sent to turnstile are passed on to the command.
 //!
-//! Exit codes: see [`exit_codes::lock`](crate::exit_codes::lock).
+//! Exit codes: see [`exit_codes::lock`].
 
 mod backend_url;
 mod child;
@@ -38,6 +38,8 @@ pub use self::signals::TerminationSignals;
 #[derive(Debug, Clone, clap::Args)]
 #[command(after_help = exit_code::help())]
 pub struct LockArgs {
+    // This comment is the flag's --help text, where the brackets are literal (not doc links).
+    #[allow(rustdoc::broken_intra_doc_links)]
     /// Backend holding the lock: redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://… (TLS; CA
     /// and client certificate from TURNSTILE_REDIS_CA_FILE, TURNSTILE_REDIS_CLIENT_CERT,
     /// TURNSTILE_REDIS_CLIENT_KEY), redis+cluster://HOST1:PORT1,HOST2:PORT2 (Redis Cluster),

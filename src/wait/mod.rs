@@ -9,7 +9,7 @@
 //! the grant while the Pod runs and releases it when the Pod finishes. The wait runs on a
 //! watch of the one claim; when it is `Held` the fencing token is printed on stdout (and
 //! written to `--token-file`). Any other ending exits non-zero with one line on stderr; see
-//! [`exit_codes::wait`](crate::exit_codes::wait).
+//! [`exit_codes::wait`].
 //!
 //! A client-side `--timeout` leaves the claim queued: an init container restarted by the
 //! kubelet finds its claim again and keeps its place in the queue.

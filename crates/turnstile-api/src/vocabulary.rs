@@ -72,7 +72,7 @@ pub mod object_event_reasons {
 }
 
 /// Event reasons on gated workloads: suspended Jobs with the annotation
-/// [`LOCK_ANNOTATION`](super::LOCK_ANNOTATION), Pods with that label and scheduling gate.
+/// [`LOCK_ANNOTATION`], Pods with that label and scheduling gate.
 pub mod gate_event_reasons {
     /// The workload's claim is queued: it stays held back.
     pub const WAITING_FOR_LOCK: &str = "WaitingForLock";

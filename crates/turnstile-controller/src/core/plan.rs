@@ -122,7 +122,7 @@ impl<Op> Intent<Op> {
 pub struct Plan {
     /// Claims (by name) that need the controller's finalizer before any backend call.
     pub finalizers_to_add: Vec<String>,
-    /// The backend calls, in the order they must run (see [`ExecutionGate`]).
+    /// The backend calls, in the order they must run (see [`ExecutionGate`](super::ExecutionGate)).
     pub ops: Vec<PlannedOp>,
     /// The lock's terms every call of this pass is made under.
     pub terms: CallTerms,

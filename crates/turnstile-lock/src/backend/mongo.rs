@@ -18,7 +18,7 @@
 //! # Atomicity
 //!
 //! Holders, fencing tokens, the fence counter and the wait queue of a key live in one
-//! document (see [`pipelines`]), so a grant and its token are one write and a semaphore can
+//! document (see module `pipelines`), so a grant and its token are one write and a semaphore can
 //! never admit more than `max_holders`, however many clients race. Acquire is one
 //! `findOneAndUpdate` upsert filtered on `_id` whose update pipeline decides the outcome;
 //! the grant condition depends on `$$NOW`, which a filter could only express with `$expr`,

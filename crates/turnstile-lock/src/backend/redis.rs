@@ -29,7 +29,8 @@
 //! # Deployments
 //!
 //! - `redis://` / `rediss://`: one server (or a fixed address in front of a replica set);
-//! - `redis+cluster://` / `rediss+cluster://`: Redis Cluster, see [`connect_cluster`];
+//! - `redis+cluster://` / `rediss+cluster://`: Redis Cluster, each script routed by the lock's
+//!   hash tag (module `connection`);
 //! - `redis+sentinel://` / `rediss+sentinel://`: a master found through Redis Sentinel and
 //!   found again after a failover (module `sentinel`).
 //!
