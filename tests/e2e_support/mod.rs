@@ -9,7 +9,9 @@ pub mod child;
 pub mod dns;
 pub mod jobs;
 pub mod json;
+mod kubectl;
 pub mod launch;
+pub mod monitor;
 pub mod output;
 pub mod pods;
 pub mod readme;
@@ -17,6 +19,10 @@ pub mod roles;
 pub mod scrape;
 pub mod scratch;
 pub mod tls_front;
+mod waits;
+
+pub use monitor::HolderMonitor;
+pub use waits::wait_object;
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
@@ -358,89 +364,6 @@ impl Env {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
-    /// Runs `kubectl ARGS -n NAMESPACE`; returns the output (not checked).
-    pub fn kubectl_output(&self, args: &[&str]) -> Output {
-        Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .arg("-n")
-            .arg(&self.namespace)
-            .args(args)
-            .output()
-            .expect("run kubectl")
-    }
-
-    /// Runs `kubectl ARGS -n NAMESPACE` and returns stdout; panics on failure.
-    pub fn kubectl(&self, args: &[&str]) -> String {
-        let output = self.kubectl_output(args);
-        assert!(
-            output.status.success(),
-            "kubectl {args:?} failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8(output.stdout).expect("utf-8")
-    }
-
-    /// A merge patch of `object` (`kind/name`) with `patch`, by `kubectl patch`; asserts the
-    /// API server refuses it with `message` in the error (`why` says what was refused).
-    pub fn assert_patch_refused(&self, object: &str, patch: &str, why: &str, message: &str) {
-        let output = self.kubectl_output(&["patch", object, "--type=merge", "-p", patch]);
-        assert!(!output.status.success(), "{why}");
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(stderr.contains(message), "{stderr}");
-    }
-
-    /// A `kubectl` command (with kubeconfig and namespace) to spawn.
-    pub fn kubectl_command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new("kubectl");
-        command
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .arg("-n")
-            .arg(&self.namespace)
-            .args(args);
-        command
-    }
-
-    /// `kubectl apply -f -` with `yaml` on stdin; returns the output.
-    pub fn kubectl_apply_output(&self, yaml: &str) -> Output {
-        let mut apply = self.kubectl_command(&["apply", "-f", "-"]);
-        child::output_with_input(&mut apply, yaml.as_bytes(), "kubectl apply")
-    }
-
-    /// `kubectl apply -f -` with `yaml`; panics on failure.
-    pub fn apply(&self, yaml: &str) {
-        let output = self.kubectl_apply_output(yaml);
-        assert!(
-            output.status.success(),
-            "kubectl apply failed: {}\n{yaml}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-
-    /// Applies a lock.
-    pub fn apply_lock(&self, name: &str, spec: &str) {
-        self.apply(&format!(
-            "apiVersion: turnstile.dev/v1alpha1\nkind: DistributedLock\nmetadata:\n  name: {name}\nspec:\n{}",
-            indent(spec)
-        ));
-    }
-
-    /// Applies the locks `names`, each with `spec`.
-    pub fn apply_locks(&self, names: &[&str], spec: &str) {
-        for name in names {
-            self.apply_lock(name, spec);
-        }
-    }
-
-    /// Applies a claim on `lock` with extra spec lines.
-    pub fn apply_claim(&self, name: &str, lock: &str, extra_spec: &str) {
-        self.apply(&format!(
-            "apiVersion: turnstile.dev/v1alpha1\nkind: LockClaim\nmetadata:\n  name: {name}\nspec:\n  lockName: {lock}\n{}",
-            indent(extra_spec)
-        ));
-    }
-
     /// Applies the claim `name` on `lock` (with extra spec lines) and waits until it is `Held`.
     pub async fn hold(&self, name: &str, lock: &str, extra_spec: &str) -> LockClaim {
         self.apply_claim(name, lock, extra_spec);
@@ -551,169 +474,6 @@ impl Env {
         self.locks().get(name).await.expect("get lock")
     }
 
-    /// Waits until claim `name` satisfies `done`; panics with its last state after [`WAIT`].
-    pub async fn wait_claim(&self, name: &str, done: impl Fn(&LockClaim) -> bool) -> LockClaim {
-        wait_object(self.claims(), name, done).await
-    }
-
-    /// Waits until claim `name` reports `reason`, and checks that it is `Pending` then.
-    pub async fn wait_pending_for(&self, name: &str, reason: &str) -> LockClaim {
-        let claim = self
-            .wait_claim(name, |c| reason_of(c).as_deref() == Some(reason))
-            .await;
-        assert_eq!(
-            phase_of(&claim),
-            Some(ClaimPhase::Pending),
-            "{name} waits ({reason})"
-        );
-        claim
-    }
-
-    /// Waits until claim `name` is in `phase`.
-    pub async fn wait_phase(&self, name: &str, phase: ClaimPhase) -> LockClaim {
-        self.wait_claim(name, |claim| phase_of(claim) == Some(phase))
-            .await
-    }
-
-    /// Waits for each of the claims `names` in turn until it is `Held`.
-    pub async fn wait_held(&self, names: &[&str]) {
-        for name in names {
-            self.wait_phase(name, ClaimPhase::Held).await;
-        }
-    }
-
-    /// Waits until lock `name` satisfies `done`.
-    pub async fn wait_lock(
-        &self,
-        name: &str,
-        done: impl Fn(&DistributedLock) -> bool,
-    ) -> DistributedLock {
-        wait_object(self.locks(), name, done).await
-    }
-
-    /// Waits until lock `name`'s `Ready` condition has `status` ("True"/"False"); returns it.
-    pub async fn wait_ready(&self, name: &str, status: &str) -> Condition {
-        let ready = |lock: &DistributedLock| {
-            lock.status
-                .as_ref()
-                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
-                .filter(|c| c.status == status)
-                .cloned()
-        };
-        let lock = self.wait_lock(name, |lock| ready(lock).is_some()).await;
-        ready(&lock).expect("Ready condition")
-    }
-
-    /// Waits until claim `name` is gone.
-    pub async fn wait_gone(&self, name: &str) {
-        wait_absent(self.claims(), "claim", name).await
-    }
-
-    /// Waits until lock `name` is gone.
-    pub async fn wait_lock_gone(&self, name: &str) {
-        wait_absent(self.locks(), "lock", name).await
-    }
-
-    /// Deletes a claim (returns at once; the finalizer may keep it a moment).
-    pub async fn delete_claim(&self, name: &str) {
-        self.claims()
-            .delete(name, &DeleteParams::default())
-            .await
-            .expect("delete claim");
-    }
-
-    /// Merge-patches a claim's spec (what a holder does to renew or release).
-    pub async fn patch_claim_spec(&self, name: &str, spec: serde_json::Value) {
-        self.claims()
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({ "spec": spec })),
-            )
-            .await
-            .expect("patch claim");
-    }
-
-    /// Renews claim `name` as its holder does: `renewTime` set to now.
-    pub async fn renew(&self, name: &str) {
-        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            k8s_openapi::jiff::Timestamp::now(),
-        );
-        self.patch_claim_spec(name, json!({ "renewTime": now }))
-            .await;
-    }
-
-    /// Reasons of the Events about object `name` in the test namespace, oldest first.
-    pub async fn event_reasons(&self, name: &str) -> Vec<String> {
-        let found = self.events_about(name).await;
-        found.into_iter().filter_map(|event| event.reason).collect()
-    }
-
-    /// The Events about the object `name` in the test namespace, oldest first.
-    pub async fn events_about(&self, name: &str) -> Vec<k8s_openapi::api::events::v1::Event> {
-        let mut found: Vec<_> = self
-            .events()
-            .await
-            .into_iter()
-            .filter(|event| event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-            .collect();
-        found.sort_by_key(|event| event.event_time.as_ref().map(|t| t.0));
-        found
-    }
-
-    /// All Events in the test namespace.
-    pub async fn events(&self) -> Vec<k8s_openapi::api::events::v1::Event> {
-        let events: Api<k8s_openapi::api::events::v1::Event> =
-            Api::namespaced(self.client.clone(), &self.namespace);
-        events
-            .list(&Default::default())
-            .await
-            .expect("list events")
-            .items
-    }
-
-    /// Waits until an Event with `reason` about `name` exists.
-    pub async fn wait_event(&self, name: &str, reason: &str) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let reasons = self.event_reasons(name).await;
-            if reasons.iter().any(|r| r == reason) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {reason} Event about {name}; got {reasons:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    /// Waits until the one Event with `reason` about `name` has been said `count` times (its
-    /// series' count); fails at once if there is more than one such Event.
-    pub async fn wait_event_said(&self, name: &str, reason: &str, count: i32) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let said: Vec<_> = self
-                .events_about(name)
-                .await
-                .into_iter()
-                .filter(|event| event.reason.as_deref() == Some(reason))
-                .collect();
-            assert!(said.len() <= 1, "{reason} said as several Events: {said:?}");
-            let times = said
-                .first()
-                .map(|event| event.series.as_ref().map_or(1, |s| s.count));
-            if times == Some(count) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{reason} about {name} never said {count} times: {said:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
     /// Writes (create/update/patch/delete) the fake has served so far.
     pub fn write_count(&self) -> usize {
         self.server()
@@ -757,47 +517,6 @@ pub fn token_annotation(
     annotations: Option<&std::collections::BTreeMap<String, String>>,
 ) -> Option<String> {
     annotations?.get(TOKEN_ANNOTATION).cloned()
-}
-
-/// Polls `name` in `api` until it exists and satisfies `done`; panics with its last state
-/// after [`WAIT`].
-pub async fn wait_object<K>(api: Api<K>, name: &str, done: impl Fn(&K) -> bool) -> K
-where
-    K: Clone + std::fmt::Debug + serde::de::DeserializeOwned,
-{
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let current = api.get_opt(name).await.expect("get");
-        if let Some(object) = &current {
-            if done(object) {
-                return object.clone();
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{name} never reached the expected state; last: {current:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Waits until `name` (a `kind`, for the message) is gone from `api`; panics after [`WAIT`].
-async fn wait_absent<K>(api: Api<K>, kind: &str, name: &str)
-where
-    K: Clone + std::fmt::Debug + serde::de::DeserializeOwned,
-{
-    let deadline = Instant::now() + WAIT;
-    while api.get_opt(name).await.expect("get").is_some() {
-        assert!(Instant::now() < deadline, "{kind} {name} never went away");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn indent(spec: &str) -> String {
-    spec.lines()
-        .filter(|line| !line.trim().is_empty())
-        .map(|line| format!("  {}\n", line.trim()))
-        .collect()
 }
 
 /// `sh -c SCRIPT` in a mount namespace of its own (`unshare --mount`, as root), with
@@ -938,133 +657,4 @@ pub fn reason_of(claim: &LockClaim) -> Option<String> {
         .status
         .as_ref()
         .and_then(|status| status.reason.clone())
-}
-
-/// Samples a lock's claims (those naming it among several too) in the background and counts
-/// violations of the safety invariants: more than `max_holders` claims `Held` at once, and a newly seen holder whose
-/// fencing token is not above every token seen before.
-pub struct HolderMonitor {
-    stop: oneshot::Sender<()>,
-    task: JoinHandle<MonitorReport>,
-    /// The tokens of the holders seen so far, as they are seen.
-    seen_tokens: std::sync::Arc<std::sync::Mutex<Vec<i64>>>,
-}
-
-/// What a [`HolderMonitor`] saw.
-#[derive(Debug, Default, Clone)]
-pub struct MonitorReport {
-    /// Samples taken.
-    pub samples: usize,
-    /// Samples with more than `max_holders` holders.
-    pub over_capacity: usize,
-    /// New holders whose token was not above the highest token seen before.
-    pub token_regressions: usize,
-    /// Holders in the order first seen: (claim, token).
-    pub grants: Vec<(String, i64)>,
-}
-
-impl MonitorReport {
-    /// The holders' tokens, in the order the holders were first seen.
-    pub fn tokens(&self) -> Vec<i64> {
-        self.grants.iter().map(|(_, token)| *token).collect()
-    }
-}
-
-impl HolderMonitor {
-    /// Starts sampling the claims of `lock` in `env`'s namespace every 20 ms.
-    pub fn start(env: &Env, lock: &str, max_holders: usize) -> Self {
-        let claims = env.claims();
-        let lock = lock.to_owned();
-        let (stop, mut stopped) = oneshot::channel::<()>();
-        let seen_tokens = std::sync::Arc::<std::sync::Mutex<Vec<i64>>>::default();
-        let tokens = seen_tokens.clone();
-        let task = tokio::spawn(async move {
-            let mut report = MonitorReport::default();
-            let mut seen = std::collections::HashSet::new();
-            let mut highest = 0i64;
-            let mut stopping = false;
-            loop {
-                if let Ok(list) = claims.list(&Default::default()).await {
-                    report.samples += 1;
-                    let mut holders: Vec<(String, i64)> = list
-                        .items
-                        .iter()
-                        .filter(|claim| claim.spec.locks().contains(&lock.as_str()))
-                        .filter(|claim| phase_of(claim) == Some(ClaimPhase::Held))
-                        .map(|claim| {
-                            (
-                                claim.metadata.uid.clone().unwrap_or_default(),
-                                token_on(claim, &lock).unwrap_or_default(),
-                            )
-                        })
-                        .collect();
-                    if holders.len() > max_holders {
-                        report.over_capacity += 1;
-                    }
-                    holders.sort_by_key(|(_, token)| *token);
-                    for (uid, token) in holders {
-                        if seen.insert(uid.clone()) {
-                            if token <= highest {
-                                report.token_regressions += 1;
-                            }
-                            highest = highest.max(token);
-                            report.grants.push((uid, token));
-                            tokens.lock().unwrap_or_else(|p| p.into_inner()).push(token);
-                        }
-                    }
-                }
-                if stopping {
-                    break;
-                }
-                // After the stop request one more sample is taken: the state the test saw.
-                tokio::select! {
-                    _ = &mut stopped => stopping = true,
-                    () = tokio::time::sleep(Duration::from_millis(20)) => {}
-                }
-            }
-            report
-        });
-        Self {
-            stop,
-            task,
-            seen_tokens,
-        }
-    }
-
-    /// Waits until a sample has shown a holder with `token`: a test that ends a grant soon
-    /// after it is made waits for this first, or the 20 ms sampling may never see it.
-    pub async fn wait_seen(&self, token: i64) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let seen = self
-                .seen_tokens
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .contains(&token);
-            if seen {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the monitor never saw a holder with token {token}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    /// Stops sampling and returns the report, asserting no violation was seen.
-    pub async fn finish(self) -> MonitorReport {
-        let _ = self.stop.send(());
-        let report = self.task.await.expect("monitor");
-        assert!(report.samples > 0, "the monitor took no samples");
-        assert_eq!(
-            report.over_capacity, 0,
-            "more holders than allowed: {report:?}"
-        );
-        assert_eq!(
-            report.token_regressions, 0,
-            "tokens went backwards: {report:?}"
-        );
-        report
-    }
 }
