@@ -13,13 +13,14 @@
 
 mod e2e_support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use e2e_support::child::{finish_within, spawn_captured};
 use e2e_support::output::{one_line_exit, stderr, stdout};
+use e2e_support::readme::readme_text;
 use e2e_support::roles::{example_role, verbs};
 use e2e_support::tls_front::tls_front;
 use e2e_support::{namespace_with_a_claim, write_unreachable_kubeconfig};
@@ -452,11 +453,44 @@ async fn create_makes_the_claim_owned_by_the_pod_and_adopts_it_on_restart() {
     );
 }
 
+/// The numeric exit codes in `text` (a `--help` section or a README table): each
+/// whitespace- or `/`-separated number at the start of a code cell, `128+N` and "the
+/// command's own" left out.
+fn numeric_codes<'a>(cells: impl Iterator<Item = &'a str>) -> BTreeSet<u8> {
+    cells
+        .flat_map(|cell| cell.split('/'))
+        .filter_map(|code| code.trim().parse().ok())
+        .collect()
+}
+
+/// Each command's `--help` ends with its exit codes, and the README lists the very same codes
+/// for it: `wait` and `lock` in their `| exit | meaning |` tables, `queue` in its "Exit codes:"
+/// line. (The help lists are made from the code's constants.)
 #[test]
-fn lock_and_queue_help_end_with_their_exit_codes() {
-    for (command, codes) in [
-        ("lock", &["69", "75", "76", "126 / 127"][..]),
-        ("queue", &["6"][..]),
+fn each_commands_help_and_the_readme_list_the_same_exit_codes() {
+    let readme = readme_text();
+    let tables: Vec<BTreeSet<u8>> = readme
+        .split("| exit | meaning |\n|---|---|\n")
+        .skip(1)
+        .map(|table| {
+            let rows = table.lines().take_while(|line| line.starts_with('|'));
+            numeric_codes(rows.map(|row| row.split('|').nth(1).unwrap_or_default()))
+        })
+        .collect();
+    let queue_line = readme
+        .split("- Exit codes: ")
+        .nth(1)
+        .and_then(|rest| rest.split(" (one `turnstile:` line").next())
+        .expect("README: the queue's exit codes");
+    let queue_codes = numeric_codes(
+        queue_line
+            .split(';')
+            .map(|entry| entry.split_whitespace().next().unwrap_or_default()),
+    );
+    for (command, readme_codes) in [
+        ("wait", tables.first()),
+        ("lock", tables.get(1)),
+        ("queue", Some(&queue_codes)),
     ] {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
             .args([command, "--help"])
@@ -465,16 +499,22 @@ fn lock_and_queue_help_end_with_their_exit_codes() {
             .expect("run turnstile --help");
         assert_eq!(code(&output), 0, "{command}");
         let help = stdout(&output);
-        let exit_codes = help
+        let section = help
             .split("Exit codes:")
             .nth(1)
             .unwrap_or_else(|| panic!("{command} --help has no exit codes: {help}"));
-        for code in codes {
-            assert!(
-                exit_codes.contains(code),
-                "{command} --help lacks {code}: {help}"
-            );
-        }
+        // Each line: two spaces, the code cell, at least two spaces, the meaning.
+        let help_codes = numeric_codes(
+            section
+                .lines()
+                .filter_map(|line| line.trim().split("  ").next()),
+        );
+        assert!(help_codes.len() >= 3, "{command}: {help_codes:?} in {help}");
+        assert_eq!(
+            Some(&help_codes),
+            readme_codes,
+            "{command}: --help and the README's exit codes differ"
+        );
     }
 }
 
