@@ -22,6 +22,11 @@ use turnstile_api::{
     ClaimPhase, DistributedLock, LockClaim, LOCK_ANNOTATION, LOCK_LABEL, SCHEDULING_GATE,
 };
 
+#[path = "scenarios.rs"]
+mod scenarios;
+
+use scenarios::Bench;
+
 const NAMESPACE: &str = "bench";
 const BENCH: &str = "bench";
 /// Bound on any one wait: a stuck run fails instead of hanging.
@@ -224,6 +229,29 @@ fn claim(name: &str, lock: &str) -> LockClaim {
         "spec": {"lockName": lock}
     }))
     .expect("claim")
+}
+
+/// The `i`-th suspended Job gated on the lock `gate` (by annotation).
+fn gated_job(i: usize) -> Job {
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("job-{i}"), "annotations": {LOCK_ANNOTATION: "gate"}},
+        "spec": {"suspend": true, "template": {"spec": {
+            "restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "busybox"}]}}}
+    }))
+    .expect("job")
+}
+
+/// The `i`-th Pod gated on the lock `pod-gate` (by label and scheduling gate).
+fn gated_pod(i: usize) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("gated-pod-{i}"), "labels": {LOCK_LABEL: "pod-gate"}},
+        "spec": {
+            "schedulingGates": [{"name": SCHEDULING_GATE}],
+            "containers": [{"name": "c", "image": "busybox"}]
+        }
+    }))
+    .expect("pod")
 }
 
 /// Latency statistics of one row.
@@ -469,443 +497,23 @@ where
 
 /// Runs every scenario once with `knobs`, printing each row as it is measured.
 pub async fn run(knobs: Knobs) -> Report {
-    let Knobs {
-        samples,
-        deep,
-        locks: locks_at_scale,
-        idle_seconds,
-    } = knobs;
-
-    let server = FakeApiServer::start().await.expect("fake API server");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-    let client: Client = actor::tagged_client(&server, BENCH);
-    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
-        Api::all(client.clone());
-    for crd in turnstile_api::crds() {
-        create(&crds, &crd).await;
-    }
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    create(
-        &namespaces,
-        &serde_json::from_value(json!({"metadata": {"name": NAMESPACE}})).expect("ns"),
-    )
-    .await;
-    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), NAMESPACE);
-    let claims: Api<LockClaim> = Api::namespaced(client.clone(), NAMESPACE);
-    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    let jobs: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
-
-    let controller = Controller::start(&kubeconfig);
-    controller.wait_ready().await;
-
-    // The floor: create an object and see it on our own watch.
-    // One watch of ConfigMaps for both rows that use them (see `Seen::watch_each`).
-    let [seen_maps, seen_marked] = Seen::watch_each(config_maps.clone(), [exists, marked]);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut floor_samples = Vec::new();
-    for i in 0..samples {
-        let name = format!("floor-{i}");
-        let start = Instant::now();
-        create(&config_maps, &config_map(&name)).await;
-        floor_samples.push(seen_maps.wait(&name).await - start);
-    }
-    let floor = stats(floor_samples.clone()).p50;
-    let mut table = Table {
-        floor,
-        rows: Vec::new(),
-    };
-    println!(
-        "| scenario | p50 ms (× floor) | p99 ms (× floor) | max ms (× floor) | samples | notes |"
-    );
-    println!("|---|---|---|---|---|---|");
-    table.latency(
-        "API floor: create → seen on own watch",
-        floor_samples,
-        "the unit of the ratios",
-    );
-
-    // The least a grant can cost on this API server: the requests of create → `Held` made one
-    // after the other by a client in this process, with no controller between them (create,
-    // seen on the watch, the finalizer's patch, the status's patch, seen on the watch).
-    let mut chain = Vec::new();
-    for i in 0..samples {
-        let name = format!("chain-{i}");
-        let start = Instant::now();
-        create(&config_maps, &config_map(&name)).await;
-        seen_maps.wait(&name).await;
-        for patch in [
-            json!({"metadata": {"annotations": {"bench/finalizer": "yes"}}}),
-            json!({"data": {MARK: "yes"}}),
-        ] {
-            config_maps
-                .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
-                .await
-                .expect("patch");
-        }
-        chain.push(seen_marked.wait(&name).await - start);
-    }
-    table.latency(
-        "a grant's requests in a row, no controller: create → seen → patch → patch → seen",
-        chain,
-        "the least create → `Held` can take here",
-    );
-
-    let [seen_held, seen_status] = Seen::watch_each(claims.clone(), [held, has_status]);
-
-    // An idle lock: create → Held.
-    create(&locks, &lock("idle", 1)).await;
-    let mut idle = Vec::new();
-    for i in 0..samples {
-        let name = format!("idle-{i}");
-        let start = Instant::now();
-        create(&claims, &claim(&name, "idle")).await;
-        idle.push(seen_held.wait(&name).await - start);
-        claims
-            .delete(&name, &DeleteParams::default())
-            .await
-            .expect("delete");
-        wait_free(&locks, "idle").await;
-    }
-    table.latency("claim create → `Held`, idle lock", idle, "");
-
-    // A claim on three idle locks at once: create → `Held` (all of them).
-    let triple = ["multi-a", "multi-b", "multi-c"];
-    for name in triple {
-        create(&locks, &lock(name, 1)).await;
-    }
-    let mut multi = Vec::new();
-    for i in 0..samples {
-        let name = format!("multi-{i}");
-        let mut on_three = claim(&name, "");
-        on_three.spec = turnstile_api::LockClaimSpec::for_locks(triple);
-        let start = Instant::now();
-        create(&claims, &on_three).await;
-        multi.push(seen_held.wait(&name).await - start);
-        claims
-            .delete(&name, &DeleteParams::default())
-            .await
-            .expect("delete");
-        for lock in triple {
-            wait_free(&locks, lock).await;
-        }
-    }
-    table.latency("claim on 3 locks create → `Held`, idle locks", multi, "");
-
-    // Release → next Held, one waiter behind the holder.
-    create(&locks, &lock("relay", 1)).await;
-    create(&claims, &claim("relay-0000", "relay")).await;
-    seen_held.wait("relay-0000").await;
-    let mut relay = Vec::new();
-    for i in 0..samples {
-        let next = format!("relay-{:04}", i + 1);
-        create(&claims, &claim(&next, "relay")).await;
-        seen_status.wait(&next).await;
-        let start = Instant::now();
-        claims
-            .delete(&format!("relay-{i:04}"), &DeleteParams::default())
-            .await
-            .expect("delete");
-        relay.push(seen_held.wait(&next).await - start);
-    }
-    table.latency("release (claim deleted) → next `Held`", relay, "");
-
-    // A deep queue.
-    create(&locks, &lock("deep", 1)).await;
-    create_all(
-        &claims,
-        (0..=deep)
-            .map(|i| claim(&format!("deep-{i:05}"), "deep"))
-            .collect(),
-    )
-    .await;
-    seen_status.wait_count("deep-", deep + 1).await;
-    settle(&server, Duration::from_millis(500)).await;
-    let mut hand_offs = Vec::new();
-    let mut writes = Vec::new();
-    for i in 0..samples.min(deep) {
-        let before = controller_requests(&server)
-            .iter()
-            .filter(|r| is_write(r))
-            .count();
-        let start = Instant::now();
-        claims
-            .delete(&format!("deep-{i:05}"), &DeleteParams::default())
-            .await
-            .expect("delete");
-        hand_offs.push(seen_held.wait(&format!("deep-{:05}", i + 1)).await - start);
-        settle(&server, Duration::from_millis(200)).await;
-        let after = controller_requests(&server)
-            .iter()
-            .filter(|r| is_write(r))
-            .count();
-        writes.push(after - before);
-    }
-    writes.sort();
-    table.latency(
-        &format!("hand-off, one lock, {deep} waiters"),
-        hand_offs,
-        &format!(
-            "API writes per hand-off (Events included): median {}, max {}",
-            writes[writes.len() / 2],
-            writes.last().copied().unwrap_or(0)
-        ),
-    );
-
-    // Pod-owned claims and gated Jobs on an idle lock.
-    create(&locks, &lock("owned", 1)).await;
-    let mut owned = Vec::new();
-    for i in 0..samples {
-        let pod_name = format!("pod-{i}");
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": pod_name},
-            "spec": {"containers": [{"name": "c", "image": "busybox"}]}
-        }))
-        .expect("pod");
-        let pod = pods
-            .create(&PostParams::default(), &pod)
-            .await
-            .expect("pod");
-        let mut owned_claim = claim(&format!("owned-{i}"), "owned");
-        owned_claim.metadata.owner_references = Some(vec![
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-                api_version: "v1".into(),
-                kind: "Pod".into(),
-                name: pod_name.clone(),
-                uid: pod.uid().unwrap_or_default(),
-                controller: Some(true),
-                block_owner_deletion: None,
-            },
-        ]);
-        let start = Instant::now();
-        create(&claims, &owned_claim).await;
-        owned.push(seen_held.wait(&format!("owned-{i}")).await - start);
-        claims
-            .delete(&format!("owned-{i}"), &DeleteParams::default())
-            .await
-            .expect("delete");
-        wait_free(&locks, "owned").await;
-    }
-    table.latency("Pod-owned claim create → `Held`", owned, "");
-
-    let seen_jobs = Seen::watch(jobs.clone(), unsuspended);
-    let gated_jobs = (0..samples).map(|i| {
-        serde_json::from_value(json!({
-            "metadata": {"name": format!("job-{i}"), "annotations": {LOCK_ANNOTATION: "gate"}},
-            "spec": {"suspend": true, "template": {"spec": {
-                "restartPolicy": "Never",
-                "containers": [{"name": "c", "image": "busybox"}]}}}
-        }))
-        .expect("job")
-    });
-    let gated = gated_latencies(&jobs, &seen_jobs, "gate", gated_jobs, &locks, &claims).await;
-    table.latency("gated Job create → unsuspended", gated, "");
-
-    // A Pod with the lock label and scheduling gate: create → gate removed.
-    let seen_ungated = Seen::watch(pods.clone(), ungated);
-    let pods_to_gate = (0..samples).map(|i| {
-        serde_json::from_value(json!({
-            "metadata": {"name": format!("gated-pod-{i}"), "labels": {LOCK_LABEL: "pod-gate"}},
-            "spec": {
-                "schedulingGates": [{"name": SCHEDULING_GATE}],
-                "containers": [{"name": "c", "image": "busybox"}]
-            }
-        }))
-        .expect("pod")
-    });
-    let gated_pods = gated_latencies(
-        &pods,
-        &seen_ungated,
-        "pod-gate",
-        pods_to_gate,
-        &locks,
-        &claims,
-    )
-    .await;
-    table.latency("gated Pod create → gate removed", gated_pods, "");
-
-    // Scale: many locks, 10 claims each.
-    let requests_before = controller_requests(&server).len();
-    let start = Instant::now();
-    create_all(
-        &locks,
-        (0..locks_at_scale)
-            .map(|l| lock(&format!("s{l:05}"), 1))
-            .collect(),
-    )
-    .await;
-    let mut scale_claims = Vec::new();
-    for c in 0..10 {
-        for l in 0..locks_at_scale {
-            scale_claims.push(claim(&format!("s{l:05}-{c}"), &format!("s{l:05}")));
-        }
-    }
-    create_all(&claims, scale_claims).await;
-    let created = start.elapsed();
-    let every_holder = seen_held.wait_count("s", locks_at_scale).await - start;
-    let every_status = seen_status.wait_count("s", locks_at_scale * 10).await - start;
-    table.fact(
-        &format!("{locks_at_scale} locks × 10 claims: created / every lock held / every claim has a status"),
-        format!(
-            "{:.1} s / {:.1} s / {:.1} s",
-            created.as_secs_f64(),
-            every_holder.as_secs_f64(),
-            every_status.as_secs_f64()
-        ),
-    );
-    settle(&server, Duration::from_millis(1000)).await;
-
-    // The wave: every holder releases at once.
-    let wave_cpu = CpuSample::take(controller.child.id());
-    let wave_start = Instant::now();
-    let deletes: Vec<String> = (0..locks_at_scale).map(|l| format!("s{l:05}-0")).collect();
-    let deleted_at: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    futures::stream::iter(deletes)
-        .map(|name| {
-            let claims = claims.clone();
-            let deleted_at = deleted_at.clone();
-            async move {
-                claims.delete(&name, &DeleteParams::default()).await.ok();
-                deleted_at
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(name, Instant::now());
-            }
-        })
-        .buffer_unordered(16)
-        .collect::<Vec<_>>()
-        .await;
-    let mut wave = Vec::new();
-    for l in 0..locks_at_scale {
-        let next = seen_held.wait(&format!("s{l:05}-1")).await;
-        let deleted = deleted_at
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&format!("s{l:05}-0"))
-            .copied()
-            .unwrap_or(wave_start);
-        wave.push(next.saturating_duration_since(deleted));
-    }
-    let wave_all = wave_start.elapsed();
-    let wave_cpu = CpuSample::take(controller.child.id()).shares_since(&wave_cpu);
-    table.latency(
-        &format!("hand-off wave: {locks_at_scale} holders released at once → each next `Held`"),
-        wave,
-        &format!(
-            "all done {:.2} s after the first delete; {wave_cpu}",
-            wave_all.as_secs_f64()
-        ),
-    );
-    settle(&server, Duration::from_millis(1000)).await;
-    let scale_requests: Vec<RecordedRequest> = controller_requests(&server)
-        .into_iter()
-        .skip(requests_before)
-        .collect();
-    let mut by_verb: HashMap<String, usize> = HashMap::new();
-    for request in &scale_requests {
-        *by_verb.entry(request.verb.clone()).or_default() += 1;
-    }
-    let grants = (2 * locks_at_scale) as f64;
-    let mut verbs: Vec<_> = by_verb.into_iter().collect();
-    verbs.sort();
-    table.fact(
-        "scale: controller API requests per grant, by verb",
-        verbs
-            .iter()
-            .map(|(verb, n)| format!("{verb} {:.2}", *n as f64 / grants))
-            .collect::<Vec<_>>()
-            .join(", "),
-    );
-    let (rss, peak) = controller.rss_kb();
-    table.fact(
-        &format!(
-            "controller RSS with {} claims cached",
-            locks_at_scale * 10 + deep + 2 * samples
-        ),
-        format!(
-            "{:.0} MB (peak {:.0} MB)",
-            rss as f64 / 1024.0,
-            peak as f64 / 1024.0
-        ),
-    );
-
-    // Idle, then a restart.
-    let before = controller_requests(&server)
-        .iter()
-        .filter(|r| is_write(r))
-        .count();
-    tokio::time::sleep(Duration::from_secs(idle_seconds)).await;
-    let idle_writes = controller_requests(&server)
-        .iter()
-        .filter(|r| is_write(r))
-        .count()
-        - before;
-    table.fact(
-        &format!("idle: controller writes in {idle_seconds} s"),
-        idle_writes.to_string(),
-    );
-
-    controller.stop();
-    let before = controller_requests(&server)
-        .iter()
-        .filter(|r| is_write(r))
-        .count();
-    let start = Instant::now();
-    let controller = Controller::start(&kubeconfig);
-    let ready = controller.wait_ready().await - start;
-    settle(&server, Duration::from_secs(3)).await;
-    let resync_writes = controller_requests(&server)
-        .iter()
-        .filter(|r| is_write(r))
-        .filter(|r| r.resource != "leases")
-        .count()
-        - before;
-    table.fact(
-        "restart: until ready / writes during the re-sync",
-        format!("{:.2} s / {resync_writes}", ready.as_secs_f64()),
-    );
-    controller.stop();
+    let mut bench = Bench::start(knobs).await;
+    bench.idle_lock().await;
+    bench.three_locks().await;
+    bench.release().await;
+    let writes_per_hand_off = bench.deep_queue().await;
+    bench.owned_and_gated().await;
+    bench.scale_and_wave().await;
+    let (idle_writes, resync_writes, rows) = bench.idle_and_restart().await;
     Report {
-        rows: table.rows,
-        writes_per_hand_off: writes,
+        rows,
+        writes_per_hand_off,
         idle_writes,
         resync_writes,
     }
 }
 
 /// Waits until `name` has no holders (between samples; not timed).
-/// Creates lock `lock_name` (a mutex), then each of `workloads` (gated on it) in turn: the
-/// time from its create to `seen` recording it let go. After each, its claim
-/// (`<name>-<lock_name>`) is deleted and the lock waited free, so every sample starts alike.
-async fn gated_latencies<K>(
-    api: &Api<K>,
-    seen: &Seen,
-    lock_name: &str,
-    workloads: impl Iterator<Item = K>,
-    locks: &Api<DistributedLock>,
-    claims: &Api<LockClaim>,
-) -> Vec<Duration>
-where
-    K: Resource + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
-{
-    create(locks, &lock(lock_name, 1)).await;
-    let mut samples = Vec::new();
-    for workload in workloads {
-        let name = workload.meta().name.clone().expect("a name");
-        let start = Instant::now();
-        create(api, &workload).await;
-        samples.push(seen.wait(&name).await - start);
-        claims
-            .delete(&format!("{name}-{lock_name}"), &DeleteParams::default())
-            .await
-            .ok();
-        wait_free(locks, lock_name).await;
-    }
-    samples
-}
-
 async fn wait_free(locks: &Api<DistributedLock>, name: &str) {
     let deadline = Instant::now() + WAIT;
     loop {

@@ -1,0 +1,497 @@
+//! The scenarios of one run, in the order they run: each measures its rows into the table on
+//! a world the earlier ones leave behind (their locks free, their claims gone or held).
+
+use super::*;
+
+/// One run's world: the fake API server, the controller process, the API handles the
+/// scenarios drive, the watches that time them, and the table they fill.
+pub(super) struct Bench {
+    knobs: Knobs,
+    server: FakeApiServer,
+    /// Holds the kubeconfig the controller is started with (again, after the restart).
+    _dir: tempfile::TempDir,
+    kubeconfig: std::path::PathBuf,
+    controller: Controller,
+    locks: Api<DistributedLock>,
+    claims: Api<LockClaim>,
+    pods: Api<Pod>,
+    jobs: Api<Job>,
+    /// When each claim was first seen `Held`.
+    seen_held: Seen,
+    /// When each claim was first seen with a phase.
+    seen_status: Seen,
+    table: Table,
+}
+
+impl Bench {
+    /// The fake API server with the CRDs and the namespace, the controller started and ready,
+    /// and the floor measured (every latency is read against it): the API floor and the grant
+    /// chain's rows open the table.
+    pub(super) async fn start(knobs: Knobs) -> Self {
+        let samples = knobs.samples;
+        let server = FakeApiServer::start().await.expect("fake API server");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let kubeconfig = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+        let client: Client = actor::tagged_client(&server, BENCH);
+        let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+            Api::all(client.clone());
+        for crd in turnstile_api::crds() {
+            create(&crds, &crd).await;
+        }
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        create(
+            &namespaces,
+            &serde_json::from_value(json!({"metadata": {"name": NAMESPACE}})).expect("ns"),
+        )
+        .await;
+        let locks: Api<DistributedLock> = Api::namespaced(client.clone(), NAMESPACE);
+        let claims: Api<LockClaim> = Api::namespaced(client.clone(), NAMESPACE);
+        let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
+        let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+        let jobs: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
+
+        let controller = Controller::start(&kubeconfig);
+        controller.wait_ready().await;
+
+        // The floor: create an object and see it on our own watch.
+        // One watch of ConfigMaps for both rows that use them (see `Seen::watch_each`).
+        let [seen_maps, seen_marked] = Seen::watch_each(config_maps.clone(), [exists, marked]);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut floor_samples = Vec::new();
+        for i in 0..samples {
+            let name = format!("floor-{i}");
+            let start = Instant::now();
+            create(&config_maps, &config_map(&name)).await;
+            floor_samples.push(seen_maps.wait(&name).await - start);
+        }
+        let floor = stats(floor_samples.clone()).p50;
+        let mut table = Table {
+            floor,
+            rows: Vec::new(),
+        };
+        println!(
+            "| scenario | p50 ms (× floor) | p99 ms (× floor) | max ms (× floor) | samples | notes |"
+        );
+        println!("|---|---|---|---|---|---|");
+        table.latency(
+            "API floor: create → seen on own watch",
+            floor_samples,
+            "the unit of the ratios",
+        );
+
+        // The least a grant can cost on this API server: the requests of create → `Held` made one
+        // after the other by a client in this process, with no controller between them (create,
+        // seen on the watch, the finalizer's patch, the status's patch, seen on the watch).
+        let mut chain = Vec::new();
+        for i in 0..samples {
+            let name = format!("chain-{i}");
+            let start = Instant::now();
+            create(&config_maps, &config_map(&name)).await;
+            seen_maps.wait(&name).await;
+            for patch in [
+                json!({"metadata": {"annotations": {"bench/finalizer": "yes"}}}),
+                json!({"data": {MARK: "yes"}}),
+            ] {
+                config_maps
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                    .expect("patch");
+            }
+            chain.push(seen_marked.wait(&name).await - start);
+        }
+        table.latency(
+            "a grant's requests in a row, no controller: create → seen → patch → patch → seen",
+            chain,
+            "the least create → `Held` can take here",
+        );
+
+        let [seen_held, seen_status] = Seen::watch_each(claims.clone(), [held, has_status]);
+        Bench {
+            knobs,
+            server,
+            _dir: dir,
+            kubeconfig,
+            controller,
+            locks,
+            claims,
+            pods,
+            jobs,
+            seen_held,
+            seen_status,
+            table,
+        }
+    }
+
+    /// Claim create → `Held` on an idle lock.
+    pub(super) async fn idle_lock(&mut self) {
+        let claims = (0..self.knobs.samples).map(|i| claim(&format!("idle-{i}"), "idle"));
+        let idle = self.held_latencies(&["idle"], claims).await;
+        self.row("claim create → `Held`, idle lock", idle);
+    }
+
+    /// A claim on three idle locks at once: create → `Held` on all of them.
+    pub(super) async fn three_locks(&mut self) {
+        let triple = ["multi-a", "multi-b", "multi-c"];
+        let claims = (0..self.knobs.samples).map(|i| {
+            let mut on_three = claim(&format!("multi-{i}"), "");
+            on_three.spec = turnstile_api::LockClaimSpec::for_locks(triple);
+            on_three
+        });
+        let multi = self.held_latencies(&triple, claims).await;
+        self.row("claim on 3 locks create → `Held`, idle locks", multi);
+    }
+
+    /// A latency row without a note.
+    fn row(&mut self, scenario: &str, samples: Vec<Duration>) {
+        self.table.latency(scenario, samples, "");
+    }
+
+    /// Creates the mutexes `lock_names`, then each of `claims` (on them) in turn: the time
+    /// from its create to `Held`. After each, the claim is deleted and the locks waited free,
+    /// so every sample starts alike.
+    async fn held_latencies(
+        &self,
+        lock_names: &[&str],
+        claims: impl Iterator<Item = LockClaim>,
+    ) -> Vec<Duration> {
+        for name in lock_names {
+            create(&self.locks, &lock(name, 1)).await;
+        }
+        let mut samples = Vec::new();
+        for claim in claims {
+            let name = claim.name_any();
+            let start = Instant::now();
+            create(&self.claims, &claim).await;
+            samples.push(self.seen_held.wait(&name).await - start);
+            self.claims
+                .delete(&name, &DeleteParams::default())
+                .await
+                .expect("delete");
+            for lock in lock_names {
+                wait_free(&self.locks, lock).await;
+            }
+        }
+        samples
+    }
+
+    /// Release (claim deleted) → the one waiter `Held`.
+    pub(super) async fn release(&mut self) {
+        let samples = self.knobs.samples;
+        // Release → next Held, one waiter behind the holder.
+        create(&self.locks, &lock("relay", 1)).await;
+        create(&self.claims, &claim("relay-0000", "relay")).await;
+        self.seen_held.wait("relay-0000").await;
+        let mut relay = Vec::new();
+        for i in 0..samples {
+            let next = format!("relay-{:04}", i + 1);
+            create(&self.claims, &claim(&next, "relay")).await;
+            self.seen_status.wait(&next).await;
+            let start = Instant::now();
+            self.claims
+                .delete(&format!("relay-{i:04}"), &DeleteParams::default())
+                .await
+                .expect("delete");
+            relay.push(self.seen_held.wait(&next).await - start);
+        }
+        self.row("release (claim deleted) → next `Held`", relay);
+    }
+
+    /// Hand-offs at the head of a deep queue, and the API writes each costs; returns those
+    /// counts, sorted.
+    pub(super) async fn deep_queue(&mut self) -> Vec<usize> {
+        let samples = self.knobs.samples;
+        let deep = self.knobs.deep;
+        // A deep queue.
+        create(&self.locks, &lock("deep", 1)).await;
+        create_all(
+            &self.claims,
+            (0..=deep)
+                .map(|i| claim(&format!("deep-{i:05}"), "deep"))
+                .collect(),
+        )
+        .await;
+        self.seen_status.wait_count("deep-", deep + 1).await;
+        settle(&self.server, Duration::from_millis(500)).await;
+        let mut hand_offs = Vec::new();
+        let mut writes = Vec::new();
+        for i in 0..samples.min(deep) {
+            let before = controller_requests(&self.server)
+                .iter()
+                .filter(|r| is_write(r))
+                .count();
+            let start = Instant::now();
+            self.claims
+                .delete(&format!("deep-{i:05}"), &DeleteParams::default())
+                .await
+                .expect("delete");
+            hand_offs.push(self.seen_held.wait(&format!("deep-{:05}", i + 1)).await - start);
+            settle(&self.server, Duration::from_millis(200)).await;
+            let after = controller_requests(&self.server)
+                .iter()
+                .filter(|r| is_write(r))
+                .count();
+            writes.push(after - before);
+        }
+        writes.sort();
+        self.table.latency(
+            &format!("hand-off, one lock, {deep} waiters"),
+            hand_offs,
+            &format!(
+                "API writes per hand-off (Events included): median {}, max {}",
+                writes[writes.len() / 2],
+                writes.last().copied().unwrap_or(0)
+            ),
+        );
+        writes
+    }
+
+    /// Pod-owned claims, gated Jobs and gated Pods on idle locks.
+    pub(super) async fn owned_and_gated(&mut self) {
+        let samples = self.knobs.samples;
+        // Pod-owned claims and gated Jobs on an idle lock.
+        create(&self.locks, &lock("owned", 1)).await;
+        let mut owned = Vec::new();
+        for i in 0..samples {
+            let pod_name = format!("pod-{i}");
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": pod_name},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]}
+            }))
+            .expect("pod");
+            let pod = self
+                .pods
+                .create(&PostParams::default(), &pod)
+                .await
+                .expect("pod");
+            let mut owned_claim = claim(&format!("owned-{i}"), "owned");
+            owned_claim.metadata.owner_references = Some(vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "Pod".into(),
+                    name: pod_name.clone(),
+                    uid: pod.uid().unwrap_or_default(),
+                    controller: Some(true),
+                    block_owner_deletion: None,
+                },
+            ]);
+            let start = Instant::now();
+            create(&self.claims, &owned_claim).await;
+            owned.push(self.seen_held.wait(&format!("owned-{i}")).await - start);
+            self.claims
+                .delete(&format!("owned-{i}"), &DeleteParams::default())
+                .await
+                .expect("delete");
+            wait_free(&self.locks, "owned").await;
+        }
+        self.row("Pod-owned claim create → `Held`", owned);
+
+        let gated_jobs = (0..samples).map(gated_job);
+        let gated = self
+            .gated_latencies(&self.jobs, unsuspended, "gate", gated_jobs)
+            .await;
+        self.row("gated Job create → unsuspended", gated);
+
+        // A Pod with the lock label and scheduling gate: create → gate removed.
+        let gated_pods = (0..samples).map(gated_pod);
+        let ungated_after = self
+            .gated_latencies(&self.pods, ungated, "pod-gate", gated_pods)
+            .await;
+        self.row("gated Pod create → gate removed", ungated_after);
+    }
+
+    /// Creates lock `lock_name` (a mutex), then each of `workloads` (gated on it) in turn: the
+    /// time from its create to a watch of `api` seeing it `let_go`. After each, its claim
+    /// (`<name>-<lock_name>`) is deleted and the lock waited free, so every sample starts
+    /// alike.
+    async fn gated_latencies<K>(
+        &self,
+        api: &Api<K>,
+        let_go: fn(&K) -> bool,
+        lock_name: &str,
+        workloads: impl Iterator<Item = K>,
+    ) -> Vec<Duration>
+    where
+        K: Resource + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
+        K: Send + Sync + 'static,
+    {
+        let seen = Seen::watch(api.clone(), let_go);
+        create(&self.locks, &lock(lock_name, 1)).await;
+        let mut samples = Vec::new();
+        for workload in workloads {
+            let name = workload.meta().name.clone().expect("a name");
+            let start = Instant::now();
+            create(api, &workload).await;
+            samples.push(seen.wait(&name).await - start);
+            self.claims
+                .delete(&format!("{name}-{lock_name}"), &DeleteParams::default())
+                .await
+                .ok();
+            wait_free(&self.locks, lock_name).await;
+        }
+        samples
+    }
+
+    /// Many locks with 10 claims each, then the wave (every holder released at once); the
+    /// controller's requests per grant over both, and its memory with all those claims cached.
+    pub(super) async fn scale_and_wave(&mut self) {
+        let samples = self.knobs.samples;
+        let deep = self.knobs.deep;
+        let locks_at_scale = self.knobs.locks;
+        // Scale: many locks, 10 claims each.
+        let requests_before = controller_requests(&self.server).len();
+        let start = Instant::now();
+        create_all(
+            &self.locks,
+            (0..locks_at_scale)
+                .map(|l| lock(&format!("s{l:05}"), 1))
+                .collect(),
+        )
+        .await;
+        let mut scale_claims = Vec::new();
+        for c in 0..10 {
+            for l in 0..locks_at_scale {
+                scale_claims.push(claim(&format!("s{l:05}-{c}"), &format!("s{l:05}")));
+            }
+        }
+        create_all(&self.claims, scale_claims).await;
+        let created = start.elapsed();
+        let every_holder = self.seen_held.wait_count("s", locks_at_scale).await - start;
+        let every_status = self.seen_status.wait_count("s", locks_at_scale * 10).await - start;
+        self.table.fact(
+            &format!("{locks_at_scale} locks × 10 claims: created / every lock held / every claim has a status"),
+            format!(
+                "{:.1} s / {:.1} s / {:.1} s",
+                created.as_secs_f64(),
+                every_holder.as_secs_f64(),
+                every_status.as_secs_f64()
+            ),
+        );
+        settle(&self.server, Duration::from_millis(1000)).await;
+
+        // The wave: every holder releases at once.
+        let wave_cpu = CpuSample::take(self.controller.child.id());
+        let wave_start = Instant::now();
+        let deletes: Vec<String> = (0..locks_at_scale).map(|l| format!("s{l:05}-0")).collect();
+        let deleted_at: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+        futures::stream::iter(deletes)
+            .map(|name| {
+                let claims = self.claims.clone();
+                let deleted_at = deleted_at.clone();
+                async move {
+                    claims.delete(&name, &DeleteParams::default()).await.ok();
+                    deleted_at
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(name, Instant::now());
+                }
+            })
+            .buffer_unordered(16)
+            .collect::<Vec<_>>()
+            .await;
+        let mut wave = Vec::new();
+        for l in 0..locks_at_scale {
+            let next = self.seen_held.wait(&format!("s{l:05}-1")).await;
+            let deleted = deleted_at
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&format!("s{l:05}-0"))
+                .copied()
+                .unwrap_or(wave_start);
+            wave.push(next.saturating_duration_since(deleted));
+        }
+        let wave_all = wave_start.elapsed();
+        let wave_cpu = CpuSample::take(self.controller.child.id()).shares_since(&wave_cpu);
+        self.table.latency(
+            &format!("hand-off wave: {locks_at_scale} holders released at once → each next `Held`"),
+            wave,
+            &format!(
+                "all done {:.2} s after the first delete; {wave_cpu}",
+                wave_all.as_secs_f64()
+            ),
+        );
+        settle(&self.server, Duration::from_millis(1000)).await;
+        let scale_requests: Vec<RecordedRequest> = controller_requests(&self.server)
+            .into_iter()
+            .skip(requests_before)
+            .collect();
+        let mut by_verb: HashMap<String, usize> = HashMap::new();
+        for request in &scale_requests {
+            *by_verb.entry(request.verb.clone()).or_default() += 1;
+        }
+        let grants = (2 * locks_at_scale) as f64;
+        let mut verbs: Vec<_> = by_verb.into_iter().collect();
+        verbs.sort();
+        self.table.fact(
+            "scale: controller API requests per grant, by verb",
+            verbs
+                .iter()
+                .map(|(verb, n)| format!("{verb} {:.2}", *n as f64 / grants))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+        let (rss, peak) = self.controller.rss_kb();
+        self.table.fact(
+            &format!(
+                "controller RSS with {} claims cached",
+                locks_at_scale * 10 + deep + 2 * samples
+            ),
+            format!(
+                "{:.0} MB (peak {:.0} MB)",
+                rss as f64 / 1024.0,
+                peak as f64 / 1024.0
+            ),
+        );
+    }
+
+    /// The idle row, then a restart; ends the run. Returns the controller's writes while idle
+    /// and during the re-sync (leases aside), and the table's rows.
+    pub(super) async fn idle_and_restart(self) -> (usize, usize, Vec<String>) {
+        let Bench {
+            knobs,
+            server,
+            kubeconfig,
+            controller,
+            mut table,
+            ..
+        } = self;
+        let idle_seconds = knobs.idle_seconds;
+        // Idle, then a restart.
+        let before = controller_requests(&server)
+            .iter()
+            .filter(|r| is_write(r))
+            .count();
+        tokio::time::sleep(Duration::from_secs(idle_seconds)).await;
+        let idle_writes = controller_requests(&server)
+            .iter()
+            .filter(|r| is_write(r))
+            .count()
+            - before;
+        table.fact(
+            &format!("idle: controller writes in {idle_seconds} s"),
+            idle_writes.to_string(),
+        );
+
+        controller.stop();
+        let before = controller_requests(&server)
+            .iter()
+            .filter(|r| is_write(r))
+            .count();
+        let start = Instant::now();
+        let controller = Controller::start(&kubeconfig);
+        let ready = controller.wait_ready().await - start;
+        settle(&server, Duration::from_secs(3)).await;
+        let resync_writes = controller_requests(&server)
+            .iter()
+            .filter(|r| is_write(r))
+            .filter(|r| r.resource != "leases")
+            .count()
+            - before;
+        table.fact(
+            "restart: until ready / writes during the re-sync",
+            format!("{:.2} s / {resync_writes}", ready.as_secs_f64()),
+        );
+        controller.stop();
+        (idle_writes, resync_writes, table.rows)
+    }
+}
