@@ -211,9 +211,13 @@ async fn a_gated_pod_whose_claim_fails_stays_gated_and_says_why() {
     let failed = env.wait_phase("web-x-db", ClaimPhase::Failed).await;
     assert_eq!(reason_of(&failed).as_deref(), Some("AcquireTimeout"));
     env.wait_event("web-x", "GateBlocked").await;
-    // Each change of the Pod says it again: one Event, its count rising.
+    // Each change of the Pod says it again: one Event, its count rising. (The claim's own
+    // last writes may start passes that say it too: count from where those leave it.)
+    let said = env
+        .event_said_settled("web-x", "GateBlocked", Duration::from_millis(500))
+        .await;
     annotate(&pods(&env), "web-x", "test/touch", "1").await;
-    env.wait_event_said("web-x", "GateBlocked", 2).await;
+    env.wait_event_said("web-x", "GateBlocked", said + 1).await;
     let pod = pods(&env).get("web-x").await.expect("pod");
     assert!(is_gated(&pod), "a Pod whose claim failed stays gated");
 

@@ -141,27 +141,52 @@ impl Env {
         }
     }
 
+    /// How many times the one Event with `reason` about `name` has been said (its series'
+    /// count; 0 while there is none); fails if there is more than one such Event.
+    pub async fn event_said(&self, name: &str, reason: &str) -> i32 {
+        let said: Vec<_> = self
+            .events_about(name)
+            .await
+            .into_iter()
+            .filter(|event| event.reason.as_deref() == Some(reason))
+            .collect();
+        assert!(said.len() <= 1, "{reason} said as several Events: {said:?}");
+        said.first()
+            .map_or(0, |event| event.series.as_ref().map_or(1, |s| s.count))
+    }
+
+    /// How many times the Event with `reason` about `name` has been said, once that count has
+    /// stayed the same for `quiet` (passes still under way may say it again); panics after
+    /// [`WAIT`].
+    pub async fn event_said_settled(&self, name: &str, reason: &str, quiet: Duration) -> i32 {
+        let deadline = Instant::now() + WAIT;
+        let mut last = self.event_said(name, reason).await;
+        loop {
+            tokio::time::sleep(quiet).await;
+            let now = self.event_said(name, reason).await;
+            if now == last {
+                return now;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{reason} about {name} never settled (now said {now} times)"
+            );
+            last = now;
+        }
+    }
+
     /// Waits until the one Event with `reason` about `name` has been said `count` times (its
     /// series' count); fails at once if there is more than one such Event.
     pub async fn wait_event_said(&self, name: &str, reason: &str, count: i32) {
         let deadline = Instant::now() + WAIT;
         loop {
-            let said: Vec<_> = self
-                .events_about(name)
-                .await
-                .into_iter()
-                .filter(|event| event.reason.as_deref() == Some(reason))
-                .collect();
-            assert!(said.len() <= 1, "{reason} said as several Events: {said:?}");
-            let times = said
-                .first()
-                .map(|event| event.series.as_ref().map_or(1, |s| s.count));
-            if times == Some(count) {
+            let times = self.event_said(name, reason).await;
+            if times == count {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "{reason} about {name} never said {count} times: {said:?}"
+                "{reason} about {name} never said {count} times (said {times})"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
