@@ -1,21 +1,24 @@
-//! Step two of a pass: fold the backend's answers into the claims' and the lock's statuses,
-//! the Events to emit and when to look again.
+//! Step two of a pass: fold the backend's answers into the claims' and the lock's statuses
+//! (built here, so that the same facts always give the same status), the Events to emit and
+//! when to look again.
 
 use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use turnstile_api::{
+    event_reasons, reasons, ClaimPhase, ClaimedLock, DistributedLockStatus, LockClaimStatus,
+    LockHolder, HELD_CONDITION, READY_CONDITION,
+};
 
 use super::decision::{
     ClaimChange, Decision, EventSeverity, EventSubject, FinalizerChange, GrantEnd, Observation,
     PlannedEvent,
 };
 use super::model::{seconds_of, time_at, BackendView, ClaimView, LockInput, OwnerState, Seconds};
-use turnstile_api::{event_reasons, reasons};
-
 use super::ops::OpOutcome;
 use super::plan::{Intent, LockMode, Plan};
-use super::status;
-use turnstile_api::{
-    ClaimPhase, DistributedLockStatus, LockClaimStatus, LockHolder, READY_CONDITION,
-};
+use super::queue::{refresh_stale_positions, shown_position};
+use super::report::{claim_events, observations_for};
 
 /// Look at every lock at least this often, even when nothing happens (heals missed events).
 pub const RESYNC_INTERVAL: Duration = Duration::from_secs(300);
@@ -90,7 +93,7 @@ impl Folder<'_> {
     }
 
     fn lost(&self, claim: &ClaimView, message: String) -> Next {
-        Next::Status(status::terminal(
+        Next::Status(terminal_status(
             claim,
             ClaimPhase::Expired,
             reasons::LOCK_LOST,
@@ -133,7 +136,7 @@ impl Folder<'_> {
             .holder_identity
             .clone()
             .unwrap_or_else(|| claim.holder_identity());
-        Next::Status(status::held(
+        Next::Status(held_status(
             claim,
             identity,
             token,
@@ -260,7 +263,7 @@ impl Folder<'_> {
                     if fencing_token > self.plan.high_water =>
                 {
                     self.wake_for_grant(claim, *expiry);
-                    Next::Status(status::held(
+                    Next::Status(held_status(
                         claim,
                         claim.holder_identity(),
                         fencing_token,
@@ -306,7 +309,7 @@ impl Folder<'_> {
                 message,
                 released_at,
                 ..
-            } => Next::Status(status::terminal(
+            } => Next::Status(terminal_status(
                 claim,
                 *phase,
                 reason,
@@ -315,14 +318,14 @@ impl Folder<'_> {
                 self.now,
             )),
             Intent::Terminal { .. } | Intent::Delete { .. } => Next::Same,
-            Intent::LockGone => Next::Status(status::pending(
+            Intent::LockGone => Next::Status(pending_status(
                 claim,
                 None,
                 reasons::LOCK_NOT_FOUND,
                 format!("lock {} is being deleted", self.input.lock.name),
                 self.now,
             )),
-            Intent::OtherLockGone { lock } => Next::Status(status::pending(
+            Intent::OtherLockGone { lock } => Next::Status(pending_status(
                 claim,
                 None,
                 reasons::LOCK_NOT_FOUND,
@@ -331,171 +334,6 @@ impl Folder<'_> {
             )),
             Intent::KeptPlace { waiting: true } => Next::KeptWaiting,
             Intent::KeptPlace { waiting: false } => Next::Same,
-        }
-    }
-}
-
-/// Events for a claim's status change.
-fn claim_events(
-    claim: &ClaimView,
-    new: &LockClaimStatus,
-    lock_name: &str,
-    events: &mut Vec<PlannedEvent>,
-) {
-    let old = &claim.status;
-    let old_phase = old.phase;
-    let new_phase = new.phase.unwrap_or_default();
-    let subject = EventSubject::Claim(claim.name.clone());
-    let message = new.message.clone().unwrap_or_default();
-    let mut push = |severity, reason, note: String| {
-        events.push(PlannedEvent {
-            subject: subject.clone(),
-            severity,
-            reason,
-            note,
-        })
-    };
-    match new_phase {
-        // A claim on several locks, one of which does not exist: said once per wait, as for
-        // a claim whose only lock is missing.
-        ClaimPhase::Pending
-            if new.reason.as_deref() == Some(reasons::LOCK_NOT_FOUND)
-                && old.reason.as_deref() != Some(reasons::LOCK_NOT_FOUND)
-                && claim.is_multi_lock() =>
-        {
-            push(
-                EventSeverity::Warning,
-                event_reasons::LOCK_NOT_FOUND,
-                message,
-            )
-        }
-        ClaimPhase::Pending
-            if new.position.is_some() && (old.position.is_none() || old_phase.is_none()) =>
-        {
-            push(
-                EventSeverity::Normal,
-                event_reasons::QUEUED,
-                format!(
-                    "queued for lock {lock_name} at position {}",
-                    new.position.unwrap_or_default()
-                ),
-            );
-        }
-        ClaimPhase::Held if old_phase != Some(ClaimPhase::Held) => push(
-            EventSeverity::Normal,
-            event_reasons::ACQUIRED,
-            format!(
-                "acquired lock {lock_name} with fencing token {}",
-                new.fencing_token.unwrap_or_default()
-            ),
-        ),
-        ClaimPhase::Held => {
-            let old_expiry = old.expires_at.as_ref().map(seconds_of);
-            let new_expiry = new.expires_at.as_ref().map(seconds_of);
-            if new_expiry > old_expiry {
-                push(
-                    EventSeverity::Normal,
-                    event_reasons::RENEWED,
-                    format!(
-                        "lease of lock {lock_name} renewed until {}",
-                        new.expires_at
-                            .as_ref()
-                            .map(|t| t.0.to_string())
-                            .unwrap_or_default()
-                    ),
-                );
-            }
-        }
-        ClaimPhase::Released if old_phase != Some(ClaimPhase::Released) => {
-            push(EventSeverity::Normal, event_reasons::RELEASED, message)
-        }
-        ClaimPhase::Expired if old_phase != Some(ClaimPhase::Expired) => {
-            push(EventSeverity::Warning, event_reasons::LOCK_LOST, message)
-        }
-        ClaimPhase::Failed if old_phase != Some(ClaimPhase::Failed) => {
-            push(EventSeverity::Warning, event_reasons::FAILED, message)
-        }
-        _ => {}
-    }
-}
-
-fn observations_for(
-    claim: &ClaimView,
-    new: &LockClaimStatus,
-    now: Seconds,
-    out: &mut Vec<Observation>,
-) {
-    let old_phase = claim.phase();
-    let new_phase = new.phase.unwrap_or_default();
-    let seconds = |s: i64| Duration::from_secs(u64::try_from(s.max(0)).unwrap_or(0));
-    match (old_phase, new_phase) {
-        (ClaimPhase::Held, ClaimPhase::Held) if new.expires_at != claim.status.expires_at => {
-            out.push(Observation::Renewed);
-        }
-        (ClaimPhase::Held, ClaimPhase::Held) => {}
-        (_, ClaimPhase::Held) => out.push(Observation::Granted {
-            waited: seconds(now - claim.created),
-        }),
-        (ClaimPhase::Held, _) => {
-            if let Some(end) = GrantEnd::of(new) {
-                let acquired = claim
-                    .status
-                    .acquired_at
-                    .as_ref()
-                    .map(seconds_of)
-                    .unwrap_or(now);
-                out.push(Observation::GrantEnded {
-                    end,
-                    held_for: seconds(now - acquired),
-                });
-            }
-        }
-        (_, ClaimPhase::Failed) if !old_phase.is_terminal() => out.push(Observation::Failed),
-        _ => {}
-    }
-}
-
-/// Waiters whose `status.position` is always exact: the head of the queue, where a user
-/// waits for "am I next?". Behind them a hand-off would otherwise rewrite every waiter.
-pub const EXACT_POSITIONS: i32 = 3;
-
-/// How many positions behind [`EXACT_POSITIONS`] a pass that moves the queue (a grant, an end,
-/// a new waiter) refreshes at most, the most out of date first, so that a hand-off costs a
-/// constant number of writes at any queue depth.
-pub const POSITION_REFRESHES_PER_PASS: usize = 2;
-
-/// The position a waiter's status shows: exact in the first [`EXACT_POSITIONS`] places and for
-/// a claim that joins the queue; further back, the position last written, which stays an upper
-/// bound (waiters only move forward) until a pass refreshes it.
-fn shown_position(claim: &ClaimView, exact: i32) -> i32 {
-    let written = claim
-        .status
-        .position
-        .filter(|_| claim.phase() == ClaimPhase::Pending);
-    match written {
-        Some(written) if exact > EXACT_POSITIONS && written >= exact => written,
-        _ => exact,
-    }
-}
-
-/// Brings up to [`POSITION_REFRESHES_PER_PASS`] stale positions up to date: the ones whose
-/// shown position is the largest multiple of the truth first (ties: nearest the head).
-fn refresh_stale_positions(
-    statuses: &mut [(usize, Option<LockClaimStatus>)],
-    stale: &[(usize, i32)],
-) {
-    let mut candidates: Vec<(i64, i64, usize, i32)> = stale
-        .iter()
-        .filter_map(|&(slot, exact)| {
-            let shown = statuses[slot].1.as_ref()?.position?;
-            Some((i64::from(shown), i64::from(exact), slot, exact))
-        })
-        .collect();
-    // shown_a / exact_a > shown_b / exact_b, compared without division.
-    candidates.sort_by(|a, b| (b.0 * a.1).cmp(&(a.0 * b.1)).then(a.2.cmp(&b.2)));
-    for &(_, _, slot, exact) in candidates.iter().take(POSITION_REFRESHES_PER_PASS) {
-        if let Some(status) = statuses[slot].1.as_mut() {
-            status.position = Some(exact);
         }
     }
 }
@@ -540,7 +378,7 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
                 if shown != position {
                     stale.push((statuses.len(), position));
                 }
-                Some(status::pending(claim, Some(shown), reason, message, now))
+                Some(pending_status(claim, Some(shown), reason, message, now))
             }
         };
         statuses.push((index, status));
@@ -695,7 +533,7 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
                 format!("served by the {backend} backend"),
             ),
         };
-        let conditions = status::set_condition(
+        let conditions = set_condition(
             &input.lock.status.conditions,
             READY_CONDITION,
             ready,
@@ -763,4 +601,171 @@ fn conditions_status(ready: bool) -> &'static str {
     } else {
         "False"
     }
+}
+
+// The statuses a fold writes, built here so that the same facts always give the same status
+// (the second pass over unchanged state must write nothing).
+
+/// Sets condition `type_` in `conditions` (keeping the others), moving `lastTransitionTime`
+/// only when the condition's status flips.
+fn set_condition(
+    conditions: &[Condition],
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: Seconds,
+) -> Vec<Condition> {
+    let status = if status { "True" } else { "False" };
+    let mut out: Vec<Condition> = conditions.to_vec();
+    let transition = conditions
+        .iter()
+        .find(|condition| condition.type_ == type_)
+        .filter(|condition| condition.status == status)
+        .map(|condition| condition.last_transition_time.clone())
+        .unwrap_or_else(|| time_at(now));
+    let condition = Condition {
+        type_: type_.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message: message.to_owned(),
+        last_transition_time: transition,
+        observed_generation: generation,
+    };
+    match out.iter_mut().find(|c| c.type_ == type_) {
+        Some(existing) => *existing = condition,
+        None => out.push(condition),
+    }
+    out
+}
+
+/// A claim's status in `phase` with the fields every phase shares filled in: `reason`,
+/// `message`, the `Held` condition and `observedGeneration`.
+fn with_common(
+    claim: &ClaimView,
+    mut status: LockClaimStatus,
+    reason: &str,
+    message: String,
+    now: Seconds,
+) -> LockClaimStatus {
+    let held = status.phase == Some(ClaimPhase::Held);
+    status.conditions = set_condition(
+        &claim.status.conditions,
+        HELD_CONDITION,
+        held,
+        reason,
+        &message,
+        claim.generation,
+        now,
+    );
+    status.reason = Some(reason.to_owned());
+    status.message = Some(message);
+    status.observed_generation = claim.generation;
+    status
+}
+
+/// Waiting in the queue (`position` is `None` when there is no queue: the lock is missing).
+pub(super) fn pending_status(
+    claim: &ClaimView,
+    position: Option<i32>,
+    reason: &str,
+    message: String,
+    now: Seconds,
+) -> LockClaimStatus {
+    let status = LockClaimStatus {
+        phase: Some(ClaimPhase::Pending),
+        position,
+        holder_identity: Some(claim.holder_identity()),
+        ..LockClaimStatus::default()
+    };
+    with_common(claim, status, reason, message, now)
+}
+
+/// Holding the lock.
+fn held_status(
+    claim: &ClaimView,
+    holder_identity: String,
+    fencing_token: u64,
+    acquired_at: Seconds,
+    expires_at: Seconds,
+    message: String,
+    now: Seconds,
+) -> LockClaimStatus {
+    let status = LockClaimStatus {
+        phase: Some(ClaimPhase::Held),
+        holder_identity: Some(holder_identity),
+        fencing_token: i64::try_from(fencing_token).ok(),
+        acquired_at: Some(time_at(acquired_at)),
+        expires_at: Some(time_at(expires_at)),
+        locks: lock_grants(claim, fencing_token, expires_at),
+        ..LockClaimStatus::default()
+    };
+    with_common(
+        claim,
+        status,
+        turnstile_api::reasons::ACQUIRED,
+        message,
+        now,
+    )
+}
+
+/// `status.locks` of a claim on several locks held until `expires_at`: its first lock's grant
+/// (`fencing_token`) and each other lock's, as the pass found or made them (empty for a claim
+/// on one lock).
+fn lock_grants(claim: &ClaimView, fencing_token: u64, expires_at: Seconds) -> Vec<ClaimedLock> {
+    if !claim.is_multi_lock() {
+        return Vec::new();
+    }
+    let first = (claim.first_lock(), Some(fencing_token));
+    let others = claim
+        .members
+        .iter()
+        .map(|member| (member.name.as_str(), member.fencing_token));
+    std::iter::once(first)
+        .chain(others)
+        .filter_map(|(lock, token)| {
+            Some(ClaimedLock {
+                lock_name: lock.to_owned(),
+                fencing_token: i64::try_from(token?).ok()?,
+                expires_at: Some(time_at(expires_at)),
+            })
+        })
+        .collect()
+}
+
+/// Ended in a terminal phase: the grant's record (holder, token, acquiredAt) stays, the
+/// queue position and the lease expiry go.
+pub(super) fn terminal_status(
+    claim: &ClaimView,
+    phase: ClaimPhase,
+    reason: &str,
+    message: String,
+    released_at: Option<Seconds>,
+    now: Seconds,
+) -> LockClaimStatus {
+    let old = &claim.status;
+    let status = LockClaimStatus {
+        phase: Some(phase),
+        position: None,
+        holder_identity: old
+            .holder_identity
+            .clone()
+            .or_else(|| Some(claim.holder_identity())),
+        fencing_token: old.fencing_token,
+        acquired_at: old.acquired_at.clone(),
+        expires_at: None,
+        released_at: released_at.map(time_at),
+        // Each lock's token stays on record; no lease runs any more.
+        locks: old
+            .locks
+            .iter()
+            .map(|entry| ClaimedLock {
+                expires_at: None,
+                ..entry.clone()
+            })
+            .collect(),
+        ..LockClaimStatus::default()
+    };
+    with_common(claim, status, reason, message, now)
 }

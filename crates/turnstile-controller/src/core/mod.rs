@@ -23,7 +23,7 @@ mod ops;
 mod orphan;
 mod plan;
 mod queue;
-mod status;
+mod report;
 
 #[cfg(test)]
 mod tests;
@@ -32,7 +32,7 @@ pub use decision::{
     ClaimChange, Decision, EventSeverity, EventSubject, FinalizerChange, GrantEnd, Observation,
     PlannedEvent,
 };
-pub use fold::{fold, EXACT_POSITIONS, POSITION_REFRESHES_PER_PASS, RESYNC_INTERVAL};
+pub use fold::{fold, RESYNC_INTERVAL};
 pub use model::{
     seconds_of, time_at, BackendView, ClaimView, IncompleteClaim, LockInput, LockView, MemberLock,
     OwnerState, Seconds, WorkloadKind, WorkloadOwner, BACKEND_LEASE_GRACE,
@@ -42,4 +42,4 @@ pub use ops::{
 };
 pub use orphan::{decide_orphan, OrphanDecision};
 pub use plan::{plan, Plan};
-pub use queue::queue_order;
+pub use queue::{queue_order, EXACT_POSITIONS, POSITION_REFRESHES_PER_PASS};

@@ -8,9 +8,8 @@ use k8s_openapi::jiff::Timestamp;
 use turnstile_api::{event_reasons, reasons};
 
 use super::decision::{EventSeverity, EventSubject, PlannedEvent};
-use super::fold::RESYNC_INTERVAL;
+use super::fold::{pending_status, terminal_status, RESYNC_INTERVAL};
 use super::model::ClaimView;
-use super::status;
 use turnstile_api::{ClaimPhase, LockClaimStatus};
 
 /// What to do with a claim whose lock is missing.
@@ -36,7 +35,7 @@ pub fn decide_orphan(claim: &ClaimView, now: Timestamp) -> OrphanDecision {
     let new_status = if claim.deleting || phase.is_terminal() {
         None
     } else if phase == ClaimPhase::Held {
-        Some(status::terminal(
+        Some(terminal_status(
             claim,
             ClaimPhase::Expired,
             reasons::LOCK_DELETED,
@@ -45,7 +44,7 @@ pub fn decide_orphan(claim: &ClaimView, now: Timestamp) -> OrphanDecision {
             now_s,
         ))
     } else if let Some(problem) = claim.spec_problem() {
-        Some(status::terminal(
+        Some(terminal_status(
             claim,
             ClaimPhase::Failed,
             reasons::INVALID_SPEC,
@@ -54,7 +53,7 @@ pub fn decide_orphan(claim: &ClaimView, now: Timestamp) -> OrphanDecision {
             now_s,
         ))
     } else if claim.release_requested() {
-        Some(status::terminal(
+        Some(terminal_status(
             claim,
             ClaimPhase::Released,
             reasons::WITHDRAWN,
@@ -66,7 +65,7 @@ pub fn decide_orphan(claim: &ClaimView, now: Timestamp) -> OrphanDecision {
         .acquire_deadline()
         .is_some_and(|deadline| deadline <= now_s)
     {
-        Some(status::terminal(
+        Some(terminal_status(
             claim,
             ClaimPhase::Failed,
             reasons::ACQUIRE_TIMEOUT,
@@ -83,7 +82,7 @@ pub fn decide_orphan(claim: &ClaimView, now: Timestamp) -> OrphanDecision {
             let wait = Duration::from_nanos(u64::try_from(nanos.max(0)).unwrap_or(u64::MAX));
             requeue_after = requeue_after.min(wait + Duration::from_millis(50));
         }
-        Some(status::pending(
+        Some(pending_status(
             claim,
             None,
             reasons::LOCK_NOT_FOUND,

@@ -1,8 +1,9 @@
-//! The FIFO order of a lock's claims. One function, used by the reconcile pass
-//! ([`super::plan`]) and by whatever shows the queue (`turnstile queue`), so that what people
-//! are shown is the order the controller grants in.
+//! The FIFO order of a lock's claims and the positions waiters are shown. The order is one
+//! function, used by the reconcile pass ([`super::plan`]) and by whatever shows the queue
+//! (`turnstile queue`), so that what people are shown is the order the controller grants in.
 
 use super::model::ClaimView;
+use turnstile_api::{ClaimPhase, LockClaimStatus};
 
 /// Indices into `claims`, in queue order: `creationTimestamp` (whole seconds, as the API
 /// stores it), then name. The controller grants pending claims in this order, as many as
@@ -11,6 +12,51 @@ pub fn queue_order(claims: &[ClaimView]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..claims.len()).collect();
     order.sort_by(|a, b| claims[*a].queue_order().cmp(&claims[*b].queue_order()));
     order
+}
+
+/// Waiters whose `status.position` is always exact: the head of the queue, where a user
+/// waits for "am I next?". Behind them a hand-off would otherwise rewrite every waiter.
+pub const EXACT_POSITIONS: i32 = 3;
+
+/// How many positions behind [`EXACT_POSITIONS`] a pass that moves the queue (a grant, an end,
+/// a new waiter) refreshes at most, the most out of date first, so that a hand-off costs a
+/// constant number of writes at any queue depth.
+pub const POSITION_REFRESHES_PER_PASS: usize = 2;
+
+/// The position a waiter's status shows: exact in the first [`EXACT_POSITIONS`] places and for
+/// a claim that joins the queue; further back, the position last written, which stays an upper
+/// bound (waiters only move forward) until a pass refreshes it.
+pub(super) fn shown_position(claim: &ClaimView, exact: i32) -> i32 {
+    let written = claim
+        .status
+        .position
+        .filter(|_| claim.phase() == ClaimPhase::Pending);
+    match written {
+        Some(written) if exact > EXACT_POSITIONS && written >= exact => written,
+        _ => exact,
+    }
+}
+
+/// Brings up to [`POSITION_REFRESHES_PER_PASS`] stale positions up to date: the ones whose
+/// shown position is the largest multiple of the truth first (ties: nearest the head).
+pub(super) fn refresh_stale_positions(
+    statuses: &mut [(usize, Option<LockClaimStatus>)],
+    stale: &[(usize, i32)],
+) {
+    let mut candidates: Vec<(i64, i64, usize, i32)> = stale
+        .iter()
+        .filter_map(|&(slot, exact)| {
+            let shown = statuses[slot].1.as_ref()?.position?;
+            Some((i64::from(shown), i64::from(exact), slot, exact))
+        })
+        .collect();
+    // shown_a / exact_a > shown_b / exact_b, compared without division.
+    candidates.sort_by(|a, b| (b.0 * a.1).cmp(&(a.0 * b.1)).then(a.2.cmp(&b.2)));
+    for &(_, _, slot, exact) in candidates.iter().take(POSITION_REFRESHES_PER_PASS) {
+        if let Some(status) = statuses[slot].1.as_mut() {
+            status.position = Some(exact);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,129 @@
+//! What a claim's status change reports besides the write: the Events it is announced by and
+//! the observations the metrics count (grants, renewals, how grants end).
+
+use std::time::Duration;
+
+use super::decision::{EventSeverity, EventSubject, GrantEnd, Observation, PlannedEvent};
+use super::model::{seconds_of, ClaimView, Seconds};
+use turnstile_api::{event_reasons, reasons, ClaimPhase, LockClaimStatus};
+
+/// Events for a claim's status change.
+pub(super) fn claim_events(
+    claim: &ClaimView,
+    new: &LockClaimStatus,
+    lock_name: &str,
+    events: &mut Vec<PlannedEvent>,
+) {
+    let old = &claim.status;
+    let old_phase = old.phase;
+    let new_phase = new.phase.unwrap_or_default();
+    let subject = EventSubject::Claim(claim.name.clone());
+    let message = new.message.clone().unwrap_or_default();
+    let mut push = |severity, reason, note: String| {
+        events.push(PlannedEvent {
+            subject: subject.clone(),
+            severity,
+            reason,
+            note,
+        })
+    };
+    match new_phase {
+        // A claim on several locks, one of which does not exist: said once per wait, as for
+        // a claim whose only lock is missing.
+        ClaimPhase::Pending
+            if new.reason.as_deref() == Some(reasons::LOCK_NOT_FOUND)
+                && old.reason.as_deref() != Some(reasons::LOCK_NOT_FOUND)
+                && claim.is_multi_lock() =>
+        {
+            push(
+                EventSeverity::Warning,
+                event_reasons::LOCK_NOT_FOUND,
+                message,
+            )
+        }
+        ClaimPhase::Pending
+            if new.position.is_some() && (old.position.is_none() || old_phase.is_none()) =>
+        {
+            push(
+                EventSeverity::Normal,
+                event_reasons::QUEUED,
+                format!(
+                    "queued for lock {lock_name} at position {}",
+                    new.position.unwrap_or_default()
+                ),
+            );
+        }
+        ClaimPhase::Held if old_phase != Some(ClaimPhase::Held) => push(
+            EventSeverity::Normal,
+            event_reasons::ACQUIRED,
+            format!(
+                "acquired lock {lock_name} with fencing token {}",
+                new.fencing_token.unwrap_or_default()
+            ),
+        ),
+        ClaimPhase::Held => {
+            let old_expiry = old.expires_at.as_ref().map(seconds_of);
+            let new_expiry = new.expires_at.as_ref().map(seconds_of);
+            if new_expiry > old_expiry {
+                push(
+                    EventSeverity::Normal,
+                    event_reasons::RENEWED,
+                    format!(
+                        "lease of lock {lock_name} renewed until {}",
+                        new.expires_at
+                            .as_ref()
+                            .map(|t| t.0.to_string())
+                            .unwrap_or_default()
+                    ),
+                );
+            }
+        }
+        ClaimPhase::Released if old_phase != Some(ClaimPhase::Released) => {
+            push(EventSeverity::Normal, event_reasons::RELEASED, message)
+        }
+        ClaimPhase::Expired if old_phase != Some(ClaimPhase::Expired) => {
+            push(EventSeverity::Warning, event_reasons::LOCK_LOST, message)
+        }
+        ClaimPhase::Failed if old_phase != Some(ClaimPhase::Failed) => {
+            push(EventSeverity::Warning, event_reasons::FAILED, message)
+        }
+        _ => {}
+    }
+}
+
+/// The metrics' observations of a claim's status change.
+pub(super) fn observations_for(
+    claim: &ClaimView,
+    new: &LockClaimStatus,
+    now: Seconds,
+    out: &mut Vec<Observation>,
+) {
+    let old_phase = claim.phase();
+    let new_phase = new.phase.unwrap_or_default();
+    let seconds = |s: i64| Duration::from_secs(u64::try_from(s.max(0)).unwrap_or(0));
+    match (old_phase, new_phase) {
+        (ClaimPhase::Held, ClaimPhase::Held) if new.expires_at != claim.status.expires_at => {
+            out.push(Observation::Renewed);
+        }
+        (ClaimPhase::Held, ClaimPhase::Held) => {}
+        (_, ClaimPhase::Held) => out.push(Observation::Granted {
+            waited: seconds(now - claim.created),
+        }),
+        (ClaimPhase::Held, _) => {
+            if let Some(end) = GrantEnd::of(new) {
+                let acquired = claim
+                    .status
+                    .acquired_at
+                    .as_ref()
+                    .map(seconds_of)
+                    .unwrap_or(now);
+                out.push(Observation::GrantEnded {
+                    end,
+                    held_for: seconds(now - acquired),
+                });
+            }
+        }
+        (_, ClaimPhase::Failed) if !old_phase.is_terminal() => out.push(Observation::Failed),
+        _ => {}
+    }
+}
