@@ -6,19 +6,18 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use turnstile_api::{
-    event_reasons, reasons, ClaimPhase, ClaimedLock, DistributedLockStatus, LockClaimStatus,
-    LockHolder, HELD_CONDITION, READY_CONDITION,
+    reasons, ClaimPhase, ClaimedLock, DistributedLockStatus, LockClaimStatus, LockHolder,
+    HELD_CONDITION, READY_CONDITION,
 };
 
 use super::decision::{
-    ClaimChange, Decision, EventSeverity, EventSubject, FinalizerChange, GrantEnd, Observation,
-    PlannedEvent,
+    ClaimChange, Decision, EventSeverity, EventSubject, FinalizerChange, PlannedEvent,
 };
 use super::model::{seconds_of, time_at, BackendView, ClaimView, LockInput, OwnerState, Seconds};
 use super::ops::OpOutcome;
 use super::plan::{Intent, LockMode, Plan};
 use super::queue::{refresh_stale_positions, shown_position};
-use super::report::{claim_events, observations_for};
+use super::report::{claim_events, holder_deleted, observations_for};
 
 /// Look at every lock at least this often, even when nothing happens (heals missed events).
 pub const RESYNC_INTERVAL: Duration = Duration::from_secs(300);
@@ -426,26 +425,13 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
             Intent::Delete { release_op } => {
                 if claim.has_finalizer && settled(release_op) {
                     if claim.phase() == ClaimPhase::Held {
-                        events.push(PlannedEvent {
-                            subject: EventSubject::Claim(claim.name.clone()),
-                            severity: EventSeverity::Normal,
-                            reason: event_reasons::RELEASED,
-                            note: format!("claim deleted: lock {} released", input.lock.name),
-                        });
-                        observations.push(Observation::GrantEnded {
-                            end: GrantEnd::Released,
-                            held_for: Duration::from_secs(
-                                u64::try_from(
-                                    now - claim
-                                        .status
-                                        .acquired_at
-                                        .as_ref()
-                                        .map(seconds_of)
-                                        .unwrap_or(now),
-                                )
-                                .unwrap_or(0),
-                            ),
-                        });
+                        holder_deleted(
+                            claim,
+                            &input.lock.name,
+                            now,
+                            &mut events,
+                            &mut observations,
+                        );
                     }
                     FinalizerChange::Remove
                 } else {

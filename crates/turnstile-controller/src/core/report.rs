@@ -111,19 +111,45 @@ pub(super) fn observations_for(
         }),
         (ClaimPhase::Held, _) => {
             if let Some(end) = GrantEnd::of(new) {
-                let acquired = claim
-                    .status
-                    .acquired_at
-                    .as_ref()
-                    .map(seconds_of)
-                    .unwrap_or(now);
                 out.push(Observation::GrantEnded {
                     end,
-                    held_for: seconds(now - acquired),
+                    held_for: held_for(claim, now),
                 });
             }
         }
         (_, ClaimPhase::Failed) if !old_phase.is_terminal() => out.push(Observation::Failed),
         _ => {}
     }
+}
+
+/// What a holder's claim deleted (it leaves without a status write) reports once its release
+/// is settled: `Released`, and the grant's end for the metrics.
+pub(super) fn holder_deleted(
+    claim: &ClaimView,
+    lock_name: &str,
+    now: Seconds,
+    events: &mut Vec<PlannedEvent>,
+    observations: &mut Vec<Observation>,
+) {
+    events.push(PlannedEvent {
+        subject: EventSubject::Claim(claim.name.clone()),
+        severity: EventSeverity::Normal,
+        reason: event_reasons::RELEASED,
+        note: format!("claim deleted: lock {lock_name} released"),
+    });
+    observations.push(Observation::GrantEnded {
+        end: GrantEnd::Released,
+        held_for: held_for(claim, now),
+    });
+}
+
+/// How long the claim has held its lock at `now`: since its `acquiredAt` (none: zero).
+fn held_for(claim: &ClaimView, now: Seconds) -> Duration {
+    let acquired = claim
+        .status
+        .acquired_at
+        .as_ref()
+        .map(seconds_of)
+        .unwrap_or(now);
+    Duration::from_secs(u64::try_from(now - acquired).unwrap_or(0))
 }
