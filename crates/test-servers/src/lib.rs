@@ -12,19 +12,27 @@
 //! - [`RedisSentinel`]: a master, a replica and three sentinels (`redis-server --sentinel`);
 //!   optionally all over TLS ([`RedisSentinel::start_tls`]).
 //! - [`MongoServer`]: a MongoDB-wire-compatible server (SecantusDB), or `MONGODB_URI`'s.
+//! - [`ControlPlane`]: a real Kubernetes control plane (etcd, kube-apiserver,
+//!   kube-controller-manager, kube-scheduler, KWOK) built from its Go modules.
 //! - [`tool_or_skip`]: a command-line tool from `PATH`, or a skip that fails under CI
 //!   ([`under_ci`]); [`output_with_stdin`] runs one with its input piped in.
 //!
 //! New launchers (MongoDB-compatible servers, ...) go in their own module and reuse
 //! [`free_port`], [`wait_until`] and [`ServerProcess`].
 
+mod control_plane;
 mod mongo;
 mod process;
 mod redis;
 mod redis_cluster;
 mod redis_sentinel;
+mod tls;
 mod tools;
 
+pub use self::control_plane::{
+    binaries as control_plane_binaries, ControlPlane, ControlPlaneFiles, CONTROL_PLANE_DIR_PREFIX,
+    KWOK_NODE, KWOK_NODE_ANNOTATION,
+};
 pub use self::mongo::{MongoFlavor, MongoServer, Unavailable};
 pub use self::process::{free_port, wait_until, ServerProcess};
 pub use self::redis::{RedisOptions, RedisServer, TlsClientAuth, TlsFiles};

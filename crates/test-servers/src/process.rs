@@ -60,6 +60,26 @@ impl ServerProcess {
         Ok(ServerProcess { child })
     }
 
+    /// Spawns `command` with stdin closed and its output (standard output and error) appended
+    /// to the file `log`, kept for a failing test to read.
+    pub fn spawn_logged(mut command: Command, log: &std::path::Path) -> io::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .spawn()?;
+        Ok(ServerProcess { child })
+    }
+
+    /// Lets the process run on after this value is gone (whoever holds its PID stops it).
+    pub fn forget(self) {
+        std::mem::forget(self);
+    }
+
     /// The server's process id.
     pub fn pid(&self) -> u32 {
         self.child.id()

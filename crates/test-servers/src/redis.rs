@@ -10,6 +10,7 @@ use std::time::Duration;
 use tempfile::TempDir;
 
 use crate::process::{free_port, wait_until, ServerProcess};
+use crate::tls::{self_signed_ca, signed_certificate};
 
 /// How many fresh ports to try before giving up on a start.
 const START_ATTEMPTS: usize = 8;
@@ -109,109 +110,23 @@ impl TlsFiles {
             (
                 "server",
                 (&files.server_key, &files.server_cert),
-                "127.0.0.1",
+                "/CN=127.0.0.1",
                 "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
             ),
             (
                 "client",
                 (&files.client_key, &files.client_cert),
-                "turnstile test client",
+                "/CN=turnstile test client",
                 "extendedKeyUsage=clientAuth\n",
             ),
         ];
         for (name, (key, cert), subject, extensions) in leaves {
             let ext = dir.join(format!("{name}.ext"));
             std::fs::write(&ext, extensions)?;
-            signed_certificate(dir, (&ca_key, &files.ca_cert), (key, cert), subject, &ext)?;
+            signed_certificate((&ca_key, &files.ca_cert), (key, cert), subject, &ext)?;
         }
         Ok(files)
     }
-}
-
-fn openssl(args: &[&std::ffi::OsStr]) -> io::Result<()> {
-    let output = Command::new("openssl").args(args).output()?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(io::Error::other(format!(
-            "openssl {:?} failed: {}",
-            args.first(),
-            String::from_utf8_lossy(&output.stderr)
-        )))
-    }
-}
-
-fn new_key(key: &Path) -> io::Result<()> {
-    openssl(&[
-        "genpkey".as_ref(),
-        "-algorithm".as_ref(),
-        "EC".as_ref(),
-        "-pkeyopt".as_ref(),
-        "ec_paramgen_curve:P-256".as_ref(),
-        "-out".as_ref(),
-        key.as_os_str(),
-    ])
-}
-
-fn self_signed_ca(key: &Path, cert: &Path, name: &str) -> io::Result<()> {
-    new_key(key)?;
-    let subject = format!("/CN={name}");
-    openssl(&[
-        "req".as_ref(),
-        "-x509".as_ref(),
-        "-new".as_ref(),
-        "-key".as_ref(),
-        key.as_os_str(),
-        "-subj".as_ref(),
-        subject.as_ref(),
-        "-days".as_ref(),
-        "2".as_ref(),
-        "-addext".as_ref(),
-        "basicConstraints=critical,CA:TRUE".as_ref(),
-        "-addext".as_ref(),
-        "keyUsage=critical,keyCertSign,cRLSign".as_ref(),
-        "-out".as_ref(),
-        cert.as_os_str(),
-    ])
-}
-
-fn signed_certificate(
-    dir: &Path,
-    (ca_key, ca_cert): (&Path, &Path),
-    (key, cert): (&Path, &Path),
-    common_name: &str,
-    extensions: &Path,
-) -> io::Result<()> {
-    new_key(key)?;
-    let request = dir.join(format!("{common_name}.csr").replace(' ', "-"));
-    let subject = format!("/CN={common_name}");
-    openssl(&[
-        "req".as_ref(),
-        "-new".as_ref(),
-        "-key".as_ref(),
-        key.as_os_str(),
-        "-subj".as_ref(),
-        subject.as_ref(),
-        "-out".as_ref(),
-        request.as_os_str(),
-    ])?;
-    openssl(&[
-        "x509".as_ref(),
-        "-req".as_ref(),
-        "-in".as_ref(),
-        request.as_os_str(),
-        "-CA".as_ref(),
-        ca_cert.as_os_str(),
-        "-CAkey".as_ref(),
-        ca_key.as_os_str(),
-        "-CAcreateserial".as_ref(),
-        "-days".as_ref(),
-        "2".as_ref(),
-        "-extfile".as_ref(),
-        extensions.as_os_str(),
-        "-out".as_ref(),
-        cert.as_os_str(),
-    ])
 }
 
 /// A `redis-server` on a free 127.0.0.1 port with no persistence (`--save "" --appendonly
