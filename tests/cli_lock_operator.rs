@@ -244,7 +244,7 @@ async fn giving_up_leaves_no_claim_behind() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uses_exactly_the_rbac_verbs_the_readme_lists() {
-    let env = Env::new().await;
+    let env = Env::fake_only("its request log shows each verb the command used").await;
     // The controller's requests are tagged, so what is left in the log is the binary's.
     let controller = env.spawn_controller_with(
         tagged_client(env.server(), "controller"),
@@ -345,7 +345,9 @@ async fn a_killed_turnstile_frees_the_lock_once_its_ttl_runs_out() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewals_refused_for_a_whole_ttl_stop_the_command_with_76() {
-    let (mut env, dir) = env_with_lock_and_dir().await;
+    let mut env = Env::fake_only_started("it refuses the renewals on cue").await;
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    let dir = tempfile::tempdir().expect("dir");
     let args = ["--ttl", "3s", "--grace", "2s"];
     let run = holding_run(&env, "db", &dir, &args, "sleep 60").await;
     // The controller away (the claim keeps reading `Held`), then every write to the claims

@@ -394,9 +394,7 @@ fn which(program: &str) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_read_exits_1_with_one_line() {
-    let Some(env) = Env::fake_only().await else {
-        return;
-    };
+    let env = Env::fake_only("it refuses the read on cue").await;
     env.apply_lock("db", "leaseDurationSeconds: 300");
     // As RBAC would refuse `list` on lockclaims: the Role lacks the verb.
     let claims = env.turnstile_path("lockclaims");

@@ -168,7 +168,7 @@ async fn run_takes_its_backends_from_the_environment() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespace_scopes_the_watch_and_without_it_every_namespace_is_served() {
-    let env = Env::new().await;
+    let env = Env::fake_only("it stores a claim the schema would refuse").await;
     let other = format!("{}-other", env.namespace);
     let theirs = namespace_with_a_claim(&env.client, &other, "db", "theirs").await;
     env.apply_lock("db", "leaseDurationSeconds: 300");

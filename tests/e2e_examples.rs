@@ -55,9 +55,7 @@ use fixture::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_claims_example_queues_three_claims() {
-    let Some((mut env, _scratch, _)) = Scratch::with_example("claims.yaml").await else {
-        return;
-    };
+    let (mut env, _scratch, _) = Scratch::with_example("claims.yaml").await;
     let a = env.wait_phase("job-a", ClaimPhase::Held).await;
     env.wait_claim("job-b", |c| position_of(c) == Some(1)).await;
     env.wait_claim("job-c", |c| position_of(c) == Some(2)).await;
@@ -70,9 +68,7 @@ async fn the_claims_example_queues_three_claims() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_multi_lock_example_grants_both_locks_to_one_claim_at_a_time() {
-    let Some((mut env, scratch)) = Scratch::started().await else {
-        return;
-    };
+    let (mut env, scratch) = Scratch::started().await;
     scratch
         .apply(&env, &documents(&example("multi-lock.yaml")))
         .await;
@@ -102,10 +98,7 @@ async fn the_multi_lock_example_grants_both_locks_to_one_claim_at_a_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lock_in_a_container_example_runs_one_step_at_a_time_across_pods() {
-    let Some((mut env, scratch, docs)) = Scratch::with_example("lock-in-a-container.yaml").await
-    else {
-        return;
-    };
+    let (mut env, scratch, docs) = Scratch::with_example("lock-in-a-container.yaml").await;
     let job = find(&docs, "Job");
     let container = &job["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(container["command"][0], "sh");
@@ -176,9 +169,7 @@ async fn the_lock_in_a_container_example_runs_one_step_at_a_time_across_pods() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_priority_example_serves_the_hotfix_first() {
-    let Some((mut env, scratch)) = Scratch::started().await else {
-        return;
-    };
+    let (mut env, scratch) = Scratch::started().await;
     // The lock and current first, so that current finds the lock free whatever the timing;
     // then the waiters (see the example's comment).
     let all = documents(&example("priority-and-limits.yaml"));
@@ -201,10 +192,8 @@ async fn the_priority_example_serves_the_hotfix_first() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_init_container_example_runs_turnstile_wait_as_the_pod_would() {
-    let Some((mut env, scratch, docs)) = Scratch::with_example("wait-init-container.yaml").await
-    else {
-        return;
-    };
+    let (mut env, scratch, docs) =
+        Scratch::with_example_playing_the_kubelet("wait-init-container.yaml").await;
     let init = init_container(&docs, "db-migrate");
     assert_eq!(
         strings_of(&init["env"], "name"),
@@ -265,10 +254,8 @@ async fn the_init_container_example_runs_turnstile_wait_as_the_pod_would() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kubectl_wait_job_example_gates_its_pods_one_at_a_time() {
-    let Some((mut env, scratch, docs)) = Scratch::with_example("kubectl-wait-job.yaml").await
-    else {
-        return;
-    };
+    let (mut env, scratch, docs) =
+        Scratch::with_example_playing_the_kubelet("kubectl-wait-job.yaml").await;
     let init = init_container(&docs, "nightly-report");
     assert_eq!(init["command"], json!(["/bin/bash", "-c"]));
 
@@ -298,9 +285,7 @@ async fn the_kubectl_wait_job_example_gates_its_pods_one_at_a_time() {
 async fn the_kubectl_wait_script_uses_exactly_the_verbs_of_its_role() {
     // No controller: the test plays it (and the kubelet) through a client of its own, so
     // every other request in the fake's log is the script's kubectl.
-    let Some(env) = Env::fake_only().await else {
-        return;
-    };
+    let env = Env::fake_only("its request log shows each verb the script used").await;
     let scratch = Scratch::new(&env);
     let docs = documents(&example("kubectl-wait-job.yaml"));
     let init = init_container(&docs, "nightly-report");
@@ -369,9 +354,7 @@ async fn the_kubectl_wait_script_uses_exactly_the_verbs_of_its_role() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_or_expired_claim_leaves_kubectl_wait_waiting_until_its_timeout() {
     // kubectl wait knows only "Held or not yet": the README's caveat, shown.
-    let Some(env) = Env::fake_only().await else {
-        return;
-    };
+    let env = Env::new().await;
     let scratch = Scratch::new(&env);
     let claims: Api<LockClaim> = Api::namespaced(env.client.clone(), &env.namespace);
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
@@ -418,11 +401,110 @@ async fn a_failed_or_expired_claim_leaves_kubectl_wait_waiting_until_its_timeout
     }
 }
 
+/// The gated-Job example on the real control plane, nothing played: the real Job controller
+/// makes the Pods once the operator un-suspends a Job, KWOK runs them to `Succeeded`, the Job
+/// completes, its claim is released and the next Job is let go. Sampled throughout, never two
+/// Jobs run at once, and each ran under its own token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gated_jobs_run_one_at_a_time_through_the_real_job_controller() {
+    let (mut env, scratch) = Scratch::started().await;
+    if env.fake.is_some() {
+        test_servers::skip_or_fail(
+            "gated_jobs_run_one_at_a_time…",
+            "no real control plane here",
+            test_servers::under_ci(),
+        );
+        return;
+    }
+    scratch.apply(&env, &documents(&example("lock.yaml"))).await;
+    let docs = documents(&example("gated-job.yaml"));
+    let names = ["gated-migrate", "gated-migrate-2", "gated-migrate-3"];
+    let gated: Vec<Value> = names
+        .iter()
+        .map(|name| {
+            let mut job = find(&docs, "Job").clone();
+            job["metadata"]["name"] = json!(name);
+            job
+        })
+        .collect();
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    let sampler = tokio::spawn(most_jobs_running_at_once(jobs(&env), stopped));
+    scratch.apply(&env, &gated).await;
+    let mut tokens = Vec::new();
+    for name in names {
+        let done = wait_job(&env, name, |job| job_condition(job, "Complete")).await;
+        let pods = pods(&env)
+            .list(&kube::api::ListParams::default().labels(&format!("job-name={name}")))
+            .await
+            .expect("list Pods");
+        assert!(
+            !pods.items.is_empty(),
+            "the Job controller made {name}'s Pods"
+        );
+        tokens.push(
+            token_annotation(done.metadata.annotations.as_ref()).expect("a token on the Job"),
+        );
+        let claim = env
+            .wait_phase(&format!("{name}-{LOCK}"), ClaimPhase::Released)
+            .await;
+        assert_eq!(
+            e2e_support::reason_of(&claim).as_deref(),
+            Some("OwnerFinished")
+        );
+    }
+    assert_eq!(
+        tokens,
+        ["1", "2", "3"],
+        "one after the other, in the order they were created"
+    );
+    let _ = stop.send(());
+    let (samples, most) = sampler.await.expect("sampler");
+    assert!(samples > 10, "the Jobs were sampled ({samples} samples)");
+    assert_eq!(most, 1, "at most one Job ran at any sample, and one did");
+    env.stop_controller().await;
+}
+
+/// Whether the Job has the condition `kind` with status `True`.
+fn job_condition(job: &Job, kind: &str) -> bool {
+    job.status
+        .as_ref()
+        .and_then(|status| status.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == kind && c.status == "True")
+        })
+}
+
+/// Samples the Jobs every 20 ms until `stop`: how many samples, and the most Jobs seen
+/// running (un-suspended, neither complete nor failed) in one.
+async fn most_jobs_running_at_once(
+    jobs: Api<Job>,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) -> (usize, usize) {
+    let (mut samples, mut most) = (0, 0);
+    while stop.try_recv().is_err() {
+        if let Ok(list) = jobs.list(&Default::default()).await {
+            let running = list
+                .items
+                .iter()
+                .filter(|job| {
+                    !is_suspended(job)
+                        && !job_condition(job, "Complete")
+                        && !job_condition(job, "Failed")
+                })
+                .count();
+            samples += 1;
+            most = most.max(running);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (samples, most)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gated_job_example_runs_only_while_its_claim_is_held() {
-    let Some(mut env) = Env::fake_only().await else {
-        return;
-    };
+    let mut env = Env::fake_only(PLAYS_THE_KUBELET).await;
     let scratch = Scratch::new(&env);
     let docs = documents(&example("gated-job.yaml"));
     assert_eq!(
@@ -532,9 +614,7 @@ async fn the_gated_job_example_runs_only_while_its_claim_is_held() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gated_deployment_example_lets_its_replicas_go_one_at_a_time() {
-    let Some((mut env, scratch)) = Scratch::started().await else {
-        return;
-    };
+    let (mut env, scratch) = Scratch::started().await;
     scratch.apply(&env, &documents(&example("lock.yaml"))).await;
     let deployment = documents(&example("gated-deployment.yaml"))
         .into_iter()
@@ -604,9 +684,7 @@ async fn the_gated_deployment_example_lets_its_replicas_go_one_at_a_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cronjobs_example_never_runs_two_jobs_at_once() {
-    let Some((mut env, scratch)) = Scratch::started().await else {
-        return;
-    };
+    let (mut env, scratch) = Scratch::started_playing_the_kubelet().await;
     let docs = documents(&example("cronjobs-sharing-a-lock.yaml"));
     let lock = find(&docs, "DistributedLock").clone();
     scratch.apply(&env, &[lock]).await;

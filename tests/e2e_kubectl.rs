@@ -70,22 +70,6 @@ async fn apply_get_locks_and_wait_for_the_next_holder() {
     apply_get_and_wait(Env::new().await).await;
 }
 
-/// The real-cluster mode (`TURNSTILE_E2E_KUBECONFIG`) run for real: the same steps against an
-/// API server reached only through a kubeconfig file, as a cluster is (a fake apart from the
-/// test, whose hooks it never touches).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_real_cluster_mode_runs_the_steps_through_a_kubeconfig_alone() {
-    let cluster = fake_apiserver::FakeApiServer::start()
-        .await
-        .expect("an API server apart");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    cluster.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-    let env = Env::on_cluster(&kubeconfig).await;
-    assert!(env.fake.is_none(), "no hooks in the real-cluster mode");
-    apply_get_and_wait(env).await;
-}
-
 /// `kubectl apply` a lock and three claims, `get locks`, wait for the next holder, and read the
 /// Events: the steps of the quick tour, with no hook of the fake.
 async fn apply_get_and_wait(mut env: Env) {
@@ -201,9 +185,7 @@ async fn apply_get_and_wait(mut env: Env) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_controller_writes_nothing() {
-    let Some(mut env) = Env::fake_only_started().await else {
-        return;
-    };
+    let mut env = Env::fake_only_started("its request log counts the controller's writes").await;
     env.apply(&lock_and_claims());
     // Also idle: a lock whose backend is not configured, and a claim for a missing lock.
     env.apply_lock("cache", "backend: redis");
@@ -247,7 +229,9 @@ async fn an_idle_controller_writes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uninstall_as_the_readme_says_with_the_controller_and_without_it() {
-    let mut env = Env::started().await;
+    // `--all-namespaces`: on a plane of its own, so no other test's objects go with it.
+    let mut env = Env::alone().await;
+    env.start_default_controller();
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.a_holds_and_b_waits("db").await;
     // With the controller running: every grant released, every finalizer removed.

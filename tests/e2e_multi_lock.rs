@@ -10,7 +10,7 @@ mod e2e_support;
 
 use std::time::Duration;
 
-use e2e_support::jobs::{finish_job, is_suspended, jobs, wait_job};
+use e2e_support::jobs::{finish_job, is_suspended, jobs, wait_job, PLAYS_THE_JOB_CONTROLLER};
 use e2e_support::{phase_of, reason_of, token_annotation, token_on, Env, HolderMonitor};
 use turnstile_api::{ClaimPhase, LockClaim};
 
@@ -165,7 +165,7 @@ async fn an_unrenewed_claim_on_several_locks_expires_and_frees_them_all() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gated_job_with_the_locks_annotation_runs_holding_all_its_locks() {
-    let mut env = Env::started().await;
+    let mut env = Env::fake_only_started(PLAYS_THE_JOB_CONTROLLER).await;
     env.apply_locks(&["cache", "db"], "leaseDurationSeconds: 300");
     env.hold("holds-cache", "cache", "").await;
     env.apply(

@@ -9,6 +9,7 @@ mod e2e_support;
 
 use std::time::{Duration, Instant};
 
+use e2e_support::jobs::PLAYS_THE_JOB_CONTROLLER;
 use e2e_support::pods::{create_pod, owned_claim, pods, set_pod_phase};
 use e2e_support::{annotate, phase_of, position_of, reason_of, token_of, Env};
 use k8s_openapi::api::batch::v1::Job;
@@ -103,7 +104,7 @@ async fn a_running_pod_keeps_its_claim_and_finishing_releases_it() {
 
 /// A Job-owned claim, held, released once the Job gets the `condition` (`Complete` or `Failed`).
 async fn a_finished_job_releases_its_claim(condition: &str) {
-    let mut env = Env::started().await;
+    let mut env = Env::fake_only_started(PLAYS_THE_JOB_CONTROLLER).await;
     env.apply_lock("db", "leaseDurationSeconds: 300");
     let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.namespace);
     let job: Job = serde_json::from_value(json!({
@@ -162,9 +163,7 @@ async fn a_failed_job_releases_its_claim() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_pod_takes_its_claim_and_the_lock_moves_on() {
-    let Some(mut env) = Env::fake_only_started().await else {
-        return;
-    };
+    let mut env = Env::started().await;
     pod_holds_with_one_waiting(&env, "worker-2", "leaseDurationSeconds: 300").await;
 
     delete_pod(&env, "worker-2", &DeleteParams::default()).await;
@@ -223,9 +222,7 @@ async fn a_failed_pod_hands_the_lock_on_long_before_its_lease_ends() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_owned_waiters_cost_no_api_lookup_per_pass() {
-    let Some(env) = Env::fake_only().await else {
-        return;
-    };
+    let env = Env::fake_only("its request log counts the Pod lookups").await;
     let controller = env.spawn_controller(Default::default());
     env.apply_lock("db", "leaseDurationSeconds: 300");
     const WAITERS: usize = 20;
@@ -266,9 +263,7 @@ async fn pod_owned_waiters_cost_no_api_lookup_per_pass() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orphaning_pod_delete_leaves_a_plain_claim_that_runs_out() {
-    let Some(mut env) = Env::fake_only_started().await else {
-        return;
-    };
+    let mut env = Env::started().await;
     pod_holds_with_one_waiting(&env, "worker-4", "leaseDurationSeconds: 4").await;
     // Orphaning strips the owner reference from the claim: nobody renews it any more.
     delete_pod(&env, "worker-4", &DeleteParams::orphan()).await;
@@ -280,9 +275,7 @@ async fn an_orphaning_pod_delete_leaves_a_plain_claim_that_runs_out() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orphaning_pod_delete_seen_before_the_claims_change_keeps_the_grant() {
-    let Some(mut env) = Env::fake_only().await else {
-        return;
-    };
+    let mut env = Env::fake_only("it delays the claims' watch events to order the race").await;
     // The claims' changes reach the controller 1.5 s late; a holder's Pod is looked up at
     // once. So after an orphaning delete a pass finds the Pod gone while its cache still
     // shows the claim's owner reference, which the garbage collector removed before the Pod.

@@ -318,9 +318,7 @@ async fn the_locks_annotation_gates_a_pod_on_all_its_locks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gated_job_adopts_a_claim_of_its_name_and_is_let_go_once() {
-    let Some(env) = Env::fake_only().await else {
-        return;
-    };
+    let env = Env::fake_only("its request log counts the controller's Job patches").await;
     let controller_client = || tagged_client(env.server(), "controller");
     let controller = env.spawn_controller_with(controller_client(), ControllerConfig::default());
     env.apply_lock("db", "leaseDurationSeconds: 300");

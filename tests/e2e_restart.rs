@@ -51,9 +51,7 @@ async fn restart_mid_queue_keeps_holder_order_and_tokens() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forced_watch_410_does_not_break_anything() {
-    let Some(mut env) = Env::fake_only_started().await else {
-        return;
-    };
+    let mut env = Env::fake_only_started("it answers watches with 410 Gone on cue").await;
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.queue_of_three("db").await;
     let monitor = HolderMonitor::start(&env, "db", 1);
@@ -76,9 +74,7 @@ async fn forced_watch_410_does_not_break_anything() {
 async fn every_watch_410_is_followed_by_a_relist_however_often_it_comes() {
     // No bookmarks: they would move the claim watch's resourceVersion past the compaction.
     let fake = FakeApiServer::builder().bookmark_interval(Duration::from_secs(3_600));
-    let Some(mut env) = Env::fake_only_with(fake).await else {
-        return;
-    };
+    let mut env = Env::fake_only_with("it answers watches with 410 Gone on cue", fake).await;
     env.start_default_controller();
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.hold("first", "db", "").await;
@@ -114,9 +110,7 @@ async fn every_watch_410_is_followed_by_a_relist_however_often_it_comes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injected_write_errors_are_retried_without_double_grants() {
-    let Some(mut env) = Env::fake_only_started().await else {
-        return;
-    };
+    let mut env = Env::fake_only_started("it fails writes on cue").await;
     env.apply_lock("db", "leaseDurationSeconds: 300\nmaxHolders: 1");
     for name in ["a", "b", "c", "d"] {
         env.apply_claim(name, "db", "");
@@ -171,9 +165,7 @@ async fn injected_write_errors_are_retried_without_double_grants() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_429_is_retried_after_the_servers_retry_after() {
-    let Some(mut env) = Env::fake_only_started().await else {
-        return;
-    };
+    let mut env = Env::fake_only_started("it answers 429 with a Retry-After on cue").await;
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.hold("a", "db", "").await;
     let status_path = env.turnstile_path("lockclaims/b/status");

@@ -39,20 +39,20 @@ fn spawn_tagged_controller(env: &Env) -> RunningController {
     )
 }
 
-/// [`Env::fake_only`] with [`spawn_tagged_controller`]'s controller running: None (after
-/// saying so) on a real cluster.
-async fn fake_only_tagged() -> Option<(Env, RunningController)> {
-    let env = Env::fake_only().await?;
+/// [`Env::fake_only`] (its request log counts the controller's writes) with
+/// [`spawn_tagged_controller`]'s controller running.
+async fn fake_only_tagged() -> (Env, RunningController) {
+    let env = Env::fake_only("its request log counts the controller's writes").await;
     let controller = spawn_tagged_controller(&env);
-    Some((env, controller))
+    (env, controller)
 }
 
 /// [`fake_only_tagged`] with lock `db` and claims `a` (held), `b` and `c` (waiting).
-async fn tagged_with_a_queue_of_three() -> Option<(Env, RunningController)> {
-    let (env, controller) = fake_only_tagged().await?;
+async fn tagged_with_a_queue_of_three() -> (Env, RunningController) {
+    let (env, controller) = fake_only_tagged().await;
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.queue_of_three("db").await;
-    Some((env, controller))
+    (env, controller)
 }
 
 /// The controller's writes (Events included) in the fake's log so far.
@@ -120,8 +120,8 @@ async fn create_claim(env: &Env, name: &str, lock: &str) {
 
 /// A lock with one holder and `waiters` claims queued behind it; returns the controller's
 /// writes for each of [`HAND_OFFS`] hand-offs (the holder's claim deleted, the next one `Held`).
-async fn writes_per_hand_off(waiters: usize) -> Option<Vec<usize>> {
-    let (env, controller) = fake_only_tagged().await?;
+async fn writes_per_hand_off(waiters: usize) -> Vec<usize> {
+    let (env, controller) = fake_only_tagged().await;
     create_lock(&env, "db").await;
     for index in 0..=waiters {
         create_claim(&env, &claim_name(index), "db").await;
@@ -202,7 +202,7 @@ async fn writes_per_hand_off(waiters: usize) -> Option<Vec<usize>> {
         waiters - HAND_OFFS
     );
     controller.stop().await;
-    Some(counts)
+    counts
 }
 
 /// The controller's writes as `verb resource[/subresource]`, sorted.
@@ -224,9 +224,7 @@ fn shapes(writes: &[RecordedRequest]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_waiting_claim_costs_four_writes() {
-    let Some((env, controller)) = fake_only_tagged().await else {
-        return;
-    };
+    let (env, controller) = fake_only_tagged().await;
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.hold("holder", "db", "").await;
     let before = settled_writes(&env, Duration::from_millis(500)).await.len();
@@ -252,12 +250,8 @@ async fn a_new_waiting_claim_costs_four_writes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_per_hand_off_do_not_grow_with_the_queue() {
-    let Some(shallow) = writes_per_hand_off(50).await else {
-        return;
-    };
-    let Some(deep) = writes_per_hand_off(400).await else {
-        return;
-    };
+    let shallow = writes_per_hand_off(50).await;
+    let deep = writes_per_hand_off(400).await;
     println!("controller writes per hand-off: 50 waiters {shallow:?}, 400 waiters {deep:?}");
     let most = |counts: &[usize]| counts.iter().copied().max().unwrap_or(0);
     // Before positions were bounded a hand-off rewrote every waiter: ~N writes.
@@ -294,9 +288,7 @@ fn archived_claim(namespace: &str, index: usize) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_among_ten_thousand_cached_claims_touches_only_its_own() {
-    let Some(env) = Env::fake_only().await else {
-        return;
-    };
+    let env = Env::fake_only("its request log counts the pass's requests").await;
     for index in 0..ARCHIVED {
         env.server().store_unvalidated(
             "turnstile.dev",
@@ -346,9 +338,7 @@ async fn a_pass_among_ten_thousand_cached_claims_touches_only_its_own() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_re_syncs_without_writing() {
-    let Some((env, controller)) = tagged_with_a_queue_of_three().await else {
-        return;
-    };
+    let (env, controller) = tagged_with_a_queue_of_three().await;
     settled_writes(&env, Duration::from_millis(500)).await;
     controller.stop().await;
     let before = controller_writes(&env).len();
@@ -369,9 +359,7 @@ async fn a_restart_re_syncs_without_writing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_watch_per_kind_and_pods_only_through_selectors() {
-    let Some((env, controller)) = tagged_with_a_queue_of_three().await else {
-        return;
-    };
+    let (env, controller) = tagged_with_a_queue_of_three().await;
     env.delete_claim("a").await;
     env.wait_phase("b", ClaimPhase::Held).await;
     settled_writes(&env, Duration::from_millis(500)).await;
@@ -432,9 +420,7 @@ fn most_in_flight(requests: &[RecordedRequest]) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_most_sixteen_passes_write_at_once() {
-    let Some(env) = Env::fake_only().await else {
-        return;
-    };
+    let env = Env::fake_only("it holds writes open to count those in flight").await;
     for index in 0..BURST {
         create_lock(&env, &format!("burst-{index}")).await;
         create_claim(&env, &format!("claim-{index}"), &format!("burst-{index}")).await;
@@ -470,9 +456,7 @@ async fn at_most_sixteen_passes_write_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_after_a_hand_off_waits_for_its_writes_even_when_the_lock_cache_lags() {
-    let Some(env) = Env::fake_only().await else {
-        return;
-    };
+    let env = Env::fake_only("it delays the locks' watch events").await;
     // The lock's status reaches the controller 400 ms after it was written, the claims' at
     // once: the claim events of a hand-off wake the lock's next pass while its cache still
     // shows the lock as it was. Without the wait for its own writes that pass writes the

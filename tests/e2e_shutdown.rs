@@ -44,15 +44,15 @@ fn spawn_controller(env: &Env) -> Controller {
     Controller(child)
 }
 
-/// The fake, a spawned `turnstile run` and its claim `first` on lock `db`, once held: None
-/// (after saying so) on a real cluster.
-async fn first_claim_held() -> Option<(Env, Controller, LockClaim)> {
-    let env = Env::fake_only().await?;
+/// The fake (it fails the lease renewals on cue), a spawned `turnstile run` and its claim
+/// `first` on lock `db`, once held.
+async fn first_claim_held() -> (Env, Controller, LockClaim) {
+    let env = Env::fake_only("it fails requests on cue").await;
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.apply_claim("first", "db", "");
     let controller = spawn_controller(&env);
     let held = env.wait_phase("first", ClaimPhase::Held).await;
-    Some((env, controller, held))
+    (env, controller, held)
 }
 
 async fn lease_holder(leases: &Api<Lease>) -> Option<String> {
@@ -87,9 +87,7 @@ async fn sigterm_and_wait(controller: &mut Controller) -> Duration {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_steps_down_from_the_lease_and_keeps_the_grants() {
-    let Some((env, mut controller, held)) = first_claim_held().await else {
-        return;
-    };
+    let (env, mut controller, held) = first_claim_held().await;
     let token = token_of(&held);
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
     assert_eq!(lease_holder(&leases).await.as_deref(), Some(IDENTITY));
@@ -107,9 +105,7 @@ async fn sigterm_steps_down_from_the_lease_and_keeps_the_grants() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_during_a_pass_stuck_in_api_retries_still_exits_in_time() {
-    let Some((env, mut controller, _)) = first_claim_held().await else {
-        return;
-    };
+    let (env, mut controller, _) = first_claim_held().await;
 
     // Every write to claim `second` answers 503, which the client retries for minutes: the
     // pass that adds its finalizer is stuck.

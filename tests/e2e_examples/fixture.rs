@@ -49,23 +49,47 @@ pub(crate) struct Scratch {
     pub(crate) kubeconfig: PathBuf,
 }
 
+/// Why the tests that run an init container as a process stay on the fake API server.
+pub(crate) const PLAYS_THE_KUBELET: &str =
+    "it plays the Job controller and the kubelet in step with the init container it runs as a process";
+
 impl Scratch {
-    /// A started controller on the fake and a scratch kubeconfig for it; `None` where the
-    /// fake cannot run here (as `Env::fake_only_started`).
-    pub(crate) async fn started() -> Option<(Env, Scratch)> {
-        let env = Env::fake_only_started().await?;
+    /// A started controller and a scratch kubeconfig for it.
+    pub(crate) async fn started() -> (Env, Scratch) {
+        Scratch::started_in(Env::started().await)
+    }
+
+    /// [`Scratch::started`] on the fake API server, for a test that plays the Job controller
+    /// and the kubelet in step with the init container it runs as a process (on a real plane
+    /// KWOK would finish the Pod before that process has run).
+    pub(crate) async fn started_playing_the_kubelet() -> (Env, Scratch) {
+        Scratch::started_in(Env::fake_only_started(PLAYS_THE_KUBELET).await)
+    }
+
+    fn started_in(env: Env) -> (Env, Scratch) {
         let scratch = Scratch::new(&env);
-        Some((env, scratch))
+        (env, scratch)
     }
 
     /// `started`, then `lock.yaml` and the example `file` without its RBAC objects applied, as
     /// a reader following the example would; also returns the example's documents.
-    pub(crate) async fn with_example(file: &str) -> Option<(Env, Scratch, Vec<Value>)> {
-        let (env, scratch) = Scratch::started().await?;
+    pub(crate) async fn with_example(file: &str) -> (Env, Scratch, Vec<Value>) {
+        Scratch::with_example_in(Scratch::started().await, file).await
+    }
+
+    /// [`Scratch::with_example`] on the fake API server (see [`PLAYS_THE_KUBELET`]).
+    pub(crate) async fn with_example_playing_the_kubelet(file: &str) -> (Env, Scratch, Vec<Value>) {
+        Scratch::with_example_in(Scratch::started_playing_the_kubelet().await, file).await
+    }
+
+    async fn with_example_in(
+        (env, scratch): (Env, Scratch),
+        file: &str,
+    ) -> (Env, Scratch, Vec<Value>) {
         let docs = without_rbac(documents(&example(file)));
         scratch.apply(&env, &documents(&example("lock.yaml"))).await;
         scratch.apply(&env, &docs).await;
-        Some((env, scratch, docs))
+        (env, scratch, docs)
     }
 
     pub(crate) fn new(env: &Env) -> Scratch {

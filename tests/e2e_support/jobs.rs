@@ -7,6 +7,12 @@ use serde_json::json;
 
 use super::{wait_object, Env};
 
+/// Why a test that plays the Job controller runs on the fake API server: on a real plane the
+/// real Job controller and KWOK finish a Job as soon as its Pods run (see
+/// `e2e_examples::gated_jobs_run_one_at_a_time_through_the_real_job_controller` for that path).
+pub const PLAYS_THE_JOB_CONTROLLER: &str =
+    "it plays the Job controller, to end the Job at a moment of its choosing";
+
 /// The Jobs of the test's namespace.
 pub fn jobs(env: &Env) -> Api<Job> {
     Api::namespaced(env.client.clone(), &env.namespace)

@@ -1,6 +1,8 @@
-//! End-to-end test support: a fake API server (or the real cluster named by
-//! `TURNSTILE_E2E_KUBECONFIG`) with the generated CRDs posted, a fresh namespace per test,
-//! the controller running in-process (stoppable, restartable), `kubectl`, and waiting helpers.
+//! End-to-end test support: a real control plane (this test process's, or the cluster named
+//! by `TURNSTILE_E2E_KUBECONFIG`; the fake API server only for tests that say why, see
+//! [`plane`]) with the generated CRDs posted, a fresh namespace per test, the controller
+//! running in-process (stoppable, restartable) as the `deploy/` ServiceAccount, `kubectl`,
+//! and waiting helpers.
 
 #![allow(dead_code)]
 
@@ -13,6 +15,7 @@ mod kubectl;
 pub mod launch;
 pub mod monitor;
 pub mod output;
+pub mod plane;
 pub mod pods;
 pub mod readme;
 pub mod roles;
@@ -29,7 +32,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use fake_apiserver::FakeApiServer;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -40,9 +43,6 @@ use tokio::task::JoinHandle;
 use turnstile_api::{ClaimPhase, DistributedLock, LockClaim, TOKEN_ANNOTATION};
 use turnstile_controller::{run, ControllerConfig};
 use turnstile_lock::{Backend as _, LockSnapshot, MongoBackend, MongoBackendConfig};
-
-/// The variable naming a real cluster's kubeconfig.
-pub const REAL_CLUSTER_ENV: &str = "TURNSTILE_E2E_KUBECONFIG";
 
 /// How long a test waits for the controller to reach a state.
 pub const WAIT: Duration = Duration::from_secs(30);
@@ -67,22 +67,21 @@ impl RunningController {
 
 /// One test's API server, namespace and controller.
 pub struct Env {
-    /// A client for the test's own reads and writes.
+    /// A client for the test's own reads and writes (cluster admin).
     pub client: Client,
+    /// The client the controller runs with: on a real plane the `deploy/` ServiceAccount's,
+    /// so every flow passes with exactly the installed RBAC; on the fake the admin's.
+    pub controller_client: Client,
     /// The test's namespace.
     pub namespace: String,
     /// A kubeconfig for `kubectl`.
     pub kubeconfig: PathBuf,
     /// The fake (None on a real cluster).
     pub fake: Option<FakeApiServer>,
+    /// The control plane this test has to itself ([`Env::alone`]), stopped with it.
+    pub own_plane: Option<test_servers::ControlPlane>,
     controller: Option<RunningController>,
     _dir: tempfile::TempDir,
-}
-
-fn real_kubeconfig() -> Option<PathBuf> {
-    std::env::var_os(REAL_CLUSTER_ENV)
-        .filter(|path| !path.is_empty())
-        .map(PathBuf::from)
 }
 
 /// A client for the cluster the kubeconfig at `path` names (its current context).
@@ -104,30 +103,31 @@ fn init_logging() {
 }
 
 impl Env {
-    /// The fake (or the real cluster), the CRDs installed, a fresh namespace; no controller.
+    /// The real control plane (see [`plane::real_plane`]), the CRDs installed, a fresh
+    /// namespace; no controller.
     pub async fn new() -> Env {
-        Env::with_fake(FakeApiServer::builder()).await
+        init_logging();
+        match plane::real_plane().await {
+            Some(path) => Env::on_cluster(&path).await,
+            None => Env::on_fake_server(FakeApiServer::builder()).await,
+        }
     }
 
-    /// [`Env::new`], with the fake (when there is no real cluster) configured by `fake`.
-    pub async fn with_fake(fake: fake_apiserver::Builder) -> Env {
+    /// The fake API server configured by `fake`, the CRDs installed, a fresh namespace.
+    async fn on_fake_server(fake: fake_apiserver::Builder) -> Env {
         init_logging();
         let dir = tempfile::tempdir().expect("tempdir");
-        let (client, kubeconfig, fake) = match real_kubeconfig() {
-            Some(path) => (cluster_client(&path).await, path, None),
-            None => {
-                let server = fake.start().await.expect("start fake API server");
-                let kubeconfig = dir.path().join("kubeconfig");
-                server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-                (server.client(), kubeconfig, Some(server))
-            }
-        };
-        Env::in_fresh_namespace(client, kubeconfig, fake, dir).await
+        let server = fake.start().await.expect("start fake API server");
+        let kubeconfig = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+        let client = server.client();
+        Env::in_fresh_namespace(client.clone(), client, kubeconfig, Some(server), dir).await
     }
 
     /// The CRDs installed and a fresh namespace made through `client`.
     async fn in_fresh_namespace(
         client: Client,
+        controller_client: Client,
         kubeconfig: PathBuf,
         fake: Option<FakeApiServer>,
         dir: tempfile::TempDir,
@@ -135,9 +135,11 @@ impl Env {
         let namespace = format!("e2e-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
         let env = Env {
             client,
+            controller_client,
             namespace,
             kubeconfig,
             fake,
+            own_plane: None,
             controller: None,
             _dir: dir,
         };
@@ -149,16 +151,38 @@ impl Env {
             .create(&PostParams::default(), &ns)
             .await
             .expect("create namespace");
+        if env.fake.is_none() {
+            plane::leader_election_role_in(&env.kubeconfig, &env.namespace).await;
+            // Pods are admitted only once the service-account controller has made the
+            // namespace's `default` ServiceAccount.
+            let accounts: Api<ServiceAccount> = Api::namespaced(env.client.clone(), &env.namespace);
+            let deadline = Instant::now() + WAIT;
+            while accounts
+                .get_opt("default")
+                .await
+                .expect("get ServiceAccount")
+                .is_none()
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "no default ServiceAccount in {}",
+                    env.namespace
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
         env
     }
 
-    /// [`Env::new`] as the real-cluster mode (`TURNSTILE_E2E_KUBECONFIG`) makes it: the API
-    /// server reached only through the kubeconfig at `path`, no fake and no hooks.
+    /// [`Env::new`] on the cluster of the admin kubeconfig at `path`: no fake and no hooks;
+    /// the controller runs as the `deploy/` ServiceAccount.
     pub async fn on_cluster(path: &std::path::Path) -> Env {
         init_logging();
         let client = cluster_client(path).await;
+        let controller = cluster_client(&plane::controller_kubeconfig(path).await).await;
         Env::in_fresh_namespace(
             client,
+            controller,
             path.to_path_buf(),
             None,
             tempfile::tempdir().expect("tempdir"),
@@ -166,23 +190,29 @@ impl Env {
         .await
     }
 
-    /// For tests that need the fake's hooks: None (after saying so) on a real cluster.
-    pub async fn fake_only() -> Option<Env> {
-        Env::fake_only_with(FakeApiServer::builder()).await
+    /// [`Env::new`] on a control plane of the test's own, for a test whose steps reach every
+    /// namespace (the fake when there is no real plane here, see [`plane::own_plane`]).
+    pub async fn alone() -> Env {
+        match plane::own_plane().await {
+            Some(plane) => {
+                let mut env = Env::on_cluster(plane.kubeconfig()).await;
+                env.own_plane = Some(plane);
+                env
+            }
+            None => Env::on_fake_server(FakeApiServer::builder()).await,
+        }
+    }
+
+    /// The fake API server, for a test that needs what only it does; `why` names that (a fault
+    /// it injects, its request log, an object it stores past the schema).
+    pub async fn fake_only(why: &str) -> Env {
+        Env::fake_only_with(why, FakeApiServer::builder()).await
     }
 
     /// [`Env::fake_only`], with the fake configured by `fake`.
-    pub async fn fake_only_with(fake: fake_apiserver::Builder) -> Option<Env> {
-        if real_kubeconfig().is_some() {
-            // The test harness names each test's thread after the test.
-            let test = std::thread::current()
-                .name()
-                .unwrap_or("this test")
-                .to_owned();
-            println!("skipped {test}: it needs the fake API server's test hooks");
-            return None;
-        }
-        Some(Env::with_fake(fake).await)
+    pub async fn fake_only_with(why: &str, fake: fake_apiserver::Builder) -> Env {
+        println!("on the fake API server: {why}");
+        Env::on_fake_server(fake).await
     }
 
     /// [`Env::new`] with the default controller already running (memory backend).
@@ -192,12 +222,11 @@ impl Env {
         env
     }
 
-    /// [`Env::fake_only`] with the default controller already running: None (after saying so)
-    /// on a real cluster.
-    pub async fn fake_only_started() -> Option<Env> {
-        let mut env = Env::fake_only().await?;
+    /// [`Env::fake_only`] with the default controller already running.
+    pub async fn fake_only_started(why: &str) -> Env {
+        let mut env = Env::fake_only(why).await;
         env.start_default_controller();
-        Some(env)
+        env
     }
 
     /// The fake (panics on a real cluster).
@@ -289,7 +318,7 @@ impl Env {
         assert!(self.controller.is_none(), "controller already running");
         let config = self.scoped(config);
         let (stop, stopped) = oneshot::channel::<()>();
-        let client = self.client.clone();
+        let client = self.controller_client.clone();
         let task = tokio::spawn(async move {
             run(client, config, async {
                 let _ = stopped.await;
@@ -302,7 +331,7 @@ impl Env {
     /// Starts one more controller in this process (for leader election tests); the caller
     /// stops it.
     pub fn spawn_controller(&self, config: ControllerConfig) -> RunningController {
-        self.spawn_controller_with(self.client.clone(), config)
+        self.spawn_controller_with(self.controller_client.clone(), config)
     }
 
     /// Starts one more controller in this process using `client` (e.g. an

@@ -187,6 +187,7 @@ impl ControlPlane {
         plane.write_credentials()?;
         crate::redis::retry_start(|| plane.start_etcd_on_new_ports())?;
         crate::redis::retry_start(|| plane.start_apiserver_on_new_port())?;
+        plane.install_crds()?;
         plane.start_controllers()?;
         Ok(plane)
     }
@@ -491,6 +492,23 @@ impl ControlPlane {
             )));
         }
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// Turnstile's CRDs (`crds/`), installed before kube-controller-manager starts: its garbage
+    /// collector learns of a resource type only at start and then every 30 s, so claims made
+    /// just after a later install would wait up to 30 s for it, which no cluster whose CRDs
+    /// were installed long before shows.
+    fn install_crds(&self) -> io::Result<()> {
+        let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crds");
+        self.kubectl(&["apply", "--server-side", "-f", &crds.display().to_string()])?;
+        self.kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "crd/lockclaims.turnstile.dev",
+            "crd/distributedlocks.turnstile.dev",
+            "--timeout=60s",
+        ])
+        .map(drop)
     }
 
     /// kube-controller-manager, kube-scheduler, KWOK and its Node; returns once the

@@ -1,0 +1,224 @@
+//! What only a real control plane shows, each on the real thing: the real garbage collector
+//! takes a claim after its Job, and the lock moves on; the kube-apiserver killed and etcd
+//! compacted under the operator's watches (they come back with `410 Gone`), then etcd killed
+//! mid-queue: grants resume, tokens keep rising, no claim lost; a lock and claims made under
+//! the first release's CRDs are served after an in-place upgrade to today's; and a request
+//! outside the installed role is refused with a 403 naming the controller's account.
+//!
+//! The restart and upgrade tests start a control plane of their own (they stop parts of it or
+//! change what every namespace sees); the others share this process's plane.
+
+mod e2e_support;
+
+use e2e_support::launch::launch;
+use e2e_support::plane::{kubectl_ok, repo_path};
+use e2e_support::{token_of, Env, HolderMonitor};
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::json;
+use turnstile_api::ClaimPhase;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_garbage_collector_takes_a_jobs_claim_with_it_and_the_lock_moves_on() {
+    let mut env = Env::started().await;
+    if env.fake.is_some() {
+        test_servers::skip_or_fail(
+            "the_garbage_collector_takes…",
+            "no real control plane here",
+            test_servers::under_ci(),
+        );
+        return;
+    }
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    // A suspended Job: it runs no Pod, so only its deletion can end the claim.
+    let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.namespace);
+    let job: Job = serde_json::from_value(json!({
+        "metadata": {"name": "migrate"},
+        "spec": {"suspend": true, "template": {"spec": {"restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "busybox"}]}}}
+    }))
+    .expect("job");
+    let job = jobs
+        .create(&PostParams::default(), &job)
+        .await
+        .expect("create Job");
+    let uid = job.metadata.uid.clone().expect("uid");
+    env.apply(&e2e_support::pods::owned_claim(
+        "migrate-db",
+        "db",
+        "Job",
+        "batch/v1",
+        "migrate",
+        &uid,
+    ));
+    assert_eq!(
+        token_of(&env.wait_phase("migrate-db", ClaimPhase::Held).await),
+        Some(1)
+    );
+    env.apply_claim("next", "db", "");
+    env.wait_claim("next", |claim| e2e_support::position_of(claim) == Some(1))
+        .await;
+
+    // Background propagation: the Job goes at once, its dependents after, by the real GC.
+    jobs.delete("migrate", &DeleteParams::background())
+        .await
+        .expect("delete Job");
+    env.wait_gone("migrate-db").await;
+    assert_eq!(
+        token_of(&env.wait_phase("next", ClaimPhase::Held).await),
+        Some(2)
+    );
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_go_on_through_an_apiserver_kill_an_etcd_compaction_and_an_etcd_kill() {
+    let Some(mut plane) = e2e_support::plane::own_plane().await else {
+        return;
+    };
+    let mut env = Env::on_cluster(plane.kubeconfig()).await;
+    env.start_default_controller();
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    let monitor = HolderMonitor::start(&env, "db", 1);
+    let names: Vec<String> = (0..6).map(|index| format!("c{index}")).collect();
+    for name in &names {
+        env.apply_claim(name, "db", "");
+        // One at a time, so each has its place before the next arrives.
+        env.wait_claim(name, |claim| claim.status.is_some()).await;
+    }
+    env.wait_phase("c0", ClaimPhase::Held).await;
+
+    // The apiserver dies; etcd moves on and is compacted to its head, so the operator's watches
+    // come back to a revision that is gone (410) and it must list again.
+    let mut plane = launch(
+        move || {
+            plane.kill_apiserver();
+            plane.etcdctl(&["put", "/turnstile-test/bump", "1"])?;
+            let status = plane.etcdctl(&["endpoint", "status", "-w", "json"])?;
+            let revision = revision_of(&status)
+                .ok_or_else(|| std::io::Error::other(format!("no revision in {status}")))?;
+            plane.etcdctl(&["compact", &revision.to_string()])?;
+            plane.start_apiserver()?;
+            Ok::<_, std::io::Error>(plane)
+        },
+        "kill the apiserver, compact etcd, start the apiserver",
+    )
+    .await;
+    env.hand_off("c0", "c1", 2).await;
+    env.hand_off("c1", "c2", 3).await;
+
+    // etcd itself dies mid-queue and comes back with its data.
+    plane = launch(
+        move || {
+            plane.restart_etcd()?;
+            Ok::<_, std::io::Error>(plane)
+        },
+        "restart etcd",
+    )
+    .await;
+    env.hand_off("c2", "c3", 4).await;
+    env.hand_off("c3", "c4", 5).await;
+    env.hand_off("c4", "c5", 6).await;
+    // Each hand-off above checked its token (2 … 6); the monitor, sampling throughout (it may
+    // miss a short grant while its own connection comes back), counts violations.
+    let report = monitor.finish().await;
+    assert_eq!(report.over_capacity, 0, "never two holders: {report:?}");
+    assert_eq!(report.token_regressions, 0, "tokens only rise: {report:?}");
+    assert!(
+        report.tokens().ends_with(&[6]),
+        "the monitor saw the last grant: {report:?}"
+    );
+    env.stop_controller().await;
+    drop(plane);
+}
+
+/// The `header.revision` of `etcdctl endpoint status -w json`.
+fn revision_of(status: &str) -> Option<i64> {
+    let value: serde_json::Value = serde_json::from_str(status).ok()?;
+    value.as_array()?.first()?["Status"]["header"]["revision"].as_i64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_made_under_the_first_releases_crds_are_served_after_an_in_place_upgrade() {
+    let Some(plane) = e2e_support::plane::own_plane().await else {
+        return;
+    };
+    let kubeconfig = plane.kubeconfig().to_path_buf();
+    let admin = |args: &[&str]| kubectl_ok(Some(&kubeconfig), args);
+    // The CRDs as the first release shipped them, and a lock and three claims made under them.
+    admin(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        &repo_path("tests/control_plane/crds-first-release.yaml")
+            .display()
+            .to_string(),
+    ]);
+    admin(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/lockclaims.turnstile.dev",
+        "crd/distributedlocks.turnstile.dev",
+        "--timeout=30s",
+    ]);
+    admin(&["create", "namespace", "upgraded"]);
+    let mut yaml = String::from(
+        "apiVersion: turnstile.dev/v1alpha1\nkind: DistributedLock\nmetadata: {name: db, namespace: upgraded}\nspec: {leaseDurationSeconds: 300}\n",
+    );
+    for name in ["a", "b", "c"] {
+        yaml.push_str(&format!(
+            "---\napiVersion: turnstile.dev/v1alpha1\nkind: LockClaim\nmetadata: {{name: {name}, namespace: upgraded}}\nspec: {{lockName: db}}\n"
+        ));
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let objects = dir.path().join("objects.yaml");
+    std::fs::write(&objects, yaml).expect("write objects");
+    admin(&["create", "-f", &objects.display().to_string()]);
+    // The upgrade: today's CRDs applied over the first release's (Env installs them).
+    let mut env = Env::on_cluster(&kubeconfig).await;
+    env.namespace = "upgraded".to_owned();
+    env.start_default_controller();
+    env.wait_phase("a", ClaimPhase::Held).await;
+    env.wait_claim("c", |claim| e2e_support::position_of(claim) == Some(2))
+        .await;
+    env.hand_off("a", "b", 2).await;
+    env.hand_off("b", "c", 3).await;
+    env.stop_controller().await;
+    drop(plane);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_outside_the_installed_role_is_refused_and_reported() {
+    let env = Env::new().await;
+    if env.fake.is_some() {
+        test_servers::skip_or_fail(
+            "a_request_outside_the_installed_role…",
+            "no real control plane here",
+            test_servers::under_ci(),
+        );
+        return;
+    }
+    // The controller's account may not delete claims (it never does): the API server says 403.
+    let controller_claims: Api<turnstile_api::LockClaim> =
+        Api::namespaced(env.controller_client.clone(), &env.namespace);
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.apply_claim("a", "db", "");
+    let refused = controller_claims
+        .delete("a", &DeleteParams::default())
+        .await
+        .expect_err("outside the role");
+    match refused {
+        kube::Error::Api(status) => {
+            assert_eq!(status.code, 403, "{status:?}");
+            assert!(
+                status
+                    .message
+                    .contains("system:serviceaccount:turnstile-system:turnstile-controller"),
+                "{}",
+                status.message
+            );
+        }
+        other => panic!("expected a 403, got {other}"),
+    }
+}
