@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # Quick start: Turnstile (memory backend) with the example lock and claims applied, ending on
-# `kubectl get locks`. Two ways, chosen by what is installed:
+# `kubectl get locks`. Three ways, chosen by what is installed:
 #
 #   kind        `kind` is on PATH and `docker info` answers: a local kind cluster running the
 #               controller image built from this checkout. Safe to re-run: it reuses the
 #               cluster and rolls the controller onto the freshly built image.
-#   playground  otherwise: the repository's fake API server (an in-memory stand-in for the
-#               Kubernetes API, not Kubernetes) and `turnstile run`, both on 127.0.0.1, left
-#               running; `bash scripts/quickstart.sh stop` ends them.
+#   control-plane  otherwise, where `bash scripts/control-plane.sh build` has built a real
+#               control plane (about 10 minutes, once): etcd, kube-apiserver,
+#               kube-controller-manager, kube-scheduler and KWOK on 127.0.0.1, and
+#               `turnstile run`, left running; `bash scripts/quickstart.sh stop` ends them.
+#   playground  otherwise, the instant fallback: the repository's fake API server (an
+#               in-memory stand-in for the Kubernetes API, not Kubernetes) and `turnstile run`,
+#               both on 127.0.0.1, left running; `bash scripts/quickstart.sh stop` ends them.
 #
 # Usage: bash scripts/quickstart.sh [stop]
 #
 # Environment:
-#   TURNSTILE_QUICKSTART      kind | playground (default: chosen as above)
+#   TURNSTILE_QUICKSTART      kind | control-plane | playground (default: chosen as above)
 #   TURNSTILE_QUICKSTART_DIR  state: kustomize overlay, kubeconfig, logs, PIDs (default .quickstart/)
 #   CLUSTER, IMAGE            kind: the cluster (default turnstile) and the image built, loaded
 #                             and rolled out (default turnstile:dev)
@@ -79,6 +83,21 @@ stop_playground() {
   rm -f "$PIDS"
 }
 
+# Starts the real control plane (scripts/control-plane.sh up, building it first if need be) in
+# $STATE_DIR/control-plane, copies its admin kubeconfig to $1 and adds its processes to $PIDS,
+# so `stop` ends them (after the controller) like the playground's.
+start_control_plane() {
+  local dir="$STATE_DIR/control-plane" pid
+  say "starting a real control plane on 127.0.0.1 (bash scripts/control-plane.sh up)"
+  rm -rf "$dir"
+  TURNSTILE_CONTROL_PLANE_DIR="$dir" bash scripts/control-plane.sh up >/dev/null
+  cp "$dir/admin.kubeconfig" "$1"
+  while read -r pid; do
+    echo "$(ps -o comm= -p "$pid") ${pid}" >>"$PIDS"
+  done <"$dir/pids"
+  rm -f "$dir/pids"
+}
+
 # Sets TURNSTILE_BIN and FAKE_APISERVER_BIN, building with cargo the ones not given.
 playground_binaries() {
   local packages=() executables path
@@ -111,8 +130,12 @@ show_log() {
 
 playground() {
   command -v kubectl >/dev/null 2>&1 || die "kubectl is not on PATH"
-  say "playground: the fake API server (an in-memory stand-in for the Kubernetes API, not"
-  say "Kubernetes: nothing is stored on disk, no Pods or Jobs ever run) and the controller"
+  if [ "${1:-}" = control-plane ]; then
+    say "a real Kubernetes control plane on 127.0.0.1 and the controller"
+  else
+    say "playground: the fake API server (an in-memory stand-in for the Kubernetes API, not"
+    say "Kubernetes: nothing is stored on disk, no Pods or Jobs ever run) and the controller"
+  fi
   mkdir -p "$STATE_DIR"
   if [ -f "$PIDS" ]; then
     say "stopping the previous playground first"
@@ -129,6 +152,9 @@ playground() {
   # From here on a failure stops what was started.
   trap 'status=$?; if [ "$status" -ne 0 ]; then echo "quickstart: failed; stopping the playground" >&2; stop_playground >&2; fi' EXIT
 
+  if [ "${1:-}" = control-plane ]; then
+    start_control_plane "$kubeconfig"
+  else
   say "starting the fake API server on 127.0.0.1 (${FAKE_APISERVER_BIN})"
   # Own stdio, so that it outlives this script and holds none of its pipes open.
   "$FAKE_APISERVER_BIN" --port "${PLAYGROUND_PORT:-0}" --kubeconfig "$kubeconfig" \
@@ -144,6 +170,7 @@ playground() {
   done
   [ -n "$url" ] || { show_log "$STATE_DIR/fake-apiserver.log"; die "the fake API server did not start within 30 s"; }
   say "the fake API server serves ${url}"
+  fi
 
   # kubectl caches discovery per host:port; ports get reused by later playgrounds.
   kc() { kubectl --kubeconfig "$kubeconfig" --cache-dir "$STATE_DIR/kube-cache" "$@"; }
@@ -173,6 +200,27 @@ playground() {
   kc get locks
   trap - EXIT
 
+  if [ "${1:-}" = control-plane ]; then
+    cat <<EOF
+
+Turnstile is running on a real Kubernetes control plane on 127.0.0.1: etcd,
+kube-apiserver ($(kc version -o json | sed -n 's/.*"gitVersion": "\(v[^"]*\)".*/\1/p' | tail -1)), kube-controller-manager, kube-scheduler and KWOK (which runs
+the Pods of its Node without containers), and the controller (PID ${controller_pid}).
+Logs and PIDs: ${STATE_DIR}/.
+
+Use it from this shell:
+
+    export KUBECONFIG=${kubeconfig}
+    kubectl get locks
+    kubectl delete lockclaim job-a     # the lock goes to job-b
+    kubectl apply -f examples/gated-job.yaml   # a gated Job, run by the real Job controller
+
+Stop it (every process, by PID):
+
+    ${stop_command}
+EOF
+    return 0
+  fi
   cat <<EOF
 
 The playground is running: the fake API server (PID ${fake_pid}) at ${url} and the
@@ -320,14 +368,21 @@ esac
 
 case "${TURNSTILE_QUICKSTART:-}" in
   kind) kind_quickstart ;;
+  control-plane) playground control-plane ;;
   playground) playground ;;
   "")
     if kind_available; then
       kind_quickstart
     else
-      say "kind or a Docker daemon is missing: starting the local playground instead"
-      playground
+      if bash scripts/control-plane.sh built; then
+        say "kind or a Docker daemon is missing: starting a real control plane on 127.0.0.1 instead"
+        playground control-plane
+      else
+        say "kind or a Docker daemon is missing, and no real control plane is built"
+        say "(bash scripts/control-plane.sh build: about 10 minutes, once): starting the local playground instead"
+        playground
+      fi
     fi
     ;;
-  *) die "TURNSTILE_QUICKSTART must be kind or playground, not ${TURNSTILE_QUICKSTART}" ;;
+  *) die "TURNSTILE_QUICKSTART must be kind, control-plane or playground, not ${TURNSTILE_QUICKSTART}" ;;
 esac

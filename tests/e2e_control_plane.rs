@@ -222,3 +222,211 @@ async fn a_request_outside_the_installed_role_is_refused_and_reported() {
         other => panic!("expected a 403, got {other}"),
     }
 }
+
+/// A flow of the controller, and what it does without one rule of its ClusterRole.
+#[derive(Clone, Copy, Debug)]
+enum Flow {
+    /// A claim on a lock is granted (`Held`).
+    Grant,
+    /// A grant is announced by a `LockHeld` Event.
+    Announce,
+    /// A gated Pod's scheduling gate is removed.
+    UngatePod,
+    /// A gated Job is un-suspended.
+    ReleaseJob,
+}
+
+/// The flow that needs the rule on `resource` (the rule's first resource).
+fn flow_needing(resource: &str) -> Flow {
+    match resource {
+        "pods" => Flow::UngatePod,
+        "jobs" => Flow::ReleaseJob,
+        "events" => Flow::Announce,
+        _ => Flow::Grant,
+    }
+}
+
+/// Each rule of the installed `turnstile-controller` ClusterRole removed in turn, on a plane of
+/// this test's own: the controller runs as a ServiceAccount bound to the rest, the flow that
+/// needs the rule is started, the kube-apiserver's audit log shows a request of that account
+/// refused (403) on the rule's resource — the positive sign the controller tried — and then
+/// the flow has not happened. So no rule is unused; the other tests show that with every rule
+/// each flow passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rule_of_the_installed_role_is_needed_by_a_named_flow() {
+    let first = Env::alone().await;
+    let Some(plane) = first.own_plane.as_ref() else {
+        test_servers::skip_or_fail(
+            "every_rule_of_the_installed_role…",
+            "no real control plane here",
+            test_servers::under_ci(),
+        );
+        return;
+    };
+    let admin = plane.kubeconfig().to_path_buf();
+    let audit_log = plane.files().audit_log.clone();
+    let role = e2e_support::plane::installed_objects()
+        .into_iter()
+        .find(|object| {
+            object["kind"] == "ClusterRole" && object["metadata"]["name"] == "turnstile-controller"
+        })
+        .expect("the controller's ClusterRole in deploy/");
+    let rules = role["rules"].as_array().expect("rules").clone();
+    assert_eq!(
+        rules.len(),
+        6,
+        "the test names a flow for each rule: {rules:?}"
+    );
+    for (index, rule) in rules.iter().enumerate() {
+        let resources: Vec<String> = rule["resources"]
+            .as_array()
+            .expect("resources")
+            .iter()
+            .map(|r| r.as_str().expect("resource").to_owned())
+            .collect();
+        let flow = flow_needing(&resources[0]);
+        let mut env = Env::on_cluster(&admin).await;
+        let account = format!("without-rule-{index}");
+        let mut partial = role.clone();
+        partial["metadata"] = json!({"name": format!("{}-{account}", env.namespace)});
+        partial["rules"]
+            .as_array_mut()
+            .expect("rules")
+            .remove(index);
+        let binding = json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": format!("{}-{account}", env.namespace)},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": format!("{}-{account}", env.namespace)},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": env.namespace}]
+        });
+        let account_object = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": env.namespace}});
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": [partial, binding, account_object]});
+        let mut apply = std::process::Command::new("kubectl");
+        apply
+            .arg("--kubeconfig")
+            .arg(&admin)
+            .args(["apply", "-f", "-"]);
+        let applied =
+            test_servers::output_with_stdin(&mut apply, &list.to_string()).expect("kubectl apply");
+        assert!(
+            applied.status.success(),
+            "{}",
+            String::from_utf8_lossy(&applied.stderr)
+        );
+        let token = kubectl_ok(
+            Some(&admin),
+            &["create", "token", &account, "-n", &env.namespace],
+        );
+        let kubeconfig = tempfile::NamedTempFile::new().expect("kubeconfig file");
+        std::fs::write(
+            kubeconfig.path(),
+            e2e_support::plane::with_token(&admin, token.trim()),
+        )
+        .expect("write kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(kubeconfig.path()).expect("kubeconfig"),
+            &Default::default(),
+        )
+        .await
+        .expect("config");
+        env.controller_client = kube::Client::try_from(config).expect("client");
+        env.start_default_controller();
+
+        env.apply_lock("db", "leaseDurationSeconds: 300");
+        match flow {
+            Flow::Grant | Flow::Announce => env.apply_claim("a", "db", ""),
+            Flow::UngatePod => env.apply(&format!(
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  labels: {{{}: db}}\nspec:\n  schedulingGates: [{{name: {}}}]\n  containers: [{{name: main, image: busybox}}]\n",
+                turnstile_api::LOCK_LABEL, turnstile_api::SCHEDULING_GATE
+            )),
+            Flow::ReleaseJob => env.apply(&format!(
+                "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: migrate\n  annotations: {{{}: db}}\nspec:\n  suspend: true\n  template:\n    spec:\n      restartPolicy: Never\n      containers: [{{name: main, image: busybox}}]\n",
+                turnstile_api::LOCK_ANNOTATION
+            )),
+        }
+        let user = format!("system:serviceaccount:{}:{account}", env.namespace);
+        let refused = refused_requests(&audit_log, &user, &resources).await;
+        assert!(
+            !refused.is_empty(),
+            "rule {index} ({resources:?}): no request of {user} was refused"
+        );
+
+        // The controller tried and was refused; its flow has not happened.
+        match flow {
+            Flow::Grant => assert_ne!(
+                e2e_support::phase_of(&env.claim("a").await),
+                Some(ClaimPhase::Held),
+                "rule {index}: granted without it"
+            ),
+            Flow::Announce => {
+                env.wait_phase("a", ClaimPhase::Held).await;
+                assert!(
+                    !env.event_reasons("a")
+                        .await
+                        .contains(&"LockHeld".to_owned()),
+                    "rule {index}: announced without it"
+                );
+            }
+            Flow::UngatePod => {
+                let pods: Api<k8s_openapi::api::core::v1::Pod> =
+                    Api::namespaced(env.client.clone(), &env.namespace);
+                let pod = pods.get("web").await.expect("get Pod");
+                assert!(
+                    pod.spec
+                        .and_then(|spec| spec.scheduling_gates)
+                        .is_some_and(|gates| !gates.is_empty()),
+                    "rule {index}: ungated without it"
+                );
+            }
+            Flow::ReleaseJob => {
+                let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.namespace);
+                let job = jobs.get("migrate").await.expect("get Job");
+                assert_eq!(
+                    job.spec.and_then(|spec| spec.suspend),
+                    Some(true),
+                    "rule {index}: released without it"
+                );
+            }
+        }
+        println!(
+            "rule {index} {resources:?}: {flow:?} fails; refused: {}",
+            refused.join(", ")
+        );
+        env.stop_controller().await;
+    }
+    drop(first);
+}
+
+/// The requests of `user` on one of `resources` (`resource` or `resource/subresource`) that
+/// the kube-apiserver refused with 403, as `verb resource`, once there is one (bounded).
+async fn refused_requests(
+    audit_log: &std::path::Path,
+    user: &str,
+    resources: &[String],
+) -> Vec<String> {
+    let deadline = std::time::Instant::now() + e2e_support::WAIT;
+    loop {
+        let text = std::fs::read_to_string(audit_log).unwrap_or_default();
+        let refused: Vec<String> = text
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|entry| {
+                entry["user"]["username"] == user && entry["responseStatus"]["code"] == 403
+            })
+            .filter_map(|entry| {
+                let object = &entry["objectRef"];
+                let resource = match object["subresource"].as_str() {
+                    Some(sub) => format!("{}/{sub}", object["resource"].as_str()?),
+                    None => object["resource"].as_str()?.to_owned(),
+                };
+                resources
+                    .contains(&resource)
+                    .then(|| format!("{} {resource}", entry["verb"].as_str().unwrap_or("?")))
+            })
+            .collect();
+        if !refused.is_empty() || std::time::Instant::now() > deadline {
+            return refused;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

@@ -6,12 +6,15 @@
 #[path = "e2e_support/actor.rs"]
 #[allow(dead_code)]
 mod actor;
+#[path = "e2e_support/plane.rs"]
+#[allow(dead_code)]
+mod plane;
 #[path = "../benches/operator/run.rs"]
 mod run;
 
 use std::collections::HashMap;
 
-use run::Knobs;
+use run::{Knobs, Plane};
 
 /// Small enough for a debug build in CI, large enough that every row has several samples.
 const SMOKE: Knobs = Knobs {
@@ -20,6 +23,19 @@ const SMOKE: Knobs = Knobs {
     locks: 10,
     idle_seconds: 1,
 };
+
+#[test]
+fn the_plane_knob_is_fake_by_default_real_on_request_and_a_bad_value_is_named() {
+    let plane = |value: Option<&str>| Plane::read(|_| value.map(str::to_owned));
+    assert_eq!(plane(None), Ok(Plane::Fake));
+    assert_eq!(plane(Some("fake")), Ok(Plane::Fake));
+    assert_eq!(plane(Some("real")), Ok(Plane::Real));
+    let error = plane(Some("kind")).expect_err("an unknown plane");
+    assert!(
+        error.contains("TURNSTILE_BENCH_PLANE") && error.contains("kind"),
+        "{error}"
+    );
+}
 
 #[test]
 fn the_knobs_default_to_the_readmes_sizes_and_a_bad_value_is_named() {
@@ -79,7 +95,31 @@ fn cells(row: &str) -> Vec<&str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_with_tiny_knobs_measures_every_scenario_at_the_sizes_asked_for() {
-    let report = run::run(SMOKE).await;
+    every_scenario_at_the_sizes_asked_for(Plane::Fake).await;
+}
+
+/// The same run on a real control plane (`TURNSTILE_BENCH_PLANE=real`): the same rows, the
+/// writes counted in the kube-apiserver's audit log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_plane_mode_measures_the_same_table() {
+    if let Err(error) = test_servers::control_plane_binaries() {
+        test_servers::skip_or_fail(
+            "the_real_plane_mode_measures_the_same_table",
+            &error.to_string(),
+            test_servers::under_ci(),
+        );
+        return;
+    }
+    every_scenario_at_the_sizes_asked_for(Plane::Real).await;
+}
+
+async fn every_scenario_at_the_sizes_asked_for(plane: Plane) {
+    let report = run::run(SMOKE, plane).await;
+    let named = match plane {
+        Plane::Fake => "fake API server",
+        Plane::Real => "real control plane",
+    };
+    assert!(report.api_server.contains(named), "{}", report.api_server);
     let scenarios: Vec<String> = report
         .rows
         .iter()

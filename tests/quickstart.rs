@@ -593,6 +593,70 @@ fn playground_ends_on_a_held_lock_and_stops_by_pid() {
     assert!(playground.pids().is_empty(), "the PID file is gone");
 }
 
+/// `TURNSTILE_QUICKSTART=control-plane`: the same steps on the real control plane
+/// (`scripts/control-plane.sh`): the real server's version, job-a held, and `stop` ends the
+/// controller and every process of the plane by PID.
+#[test]
+fn control_plane_path_ends_on_a_held_lock_on_a_real_apiserver_and_stops_by_pid() {
+    let built = Command::new("bash")
+        .arg(repo().join("scripts/control-plane.sh"))
+        .arg("built")
+        .status()
+        .expect("control-plane.sh built");
+    if !built.success() {
+        test_servers::skip_or_fail(
+            "control_plane_path_ends_on_a_held_lock_on_a_real_apiserver_and_stops_by_pid",
+            "the control plane is not built (bash scripts/control-plane.sh build)",
+            test_servers::under_ci(),
+        );
+        return;
+    }
+    let playground = Playground::new();
+    let output = playground.script_with(
+        &[],
+        &[("TURNSTILE_QUICKSTART", Some("control-plane".as_ref()))],
+        Duration::from_secs(300),
+    );
+    let out = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{}", text(&output));
+    let (_, last_table) = out
+        .rsplit_once("==> kubectl get locks")
+        .unwrap_or_else(|| panic!("no kubectl get locks step:\n{out}"));
+    let claim = table_row(last_table, "lockclaim.turnstile.dev/job-a")
+        .unwrap_or_else(|| panic!("no job-a row:\n{last_table}"));
+    assert_eq!(cell(&claim, "PHASE"), "Held", "{last_table}");
+    let pinned = std::fs::read_to_string(repo().join("scripts/control-plane.sh"))
+        .expect("the script")
+        .lines()
+        .find_map(|line| line.strip_prefix("KUBERNETES_VERSION=").map(str::to_owned))
+        .expect("KUBERNETES_VERSION");
+    assert!(
+        out.contains(&format!("kube-apiserver ({pinned})")),
+        "names the real server:\n{out}"
+    );
+
+    let pids = playground.pids();
+    let names: Vec<&str> = pids.iter().map(|(name, _)| name.as_str()).collect();
+    for component in [
+        "etcd",
+        "kube-apiserver",
+        "kube-controller",
+        "kube-scheduler",
+        "kwok",
+        "turnstile",
+    ] {
+        assert!(names.contains(&component), "{component} among {pids:?}");
+    }
+    for (name, pid) in &pids {
+        assert!(running(*pid), "{name} (PID {pid}) is not running");
+    }
+    let stopped = playground.script(&["stop"], Duration::from_secs(60));
+    assert!(stopped.status.success(), "{}", text(&stopped));
+    for (name, pid) in &pids {
+        assert!(!running(*pid), "{name} (PID {pid}) still runs after stop");
+    }
+}
+
 #[test]
 fn without_docker_the_script_starts_the_playground_and_a_second_run_replaces_the_first() {
     // `kind` is installed but no Docker daemon answers: the script must choose the playground.
@@ -602,11 +666,14 @@ fn without_docker_the_script_starts_the_playground_and_a_second_run_replaces_the
     std::fs::remove_file(stubs.path().join("bin/kubectl")).expect("drop the kubectl stand-in");
     let log = stubs.path().join("calls.log");
     let port = test_servers::free_port().expect("free port").to_string();
+    // No control plane built either (an empty tools cache): the fake is the fallback.
+    let no_tools = tempfile::tempdir().expect("tempdir");
     let playground = Playground::new();
     let first = playground.script_with(
         &[],
         &[
             ("TURNSTILE_QUICKSTART", None),
+            ("TURNSTILE_TOOLS_CACHE", Some(no_tools.path().as_os_str())),
             ("PATH", Some(path.as_ref())),
             ("STUB_LOG", Some(log.as_os_str())),
             ("STUB_DOCKER_DOWN", Some("1".as_ref())),
@@ -617,7 +684,8 @@ fn without_docker_the_script_starts_the_playground_and_a_second_run_replaces_the
     let out = String::from_utf8_lossy(&first.stdout).into_owned();
     assert!(first.status.success(), "{}", text(&first));
     assert!(
-        out.contains("kind or a Docker daemon is missing: starting the local playground instead"),
+        out.contains("kind or a Docker daemon is missing, and no real control plane is built")
+            && out.contains("starting the local playground instead"),
         "{out}"
     );
     let calls = std::fs::read_to_string(&log).unwrap_or_default();

@@ -104,11 +104,12 @@ fn ci_runs_the_readmes_test_command_and_nothing_else() {
     let commands = commands(&script);
     // The README's two steps, in its order, and besides them only the cd to the
     // repository and the environment the README names.
+    // CI=true comes before the install, so that a tool or server it cannot install fails it.
     let expected = [
         r#"cd "$(dirname "$0")/..""#,
+        "export CI=true",
         install,
         "export CARGO_INCREMENTAL=0",
-        "export CI=true",
         "export CARGO_PROFILE_DEV_DEBUG=line-tables-only",
         test,
     ];

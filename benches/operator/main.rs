@@ -5,7 +5,9 @@
 //! the API floor measured in the same run: create an object and see it on your own watch.
 //! Knobs (environment): `TURNSTILE_BENCH_LOCKS` (default 1000; the scale rows' lock count,
 //! 10 claims each), `TURNSTILE_BENCH_DEEP` (default 1000 waiters), `TURNSTILE_BENCH_IDLE_SECONDS`
-//! (default 60), `TURNSTILE_BENCH_SAMPLES` (default 50). The suite runs the same scenarios
+//! (default 60), `TURNSTILE_BENCH_SAMPLES` (default 50); `TURNSTILE_BENCH_PLANE=real` runs
+//! the same table on a real control plane (`scripts/control-plane.sh build`), the floor
+//! measured the same way on it. The suite runs the same scenarios
 //! with tiny knobs (`tests/operator_bench.rs`). To see where a grant's time goes,
 //! `TURNSTILE_BENCH_CONTROLLER_LOG` sets the controller's `RUST_LOG` and shows its log (with
 //! `debug`: every request of every pass, with its time).
@@ -14,9 +16,13 @@
 #[path = "../../tests/e2e_support/actor.rs"]
 #[allow(dead_code)]
 mod actor;
+// The e2e tests' set-up of the controller's ServiceAccount on a real plane.
+#[path = "../../tests/e2e_support/plane.rs"]
+#[allow(dead_code)]
+mod plane;
 mod run;
 
-use run::{Knobs, Report};
+use run::{Knobs, Plane, Report};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
@@ -27,19 +33,29 @@ async fn main() {
             std::process::exit(2);
         }
     };
+    let plane = match Plane::read(|name| std::env::var(name).ok()) {
+        Ok(plane) => plane,
+        Err(message) => {
+            eprintln!("operator benchmark: {message}");
+            std::process::exit(2);
+        }
+    };
     let Report {
         rows,
         writes_per_hand_off,
         idle_writes,
         resync_writes,
-    } = run::run(knobs).await;
+        api_server,
+    } = run::run(knobs, plane).await;
     println!();
     println!(
         "Counts: API writes per deep-queue hand-off {writes_per_hand_off:?}; idle writes {idle_writes}; re-sync writes {resync_writes}."
     );
     println!(
-        "Machine: {} cores; `turnstile run` built with the bench profile; fake API server in-process.",
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
+        "Machine: {} cores; `turnstile run` built with the bench profile; {api_server}.",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
     );
     println!();
     println!(

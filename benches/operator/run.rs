@@ -1,5 +1,5 @@
 //! One run of the operator benchmark: the real `turnstile run` process (memory backend) against
-//! the fake API server, driven by plain API clients. Shared by the benchmark (`main.rs`) and by
+//! the fake API server or a real control plane ([`Plane`]), driven by plain API clients. Shared by the benchmark (`main.rs`) and by
 //! the suite's smoke run with tiny knobs (`tests/operator_bench.rs`), which includes this file.
 
 use std::collections::HashMap;
@@ -8,8 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::actor;
-use fake_apiserver::{FakeApiServer, RecordedRequest};
+use fake_apiserver::RecordedRequest;
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
@@ -24,8 +23,12 @@ use turnstile_api::{
 
 #[path = "scenarios.rs"]
 mod scenarios;
+#[path = "server.rs"]
+mod server;
 
 use scenarios::Bench;
+pub use server::Plane;
+use server::Server;
 
 const NAMESPACE: &str = "bench";
 const BENCH: &str = "bench";
@@ -86,6 +89,8 @@ pub struct Report {
     pub idle_writes: usize,
     /// Controller writes (leases aside) during the re-sync after a restart.
     pub resync_writes: usize,
+    /// What the run's API server was, for the machine line.
+    pub api_server: &'static str,
 }
 
 /// When each object (by name) first met a condition, as seen on a watch.
@@ -447,20 +452,11 @@ fn process_ticks(pid: &str) -> u64 {
         .sum()
 }
 
-/// The controller's requests (everything the bench's tagged client did not send).
-fn controller_requests(server: &FakeApiServer) -> Vec<RecordedRequest> {
-    server
-        .request_log()
-        .into_iter()
-        .filter(|r| !actor::sent_by(r, BENCH) && r.is_resource_request)
-        .collect()
-}
-
 fn is_write(r: &RecordedRequest) -> bool {
     matches!(r.verb.as_str(), "create" | "update" | "patch" | "delete")
 }
 
-async fn settle(server: &FakeApiServer, quiet: Duration) {
+async fn settle(server: &Server, quiet: Duration) {
     let mut last = server.request_count();
     let mut since = Instant::now();
     let deadline = Instant::now() + WAIT;
@@ -496,20 +492,22 @@ where
 }
 
 /// Runs every scenario once with `knobs`, printing each row as it is measured.
-pub async fn run(knobs: Knobs) -> Report {
-    let mut bench = Bench::start(knobs).await;
+pub async fn run(knobs: Knobs, plane: Plane) -> Report {
+    let mut bench = Bench::start(knobs, plane).await;
     bench.idle_lock().await;
     bench.three_locks().await;
     bench.release().await;
     let writes_per_hand_off = bench.deep_queue().await;
     bench.owned_and_gated().await;
     bench.scale_and_wave().await;
+    let api_server = bench.api_server();
     let (idle_writes, resync_writes, rows) = bench.idle_and_restart().await;
     Report {
         rows,
         writes_per_hand_off,
         idle_writes,
         resync_writes,
+        api_server,
     }
 }
 

@@ -3,11 +3,11 @@
 
 use super::*;
 
-/// One run's world: the fake API server, the controller process, the API handles the
+/// One run's world: the API server ([`Server`]), the controller process, the API handles the
 /// scenarios drive, the watches that time them, and the table they fill.
 pub(super) struct Bench {
     knobs: Knobs,
-    server: FakeApiServer,
+    server: Server,
     /// Holds the kubeconfig the controller is started with (again, after the restart).
     _dir: tempfile::TempDir,
     kubeconfig: std::path::PathBuf,
@@ -27,16 +27,18 @@ impl Bench {
     /// The fake API server with the CRDs and the namespace, the controller started and ready,
     /// and the floor measured (every latency is read against it): the API floor and the grant
     /// chain's rows open the table.
-    pub(super) async fn start(knobs: Knobs) -> Self {
+    pub(super) async fn start(knobs: Knobs, plane: Plane) -> Self {
         let samples = knobs.samples;
-        let server = FakeApiServer::start().await.expect("fake API server");
+        let server = Server::start(plane).await;
         let dir = tempfile::tempdir().expect("tempdir");
-        let kubeconfig = dir.path().join("kubeconfig");
-        server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-        let client: Client = actor::tagged_client(&server, BENCH);
+        let kubeconfig = server.controller_kubeconfig(dir.path()).await;
+        let client: Client = server.bench_client().await;
         let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
             Api::all(client.clone());
-        for crd in turnstile_api::crds() {
+        for crd in turnstile_api::crds()
+            .into_iter()
+            .filter(|_| !server.has_crds())
+        {
             create(&crds, &crd).await;
         }
         let namespaces: Api<Namespace> = Api::all(client.clone());
@@ -121,6 +123,11 @@ impl Bench {
             seen_status,
             table,
         }
+    }
+
+    /// What the run's API server is.
+    pub(super) fn api_server(&self) -> &'static str {
+        self.server.describe()
     }
 
     /// Claim create → `Held` on an idle lock.
@@ -216,7 +223,9 @@ impl Bench {
         let mut hand_offs = Vec::new();
         let mut writes = Vec::new();
         for i in 0..samples.min(deep) {
-            let before = controller_requests(&self.server)
+            let before = self
+                .server
+                .controller_requests()
                 .iter()
                 .filter(|r| is_write(r))
                 .count();
@@ -227,7 +236,9 @@ impl Bench {
                 .expect("delete");
             hand_offs.push(self.seen_held.wait(&format!("deep-{:05}", i + 1)).await - start);
             settle(&self.server, Duration::from_millis(200)).await;
-            let after = controller_requests(&self.server)
+            let after = self
+                .server
+                .controller_requests()
                 .iter()
                 .filter(|r| is_write(r))
                 .count();
@@ -339,7 +350,7 @@ impl Bench {
         let deep = self.knobs.deep;
         let locks_at_scale = self.knobs.locks;
         // Scale: many locks, 10 claims each.
-        let requests_before = controller_requests(&self.server).len();
+        let requests_before = self.server.controller_requests().len();
         let start = Instant::now();
         create_all(
             &self.locks,
@@ -411,7 +422,9 @@ impl Bench {
             ),
         );
         settle(&self.server, Duration::from_millis(1000)).await;
-        let scale_requests: Vec<RecordedRequest> = controller_requests(&self.server)
+        let scale_requests: Vec<RecordedRequest> = self
+            .server
+            .controller_requests()
             .into_iter()
             .skip(requests_before)
             .collect();
@@ -457,12 +470,14 @@ impl Bench {
         } = self;
         let idle_seconds = knobs.idle_seconds;
         // Idle, then a restart.
-        let before = controller_requests(&server)
+        let before = server
+            .controller_requests()
             .iter()
             .filter(|r| is_write(r))
             .count();
         tokio::time::sleep(Duration::from_secs(idle_seconds)).await;
-        let idle_writes = controller_requests(&server)
+        let idle_writes = server
+            .controller_requests()
             .iter()
             .filter(|r| is_write(r))
             .count()
@@ -473,7 +488,8 @@ impl Bench {
         );
 
         controller.stop();
-        let before = controller_requests(&server)
+        let before = server
+            .controller_requests()
             .iter()
             .filter(|r| is_write(r))
             .count();
@@ -481,7 +497,8 @@ impl Bench {
         let controller = Controller::start(&kubeconfig);
         let ready = controller.wait_ready().await - start;
         settle(&server, Duration::from_secs(3)).await;
-        let resync_writes = controller_requests(&server)
+        let resync_writes = server
+            .controller_requests()
             .iter()
             .filter(|r| is_write(r))
             .filter(|r| r.resource != "leases")

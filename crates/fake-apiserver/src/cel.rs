@@ -44,7 +44,7 @@ thread_local! {
 
 /// Evaluates every rule of `rules` (a schema's, compiled once); `old` is the stored object on
 /// updates (for `oldSelf`). Errors are worded as kube-apiserver words them:
-/// `path: Invalid value: "<type>": <message>`.
+/// `path: Invalid value: <the value, or "<type>" for an object or a list>: <message>`.
 pub(crate) fn evaluate(
     rules: &kube_cel::CompiledSchema,
     object: &Value,
@@ -67,10 +67,14 @@ pub(crate) fn evaluate(
             .into_vec()
             .into_iter()
             .map(|e| {
-                let shown_type = value_at(object, &e.field_path)
-                    .map(type_name)
-                    .unwrap_or("object");
-                let value = Value::String(shown_type.to_string());
+                // kube-apiserver 1.37 shows a scalar's own value, and the type of an object or
+                // a list (the contract suite checks this against the real server).
+                let value = match value_at(object, &e.field_path) {
+                    Some(scalar @ (Value::String(_) | Value::Number(_) | Value::Bool(_))) => {
+                        scalar.clone()
+                    }
+                    found => Value::String(found.map(type_name).unwrap_or("object").to_string()),
+                };
                 match e.reason.as_deref() {
                     Some("FieldValueRequired") => FieldError::required(&e.field_path, &e.message),
                     Some("FieldValueForbidden") => FieldError::forbidden(&e.field_path, &e.message),
@@ -108,7 +112,7 @@ mod tests {
         assert_eq!(errs.len(), 1);
         assert_eq!(
             errs[0].text(),
-            "spec.lockName: Invalid value: \"string\": lockName is immutable"
+            "spec.lockName: Invalid value: \"b\": lockName is immutable"
         );
     }
 }

@@ -3,6 +3,9 @@
 
 mod support;
 
+/// This binary runs on the fake (it compacts history and closes watches on cue).
+pub(crate) const ON_REAL_PLANE: bool = false;
+
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -61,11 +64,8 @@ async fn controller_and_watcher_recover_from_a_forced_410() {
     // Bookmarks rarely, so the watches still hold an old resourceVersion when history is compacted.
     let builder =
         fake_apiserver::FakeApiServer::builder().bookmark_interval(Duration::from_secs(3600));
-    let Some(env) =
-        Env::fake_only_with("controller_and_watcher_recover_from_a_forced_410", builder).await
-    else {
-        return;
-    };
+    let env =
+        Env::fake_only_with("controller_and_watcher_recover_from_a_forced_410", builder).await;
     let api: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.namespace);
     let shared = Arc::new(api.clone());
     let reconcile_errors = Arc::new(Mutex::new(Vec::<String>::new()));

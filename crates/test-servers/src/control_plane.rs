@@ -34,12 +34,15 @@ pub const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
 /// The Node KWOK runs the Pods of.
 pub const KWOK_NODE: &str = "kwok-node-0";
 
-/// The kube-apiserver's audit policy: who created, changed or deleted what (no bodies), the
-/// unit of cost on a real control plane.
+/// The kube-apiserver's audit policy (no bodies): every request of a ServiceAccount (the
+/// controller runs as one: its reads, and the 403s of a role that lacks a rule), and who
+/// created, changed or deleted what (the unit of cost on a real control plane).
 const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
 rules:
+- level: Metadata
+  userGroups: [system:serviceaccounts]
 - level: Metadata
   verbs: [create, update, patch, delete, deletecollection]
 - level: None

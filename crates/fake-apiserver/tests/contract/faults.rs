@@ -4,7 +4,7 @@ use super::*;
 
 #[tokio::test]
 async fn injected_faults_answer_the_next_writes() {
-    let (env, api) = fake_widgets_or_return!("injected_faults_answer_the_next_writes");
+    let (env, api) = fake_widgets!("injected_faults_answer_the_next_writes");
     env.server().inject_faults(&widgets_path(&env), 2, 409);
     for _ in 0..2 {
         expect_error(
@@ -43,9 +43,7 @@ async fn injected_faults_answer_the_next_writes() {
 #[tokio::test]
 async fn an_injected_429_says_when_to_retry() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Some(env) = Env::fake_only_with_widgets("an_injected_429_says_when_to_retry").await else {
-        return;
-    };
+    let env = Env::fake_only_with_widgets("an_injected_429_says_when_to_retry").await;
     env.server().inject_faults(&widgets_path(&env), 1, 429);
     let body = serde_json::to_string(&widget("w", json!({"size": 1}))).unwrap();
     let request = format!(
@@ -75,7 +73,7 @@ async fn an_injected_429_says_when_to_retry() {
 
 #[tokio::test]
 async fn injected_delays_slow_the_next_requests_down() {
-    let (env, api) = fake_widgets_or_return!("injected_delays_slow_the_next_requests_down");
+    let (env, api) = fake_widgets!("injected_delays_slow_the_next_requests_down");
     create(&api, "w", json!({"size": 1})).await;
     let delay = Duration::from_millis(400);
     env.server()
@@ -91,7 +89,7 @@ async fn injected_delays_slow_the_next_requests_down() {
 
 #[tokio::test]
 async fn a_slow_spell_slows_every_request_down_until_it_ends() {
-    let (env, api) = fake_widgets_or_return!("a_slow_spell_slows_every_request_down_until_it_ends");
+    let (env, api) = fake_widgets!("a_slow_spell_slows_every_request_down_until_it_ends");
     create(&api, "w", json!({"size": 1})).await;
     let delay = Duration::from_millis(300);
     let length = Duration::from_secs(2);

@@ -1,22 +1,24 @@
 //! Contract tests: each behaviour kube-apiserver has and the operator relies on, checked
-//! against the fake (default) or a real cluster (`TURNSTILE_E2E_KUBECONFIG`). Tests of the
-//! fake's hooks (compaction, faults, closing watches, the request log) are fake-only.
+//! against the fake here, and against a real kube-apiserver by `contract_on_real_plane.rs`,
+//! which includes these same modules. Tests of the fake's hooks (compaction, faults, closing
+//! watches, the request log) run on the fake in both.
+
+/// This binary checks the fake (`contract_on_real_plane.rs`, which includes this file as a
+/// module, says true at its own root).
+#[allow(dead_code)]
+pub(crate) const ON_REAL_PLANE: bool = false;
 
 #[path = "../support/mod.rs"]
 mod support;
 
-/// The test's [`Env`](support::Env) with the Widget CRD, and its Widgets API; on a real
-/// cluster the test returns at once (it needs the fake's hooks, and says so).
-macro_rules! fake_widgets_or_return {
-    ($test:literal) => {
-        match $crate::support::Env::fake_only_with_widgets($test).await {
-            Some(env) => {
-                let api = env.widgets();
-                (env, api)
-            }
-            None => return,
-        }
-    };
+/// The test's [`Env`](support::Env) on the fake (the test uses its hooks) with the Widget
+/// CRD, and its Widgets API.
+macro_rules! fake_widgets {
+    ($test:literal) => {{
+        let env = Env::fake_only_with_widgets($test).await;
+        let api = env.widgets();
+        (env, api)
+    }};
 }
 
 mod deletion;

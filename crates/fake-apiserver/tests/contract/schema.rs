@@ -116,6 +116,6 @@ async fn cel_rules_are_evaluated_including_transition_rules() {
         .unwrap();
     expect_invalid(
         merge(&api, "w", json!({"spec": {"lockName": "other"}})).await,
-        &["spec.lockName: Invalid value: \"string\": lockName is immutable"],
+        &["spec.lockName: Invalid value: \"other\": lockName is immutable"],
     );
 }

@@ -61,7 +61,12 @@ async fn watch_sends_bookmarks_and_ends_at_its_timeout() {
         );
         bookmarks += 1;
     }
-    assert!(bookmarks >= 1, "at least one bookmark");
+    // The fake sends a bookmark every few seconds on any watch; kube-apiserver 1.37 sent none
+    // in 8 s on a quiet custom-resource watch (one on a ConfigMap watch): see the README's
+    // known differences. Clients must not count on one.
+    if env.is_fake() {
+        assert!(bookmarks >= 1, "at least one bookmark");
+    }
 }
 
 #[tokio::test]
@@ -88,7 +93,7 @@ async fn watch_sends_initial_events_then_an_end_bookmark() {
 
 #[tokio::test]
 async fn watch_from_a_compacted_resource_version_gets_410_expired() {
-    let (env, api) = fake_widgets_or_return!("watch_from_a_compacted_resource_version");
+    let (env, api) = fake_widgets!("watch_from_a_compacted_resource_version");
     let old = create(&api, "a", json!({"size": 1})).await;
     create(&api, "b", json!({"size": 1})).await;
     env.server().compact();
@@ -155,9 +160,7 @@ async fn watch_filters_by_namespace_and_selectors() {
 
 #[tokio::test]
 async fn close_watches_ends_open_streams() {
-    let Some(env) = Env::fake_only_with_widgets("close_watches_ends_open_streams").await else {
-        return;
-    };
+    let env = Env::fake_only_with_widgets("close_watches_ends_open_streams").await;
     let mut watch = watch_widgets_from(&env, env.server().resource_version()).await;
     env.server().close_watches();
     assert!(watch.next(T).await.is_none(), "the stream ended");

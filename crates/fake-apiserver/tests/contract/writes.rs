@@ -213,12 +213,14 @@ async fn a_write_that_changes_nothing_keeps_the_resource_version_and_emits_no_ev
     );
 }
 
-/// Server-side applies Widget `w` with `spec` (field manager `contract-test`).
+/// Server-side applies Widget `w` with `spec` (field manager `contract-test`), forced: where
+/// another manager changed a field since, kube-apiserver answers 409 to an unforced apply (the
+/// fake has no field ownership: see the README's known differences).
 async fn apply_w(api: &Widgets, spec: Value) -> DynamicObject {
     let manifest = serde_json::to_value(widget("w", spec)).unwrap();
     api.patch(
         "w",
-        &PatchParams::apply("contract-test"),
+        &PatchParams::apply("contract-test").force(),
         &Patch::Apply(manifest),
     )
     .await

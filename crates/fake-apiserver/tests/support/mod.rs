@@ -29,9 +29,34 @@ pub struct Env {
     dir: tempfile::TempDir,
 }
 
-/// The real cluster's kubeconfig named by [`REAL_CLUSTER_ENV`], if any.
-pub fn real_kubeconfig() -> Option<PathBuf> {
-    test_servers::env_path(REAL_CLUSTER_ENV)
+/// The real API server this binary targets: `TURNSTILE_E2E_KUBECONFIG`'s cluster, else — in a
+/// binary whose root says `ON_REAL_PLANE` — this process's control plane (`test-servers`);
+/// None for the fake. Where the plane's binaries are not built a local run says so once and
+/// uses the fake; under `CI=true` that fails.
+pub async fn real_kubeconfig() -> Option<PathBuf> {
+    if let Some(path) = test_servers::env_path(REAL_CLUSTER_ENV) {
+        return Some(path);
+    }
+    if !crate::ON_REAL_PLANE {
+        return None;
+    }
+    let started = tokio::task::spawn_blocking(|| {
+        test_servers::ControlPlane::for_this_process().map(|plane| plane.kubeconfig().to_path_buf())
+    })
+    .await
+    .expect("control plane start thread");
+    match started {
+        Ok(path) => Some(path),
+        Err(test_servers::Unavailable::Skip(why)) => {
+            ANNOUNCE.call_once(|| {
+                println!("contract tests on the fake instead of the real plane: {why}")
+            });
+            None
+        }
+        Err(test_servers::Unavailable::Fail(error)) => {
+            panic!("the real control plane is needed: {error}")
+        }
+    }
 }
 
 fn random_suffix() -> String {
@@ -53,8 +78,14 @@ impl Env {
 
     /// Like [`Env::new`], configuring the fake with `builder`.
     pub async fn with_builder(builder: fake_apiserver::Builder) -> Env {
+        Env::on(real_kubeconfig().await, builder).await
+    }
+
+    /// The real API server of the kubeconfig `real`, else the fake built by `builder`; with a
+    /// fresh namespace.
+    async fn on(real: Option<PathBuf>, builder: fake_apiserver::Builder) -> Env {
         let dir = tempfile::tempdir().expect("tempdir");
-        let env = match real_kubeconfig() {
+        let env = match real {
             Some(path) => {
                 ANNOUNCE.call_once(|| {
                     println!(
@@ -76,7 +107,6 @@ impl Env {
                 }
             }
             None => {
-                ANNOUNCE.call_once(|| println!("real-cluster contract run skipped: {REAL_CLUSTER_ENV} is not set; using the fake"));
                 let server = builder.start().await.expect("start fake");
                 let kubeconfig = dir.path().join("kubeconfig");
                 server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
@@ -95,29 +125,22 @@ impl Env {
         env
     }
 
-    /// The env for a test that needs the fake's hooks; None (with one printed line) on a real cluster.
-    pub async fn fake_only(test: &str) -> Option<Env> {
-        if real_kubeconfig().is_some() {
-            println!("skipped {test}: it needs the fake's test hooks");
-            return None;
-        }
-        Some(Env::new().await)
+    /// The fake, for the test `test` that uses its hooks (in both contract binaries).
+    pub async fn fake_only(test: &str) -> Env {
+        Env::fake_only_with(test, FakeApiServer::builder()).await
     }
 
     /// [`Env::fake_only`] with the Widget CRD installed.
-    pub async fn fake_only_with_widgets(test: &str) -> Option<Env> {
-        let env = Env::fake_only(test).await?;
+    pub async fn fake_only_with_widgets(test: &str) -> Env {
+        let env = Env::fake_only(test).await;
         env.install_widget_crd().await;
-        Some(env)
+        env
     }
 
     /// Like [`Env::fake_only`], configuring the fake with `builder`.
-    pub async fn fake_only_with(test: &str, builder: fake_apiserver::Builder) -> Option<Env> {
-        if real_kubeconfig().is_some() {
-            println!("skipped {test}: it needs the fake's test hooks");
-            return None;
-        }
-        Some(Env::with_builder(builder).await)
+    pub async fn fake_only_with(test: &str, builder: fake_apiserver::Builder) -> Env {
+        println!("{test}: on the fake, whose hooks it uses");
+        Env::on(None, builder).await
     }
 
     /// Whether this run targets the fake.
