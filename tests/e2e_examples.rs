@@ -1,6 +1,9 @@
-//! End to end: every example in `examples/` is applied with `kubectl` to the fake API server
-//! while the controller runs, and the test plays the Job controller and the kubelet (it creates
-//! the Job's Pods and sets their status through `/status`):
+//! End to end: every example in `examples/` is applied with `kubectl` while the controller runs,
+//! on the real control plane; the tests that run an init container as a process stay on the
+//! fake API server and play the Job controller and the kubelet in step with it (they create
+//! the Job's Pods and set their status through `/status`), and
+//! `gated_jobs_run_one_at_a_time_through_the_real_job_controller` runs the gated-Job example
+//! through the real Job controller and KWOK:
 //!
 //! - `kubectl-wait-job.yaml`: the init container's bash script runs as written (stock
 //!   `kubectl apply` + `kubectl wait --for=condition=Held`) with the Pod's env vars; a second
@@ -39,7 +42,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use e2e_support::actor::tagged_client;
-use e2e_support::jobs::{finish_job, is_suspended, jobs, wait_job};
+use e2e_support::jobs::{finish_job, has_condition, is_suspended, jobs, wait_job};
 use e2e_support::json::strings_of;
 use e2e_support::pods::{pods, set_pod_phase};
 use e2e_support::{lock_tokens, phase_of, position_of, token_annotation, token_of, Env, WAIT};
@@ -432,7 +435,7 @@ async fn gated_jobs_run_one_at_a_time_through_the_real_job_controller() {
     scratch.apply(&env, &gated).await;
     let mut tokens = Vec::new();
     for name in names {
-        let done = wait_job(&env, name, |job| job_condition(job, "Complete")).await;
+        let done = wait_job(&env, name, |job| has_condition(job, "Complete")).await;
         let pods = pods(&env)
             .list(&kube::api::ListParams::default().labels(&format!("job-name={name}")))
             .await
@@ -464,18 +467,6 @@ async fn gated_jobs_run_one_at_a_time_through_the_real_job_controller() {
     env.stop_controller().await;
 }
 
-/// Whether the Job has the condition `kind` with status `True`.
-fn job_condition(job: &Job, kind: &str) -> bool {
-    job.status
-        .as_ref()
-        .and_then(|status| status.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == kind && c.status == "True")
-        })
-}
-
 /// Samples the Jobs every 20 ms until `stop`: how many samples, and the most Jobs seen
 /// running (un-suspended, neither complete nor failed) in one.
 async fn most_jobs_running_at_once(
@@ -490,8 +481,8 @@ async fn most_jobs_running_at_once(
                 .iter()
                 .filter(|job| {
                     !is_suspended(job)
-                        && !job_condition(job, "Complete")
-                        && !job_condition(job, "Failed")
+                        && !has_condition(job, "Complete")
+                        && !has_condition(job, "Failed")
                 })
                 .count();
             samples += 1;

@@ -10,7 +10,7 @@ mod e2e_support;
 
 use std::time::Duration;
 
-use e2e_support::jobs::{finish_job, is_suspended, jobs, wait_job, PLAYS_THE_JOB_CONTROLLER};
+use e2e_support::jobs::{finish_job, held_pods, is_suspended, jobs, wait_job};
 use e2e_support::{phase_of, reason_of, token_annotation, token_on, Env, HolderMonitor};
 use turnstile_api::{ClaimPhase, LockClaim};
 
@@ -165,12 +165,14 @@ async fn an_unrenewed_claim_on_several_locks_expires_and_frees_them_all() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gated_job_with_the_locks_annotation_runs_holding_all_its_locks() {
-    let mut env = Env::fake_only_started(PLAYS_THE_JOB_CONTROLLER).await;
+    let mut env = Env::started().await;
     env.apply_locks(&["cache", "db"], "leaseDurationSeconds: 300");
     env.hold("holds-cache", "cache", "").await;
-    env.apply(
-        "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: report\n  annotations:\n    turnstile.dev/lock: db\n    turnstile.dev/locks: db,cache\nspec:\n  suspend: true\n  template:\n    spec:\n      restartPolicy: Never\n      containers:\n        - name: report\n          image: busybox:1.36\n",
-    );
+    // Its Pods wait unscheduled until finish_job ends the Job (see e2e_support::jobs).
+    env.apply(&format!(
+        "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: report\n  annotations:\n    turnstile.dev/lock: db\n    turnstile.dev/locks: db,cache\nspec:\n  suspend: true\n  template:\n    spec:\n      restartPolicy: Never\n      nodeSelector: {}\n      containers:\n        - name: report\n          image: busybox:1.36\n",
+        held_pods(&env)
+    ));
     // One claim on both locks, named after the Job and the lock that marks it, owned by it.
     let claim = env
         .wait_claim("report-db", |claim| {

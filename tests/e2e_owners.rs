@@ -9,11 +9,11 @@ mod e2e_support;
 
 use std::time::{Duration, Instant};
 
-use e2e_support::jobs::PLAYS_THE_JOB_CONTROLLER;
+use e2e_support::jobs::{finish_job, held_pods};
 use e2e_support::pods::{create_pod, owned_claim, pods, set_pod_phase};
 use e2e_support::{annotate, phase_of, position_of, reason_of, token_of, Env};
 use k8s_openapi::api::batch::v1::Job;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 use turnstile_api::ClaimPhase;
 
@@ -104,13 +104,15 @@ async fn a_running_pod_keeps_its_claim_and_finishing_releases_it() {
 
 /// A Job-owned claim, held, released once the Job gets the `condition` (`Complete` or `Failed`).
 async fn a_finished_job_releases_its_claim(condition: &str) {
-    let mut env = Env::fake_only_started(PLAYS_THE_JOB_CONTROLLER).await;
+    let mut env = Env::started().await;
     env.apply_lock("db", "leaseDurationSeconds: 300");
     let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.namespace);
+    // Its Pods wait unscheduled until finish_job ends the Job (see e2e_support::jobs).
     let job: Job = serde_json::from_value(json!({
         "metadata": {"name": "migrate"},
         "spec": {"template": {"spec": {
             "restartPolicy": "Never",
+            "nodeSelector": held_pods(&env),
             "containers": [{"name": "main", "image": "busybox"}]
         }}}
     }))
@@ -131,15 +133,7 @@ async fn a_finished_job_releases_its_claim(condition: &str) {
     env.wait_phase("migrate-db", ClaimPhase::Held).await;
     settle().await;
 
-    jobs.patch_status(
-        "migrate",
-        &PatchParams::default(),
-        &Patch::Merge(&json!({"status": {"conditions": [
-            {"type": condition, "status": "True"}
-        ]}})),
-    )
-    .await
-    .expect("job status");
+    finish_job(&env, "migrate", condition).await;
     let finished = Instant::now();
     // Nothing about the claim changed: only the Job watch can tell the controller.
     let done = env.wait_phase("migrate-db", ClaimPhase::Released).await;

@@ -406,18 +406,20 @@ impl CpuSample {
     }
 
     /// Shares of the machine's capacity since `earlier`, as percentages of all its cores:
-    /// busy in all, the controller, the fake API server with the benchmark.
+    /// busy in all, the controller, this process (the benchmark, and the fake API server when
+    /// the run uses it) and the other processes (a real plane's kube-apiserver and etcd).
     fn shares_since(&self, earlier: &Self) -> String {
         let total = self
             .machine_total
             .saturating_sub(earlier.machine_total)
             .max(1) as f64;
         let share = |now: u64, then: u64| 100.0 * now.saturating_sub(then) as f64 / total;
+        let busy = share(self.machine_busy, earlier.machine_busy);
+        let controller = share(self.controller, earlier.controller);
+        let bench = share(self.this_process, earlier.this_process);
         format!(
-            "CPU busy {:.0}% of the machine: controller {:.0}%, API server + bench {:.0}%",
-            share(self.machine_busy, earlier.machine_busy),
-            share(self.controller, earlier.controller),
-            share(self.this_process, earlier.this_process),
+            "CPU busy {busy:.0}% of the machine: controller {controller:.0}%, bench process {bench:.0}%, other processes {:.0}%",
+            (busy - controller - bench).max(0.0),
         )
     }
 }
