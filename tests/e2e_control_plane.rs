@@ -14,43 +14,30 @@ use e2e_support::launch::launch;
 use e2e_support::plane::{kubectl_ok, repo_path};
 use e2e_support::{token_of, Env, HolderMonitor};
 use k8s_openapi::api::batch::v1::Job;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams};
 use serde_json::json;
 use turnstile_api::ClaimPhase;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_garbage_collector_takes_a_jobs_claim_with_it_and_the_lock_moves_on() {
     let mut env = Env::started().await;
-    if env.fake.is_some() {
-        test_servers::skip_or_fail(
-            "the_garbage_collector_takes…",
-            "no real control plane here",
-            test_servers::under_ci(),
-        );
+    if !env.on_real_plane("the_garbage_collector_takes…") {
         return;
     }
     env.apply_lock("db", "leaseDurationSeconds: 300");
     // A suspended Job: it runs no Pod, so only its deletion can end the claim.
     let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.namespace);
-    let job: Job = serde_json::from_value(json!({
-        "metadata": {"name": "migrate"},
-        "spec": {"suspend": true, "template": {"spec": {"restartPolicy": "Never",
-            "containers": [{"name": "main", "image": "busybox"}]}}}
-    }))
-    .expect("job");
-    let job = jobs
-        .create(&PostParams::default(), &job)
-        .await
-        .expect("create Job");
-    let uid = job.metadata.uid.clone().expect("uid");
-    env.apply(&e2e_support::pods::owned_claim(
+    e2e_support::jobs::job_owning_a_claim(
+        &env,
+        json!({
+            "metadata": {"name": "migrate"},
+            "spec": {"suspend": true, "template": {"spec": {"restartPolicy": "Never",
+                "containers": [{"name": "main", "image": "busybox"}]}}}
+        }),
         "migrate-db",
         "db",
-        "Job",
-        "batch/v1",
-        "migrate",
-        &uid,
-    ));
+    )
+    .await;
     assert_eq!(
         token_of(&env.wait_phase("migrate-db", ClaimPhase::Held).await),
         Some(1)
@@ -191,12 +178,7 @@ async fn objects_made_under_the_first_releases_crds_are_served_after_an_in_place
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_outside_the_installed_role_is_refused_and_reported() {
     let env = Env::new().await;
-    if env.fake.is_some() {
-        test_servers::skip_or_fail(
-            "a_request_outside_the_installed_role…",
-            "no real control plane here",
-            test_servers::under_ci(),
-        );
+    if !env.on_real_plane("a_request_outside_the_installed_role…") {
         return;
     }
     // The controller's account may not delete claims (it never does): the API server says 403.
@@ -255,14 +237,10 @@ fn flow_needing(resource: &str) -> Flow {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_rule_of_the_installed_role_is_needed_by_a_named_flow() {
     let first = Env::alone().await;
-    let Some(plane) = first.own_plane.as_ref() else {
-        test_servers::skip_or_fail(
-            "every_rule_of_the_installed_role…",
-            "no real control plane here",
-            test_servers::under_ci(),
-        );
+    if !first.on_real_plane("every_rule_of_the_installed_role_is_needed_by_a_named_flow") {
         return;
-    };
+    }
+    let plane = first.own_plane.as_ref().expect("Env::alone's own plane");
     let admin = plane.kubeconfig().to_path_buf();
     let audit_log = plane.files().audit_log.clone();
     let role = e2e_support::plane::installed_objects()

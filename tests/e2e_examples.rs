@@ -411,12 +411,7 @@ async fn a_failed_or_expired_claim_leaves_kubectl_wait_waiting_until_its_timeout
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gated_jobs_run_one_at_a_time_through_the_real_job_controller() {
     let (mut env, scratch) = Scratch::started().await;
-    if env.fake.is_some() {
-        test_servers::skip_or_fail(
-            "gated_jobs_run_one_at_a_time…",
-            "no real control plane here",
-            test_servers::under_ci(),
-        );
+    if !env.on_real_plane("gated_jobs_run_one_at_a_time…") {
         return;
     }
     scratch.apply(&env, &documents(&example("lock.yaml"))).await;

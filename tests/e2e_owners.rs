@@ -9,11 +9,10 @@ mod e2e_support;
 
 use std::time::{Duration, Instant};
 
-use e2e_support::jobs::{finish_job, held_pods};
+use e2e_support::jobs::{finish_job, held_pods, job_owning_a_claim};
 use e2e_support::pods::{create_pod, owned_claim, pods, set_pod_phase};
 use e2e_support::{annotate, phase_of, position_of, reason_of, token_of, Env};
-use k8s_openapi::api::batch::v1::Job;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::DeleteParams;
 use serde_json::json;
 use turnstile_api::ClaimPhase;
 
@@ -106,30 +105,16 @@ async fn a_running_pod_keeps_its_claim_and_finishing_releases_it() {
 async fn a_finished_job_releases_its_claim(condition: &str) {
     let mut env = Env::started().await;
     env.apply_lock("db", "leaseDurationSeconds: 300");
-    let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.namespace);
     // Its Pods wait unscheduled until finish_job ends the Job (see e2e_support::jobs).
-    let job: Job = serde_json::from_value(json!({
+    let job = json!({
         "metadata": {"name": "migrate"},
         "spec": {"template": {"spec": {
             "restartPolicy": "Never",
             "nodeSelector": held_pods(&env),
             "containers": [{"name": "main", "image": "busybox"}]
         }}}
-    }))
-    .expect("job");
-    let job = jobs
-        .create(&PostParams::default(), &job)
-        .await
-        .expect("create job");
-    let uid = job.metadata.uid.expect("uid");
-    env.apply(&owned_claim(
-        "migrate-db",
-        "db",
-        "Job",
-        "batch/v1",
-        "migrate",
-        &uid,
-    ));
+    });
+    job_owning_a_claim(&env, job, "migrate-db", "db").await;
     env.wait_phase("migrate-db", ClaimPhase::Held).await;
     settle().await;
 

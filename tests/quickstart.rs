@@ -625,11 +625,7 @@ fn control_plane_path_ends_on_a_held_lock_on_a_real_apiserver_and_stops_by_pid()
     let claim = table_row(last_table, "lockclaim.turnstile.dev/job-a")
         .unwrap_or_else(|| panic!("no job-a row:\n{last_table}"));
     assert_eq!(cell(&claim, "PHASE"), "Held", "{last_table}");
-    let pinned = std::fs::read_to_string(repo().join("scripts/control-plane.sh"))
-        .expect("the script")
-        .lines()
-        .find_map(|line| line.strip_prefix("KUBERNETES_VERSION=").map(str::to_owned))
-        .expect("KUBERNETES_VERSION");
+    let pinned = test_servers::kubernetes_version().expect("the pinned version");
     assert!(
         out.contains(&format!("kube-apiserver ({pinned})")),
         "names the real server:\n{out}"

@@ -76,6 +76,23 @@ pub async fn finish_job(env: &Env, job: &str, condition: &str) {
     wait_job(env, job, |job| has_condition(job, condition)).await;
 }
 
+/// Creates the Job `job` (JSON, as `kubectl` would send it) and the claim `claim` on `lock`
+/// that it owns (controller reference); returns the Job's uid.
+pub async fn job_owning_a_claim(
+    env: &Env,
+    job: serde_json::Value,
+    claim: &str,
+    lock: &str,
+) -> String {
+    let job = super::create_from_json(&jobs(env), job).await;
+    let name = job.metadata.name.clone().expect("the Job's name");
+    let uid = job.metadata.uid.expect("the Job's uid");
+    env.apply(&super::pods::owned_claim(
+        claim, lock, "Job", "batch/v1", &name, &uid,
+    ));
+    uid
+}
+
 /// Whether the Job has the condition `kind` with status `True`.
 pub fn has_condition(job: &Job, kind: &str) -> bool {
     job.status

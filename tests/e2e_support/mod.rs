@@ -229,6 +229,19 @@ impl Env {
         env
     }
 
+    /// Whether this test runs on a real API server; if not (the fallback where no plane is
+    /// built), says that `test` needs one, and under CI fails it.
+    pub fn on_real_plane(&self, test: &str) -> bool {
+        if self.fake.is_some() {
+            test_servers::skip_or_fail(
+                test,
+                "it needs a real control plane",
+                test_servers::under_ci(),
+            );
+        }
+        self.fake.is_none()
+    }
+
     /// The fake (panics on a real cluster).
     pub fn server(&self) -> &FakeApiServer {
         self.fake

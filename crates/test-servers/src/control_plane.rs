@@ -92,6 +92,19 @@ pub fn binaries() -> io::Result<PathBuf> {
     Ok(dir)
 }
 
+/// The Kubernetes release `scripts/control-plane.sh` pins (`KUBERNETES_VERSION=`), what a
+/// plane's servers report as their version.
+///
+/// # Errors
+/// When the script cannot be read or pins none.
+pub fn kubernetes_version() -> io::Result<String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/control-plane.sh");
+    std::fs::read_to_string(&script)?
+        .lines()
+        .find_map(|line| line.strip_prefix("KUBERNETES_VERSION=").map(str::to_owned))
+        .ok_or_else(|| io::Error::other(format!("no KUBERNETES_VERSION= in {}", script.display())))
+}
+
 /// The files a plane's clients and components read.
 #[derive(Debug, Clone)]
 pub struct ControlPlaneFiles {

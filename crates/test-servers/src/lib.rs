@@ -30,8 +30,8 @@ mod tls;
 mod tools;
 
 pub use self::control_plane::{
-    binaries as control_plane_binaries, ControlPlane, ControlPlaneFiles, CONTROL_PLANE_DIR_PREFIX,
-    KWOK_NODE, KWOK_NODE_ANNOTATION,
+    binaries as control_plane_binaries, kubernetes_version, ControlPlane, ControlPlaneFiles,
+    CONTROL_PLANE_DIR_PREFIX, KWOK_NODE, KWOK_NODE_ANNOTATION,
 };
 pub use self::mongo::{MongoFlavor, MongoServer, Unavailable};
 pub use self::process::{free_port, wait_until, ServerProcess};

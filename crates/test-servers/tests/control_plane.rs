@@ -34,14 +34,7 @@ fn the_pinned_release_serves_with_rbac_and_its_controllers_and_stops_by_pid() {
     let version = plane
         .kubectl(&["version", "-o", "json"])
         .expect("kubectl version");
-    let pinned = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../scripts/control-plane.sh"
-    ))
-    .expect("the script")
-    .lines()
-    .find_map(|line| line.strip_prefix("KUBERNETES_VERSION=").map(str::to_owned))
-    .expect("KUBERNETES_VERSION in the script");
+    let pinned = test_servers::kubernetes_version().expect("the pinned version");
     assert!(
         version.contains(&format!("\"gitVersion\": \"{pinned}\"")),
         "{version}"
