@@ -30,6 +30,8 @@ ETCD_VERSION=v3.6.16
 KWOK_VERSION=v0.8.0
 
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
+# The machine's Go, where a login shell has not put it on PATH.
+command -v go >/dev/null 2>&1 || PATH="$PATH:/usr/local/go/bin"
 
 bin_dir() { echo "$cache/control-plane-k8s-$KUBERNETES_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION/bin"; }
 
