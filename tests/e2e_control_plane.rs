@@ -301,13 +301,7 @@ async fn every_rule_of_the_installed_role_is_needed_by_a_named_flow() {
             e2e_support::plane::with_token(&admin, token.trim()),
         )
         .expect("write kubeconfig");
-        let config = kube::Config::from_custom_kubeconfig(
-            kube::config::Kubeconfig::read_from(kubeconfig.path()).expect("kubeconfig"),
-            &Default::default(),
-        )
-        .await
-        .expect("config");
-        env.controller_client = kube::Client::try_from(config).expect("client");
+        env.controller_client = e2e_support::plane::client_for(kubeconfig.path()).await;
         env.start_default_controller();
 
         env.apply_lock("db", "leaseDurationSeconds: 300");

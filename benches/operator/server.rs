@@ -67,7 +67,7 @@ impl Server {
     pub(super) async fn bench_client(&self) -> Client {
         match self {
             Server::Fake(server) => actor::tagged_client(server, super::BENCH),
-            Server::Real(plane) => client_of(plane.kubeconfig()).await,
+            Server::Real(plane) => plane::client_for(plane.kubeconfig()).await,
         }
     }
 
@@ -116,15 +116,6 @@ impl Server {
             }
         }
     }
-}
-
-/// A client for the admin kubeconfig at `path`.
-async fn client_of(path: &Path) -> Client {
-    let kubeconfig = kube::config::Kubeconfig::read_from(path).expect("kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .expect("kubeconfig");
-    Client::try_from(config).expect("client")
 }
 
 /// The requests in the plane's audit log (one JSON object a line; by its policy every request

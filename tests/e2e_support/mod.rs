@@ -84,15 +84,6 @@ pub struct Env {
     _dir: tempfile::TempDir,
 }
 
-/// A client for the cluster the kubeconfig at `path` names (its current context).
-async fn cluster_client(path: &std::path::Path) -> Client {
-    let kubeconfig = kube::config::Kubeconfig::read_from(path).expect("kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .expect("kubeconfig");
-    Client::try_from(config).expect("client")
-}
-
 fn init_logging() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
@@ -178,8 +169,8 @@ impl Env {
     /// the controller runs as the `deploy/` ServiceAccount.
     pub async fn on_cluster(path: &std::path::Path) -> Env {
         init_logging();
-        let client = cluster_client(path).await;
-        let controller = cluster_client(&plane::controller_kubeconfig(path).await).await;
+        let client = plane::client_for(path).await;
+        let controller = plane::client_for(&plane::controller_kubeconfig(path).await).await;
         Env::in_fresh_namespace(
             client,
             controller,

@@ -209,6 +209,15 @@ pub fn with_token(admin: &Path, token: &str) -> String {
     serde_yaml::to_string(&config).expect("kubeconfig")
 }
 
+/// A client for the cluster the kubeconfig at `path` names (its current context).
+pub async fn client_for(path: &Path) -> kube::Client {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("kubeconfig");
+    kube::Client::try_from(config).expect("client")
+}
+
 /// A path inside the repository.
 pub fn repo_path(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)

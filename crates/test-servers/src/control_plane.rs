@@ -1,5 +1,5 @@
 //! A real Kubernetes control plane on loopback: etcd, kube-apiserver (TLS, client-certificate
-//! admin, RBAC, service-account tokens, an audit log of writes), kube-controller-manager (the
+//! admin, RBAC, service-account tokens, an audit log of writes and of every ServiceAccount request), kube-controller-manager (the
 //! garbage collector, Job, namespace and service-account controllers), kube-scheduler and
 //! KWOK (Nodes and Pods without a kubelet: a Job's Pods run and succeed).
 //!
@@ -142,20 +142,22 @@ impl ControlPlane {
     /// [`Unavailable::Skip`] when the binaries are not built (outside CI);
     /// [`Unavailable::Fail`] under CI or when a component did not start.
     pub fn for_this_process() -> Result<&'static ControlPlane, Unavailable> {
-        static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+        // The error's kind and text: an io::Error cannot be cloned out of the cell.
+        static SHARED: OnceLock<Result<ControlPlane, (io::ErrorKind, String)>> = OnceLock::new();
         let started = SHARED.get_or_init(|| {
-            let plane = ControlPlane::start().map_err(|error| error.to_string())?;
+            let plane = ControlPlane::start().map_err(|error| (error.kind(), error.to_string()))?;
             plane
                 .watch_over(std::process::id())
-                .map_err(|error| error.to_string())?;
+                .map_err(|error| (error.kind(), error.to_string()))?;
             Ok(plane)
         });
         match started {
             Ok(plane) => Ok(plane),
-            Err(why) if why.contains("is not built") && !under_ci() => {
+            // NotFound: the binaries are not built (see `binaries`).
+            Err((io::ErrorKind::NotFound, why)) if !under_ci() => {
                 Err(Unavailable::Skip(why.clone()))
             }
-            Err(why) => Err(Unavailable::Fail(io::Error::other(why.clone()))),
+            Err((kind, why)) => Err(Unavailable::Fail(io::Error::new(*kind, why.clone()))),
         }
     }
 
@@ -216,11 +218,6 @@ impl ControlPlane {
     /// The admin kubeconfig.
     pub fn kubeconfig(&self) -> &Path {
         &self.files.kubeconfig
-    }
-
-    /// The kube-apiserver's URL.
-    pub fn server_url(&self) -> String {
-        format!("https://127.0.0.1:{}", self.apiserver_port)
     }
 
     /// The PIDs of every process of the plane.
@@ -321,14 +318,7 @@ impl ControlPlane {
     /// PID and removes its folder: the plane of a test process outlives every test in it and
     /// must not outlive the process.
     fn watch_over(&self, pid: u32) -> io::Result<()> {
-        let mut pids: Vec<String> = Vec::new();
-        pids.extend(
-            self.etcd
-                .iter()
-                .chain(&self.apiserver)
-                .chain(&self.others)
-                .map(|p| p.pid().to_string()),
-        );
+        let pids: Vec<String> = self.pids().iter().map(u32::to_string).collect();
         let script = "while kill -0 \"$0\" 2>/dev/null; do sleep 1; done; kill -9 \"$@\" 2>/dev/null; sleep 1; rm -rf \"$TURNSTILE_PLANE_DIR\"";
         let mut command = Command::new("sh");
         command
