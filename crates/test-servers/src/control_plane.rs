@@ -1,7 +1,8 @@
 //! A real Kubernetes control plane on loopback: etcd, kube-apiserver (TLS, client-certificate
-//! admin, RBAC, service-account tokens, an audit log of writes and of every ServiceAccount request), kube-controller-manager (the
-//! garbage collector, Job, namespace and service-account controllers), kube-scheduler and
-//! KWOK (Nodes and Pods without a kubelet: a Job's Pods run and succeed).
+//! admin, RBAC, service-account tokens, an audit log of writes and of every ServiceAccount
+//! request), kube-controller-manager (the garbage collector, Job, namespace and
+//! service-account controllers), kube-scheduler and KWOK (Nodes and Pods without a kubelet: a
+//! Job's Pods run and succeed).
 //!
 //! The binaries are built from their Go modules by `scripts/control-plane.sh build`, pinned by
 //! `tools/*/go.mod`; this module asks that script where they are, so the versions are written
