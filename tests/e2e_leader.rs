@@ -145,6 +145,48 @@ async fn standby_takes_over_without_double_grants() {
     second.stop().await;
 }
 
+/// A claim's recorded arrival (`status.arrivedAt`), in microseconds.
+fn arrival_of(claim: &LockClaim) -> Option<i64> {
+    let status = claim.status.as_ref()?;
+    Some(status.arrived_at.as_ref()?.0.as_microsecond())
+}
+
+/// Claims that arrived under one leader keep their place under the next: a claim created
+/// after the change queues behind them, whatever the names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_change_between_creations_keeps_the_arrival_order() {
+    let env = Env::new().await;
+    let first = env.spawn_controller(replica(&env, "replica-1"));
+    env.apply_locks(&["db", "probe"], "leaseDurationSeconds: 300");
+    env.hold("holder", "db", "").await;
+    env.apply_claim("z-first", "db", "");
+    let z = env.wait_claim("z-first", |c| arrival_of(c).is_some()).await;
+    let second = env.spawn_controller(replica(&env, "replica-2"));
+
+    first.stop().await;
+    // The positive sign that replica-2 leads: it grants a claim on another lock.
+    env.hold("probe-claim", "probe", "").await;
+    env.apply_claim("a-second", "db", "");
+    let a = env
+        .wait_claim("a-second", |c| position_of(c) == Some(2))
+        .await;
+    assert!(
+        arrival_of(&z) < arrival_of(&a),
+        "{:?} then {:?}",
+        arrival_of(&z),
+        arrival_of(&a)
+    );
+    env.wait_claim("z-first", |c| position_of(c) == Some(1))
+        .await;
+    env.delete_claim("holder").await;
+    env.wait_phase("z-first", ClaimPhase::Held).await;
+    assert_eq!(
+        phase_of(&env.claim("a-second").await),
+        Some(ClaimPhase::Pending)
+    );
+    second.stop().await;
+}
+
 /// Caches filled from the API as a watch would fill them (for driving one pass by hand).
 async fn filled_stores(
     env: &Env,

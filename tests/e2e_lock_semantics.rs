@@ -1,12 +1,194 @@
-//! End to end with real kubectl against the fake API server and the controller: claim
-//! priority (kept across a controller restart), the lock's maximum hold time and its
-//! lock-delay after an involuntary end, a semaphore limit lowered on a live lock, and shared
-//! readers with an exclusive writer that later readers do not overtake.
+//! End to end with real kubectl against the real control plane and the controller: claim
+//! priority (kept across a controller restart), arrival order to the event (claims created in
+//! one second, a reader a tenth of a second behind a writer, a restart between creations),
+//! the lock's maximum hold time and its lock-delay after an involuntary end, a semaphore limit
+//! lowered on a live lock, and shared readers with an exclusive writer that later readers do
+//! not overtake.
 
 mod e2e_support;
 
-use e2e_support::{phase_of, position_of, reason_of, Env};
-use turnstile_api::ClaimPhase;
+use std::time::Duration;
+
+use e2e_support::{create_from_json, phase_of, position_of, reason_of, Env, WAIT};
+use kube::api::ListParams;
+use tokio::time::Instant;
+use turnstile_api::{ClaimPhase, LockClaim};
+
+/// A claim's recorded arrival (`status.arrivedAt`), in microseconds.
+fn arrival_of(claim: &LockClaim) -> Option<i64> {
+    let status = claim.status.as_ref()?;
+    Some(status.arrived_at.as_ref()?.0.as_microsecond())
+}
+
+/// Waits until exactly one of `candidates` holds the lock and returns its name.
+async fn next_holder(env: &Env, candidates: &[String]) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let claims = env
+            .claims()
+            .list(&ListParams::default())
+            .await
+            .expect("list claims");
+        let held: Vec<String> = claims
+            .items
+            .iter()
+            .filter(|claim| phase_of(claim) == Some(ClaimPhase::Held))
+            .filter_map(|claim| claim.metadata.name.clone())
+            .filter(|name| candidates.contains(name))
+            .collect();
+        match held.as_slice() {
+            [one] => return one.clone(),
+            [] => assert!(
+                Instant::now() < deadline,
+                "none of {candidates:?} was granted"
+            ),
+            several => panic!("{several:?} hold a mutex at once"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_created_back_to_back_are_granted_in_arrival_order_not_name_order() {
+    twenty_claims_granted_in_arrival_order(Env::started().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_created_back_to_back_are_granted_in_arrival_order_on_the_fake_too() {
+    let env = Env::fake_only_started(
+        "the in-memory API server's watch must deliver creations in order too",
+    )
+    .await;
+    twenty_claims_granted_in_arrival_order(env).await;
+}
+
+/// Twenty claims created one after another in reverse name order are granted in the order
+/// they were created.
+async fn twenty_claims_granted_in_arrival_order(mut env: Env) {
+    env.apply_lock("fifo", "leaseDurationSeconds: 300");
+    env.hold("holder", "fifo", "").await;
+    // c19, c18, ..., c00: reverse name order, created one after another by one `kubectl
+    // apply` (so within a second or two: `creationTimestamp` cannot tell them apart).
+    let created: Vec<String> = (0..20).rev().map(|n| format!("c{n:02}")).collect();
+    let stream: Vec<String> = created
+        .iter()
+        .map(|name| {
+            format!(
+                "apiVersion: turnstile.dev/v1alpha1\nkind: LockClaim\nmetadata:\n  name: {name}\n\
+                 spec:\n  lockName: fifo\n"
+            )
+        })
+        .collect();
+    env.apply(&stream.join("---\n"));
+    let mut arrivals = Vec::new();
+    for name in &created {
+        let claim = env.wait_claim(name, |c| arrival_of(c).is_some()).await;
+        arrivals.push(arrival_of(&claim));
+    }
+    assert!(
+        arrivals.windows(2).all(|pair| pair[0] < pair[1]),
+        "arrivals follow creation: {arrivals:?}"
+    );
+    // The head of the queue shows it too (positions are exact there).
+    for (place, name) in created.iter().take(3).enumerate() {
+        let place = i32::try_from(place).expect("small") + 1;
+        env.wait_claim(name, |c| position_of(c) == Some(place))
+            .await;
+    }
+
+    let mut granted = Vec::new();
+    let mut holder = "holder".to_owned();
+    let mut waiting = created.clone();
+    while !waiting.is_empty() {
+        env.delete_claim(&holder).await;
+        holder = next_holder(&env, &waiting).await;
+        waiting.retain(|name| *name != holder);
+        granted.push(holder.clone());
+    }
+    assert_eq!(granted, created, "granted in the order they were created");
+    env.stop_controller().await;
+}
+
+/// The claim `name` on `lock` in `mode`, created through the API (no `kubectl` start-up
+/// between creations).
+async fn create_claim(env: &Env, name: &str, lock: &str, mode: &str) {
+    create_from_json(
+        &env.claims(),
+        serde_json::json!({
+            "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
+            "metadata": {"name": name},
+            "spec": {"lockName": lock, "mode": mode}
+        }),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_a_tenth_of_a_second_behind_a_writer_never_overtakes_it() {
+    let mut env = Env::started().await;
+    for round in 0..20 {
+        let lock = format!("table-{round}");
+        env.apply_lock(&lock, "maxHolders: 10\nleaseDurationSeconds: 300");
+        for reader in ["r1", "r2"] {
+            create_claim(&env, &format!("{reader}-{round}"), &lock, "Shared").await;
+        }
+        env.wait_held(&[&format!("r1-{round}"), &format!("r2-{round}")])
+            .await;
+        // Eight slots are free. "r3" sorts before "w" by name, and both are created within
+        // one second: only their arrival order keeps the reader behind the writer.
+        let writer = format!("w-{round}");
+        let reader = format!("r3-{round}");
+        create_claim(&env, &writer, &lock, "Exclusive").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        create_claim(&env, &reader, &lock, "Shared").await;
+        // The positive sign that a pass has queued both, then the verdict.
+        let r3 = env.wait_claim(&reader, |c| position_of(c).is_some()).await;
+        let w = env.wait_claim(&writer, |c| position_of(c).is_some()).await;
+        assert_eq!(
+            (position_of(&w), position_of(&r3)),
+            (Some(1), Some(2)),
+            "round {round}: the writer first, the later reader behind it"
+        );
+        assert!(arrival_of(&w) < arrival_of(&r3), "round {round}");
+        assert_eq!(
+            phase_of(&env.claim(&reader).await),
+            Some(ClaimPhase::Pending)
+        );
+    }
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arrival_order_survives_a_controller_restart_between_creations() {
+    let mut env = Env::started().await;
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.hold("holder", "db", "").await;
+    env.apply_claim("z-first", "db", "");
+    let first = env.wait_claim("z-first", |c| arrival_of(c).is_some()).await;
+
+    // A new controller (as after a restart or a leader change) sees a claim arrive.
+    env.stop_controller().await;
+    env.start_default_controller();
+    env.apply_claim("a-second", "db", "");
+    let second = env
+        .wait_claim("a-second", |c| position_of(c) == Some(2))
+        .await;
+    assert!(
+        arrival_of(&first) < arrival_of(&second),
+        "{:?} then {:?}",
+        arrival_of(&first),
+        arrival_of(&second)
+    );
+    env.wait_claim("z-first", |c| position_of(c) == Some(1))
+        .await;
+    env.delete_claim("holder").await;
+    env.wait_phase("z-first", ClaimPhase::Held).await;
+    assert_eq!(
+        phase_of(&env.claim("a-second").await),
+        Some(ClaimPhase::Pending)
+    );
+    env.stop_controller().await;
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn priority_orders_the_queue_and_a_restart_keeps_it() {
@@ -104,9 +286,6 @@ async fn readers_share_a_writer_holds_alone_and_is_not_overtaken() {
     env.apply_claim("writer", "table", "mode: Exclusive");
     env.wait_claim("writer", |c| position_of(c) == Some(1))
         .await;
-    // The queue orders by whole creation seconds, then name: reader-3 comes a second later
-    // so that it is behind the writer.
-    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     env.apply_claim("reader-3", "table", "mode: Shared");
     // A slot is free, but reader-3 waits behind the writer (no writer starvation).
     env.wait_claim("reader-3", |c| position_of(c) == Some(2))

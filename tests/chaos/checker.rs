@@ -10,8 +10,11 @@ use turnstile_api::ClaimPhase;
 
 use super::history::{floor_second, Ending, Entry, Event, Millis};
 
-/// How long a claim must have existed before a grant behind it counts as overtaking it: the
-/// controller may run a pass whose cache does not show that claim yet.
+/// For a claim with no recorded arrival (created while no controller watched): how long it
+/// must have existed before a grant behind it counts as overtaking it, since the controller
+/// may run a pass whose cache does not show that claim yet. Claims with recorded arrivals get
+/// no allowance: the controller saw the earlier one before the later one, so every pass that
+/// sees the later one sees it too.
 pub const FIFO_MARGIN_MS: Millis = 2_000;
 
 /// One lock of the run, as the checker needs to know it.
@@ -90,8 +93,10 @@ impl Report {
 #[derive(Debug, Default, Clone)]
 struct ClaimFacts {
     lock: String,
-    /// Server creation time (queue order, with the name).
+    /// Server creation time (queue order, with the name, without an arrival).
     created: Option<Millis>,
+    /// `status.arrivedAt` in microseconds (queue order, with the name).
+    arrived: Option<i64>,
     /// When the test's create call returned.
     created_here: Option<Millis>,
     acquired: Option<Millis>,
@@ -143,6 +148,7 @@ fn facts(entries: &[Entry]) -> BTreeMap<String, ClaimFacts> {
                 let facts = claims.entry(seen.claim.clone()).or_default();
                 facts.lock.clone_from(&seen.lock);
                 facts.created = Some(seen.created);
+                facts.arrived = facts.arrived.or(seen.arrived);
                 if seen.phase == Some(ClaimPhase::Held) {
                     if let Some(acquired) = seen.acquired_at {
                         facts.acquired = Some(facts.acquired.map_or(acquired, |a| a.min(acquired)));
@@ -333,8 +339,14 @@ fn token_regressions(claims: &[(&String, &ClaimFacts)], found: &mut Found) {
 }
 
 fn fifo(claims: &[(&String, &ClaimFacts)], found: &mut Found) {
-    let key =
-        |name: &str, facts: &ClaimFacts| (facts.created.unwrap_or(Millis::MAX), name.to_owned());
+    // The controller's order: arrival, else the creation second; then name.
+    let key = |name: &str, facts: &ClaimFacts| {
+        let created = facts.created.map(|ms| ms.saturating_mul(1_000));
+        (
+            facts.arrived.or(created).unwrap_or(i64::MAX),
+            name.to_owned(),
+        )
+    };
     for (later, x) in claims {
         let Some(granted) = x.acquired else { continue };
         for (earlier, y) in claims {
@@ -342,17 +354,20 @@ fn fifo(claims: &[(&String, &ClaimFacts)], found: &mut Found) {
                 continue;
             };
             let waited_past_grant = y.wait_end().is_none_or(|end| end > granted + 1_000);
+            let both_arrived = x.arrived.is_some() && y.arrived.is_some();
             if key(earlier, y) < key(later, x)
-                && y_here + FIFO_MARGIN_MS <= granted
+                && (both_arrived || y_here + FIFO_MARGIN_MS <= granted)
                 && waited_past_grant
             {
                 found.push((
                     Kind::FifoViolation,
                     format!(
                         "{later} granted at {granted} while earlier {earlier} waited \
-                         (created {:?}, created here {y_here}, acquired {:?}, seen Held by \
-                         its worker {:?}, terminal {:?} seen {:?}, ended {:?}, gone {:?})",
+                         (created {:?}, arrived {:?}, created here {y_here}, acquired {:?}, \
+                         seen Held by its worker {:?}, terminal {:?} seen {:?}, ended {:?}, \
+                         gone {:?})",
                         y.created,
+                        y.arrived,
                         y.acquired,
                         y.worker_saw_held,
                         y.terminal,

@@ -104,6 +104,7 @@ fn seen(claim: &str, created: i64, phase: ClaimPhase, token: Option<i64>) -> Cla
         claim: claim.into(),
         lock: "m".into(),
         created: T0 + created * S,
+        arrived: None,
         phase: Some(phase),
         token,
         acquired_at: None,
@@ -231,6 +232,47 @@ fn a_later_claim_granted_while_an_earlier_one_waits_is_caught() {
         .held("b", 1, 3, 8, 20)
         .delete("b", 9);
     assert_caught(&script, Kind::FifoViolation);
+}
+
+/// Claims b, a, c created in that order within one second (the controller recorded their
+/// arrivals 1 ms apart), granted one after another in the order `granted` once the holder
+/// `h` ends.
+fn one_second_queue(granted: [&str; 3]) -> Script {
+    let script = Script::default();
+    script.create("h", 0).held("h", 0, 1, 0, 60);
+    for (n, claim) in ["b", "a", "c"].into_iter().enumerate() {
+        let mut pending = seen(claim, 1, ClaimPhase::Pending, None);
+        pending.arrived = Some((T0 + S) * 1_000 + i64::try_from(n).expect("small") * 1_000);
+        script
+            .at(
+                1,
+                Event::Created {
+                    lock: "m".into(),
+                    claim: claim.into(),
+                    pod_owned: false,
+                },
+            )
+            .at(1, Event::Seen(pending));
+    }
+    // The first grant comes within the 2 s allowance of the claims' creation: only their
+    // recorded arrivals can tell an overtake there.
+    script.delete("h", 2);
+    for (n, claim) in granted.into_iter().enumerate() {
+        let n = i64::try_from(n).expect("small");
+        script.held(claim, 1, 2 + n, 2 + 2 * n, 60);
+        script.delete(claim, 4 + 2 * n);
+    }
+    script
+}
+
+#[test]
+fn claims_arriving_within_one_second_are_checked_in_arrival_order() {
+    // Granted in arrival order: clean, with no allowance needed.
+    let clean = one_second_queue(["b", "a", "c"]).check(&[]);
+    assert!(clean.violations.is_empty(), "{clean:?}");
+    // The control: name order within the second (what ordering by `creationTimestamp`, then
+    // name, did) is caught.
+    assert_caught(&one_second_queue(["a", "b", "c"]), Kind::FifoViolation);
 }
 
 #[test]

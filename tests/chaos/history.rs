@@ -38,8 +38,12 @@ pub fn floor_second(at: Millis) -> Millis {
 pub struct ClaimSeen {
     pub claim: String,
     pub lock: String,
-    /// `metadata.creationTimestamp`: with the name, the claim's place in the queue.
+    /// `metadata.creationTimestamp`: the claim's place in the queue (with the name) while it
+    /// has no recorded arrival.
     pub created: Millis,
+    /// `status.arrivedAt` in microseconds: when the controller saw it arrive, its place in
+    /// the queue.
+    pub arrived: Option<i64>,
     pub phase: Option<ClaimPhase>,
     pub token: Option<i64>,
     pub acquired_at: Option<Millis>,
@@ -60,6 +64,9 @@ impl ClaimSeen {
                 .as_ref()
                 .map(millis)
                 .unwrap_or_default(),
+            arrived: status
+                .and_then(|s| s.arrived_at.as_ref())
+                .map(|at| at.0.as_microsecond()),
             phase: status.and_then(|s| s.phase),
             token: status.and_then(|s| s.fencing_token),
             acquired_at: status.and_then(|s| s.acquired_at.as_ref()).map(millis),

@@ -1,6 +1,6 @@
 //! `LockClaim`: one workload's request for a `DistributedLock`, and the record of its grant.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use kube::{CustomResource, KubeSchema, ResourceExt};
 use serde::{Deserialize, Serialize};
 
@@ -9,8 +9,8 @@ use crate::vocabulary::{
 };
 
 /// A request for a `DistributedLock` in the same namespace. Claims are granted by `priority`
-/// (higher first), then in order of `creationTimestamp`, then name; the status records the
-/// grant and its fencing token.
+/// (higher first), then in order of arrival (`status.arrivedAt`, else `creationTimestamp`),
+/// then name; the status records the grant and its fencing token.
 // clippy reads the repeated `type_` keys of separate `printcolumn(...)` groups as duplicates.
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
@@ -146,14 +146,45 @@ pub enum ClaimMode {
     Shared,
 }
 
+/// Microseconds since the Unix epoch: the unit of a claim's place in its queue.
+pub type Micros = i64;
+
+/// A claim's place among the claims of one priority: when it arrived (microseconds), then its
+/// name. One function, so that the controller's grant order and what people are shown
+/// (`turnstile queue`, the POSITION column) are the same order.
+///
+/// The arrival is `status.arrivedAt`, stamped by the controller when its watch first
+/// delivered the claim (the order the API server committed the creations). A claim the
+/// controller never saw arrive (created while no controller ran, or seen first in a re-list)
+/// has none: it counts from its `creationTimestamp`, which the API stores in whole seconds,
+/// and ties within that second go by name.
+pub fn arrival_key(
+    arrived_at: Option<&MicroTime>,
+    created: Option<&Time>,
+    name: &str,
+) -> (Micros, String) {
+    (arrival_micros(arrived_at, created), name.to_owned())
+}
+
+/// The time part of [`arrival_key`]: `arrived_at`, else `created` (whole seconds), else 0.
+pub fn arrival_micros(arrived_at: Option<&MicroTime>, created: Option<&Time>) -> Micros {
+    arrived_at
+        .map(|at| at.0.as_microsecond())
+        .or_else(|| created.map(|at| at.0.as_second().saturating_mul(1_000_000)))
+        .unwrap_or(0)
+}
+
 impl LockClaim {
-    /// `(creationTimestamp in whole seconds, name)`: the order in which the claims of one
-    /// priority are granted (0 and "" where unset, as on a claim not yet stored).
-    pub fn arrival(&self) -> (i64, String) {
-        let created = self
-            .creation_timestamp()
-            .map_or(0, |time| time.0.as_second());
-        (created, self.metadata.name.clone().unwrap_or_default())
+    /// The claim's place among the claims of one priority ([`arrival_key`]; 0 and "" where
+    /// unset, as on a claim not yet stored).
+    pub fn arrival(&self) -> (Micros, String) {
+        arrival_key(
+            self.status
+                .as_ref()
+                .and_then(|status| status.arrived_at.as_ref()),
+            self.creation_timestamp().as_ref(),
+            self.metadata.name.as_deref().unwrap_or_default(),
+        )
     }
 }
 
@@ -291,6 +322,11 @@ pub struct LockClaimStatus {
     /// its own fencing token (`fencingToken` above is the first lock's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub locks: Vec<ClaimedLock>,
+    /// When the controller first saw the claim arrive (microseconds; its place in the queue
+    /// after priority). Written with the claim's first status; absent on a claim the
+    /// controller never saw arrive, which then queues by `creationTimestamp` and name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arrived_at: Option<MicroTime>,
 }
 
 /// One lock's grant to a claim on several locks (`status.locks[]`).

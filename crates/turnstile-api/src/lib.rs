@@ -9,7 +9,10 @@ mod crds;
 mod lock;
 pub mod vocabulary;
 
-pub use claim::{ClaimMode, ClaimPhase, ClaimedLock, LockClaim, LockClaimSpec, LockClaimStatus};
+pub use claim::{
+    arrival_key, arrival_micros, ClaimMode, ClaimPhase, ClaimedLock, LockClaim, LockClaimSpec,
+    LockClaimStatus, Micros,
+};
 pub use crds::{crd_yaml, crds, crds_yaml, CrdRenderError};
 pub use lock::{
     holder_summary, BackendKind, DistributedLock, DistributedLockSpec, DistributedLockStatus,

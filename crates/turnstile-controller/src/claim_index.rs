@@ -1,5 +1,6 @@
 //! An index of the claim cache by lock and by owner, so that a lock's pass and an owner's event
-//! read only their own claims instead of scanning every claim in the cluster.
+//! read only their own claims instead of scanning every claim in the cluster; and, fed the
+//! watch's events in order, the claims' arrivals (see `arrivals`).
 //!
 //! The index holds names only; the objects stay in the reflector's [`Store`]. It is fed the
 //! claim watch's events *before* the store is (see `runtime`), so a name the index returns may
@@ -14,10 +15,13 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::ResourceExt;
 
+use super::arrivals::Arrivals;
 use super::core::{WorkloadKind, WorkloadOwner};
 use turnstile_api::{DistributedLock, LockClaim};
 
@@ -33,6 +37,18 @@ struct Names {
 }
 
 impl Names {
+    /// Whether the claim is here already (under its first lock: each claim is under all).
+    fn contains(&self, claim: &LockClaim) -> bool {
+        let (Some(namespace), Some(lock)) =
+            (claim.namespace(), claim.spec.locks().first().copied())
+        else {
+            return false;
+        };
+        self.by_lock
+            .get(&(namespace, lock.to_owned()))
+            .is_some_and(|names| names.contains(&claim.name_any()))
+    }
+
     fn insert(&mut self, claim: &LockClaim) {
         let (Some(namespace), name) = (claim.namespace(), claim.name_any()) else {
             return;
@@ -83,6 +99,8 @@ struct Index {
     current: Names,
     /// During a re-list: what it has listed so far, swapped in when it ends.
     relisting: Option<Names>,
+    /// When the claims the watch delivered arrived (see `arrivals`).
+    arrivals: Arrivals,
 }
 
 /// Claim names by lock and by owner uid (see the module docs). Clones share one index.
@@ -99,21 +117,42 @@ impl ClaimIndex {
 
     /// Records what a watch event says about claims.
     pub fn observe(&self, event: &watcher::Event<LockClaim>) {
-        let mut index = self.write();
+        let mut guard = self.write();
+        let index = &mut *guard;
         match event {
-            watcher::Event::Apply(claim) => index.current.insert(claim),
-            watcher::Event::Delete(claim) => index.current.remove(claim),
-            watcher::Event::Init => index.relisting = Some(Names::default()),
-            watcher::Event::InitApply(claim) => index
-                .relisting
-                .get_or_insert_with(Names::default)
-                .insert(claim),
+            watcher::Event::Apply(claim) => {
+                let known = index.current.contains(claim);
+                index.arrivals.applied(claim, known, Timestamp::now());
+                index.current.insert(claim);
+            }
+            watcher::Event::Delete(claim) => {
+                index.arrivals.deleted(claim);
+                index.current.remove(claim);
+            }
+            watcher::Event::Init => {
+                index.arrivals.relist_started();
+                index.relisting = Some(Names::default());
+            }
+            watcher::Event::InitApply(claim) => {
+                index.arrivals.listed(claim);
+                index
+                    .relisting
+                    .get_or_insert_with(Names::default)
+                    .insert(claim);
+            }
             watcher::Event::InitDone => {
+                index.arrivals.relist_done();
                 if let Some(listed) = index.relisting.take() {
                     index.current = listed;
                 }
             }
         }
+    }
+
+    /// When the claim arrived, as the watch delivered it, while its status does not record
+    /// it yet (see `arrivals`).
+    pub fn arrival(&self, claim: &LockClaim) -> Option<MicroTime> {
+        self.read().arrivals.of(claim.metadata.uid.as_deref()?)
     }
 
     /// The cached claims of lock `name` in `namespace`.

@@ -40,7 +40,7 @@ async fn reconcile_orphan(claim: &LockClaim, ctx: &Context) -> Result<Action, Co
         return Ok(Action::await_change());
     }
     let view = match ClaimView::from_resource(claim) {
-        Ok(view) => view,
+        Ok(view) => view.observed_arrival(ctx.claim_index.arrival(claim)),
         Err(error) => {
             tracing::warn!(%error, "ignoring incomplete claim");
             return Ok(Action::await_change());

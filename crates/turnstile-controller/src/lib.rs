@@ -6,6 +6,8 @@
 //! - [`multi_lock`]: claims on several locks, granted all at once by their first lock's pass.
 //! - [`claim_reconciler`]: claims whose lock does not exist.
 //! - [`claim_index`]: the claim cache's names by lock and by owner (no whole-cache scans).
+//! - [`arrivals`]: when each claim arrived, in the watch's order: the queue order after
+//!   priority.
 //! - [`lock_wakes`]: lock passes woken by something other than a watch event.
 //! - [`backend_outages`]: a backend that answers again wakes the locks that waited for it.
 //! - [`own_writes`]: a lock's pass waits until the cache shows its previous pass's writes.
@@ -20,6 +22,7 @@
 //! - [`leader`]: leader election on a `coordination.k8s.io` Lease.
 //! - [`metrics`]: the Prometheus series, and the `/metrics`, `/healthz`, `/readyz` endpoints.
 
+pub mod arrivals;
 pub mod backend_outages;
 pub mod backends;
 pub mod claim_index;

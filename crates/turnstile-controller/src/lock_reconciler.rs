@@ -41,12 +41,17 @@ fn claims_of(ctx: &Context, lock: &LockView) -> HashMap<String, Arc<LockClaim>> 
         .collect()
 }
 
-/// The claims' views, each seen from lock `lock` (incomplete objects are skipped).
-fn claim_views(objects: &HashMap<String, Arc<LockClaim>>, lock: &str) -> Vec<ClaimView> {
+/// The claims' views, each seen from lock `lock` with its arrival (incomplete objects are
+/// skipped).
+fn claim_views(
+    ctx: &Context,
+    objects: &HashMap<String, Arc<LockClaim>>,
+    lock: &str,
+) -> Vec<ClaimView> {
     objects
         .values()
         .filter_map(|claim| match ClaimView::for_lock(claim, lock) {
-            Ok(view) => Some(view),
+            Ok(view) => Some(view.observed_arrival(ctx.claim_index.arrival(claim))),
             Err(error) => {
                 tracing::warn!(%error, "ignoring incomplete claim");
                 None
@@ -105,7 +110,7 @@ async fn other_locks(
             continue;
         };
         let view = LockView::from_resource(&object);
-        let claims = claim_views(&claims_of(ctx, &view), &name);
+        let claims = claim_views(ctx, &claims_of(ctx, &view), &name);
         let (backend_view, backend) = backend_of(ctx, &view).await;
         let other = OtherLock {
             lock: view,
@@ -151,7 +156,7 @@ async fn reconcile_inner(
         return Ok(Action::requeue(wait));
     }
     let objects = claims_of(ctx, &view);
-    let mut claims = claim_views(&objects, &view.name);
+    let mut claims = claim_views(ctx, &objects, &view.name);
 
     fill_owner_states(
         &ctx.client,

@@ -47,8 +47,8 @@ fn release_settled(input: &LockInput, op: Option<usize>, outcomes: &[OpOutcome])
 enum Next {
     /// Unchanged (terminal, or being deleted).
     Same,
-    /// This status.
-    Status(LockClaimStatus),
+    /// This status (boxed: a status is large beside the other variants).
+    Status(Box<LockClaimStatus>),
     /// Waiting in the queue with this reason.
     Queued {
         reason: &'static str,
@@ -56,6 +56,12 @@ enum Next {
     },
     /// Waiting here for a grant its first lock's pass decides (counted, not written).
     KeptWaiting,
+}
+
+impl Next {
+    fn status(status: LockClaimStatus) -> Self {
+        Self::Status(Box::new(status))
+    }
 }
 
 struct Folder<'a> {
@@ -92,7 +98,7 @@ impl Folder<'_> {
     }
 
     fn lost(&self, claim: &ClaimView, message: String) -> Next {
-        Next::Status(terminal_status(
+        Next::status(terminal_status(
             claim,
             ClaimPhase::Expired,
             reasons::LOCK_LOST,
@@ -135,7 +141,7 @@ impl Folder<'_> {
             .holder_identity
             .clone()
             .unwrap_or_else(|| claim.holder_identity());
-        Next::Status(held_status(
+        Next::status(held_status(
             claim,
             identity,
             token,
@@ -262,7 +268,7 @@ impl Folder<'_> {
                     if fencing_token > self.plan.high_water =>
                 {
                     self.wake_for_grant(claim, *expiry);
-                    Next::Status(held_status(
+                    Next::status(held_status(
                         claim,
                         claim.holder_identity(),
                         fencing_token,
@@ -308,7 +314,7 @@ impl Folder<'_> {
                 message,
                 released_at,
                 ..
-            } => Next::Status(terminal_status(
+            } => Next::status(terminal_status(
                 claim,
                 *phase,
                 reason,
@@ -317,14 +323,14 @@ impl Folder<'_> {
                 self.now,
             )),
             Intent::Terminal { .. } | Intent::Delete { .. } => Next::Same,
-            Intent::LockGone => Next::Status(pending_status(
+            Intent::LockGone => Next::status(pending_status(
                 claim,
                 None,
                 reasons::LOCK_NOT_FOUND,
                 format!("lock {} is being deleted", self.input.lock.name),
                 self.now,
             )),
-            Intent::OtherLockGone { lock } => Next::Status(pending_status(
+            Intent::OtherLockGone { lock } => Next::status(pending_status(
                 claim,
                 None,
                 reasons::LOCK_NOT_FOUND,
@@ -370,7 +376,7 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
                 position += 1;
                 None
             }
-            Next::Status(status) => Some(status),
+            Next::Status(status) => Some(*status),
             Next::Queued { reason, message } => {
                 position += 1;
                 let shown = shown_position(claim, position);
@@ -627,7 +633,7 @@ fn set_condition(
 }
 
 /// A claim's status in `phase` with the fields every phase shares filled in: `reason`,
-/// `message`, the `Held` condition and `observedGeneration`.
+/// `message`, the `Held` condition, `observedGeneration` and `arrivedAt`.
 fn with_common(
     claim: &ClaimView,
     mut status: LockClaimStatus,
@@ -648,6 +654,8 @@ fn with_common(
     status.reason = Some(reason.to_owned());
     status.message = Some(message);
     status.observed_generation = claim.generation;
+    // The claim's place in the queue, kept for good once written.
+    status.arrived_at = claim.status.arrived_at.clone();
     status
 }
 

@@ -13,7 +13,7 @@
 //! Claims whose lock does not exist are decided by [`decide_orphan`].
 //!
 //! Invariants (unit- and property-tested): never more than `maxHolders` claims `Held`;
-//! grants in FIFO order (`creationTimestamp`, then name); fencing tokens strictly increasing;
+//! grants in FIFO order (arrival, see `queue`); fencing tokens strictly increasing;
 //! terminal phases final; a second pass over the resulting state writes nothing.
 
 mod decision;

@@ -6,13 +6,13 @@ use std::fmt::Display;
 use std::ops::RangeInclusive;
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use turnstile_api::{
-    BackendKind, ClaimMode, ClaimPhase, DistributedLock, DistributedLockSpec,
-    DistributedLockStatus, LockClaim, LockClaimSpec, LockClaimStatus, FINALIZER,
+    arrival_micros, BackendKind, ClaimMode, ClaimPhase, DistributedLock, DistributedLockSpec,
+    DistributedLockStatus, LockClaim, LockClaimSpec, LockClaimStatus, Micros, FINALIZER,
     MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_HOLDERS, MAX_HOLD_SECONDS, MAX_LEASE_DURATION_SECONDS,
     MAX_LOCKS_PER_CLAIM, MAX_LOCK_DELAY_SECONDS, MAX_PRIORITY,
 };
@@ -168,7 +168,8 @@ pub struct ClaimView {
     pub name: String,
     /// `metadata.uid`: the owner token of the claim's grant in the backend.
     pub uid: String,
-    /// `metadata.creationTimestamp`, the claim's place in the FIFO queue.
+    /// `metadata.creationTimestamp` (whole seconds): where the acquire timeout counts from,
+    /// and the claim's place in the queue when it has no `status.arrivedAt`.
     pub created: Seconds,
     /// `metadata.generation`.
     pub generation: Option<i64>,
@@ -390,9 +391,23 @@ impl ClaimView {
             .clamp(-MAX_PRIORITY, MAX_PRIORITY)
     }
 
-    /// The queue order: higher `priority` first, then `creationTimestamp`, then name.
-    pub fn queue_order(&self) -> (std::cmp::Reverse<i32>, Seconds, &str) {
-        (std::cmp::Reverse(self.priority()), self.created, &self.name)
+    /// The queue order: higher `priority` first, then arrival, then name
+    /// ([`turnstile_api::arrival_key`]).
+    pub fn queue_order(&self) -> (std::cmp::Reverse<i32>, Micros, &str) {
+        let arrived = arrival_micros(
+            self.status.arrived_at.as_ref(),
+            Some(&time_at(self.created)),
+        );
+        (std::cmp::Reverse(self.priority()), arrived, &self.name)
+    }
+
+    /// Records when the controller saw the claim arrive, unless its status already does: the
+    /// claim's next status write (its first) then carries it, and no write is added for it.
+    pub fn observed_arrival(mut self, arrived: Option<MicroTime>) -> Self {
+        if self.status.arrived_at.is_none() {
+            self.status.arrived_at = arrived;
+        }
+        self
     }
 
     /// Whether the claim holds together with other shared claims: `spec.mode`, and when it is

@@ -5,9 +5,10 @@
 use super::model::ClaimView;
 use turnstile_api::{ClaimPhase, LockClaimStatus};
 
-/// Indices into `claims`, in queue order: `creationTimestamp` (whole seconds, as the API
-/// stores it), then name. The controller grants pending claims in this order, as many as
-/// `maxHolders` allows; a claim never overtakes one before it.
+/// Indices into `claims`, in queue order: higher priority first, then arrival
+/// (`status.arrivedAt`, else `creationTimestamp` in whole seconds), then name
+/// ([`turnstile_api::arrival_key`]). The controller grants pending claims in this order, as
+/// many as `maxHolders` allows; a claim never overtakes one before it.
 pub fn queue_order(claims: &[ClaimView]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..claims.len()).collect();
     order.sort_by(|a, b| claims[*a].queue_order().cmp(&claims[*b].queue_order()));
@@ -64,28 +65,57 @@ mod tests {
     use super::*;
     use turnstile_api::LockClaim;
 
-    fn claim(name: &str, created: &str) -> ClaimView {
+    fn claim(name: &str, created: &str, arrived: Option<&str>) -> ClaimView {
         let claim: LockClaim = serde_json::from_value(serde_json::json!({
             "apiVersion": "turnstile.dev/v1alpha1", "kind": "LockClaim",
             "metadata": {"name": name, "uid": name, "creationTimestamp": created},
-            "spec": {"lockName": "l"}
+            "spec": {"lockName": "l"},
+            "status": {"arrivedAt": arrived}
         }))
         .expect("claim");
         ClaimView::from_resource(&claim).expect("complete claim")
     }
 
-    #[test]
-    fn creation_second_first_then_name_and_fractions_do_not_count() {
-        let claims = [
-            claim("b", "2026-01-01T00:00:01Z"),
-            claim("z", "2026-01-01T00:00:00.900Z"),
-            claim("a", "2026-01-01T00:00:01Z"),
-            claim("c", "2026-01-01T00:00:00Z"),
-        ];
-        let names: Vec<&str> = queue_order(&claims)
+    fn names(claims: &[ClaimView]) -> Vec<&str> {
+        queue_order(claims)
             .into_iter()
             .map(|index| claims[index].name.as_str())
-            .collect();
-        assert_eq!(names, ["c", "z", "a", "b"]);
+            .collect()
+    }
+
+    #[test]
+    fn arrival_to_the_microsecond_not_the_name() {
+        // Created in one second, in the order c, b, a.
+        let claims = [
+            claim(
+                "a",
+                "2026-01-01T00:00:01Z",
+                Some("2026-01-01T00:00:01.000300Z"),
+            ),
+            claim(
+                "c",
+                "2026-01-01T00:00:01Z",
+                Some("2026-01-01T00:00:01.000100Z"),
+            ),
+            claim(
+                "b",
+                "2026-01-01T00:00:01Z",
+                Some("2026-01-01T00:00:01.000200Z"),
+            ),
+        ];
+        assert_eq!(names(&claims), ["c", "b", "a"]);
+    }
+
+    #[test]
+    fn claims_never_seen_arriving_go_by_creation_second_then_name() {
+        let claims = [
+            claim("b", "2026-01-01T00:00:01Z", None),
+            claim("z", "2026-01-01T00:00:00.900Z", None),
+            claim("a", "2026-01-01T00:00:01Z", None),
+            claim("c", "2026-01-01T00:00:00Z", None),
+            // Seen arriving within second 1: after the claims that count from its start.
+            claim("0", "2026-01-01T00:00:01Z", Some("2026-01-01T00:00:01.5Z")),
+        ];
+        assert_eq!(names(&claims), ["c", "z", "a", "b", "0"]);
     }
 }

@@ -43,6 +43,9 @@ pub(crate) struct World {
     pub(crate) tokens: BTreeMap<String, Vec<i64>>,
     /// Claims ever granted.
     pub(crate) granted: BTreeSet<String>,
+    /// The arrival the controller's watch gave each claim (by name), before its status
+    /// records it.
+    pub(crate) arrivals: BTreeMap<String, MicroTime>,
 }
 
 pub(crate) fn phase(claim: &LockClaim) -> ClaimPhase {
@@ -85,6 +88,7 @@ impl World {
             next: 0,
             tokens: BTreeMap::new(),
             granted: BTreeSet::new(),
+            arrivals: BTreeMap::new(),
         }
     }
 
@@ -105,9 +109,17 @@ impl World {
         tokio::time::advance(by).await;
     }
 
+    /// A new claim on `locks`. Names count *down* (c999, c998, ...) and the clock stands
+    /// still between creations, so only the arrival the controller's watch would give each
+    /// claim (stamped here, in creation order) keeps the queue first come, first served.
     pub(crate) fn create(&mut self, locks: &[&str]) -> String {
         self.next += 1;
-        let name = format!("c{:03}", self.next);
+        let name = format!("c{:03}", 999 - self.next);
+        let arrival = self.now().as_microsecond() + i64::try_from(self.next).expect("small");
+        self.arrivals.insert(
+            name.clone(),
+            MicroTime(Timestamp::from_microsecond(arrival).expect("time")),
+        );
         let spec = if locks.len() == 1 {
             LockClaimSpec::for_lock(locks[0])
         } else {
@@ -148,8 +160,26 @@ impl World {
         self.claims
             .values()
             .filter(|claim| claim.spec.locks().contains(&lock))
-            .map(|claim| ClaimView::for_lock(claim, lock).expect("complete claim"))
+            .map(|claim| {
+                let view = ClaimView::for_lock(claim, lock).expect("complete claim");
+                view.observed_arrival(self.arrival(claim))
+            })
             .collect()
+    }
+
+    /// The claim's arrival: recorded in its status, or as the controller's watch gave it.
+    fn arrival(&self, claim: &LockClaim) -> Option<MicroTime> {
+        let recorded = claim.status.as_ref().and_then(|s| s.arrived_at.clone());
+        recorded.or_else(|| self.arrivals.get(claim.metadata.name.as_deref()?).cloned())
+    }
+
+    /// The claim's place in the queue, as the controller orders it.
+    fn place(&self, claim: &LockClaim) -> (turnstile_api::Micros, String) {
+        turnstile_api::arrival_key(
+            self.arrival(claim).as_ref(),
+            claim.metadata.creation_timestamp.as_ref(),
+            claim.metadata.name.as_deref().unwrap_or_default(),
+        )
     }
 
     pub(crate) async fn backend_view(&self, lock: &LockView) -> BackendView {
@@ -255,7 +285,7 @@ impl World {
                     .values()
                     .filter(on_lock)
                     .filter(|other| {
-                        other.arrival() < claim.arrival()
+                        self.place(other) < self.place(&claim)
                             && phase(other) == ClaimPhase::Pending
                             && other.metadata.deletion_timestamp.is_none()
                             && other.spec.release != Some(true)

@@ -142,17 +142,9 @@ impl Sim {
         }
 
         // FIFO: no queued claim that existed when a holder was granted is ahead of it. The
-        // order is the API's: whole seconds of creation (all it stores), then name.
-        let order = |c: &LockClaim| {
-            (
-                std::cmp::Reverse(c.spec.priority.unwrap_or(0)),
-                c.metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .map(|t| t.0.as_second()),
-                c.metadata.name.clone(),
-            )
-        };
+        // order is the controller's: priority, then arrival (many claims arrive within one
+        // second: names alone would misorder them), then name.
+        let order = |c: &LockClaim| self.place(c);
         // A claim being deleted has left the queue (its status stays as it was until its
         // finalizer goes, and `fold` counts it nowhere).
         let mut queued: Vec<&LockClaim> = self

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use turnstile_api::reasons;
 use turnstile_api::{
@@ -195,6 +195,9 @@ pub struct Sim {
     /// The last resourceVersion the simulated API server gave out (one counter for all
     /// objects, as etcd's revision).
     pub revision: u64,
+    /// The arrival the controller's watch gave each claim (by name), before its status
+    /// records it: in creation order, many within one second.
+    pub arrivals: BTreeMap<String, MicroTime>,
 }
 
 impl Sim {
@@ -252,6 +255,7 @@ impl Sim {
             taken_for_waiters: BTreeSet::new(),
             extra_passes: 0,
             revision: 1,
+            arrivals: BTreeMap::new(),
         }
     }
 
@@ -328,6 +332,10 @@ impl Sim {
             ..ObjectMeta::default()
         };
         self.created_seq.insert(name.to_owned(), self.seq);
+        // `now` never goes back and `seq` rises: strictly later than every earlier arrival.
+        let arrival = self.now().as_microsecond() + i64::try_from(self.seq).expect("small");
+        let arrival = Timestamp::from_microsecond(arrival).expect("time");
+        self.arrivals.insert(name.to_owned(), MicroTime(arrival));
         self.claims.insert(name.to_owned(), claim);
     }
 
@@ -455,6 +463,23 @@ impl Sim {
         self.claims[name].status.as_ref()?.expires_at.clone()
     }
 
+    /// The claim's place in the queue as the controller orders it: priority, then its
+    /// arrival (recorded in its status, else as the watch gave it), then name.
+    pub fn place(&self, claim: &LockClaim) -> (std::cmp::Reverse<i32>, i64, String) {
+        let name = claim.metadata.name.as_deref().unwrap_or_default();
+        let recorded = claim.status.as_ref().and_then(|s| s.arrived_at.as_ref());
+        let (arrival, name) = turnstile_api::arrival_key(
+            recorded.or(self.arrivals.get(name)),
+            claim.metadata.creation_timestamp.as_ref(),
+            name,
+        );
+        (
+            std::cmp::Reverse(claim.spec.priority.unwrap_or(0)),
+            arrival,
+            name,
+        )
+    }
+
     pub fn input(&self, backend: BackendView) -> LockInput {
         LockInput {
             lock: LockView::from_resource(&self.lock),
@@ -462,7 +487,9 @@ impl Sim {
                 .claims
                 .iter()
                 .map(|(name, claim)| {
-                    let mut view = ClaimView::from_resource(claim).expect("complete claim");
+                    let mut view = ClaimView::from_resource(claim)
+                        .expect("complete claim")
+                        .observed_arrival(self.arrivals.get(name).cloned());
                     if let Some(state) = self.owners.get(name) {
                         view.owner_state = *state;
                     }

@@ -1,0 +1,191 @@
+//! When each claim arrived: the queue's order after priority, to the event rather than to the
+//! second.
+//!
+//! The API server stamps `creationTimestamp` in whole seconds, so claims created within one
+//! second cannot be told apart by it. Its watch, though, delivers creations in the order etcd
+//! committed them. The claim watch's events pass through here (via the claim index) before the
+//! cache sees them, and each claim the watch shows for the first time is given an arrival: a
+//! microsecond time that is strictly later than every arrival seen or given before, so that
+//! the order of arrivals is the order of delivery. The pass writes it into the claim's first
+//! status (`status.arrivedAt`, in a write the claim gets anyway), after which the status is the
+//! record and the stamp here is dropped: restarts and leader changes keep the order.
+//!
+//! A claim the watch shows first in a *list* (the initial one at start-up, or a re-list after
+//! an outage) was created while this controller was not watching: its place among the others
+//! is unknown, so it gets no arrival and queues by `creationTimestamp`, then name.
+
+use std::collections::{HashMap, HashSet};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use turnstile_api::{LockClaim, Micros};
+
+/// The arrivals given to claims whose status does not record one yet.
+#[derive(Debug, Default)]
+pub struct Arrivals {
+    /// Stamps not yet seen in a status, by claim uid.
+    stamped: HashMap<String, Micros>,
+    /// The latest arrival given or seen in any status: the next one is later (a new leader
+    /// whose clock is behind the old one's still queues new claims behind the old ones).
+    latest: Micros,
+    /// During a re-list: the uids listed so far (stamps of claims not listed are dropped at
+    /// its end: those claims were deleted meanwhile).
+    relisted: Option<HashSet<String>>,
+}
+
+impl Arrivals {
+    /// A claim the watch shows, changed or new; `known` says whether the index already held
+    /// it (a claim it did not hold arrives now).
+    pub fn applied(&mut self, claim: &LockClaim, known: bool, now: Timestamp) {
+        let Some(uid) = claim.uid() else { return };
+        if let Some(recorded) = recorded(claim) {
+            self.latest = self.latest.max(recorded);
+            self.stamped.remove(&uid);
+            return;
+        }
+        if known || self.stamped.contains_key(&uid) {
+            return;
+        }
+        // Not before its own creation second either: a controller clock behind the API
+        // server's must not queue a new claim ahead of older ones that queue by
+        // `creationTimestamp`.
+        let created = claim
+            .creation_timestamp()
+            .map_or(0, |at| at.0.as_second().saturating_mul(1_000_000));
+        let arrival = now
+            .as_microsecond()
+            .max(self.latest.saturating_add(1))
+            .max(created);
+        self.latest = arrival;
+        self.stamped.insert(uid, arrival);
+    }
+
+    /// A claim the watch shows gone.
+    pub fn deleted(&mut self, claim: &LockClaim) {
+        if let Some(uid) = claim.uid() {
+            self.stamped.remove(&uid);
+        }
+    }
+
+    /// A list starts: its claims were created while nobody watched, unless known already.
+    pub fn relist_started(&mut self) {
+        self.relisted = Some(HashSet::new());
+    }
+
+    /// A claim in a list.
+    pub fn listed(&mut self, claim: &LockClaim) {
+        if let Some(recorded) = recorded(claim) {
+            self.latest = self.latest.max(recorded);
+        }
+        if let (Some(uid), Some(listed)) = (claim.uid(), self.relisted.as_mut()) {
+            listed.insert(uid);
+        }
+    }
+
+    /// The list is complete: stamps of claims it did not show go.
+    pub fn relist_done(&mut self) {
+        if let Some(listed) = self.relisted.take() {
+            self.stamped.retain(|uid, _| listed.contains(uid));
+        }
+    }
+
+    /// The arrival given to the claim with `uid`, while its status does not record it.
+    pub fn of(&self, uid: &str) -> Option<MicroTime> {
+        let micros = *self.stamped.get(uid)?;
+        Timestamp::from_microsecond(micros).ok().map(MicroTime)
+    }
+}
+
+/// The arrival the claim's status records, in microseconds.
+fn recorded(claim: &LockClaim) -> Option<Micros> {
+    let status = claim.status.as_ref()?;
+    Some(status.arrived_at.as_ref()?.0.as_microsecond())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use turnstile_api::{LockClaimSpec, LockClaimStatus};
+
+    fn claim(name: &str, created_second: i64) -> LockClaim {
+        let mut claim = LockClaim::new(name, LockClaimSpec::for_lock("db"));
+        claim.metadata.uid = Some(format!("uid-{name}"));
+        claim.metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Timestamp::from_second(created_second).expect("time"),
+            ));
+        claim
+    }
+
+    fn at(micros: Micros) -> Timestamp {
+        Timestamp::from_microsecond(micros).expect("time")
+    }
+
+    fn micros(arrivals: &Arrivals, name: &str) -> Option<Micros> {
+        arrivals
+            .of(&format!("uid-{name}"))
+            .map(|at| at.0.as_microsecond())
+    }
+
+    #[test]
+    fn claims_arriving_in_one_microsecond_keep_their_delivery_order() {
+        let mut arrivals = Arrivals::default();
+        let now = at(5_000_000);
+        for name in ["c", "b", "a"] {
+            arrivals.applied(&claim(name, 5), false, now);
+        }
+        assert_eq!(micros(&arrivals, "c"), Some(5_000_000));
+        assert_eq!(micros(&arrivals, "b"), Some(5_000_001));
+        assert_eq!(micros(&arrivals, "a"), Some(5_000_002));
+        // Seen again (a status write, a label): the place stays.
+        arrivals.applied(&claim("c", 5), true, at(9_000_000));
+        assert_eq!(micros(&arrivals, "c"), Some(5_000_000));
+    }
+
+    #[test]
+    fn listed_claims_get_no_arrival_and_recorded_ones_move_the_clock() {
+        let mut arrivals = Arrivals::default();
+        arrivals.relist_started();
+        let mut recorded = claim("old", 1);
+        recorded.status = Some(LockClaimStatus {
+            arrived_at: Some(MicroTime(at(70_000_000))),
+            ..LockClaimStatus::default()
+        });
+        arrivals.listed(&recorded);
+        arrivals.listed(&claim("unseen", 2));
+        arrivals.relist_done();
+        assert_eq!(
+            micros(&arrivals, "unseen"),
+            None,
+            "created while nobody watched"
+        );
+        // Later changes to a listed claim are no arrival either.
+        arrivals.applied(&claim("unseen", 2), true, at(80_000_000));
+        assert_eq!(micros(&arrivals, "unseen"), None);
+        // A clock behind the recorded arrivals (a new leader's) still queues behind them.
+        arrivals.applied(&claim("new", 3), false, at(60_000_000));
+        assert_eq!(micros(&arrivals, "new"), Some(70_000_001));
+        // And never before its own creation second.
+        arrivals.applied(&claim("future", 90), false, at(60_000_000));
+        assert_eq!(micros(&arrivals, "future"), Some(90_000_000));
+    }
+
+    #[test]
+    fn a_recorded_arrival_replaces_the_stamp_and_a_relist_drops_the_deleted() {
+        let mut arrivals = Arrivals::default();
+        arrivals.applied(&claim("a", 1), false, at(1_000_000));
+        arrivals.applied(&claim("b", 1), false, at(1_000_000));
+        let mut written = claim("a", 1);
+        written.status = Some(LockClaimStatus {
+            arrived_at: arrivals.of("uid-a"),
+            ..LockClaimStatus::default()
+        });
+        arrivals.applied(&written, true, at(2_000_000));
+        assert_eq!(micros(&arrivals, "a"), None, "the status is the record now");
+        arrivals.relist_started();
+        arrivals.relist_done();
+        assert_eq!(micros(&arrivals, "b"), None, "b was not listed: it is gone");
+    }
+}
