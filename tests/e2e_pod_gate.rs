@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use e2e_support::actor::{requests_of, tagged_client};
 use e2e_support::jobs::{is_suspended, jobs, wait_job};
 use e2e_support::pods::{pods, set_pod_phase};
+use e2e_support::scrape::{get, sample};
 use e2e_support::{
     annotate, lock_tokens, phase_of, reason_of, token_annotation, token_of, Env, WAIT,
 };
@@ -195,9 +196,29 @@ async fn gated_replicas_on_a_mutex_run_one_at_a_time() {
     env.stop_controller().await;
 }
 
+/// How many passes the Pod gate has finished (its `turnstile_reconcile_total` series).
+async fn pod_gate_passes(metrics: std::net::SocketAddr) -> f64 {
+    sample(
+        &get(metrics, "/metrics").await.body,
+        r#"turnstile_reconcile_total{controller="pod",result="ok"}"#,
+    )
+    .unwrap_or_default()
+}
+
+/// Waits until the Pod gate has finished a pass since it had finished `before`: the positive
+/// sign that it looked at a change made after `before` was read.
+async fn pod_gate_passed_since(metrics: std::net::SocketAddr, before: f64) {
+    let deadline = Instant::now() + WAIT;
+    while pod_gate_passes(metrics).await <= before {
+        assert!(Instant::now() < deadline, "the Pod gate never looked");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gated_pod_whose_claim_fails_stays_gated_and_says_why() {
-    let mut env = Env::started().await;
+    let mut env = Env::new().await;
+    let metrics = env.start_controller_serving_metrics();
     env.apply_lock("db", "leaseDurationSeconds: 300");
     env.hold("holder", "db", "").await;
     create_gated_pod(&env, "web-x", "db").await;
@@ -211,13 +232,17 @@ async fn a_gated_pod_whose_claim_fails_stays_gated_and_says_why() {
     let failed = env.wait_phase("web-x-db", ClaimPhase::Failed).await;
     assert_eq!(reason_of(&failed).as_deref(), Some("AcquireTimeout"));
     env.wait_event("web-x", "GateBlocked").await;
-    // Each change of the Pod says it again: one Event, its count rising. (The claim's own
-    // last writes may start passes that say it too: count from where those leave it.)
+    // Said once for its reason, however many passes follow: the claim's own last writes
+    // start some, and each change of the Pod another.
     let said = env
         .event_said_settled("web-x", "GateBlocked", Duration::from_millis(500))
         .await;
+    assert_eq!(said, 1, "GateBlocked said once, not on every pass");
+    let before = pod_gate_passes(metrics).await;
     annotate(&pods(&env), "web-x", "test/touch", "1").await;
-    env.wait_event_said("web-x", "GateBlocked", said + 1).await;
+    // The positive sign that the gate looked at the changed Pod, then the verdict.
+    pod_gate_passed_since(metrics, before).await;
+    assert_eq!(env.event_said("web-x", "GateBlocked").await, 1);
     let pod = pods(&env).get("web-x").await.expect("pod");
     assert!(is_gated(&pod), "a Pod whose claim failed stays gated");
 
@@ -227,11 +252,12 @@ async fn a_gated_pod_whose_claim_fails_stays_gated_and_says_why() {
         "spec": {"containers": [{"name": "app", "image": "busybox"}]}
     }))
     .expect("pod");
+    let before = pod_gate_passes(metrics).await;
     pods(&env)
         .create(&PostParams::default(), &plain)
         .await
         .expect("create pod");
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    pod_gate_passed_since(metrics, before).await;
     assert!(env.claim_opt("web-y-db").await.is_none());
     env.stop_controller().await;
 }

@@ -220,6 +220,19 @@ impl Bench {
         .await;
         self.seen_status.wait_count("deep-", deep + 1).await;
         settle(&self.server, Duration::from_millis(500)).await;
+        // They were created 16 at a time: the queue is in the order they arrived, which the
+        // statuses record (`arrivedAt`), not their names.
+        let mut queue: Vec<LockClaim> = self
+            .claims
+            .list(&ListParams::default())
+            .await
+            .expect("list claims")
+            .items
+            .into_iter()
+            .filter(|claim| claim.name_any().starts_with("deep-"))
+            .collect();
+        queue.sort_by_key(LockClaim::arrival);
+        let queue: Vec<String> = queue.iter().map(ResourceExt::name_any).collect();
         let mut hand_offs = Vec::new();
         let mut writes = Vec::new();
         for i in 0..samples.min(deep) {
@@ -231,10 +244,10 @@ impl Bench {
                 .count();
             let start = Instant::now();
             self.claims
-                .delete(&format!("deep-{i:05}"), &DeleteParams::default())
+                .delete(&queue[i], &DeleteParams::default())
                 .await
                 .expect("delete");
-            hand_offs.push(self.seen_held.wait(&format!("deep-{:05}", i + 1)).await - start);
+            hand_offs.push(self.seen_held.wait(&queue[i + 1]).await - start);
             settle(&self.server, Duration::from_millis(200)).await;
             let after = self
                 .server

@@ -11,8 +11,13 @@
 //! record and the stamp here is dropped: restarts and leader changes keep the order.
 //!
 //! A claim the watch shows first in a *list* (the initial one at start-up, or a re-list after
-//! an outage) was created while this controller was not watching: its place among the others
-//! is unknown, so it gets no arrival and queues by `creationTimestamp`, then name.
+//! an outage) with no status at all was created while no controller watched (or moments
+//! before this one did): it arrived after every claim whose arrival is recorded, and before
+//! any the watch delivers later, but its place among the others of the list is unknown. When
+//! the list ends, such claims are stamped in `creationTimestamp`-then-name order, after every
+//! recorded arrival. A listed claim *with* a status but no arrival was queued by a controller
+//! from before `arrivedAt` existed: it keeps no arrival and queues by `creationTimestamp`
+//! (from the start of that second), then name, as it did.
 
 use std::collections::{HashMap, HashSet};
 
@@ -33,6 +38,9 @@ pub struct Arrivals {
     /// During a re-list: the uids listed so far (stamps of claims not listed are dropped at
     /// its end: those claims were deleted meanwhile).
     relisted: Option<HashSet<String>>,
+    /// During a re-list: the listed claims no controller has queued yet (no status), as
+    /// `(creation second in microseconds, name, uid)`, stamped when it ends.
+    unqueued: Vec<(Micros, String, String)>,
 }
 
 impl Arrivals {
@@ -48,12 +56,14 @@ impl Arrivals {
         if known || self.stamped.contains_key(&uid) {
             return;
         }
+        self.stamp(uid, created_micros(claim), now);
+    }
+
+    /// Gives the claim `uid`, created in the second starting at `created`, the next arrival.
+    fn stamp(&mut self, uid: String, created: Micros, now: Timestamp) {
         // Not before its own creation second either: a controller clock behind the API
         // server's must not queue a new claim ahead of older ones that queue by
         // `creationTimestamp`.
-        let created = claim
-            .creation_timestamp()
-            .map_or(0, |at| at.0.as_second().saturating_mul(1_000_000));
         let arrival = now
             .as_microsecond()
             .max(self.latest.saturating_add(1))
@@ -69,25 +79,34 @@ impl Arrivals {
         }
     }
 
-    /// A list starts: its claims were created while nobody watched, unless known already.
+    /// A list starts.
     pub fn relist_started(&mut self) {
         self.relisted = Some(HashSet::new());
+        self.unqueued.clear();
     }
 
     /// A claim in a list.
     pub fn listed(&mut self, claim: &LockClaim) {
+        let Some(uid) = claim.uid() else { return };
         if let Some(recorded) = recorded(claim) {
             self.latest = self.latest.max(recorded);
+        } else if claim.status.is_none() && !self.stamped.contains_key(&uid) {
+            self.unqueued
+                .push((created_micros(claim), claim.name_any(), uid.clone()));
         }
-        if let (Some(uid), Some(listed)) = (claim.uid(), self.relisted.as_mut()) {
-            listed.insert(uid);
-        }
+        self.relisted.get_or_insert_with(HashSet::new).insert(uid);
     }
 
-    /// The list is complete: stamps of claims it did not show go.
-    pub fn relist_done(&mut self) {
+    /// The list is complete: stamps of claims it did not show go, and the claims it showed
+    /// that no controller has queued arrive now, oldest first.
+    pub fn relist_done(&mut self, now: Timestamp) {
         if let Some(listed) = self.relisted.take() {
             self.stamped.retain(|uid, _| listed.contains(uid));
+        }
+        let mut unqueued = std::mem::take(&mut self.unqueued);
+        unqueued.sort();
+        for (created, _, uid) in unqueued {
+            self.stamp(uid, created, now);
         }
     }
 
@@ -96,6 +115,13 @@ impl Arrivals {
         let micros = *self.stamped.get(uid)?;
         Timestamp::from_microsecond(micros).ok().map(MicroTime)
     }
+}
+
+/// The start of the claim's creation second, in microseconds (0 when unset).
+fn created_micros(claim: &LockClaim) -> Micros {
+    claim
+        .creation_timestamp()
+        .map_or(0, |at| at.0.as_second().saturating_mul(1_000_000))
 }
 
 /// The arrival the claim's status records, in microseconds.
@@ -145,7 +171,7 @@ mod tests {
     }
 
     #[test]
-    fn listed_claims_get_no_arrival_and_recorded_ones_move_the_clock() {
+    fn listed_claims_nobody_queued_arrive_after_the_recorded_ones_oldest_first() {
         let mut arrivals = Arrivals::default();
         arrivals.relist_started();
         let mut recorded = claim("old", 1);
@@ -154,20 +180,27 @@ mod tests {
             ..LockClaimStatus::default()
         });
         arrivals.listed(&recorded);
-        arrivals.listed(&claim("unseen", 2));
-        arrivals.relist_done();
-        assert_eq!(
-            micros(&arrivals, "unseen"),
-            None,
-            "created while nobody watched"
-        );
+        // Created while nobody watched, within one second: creation, then name.
+        arrivals.listed(&claim("z-unseen", 2));
+        arrivals.listed(&claim("a-unseen", 2));
+        arrivals.listed(&claim("m-unseen", 1));
+        // Queued by a controller from before `arrivedAt`: it keeps its creation-time place.
+        let mut queued_before = claim("queued-before", 1);
+        queued_before.status = Some(LockClaimStatus::default());
+        arrivals.listed(&queued_before);
+        // The list ends on a clock behind the recorded arrival (a new leader's).
+        arrivals.relist_done(at(60_000_000));
+        assert_eq!(micros(&arrivals, "m-unseen"), Some(70_000_001));
+        assert_eq!(micros(&arrivals, "a-unseen"), Some(70_000_002));
+        assert_eq!(micros(&arrivals, "z-unseen"), Some(70_000_003));
+        assert_eq!(micros(&arrivals, "queued-before"), None);
         // Later changes to a listed claim are no arrival either.
-        arrivals.applied(&claim("unseen", 2), true, at(80_000_000));
-        assert_eq!(micros(&arrivals, "unseen"), None);
-        // A clock behind the recorded arrivals (a new leader's) still queues behind them.
+        arrivals.applied(&queued_before, true, at(80_000_000));
+        assert_eq!(micros(&arrivals, "queued-before"), None);
+        // A claim the watch delivers afterwards arrives after all of them, and never before
+        // its own creation second.
         arrivals.applied(&claim("new", 3), false, at(60_000_000));
-        assert_eq!(micros(&arrivals, "new"), Some(70_000_001));
-        // And never before its own creation second.
+        assert_eq!(micros(&arrivals, "new"), Some(70_000_004));
         arrivals.applied(&claim("future", 90), false, at(60_000_000));
         assert_eq!(micros(&arrivals, "future"), Some(90_000_000));
     }
@@ -185,7 +218,7 @@ mod tests {
         arrivals.applied(&written, true, at(2_000_000));
         assert_eq!(micros(&arrivals, "a"), None, "the status is the record now");
         arrivals.relist_started();
-        arrivals.relist_done();
+        arrivals.relist_done(at(3_000_000));
         assert_eq!(micros(&arrivals, "b"), None, "b was not listed: it is gone");
     }
 }

@@ -141,7 +141,7 @@ impl ClaimIndex {
                     .insert(claim);
             }
             watcher::Event::InitDone => {
-                index.arrivals.relist_done();
+                index.arrivals.relist_done(Timestamp::now());
                 if let Some(listed) = index.relisting.take() {
                     index.current = listed;
                 }

@@ -39,7 +39,7 @@ use super::core::WorkloadKind;
 use super::error::ControllerError;
 use super::events::EventPublisher;
 use super::gate::pod::{phase_only, trim_gated_pod, GATED_PODS};
-use super::gate::{run_gate, GateContext};
+use super::gate::{run_gate, BlockedSaid, GateContext};
 use super::lock_reconciler::{lock_error_policy, reconcile_lock};
 use super::owner_watch::{owner_trigger, FINISHED_PODS};
 use super::owners::OwnerCaches;
@@ -428,6 +428,7 @@ async fn run_controllers(
         leadership: ctx.leadership.clone(),
         events: ctx.events.clone(),
         metrics: ctx.metrics.clone(),
+        blocked_said: BlockedSaid::default(),
     });
     let job_gate_done = run_gate(
         job_store,

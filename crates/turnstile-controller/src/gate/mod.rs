@@ -21,9 +21,10 @@
 pub mod job;
 pub mod pod;
 
+use std::collections::HashMap;
 use std::fmt::Debug;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
@@ -258,6 +259,47 @@ pub struct GateContext {
     pub events: EventPublisher,
     /// Counts and times the passes.
     pub metrics: Metrics,
+    /// Why each blocked workload was last said to be blocked (see [`BlockedSaid`]).
+    pub blocked_said: BlockedSaid,
+}
+
+/// The `GateBlocked` reason last published per workload uid, so that a workload that stays
+/// blocked for the same reason is told once, not on every pass (each of which was an Event
+/// write: every change of the workload, every event of its claim).
+#[derive(Debug, Clone, Default)]
+pub struct BlockedSaid {
+    said: Arc<Mutex<HashMap<String, String>>>,
+}
+
+impl BlockedSaid {
+    /// At most this many workloads are remembered; past it the memory starts afresh (each is
+    /// then told once more), so workloads deleted while blocked cannot pile up.
+    const MAX_REMEMBERED: usize = 10_000;
+
+    /// Whether `reason` is news for the workload `uid` (and remembers it).
+    fn is_news(&self, uid: &str, reason: &str) -> bool {
+        let mut said = self.lock();
+        if said.get(uid).is_some_and(|last| last == reason) {
+            return false;
+        }
+        if said.len() >= Self::MAX_REMEMBERED {
+            said.clear();
+        }
+        said.insert(uid.to_owned(), reason.to_owned());
+        true
+    }
+
+    /// The workload `uid` is no longer blocked: if it is again, that is news.
+    fn forget(&self, uid: &str) {
+        self.lock().remove(uid);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        // A panic while holding the lock leaves a map that is still valid.
+        self.said
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 impl GateContext {
@@ -275,7 +317,8 @@ impl GateContext {
         };
         if let Err(error) = self
             .events
-            // A blocked workload says so on each of its changes until it is fixed.
+            // A blocked workload says so once per reason (`BlockedSaid`); after a restart, or
+            // blocked again later, the Event's count rises instead of a new one.
             .publish(&event, &workload.object_ref(&()), Repeats::Often)
             .await
         {
@@ -340,6 +383,11 @@ async fn gate<W: Gated>(workload: Arc<W>, ctx: &GateContext) -> Result<Action, C
             }
         }
     }
+    if !matches!(step, GateStep::Blocked { .. }) {
+        if let Some(uid) = workload.uid() {
+            ctx.blocked_said.forget(&uid);
+        }
+    }
     match step {
         GateStep::Release { token } => {
             let api: Api<W> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -360,6 +408,11 @@ async fn gate<W: Gated>(workload: Arc<W>, ctx: &GateContext) -> Result<Action, C
             .await;
         }
         GateStep::Blocked { reason } => {
+            let uid = workload.uid().unwrap_or_default();
+            if !ctx.blocked_said.is_news(&uid, &reason) {
+                tracing::debug!(%namespace, %kind, %name, %lock, %reason, "gated workload still blocked");
+                return Ok(Action::await_change());
+            }
             tracing::warn!(%namespace, %kind, %name, %lock, %reason, "gated workload blocked");
             ctx.event(
                 workload.as_ref(),
