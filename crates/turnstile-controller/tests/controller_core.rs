@@ -11,7 +11,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use proptest::prelude::*;
 use sim::{paused_runtime, Sim};
-use turnstile_api::{BackendKind, ClaimPhase};
+use turnstile_api::{reasons, BackendKind, ClaimPhase};
 use turnstile_controller::core::{
     decide_orphan, fold, plan, BackendOp, BackendView, ClaimView, LockView, OwnerState,
 };
@@ -624,6 +624,62 @@ async fn regression_a_stale_pass_after_a_downtime() {
     let tokens: Vec<u64> = snapshot.holders.iter().map(|h| h.fencing_token).collect();
     assert_eq!(tokens, [3], "re-granted under a new token");
     assert!(sim.taken_for_waiters.contains("c1"));
+}
+
+/// A stale pass re-grants the new holder in the backend under a lease its lost writes never
+/// recorded: once the recorded lease has passed, the status shows the lease the backend holds
+/// (it was `Held` with an `expiresAt` in the past until the backend's lease ran out).
+#[tokio::test(start_paused = true)]
+async fn regression_a_lease_the_backend_holds_longer_is_shown_not_one_run_out() {
+    let steps = [
+        create(0),
+        create(1),
+        Step::Advance(4),
+        Step::Advance(4),
+        Step::StalePass,
+        Step::Advance(5),
+    ];
+    // The invariants (checked after every step) include "a Held status never shows a lease
+    // that has run out".
+    let sim = run_steps(1, 6, steps).await;
+    assert_eq!(sim.phase("c1"), Some(ClaimPhase::Held));
+    let expires = sim.expires_at("c1").expect("expiresAt").0.as_second();
+    assert!(expires >= sim.now().as_second(), "shown until {expires}");
+}
+
+/// While the backend is away no renewal reaches it, so none extends a grant: an owned claim
+/// ends `LeaseExpired` when its recorded lease runs out (it was shown `Held` with an
+/// `expiresAt` in the past until a later pass).
+#[tokio::test(start_paused = true)]
+async fn an_owned_claim_ends_at_its_recorded_lease_while_the_backend_is_away() {
+    let mut sim = Sim::new(1, 10);
+    sim.create_owned("a", Sim::claim_spec(None, None));
+    sim.settle().await;
+    let recorded = sim.expires_at("a").expect("expiresAt").0.as_second();
+    sim.faults.down(1_000);
+    sim.advance(Duration::from_secs(6)).await;
+    assert_eq!(
+        sim.phase("a"),
+        Some(ClaimPhase::Held),
+        "the lease still runs"
+    );
+    // The pass past the renewal's due time asks to be woken when the recorded lease ends,
+    // not when a renewed one would (between the two the status showed a lease run out).
+    let left = Duration::from_secs(u64::try_from(recorded - sim.now().as_second()).expect("ahead"));
+    assert!(
+        sim.requeue_after <= left + Duration::from_secs(1),
+        "woken in {:?}, the recorded lease ends in {left:?}",
+        sim.requeue_after
+    );
+    sim.advance(Duration::from_secs(6)).await;
+    assert_eq!(sim.phase("a"), Some(ClaimPhase::Expired));
+    let status = sim.claims["a"].status.clone().expect("status");
+    assert_eq!(status.reason.as_deref(), Some(reasons::LEASE_EXPIRED));
+    assert_eq!(
+        status.released_at.expect("releasedAt").0.as_second(),
+        recorded,
+        "ended when the recorded lease ran out"
+    );
 }
 
 /// A pass on the cache from before the holder released the lock and the next was granted:

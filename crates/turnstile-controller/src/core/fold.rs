@@ -153,12 +153,7 @@ impl Folder<'_> {
     }
 
     fn recorded_expiry(&self, claim: &ClaimView) -> Seconds {
-        claim
-            .status
-            .expires_at
-            .as_ref()
-            .map(seconds_of)
-            .unwrap_or(self.now)
+        super::plan::recorded_expiry(self.input, claim)
     }
 
     fn note_failure(&mut self, outcome: &OpOutcome) {
@@ -205,7 +200,7 @@ impl Folder<'_> {
             Intent::KeepHeld => {
                 // A pending renewal is only recorded once the backend extends the grant, but
                 // the claim is not expired before the renewed expiry.
-                let (expiry, _) = super::plan::effective_expiry(self.input, claim);
+                let (expiry, _) = super::plan::held_expiry(self.input, claim, &self.plan.mode);
                 self.wake_at(expiry);
                 self.held_until(claim, self.recorded_expiry(claim))
             }

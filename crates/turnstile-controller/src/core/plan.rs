@@ -170,9 +170,12 @@ fn backend_lease_outlasts(input: &LockInput, claim: &ClaimView, expiry: Seconds)
     holder.expires_in + overdue > BACKEND_LEASE_GRACE + Duration::from_secs(1)
 }
 
-/// When a held claim's lease runs out, counting a renewal written before it ran out.
-/// Returns `(expiry, renewed)`.
-pub(crate) fn effective_expiry(input: &LockInput, claim: &ClaimView) -> (Seconds, bool) {
+/// The end of a held claim's lease as its status records it, unless that has passed while the
+/// backend still holds the grant longer (see [`backend_lease_outlasts`]): then the end the
+/// backend's lease implies. That is a renewal the backend took whose status write was lost (or
+/// that this pass's view does not show yet); the status then shows it again, and never a
+/// lease that has run out while the grant goes on.
+pub(crate) fn recorded_expiry(input: &LockInput, claim: &ClaimView) -> Seconds {
     let now = input.now_seconds();
     let recorded = claim
         .status
@@ -180,6 +183,43 @@ pub(crate) fn effective_expiry(input: &LockInput, claim: &ClaimView) -> (Seconds
         .as_ref()
         .map(super::model::seconds_of)
         .unwrap_or(now);
+    if recorded > now || !backend_lease_outlasts(input, claim, recorded) {
+        return recorded;
+    }
+    let Some(lease) = input
+        .backend
+        .holder(&claim.uid)
+        .and_then(|holder| holder.expires_in.checked_sub(BACKEND_LEASE_GRACE))
+    else {
+        return recorded;
+    };
+    // The backend's lease was set to end exactly `BACKEND_LEASE_GRACE` after a whole second:
+    // the nearest second recovers it.
+    let end = input.now.as_nanosecond() + i128::try_from(lease.as_nanos()).unwrap_or(i128::MAX / 2);
+    let implied = i64::try_from((end + 500_000_000).div_euclid(1_000_000_000)).unwrap_or(recorded);
+    recorded.max(implied)
+}
+
+/// When a held claim's lease runs out in a pass of `mode`, and whether that is a renewal.
+/// While the lock is blocked (its backend away, its spec invalid) no renewal can reach the
+/// backend, so none extends the grant: it ends when the recorded lease runs out.
+pub(crate) fn held_expiry(
+    input: &LockInput,
+    claim: &ClaimView,
+    mode: &LockMode,
+) -> (Seconds, bool) {
+    if *mode == LockMode::Serving {
+        effective_expiry(input, claim)
+    } else {
+        (recorded_expiry(input, claim), false)
+    }
+}
+
+/// When a held claim's lease runs out, counting a renewal written before it ran out.
+/// Returns `(expiry, renewed)`.
+pub(crate) fn effective_expiry(input: &LockInput, claim: &ClaimView) -> (Seconds, bool) {
+    let now = input.now_seconds();
+    let recorded = recorded_expiry(input, claim);
     let lease = claim.lease_seconds(&input.lock);
     let renewed_until = claim
         .spec
@@ -473,7 +513,7 @@ fn held_draft(
             release_op: builder.end_held(claim, reason),
         };
     }
-    let (expiry, renewed) = effective_expiry(input, claim);
+    let (expiry, renewed) = held_expiry(input, claim, mode);
     if expiry <= now && !backend_lease_outlasts(input, claim, expiry) {
         let (reason, message) = match claim.recorded_hold_deadline(&input.lock) {
             Some(deadline) if deadline <= expiry => (

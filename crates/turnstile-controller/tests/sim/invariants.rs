@@ -99,6 +99,21 @@ impl Sim {
             }
         }
 
+        // A Held status never shows a lease that has run out (after a pass whose writes
+        // landed): whoever reads `expiresAt` may rely on it.
+        if !self.last_pass_failed {
+            let now = self.now().as_second();
+            for claim in &held {
+                let status = claim.status.as_ref().expect("status");
+                let expires = status.expires_at.as_ref().expect("expiresAt").0.as_second();
+                assert!(
+                    expires >= now,
+                    "{} shows Held with expiresAt {expires}, before now ({now})",
+                    claim.metadata.name.as_deref().unwrap_or_default()
+                );
+            }
+        }
+
         // maxHoldSeconds: no claim is held past its hard deadline.
         if let Some(max_hold) = self.lock.spec.max_hold_seconds {
             let now = self.now().as_second();
