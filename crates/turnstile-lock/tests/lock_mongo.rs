@@ -204,15 +204,26 @@ async fn a_standalone_server_falls_back_to_polling() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_database_is_the_urls_else_turnstile_and_the_collection_turnstile_locks() {
-    let Some(server) = shared_server().await else {
+    let Some(shared) = shared_server().await else {
         return;
     };
-    let Some(base) = server.uri().strip_suffix('/') else {
+    // The test builds URLs from a bare `mongodb://host:port/`: when `MONGODB_URI` carries a
+    // path or options of its own, it uses a server of its own instead of skipping.
+    let own = if shared.uri().ends_with('/') {
+        None
+    } else if let Some(own) = own_server(MongoFlavor::ReplicaSet).await {
+        Some(own)
+    } else {
         println!(
-            "skipped: MONGODB_URI {} has a path or options of its own",
-            server.uri()
+            "skipped: MONGODB_URI {} has a path or options of its own, and no server of the \
+             test's own can start here",
+            shared.uri()
         );
         return;
+    };
+    let uri = own.as_ref().map_or(shared.uri(), |own| own.uri());
+    let Some(base) = uri.strip_suffix('/') else {
+        panic!("the test server's URI {uri} ends without a slash");
     };
     let database = fresh_database();
     for (url, want) in [
