@@ -111,11 +111,10 @@ async fn queue_shows_holders_and_waiters_in_grant_order() {
     env.hold("h-named", "pool", "holderIdentity: worker-7")
         .await;
 
-    // Four waiters. zulu is created a second before bravo and alpha, so it comes before
-    // them though its name sorts last; urgent, created last, has a higher priority and comes
-    // before them all.
+    // Four waiters, created back to back in the order zulu, bravo, alpha: they queue in that
+    // order (arrival), though their names sort the other way; urgent, created last, has a
+    // higher priority and comes before them all.
     env.apply_claim("zulu", "pool", "");
-    tokio::time::sleep(Duration::from_millis(1_100)).await;
     env.apply_claim("bravo", "pool", "");
     env.apply_claim("alpha", "pool", "");
     env.apply_claim("urgent", "pool", "priority: 5");
@@ -151,7 +150,11 @@ async fn queue_shows_holders_and_waiters_in_grant_order() {
         fifo_order,
         "the controller grants FIFO within one priority"
     );
-    assert_eq!(controller_order[1], "zulu");
+    assert_eq!(
+        controller_order[1..],
+        ["zulu", "bravo", "alpha"],
+        "arrival order"
+    );
 
     // From here on nobody but `turnstile queue` talks to the API server, so every request in
     // the fake's log is its own: it must only read.

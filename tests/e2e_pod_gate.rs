@@ -102,8 +102,13 @@ async fn next_running(env: &Env, done: &BTreeSet<String>) -> String {
 async fn gated_replicas_on_a_mutex_run_one_at_a_time() {
     let mut env = Env::started().await;
     env.apply_lock("db", "leaseDurationSeconds: 300");
-    for name in ["web-a", "web-b", "web-c"] {
+    // Created in reverse name order, each once the previous one's claim exists: they are
+    // let go in creation order (their claims' arrival), not name order.
+    let created = ["web-c", "web-b", "web-a"];
+    for name in created {
         create_gated_pod(&env, name, "db").await;
+        env.wait_claim(&format!("{name}-db"), |claim| phase_of(claim).is_some())
+            .await;
     }
 
     // The sampler: never more than one Pod past the gate at once.
@@ -130,6 +135,7 @@ async fn gated_replicas_on_a_mutex_run_one_at_a_time() {
 
     let mut done = BTreeSet::new();
     let first = next_running(&env, &done).await;
+    assert_eq!(first, created[0]);
     set_pod_phase(&env, &first, "Running").await;
     let claim = env
         .wait_phase(&format!("{first}-db"), ClaimPhase::Held)
@@ -163,6 +169,7 @@ async fn gated_replicas_on_a_mutex_run_one_at_a_time() {
     done.insert(first);
     let second = next_running(&env, &done).await;
     assert!(deleted.elapsed() < HANDOFF, "took {:?}", deleted.elapsed());
+    assert_eq!(second, created[1], "creation order");
     set_pod_phase(&env, &second, "Running").await;
     let claim = env
         .wait_phase(&format!("{second}-db"), ClaimPhase::Held)
@@ -174,6 +181,7 @@ async fn gated_replicas_on_a_mutex_run_one_at_a_time() {
     let finished = Instant::now();
     done.insert(second.clone());
     let third = next_running(&env, &done).await;
+    assert_eq!(third, created[2], "creation order");
     assert!(
         finished.elapsed() < HANDOFF,
         "took {:?}",

@@ -12,7 +12,7 @@ use e2e_support::actor::{requests_of, tagged_client};
 use e2e_support::{phase_of, position_of, Env, RunningController, WAIT};
 use fake_apiserver::RecordedRequest;
 use kube::api::{DeleteParams, PostParams};
-use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
+use turnstile_api::{ClaimPhase, DistributedLock, LockClaim, LockClaimSpec};
 use turnstile_controller::core::{EXACT_POSITIONS, POSITION_REFRESHES_PER_PASS};
 use turnstile_controller::ControllerConfig;
 
@@ -245,6 +245,43 @@ async fn a_new_waiting_claim_costs_four_writes() {
         "{:?}",
         &after[before..]
     );
+    controller.stop().await;
+}
+
+/// A claim created with the controller's finalizer (as Turnstile's own clients create them):
+/// its grant is one write to it, its status; its whole uncontended life four object writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_created_with_the_finalizer_is_granted_in_one_write() {
+    let (env, controller) = fake_only_tagged().await;
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    let before = settled_writes(&env, Duration::from_millis(500)).await.len();
+
+    let claim = LockClaim::new("a", LockClaimSpec::for_lock("db")).with_release_finalizer();
+    env.claims()
+        .create(&PostParams::default(), &claim)
+        .await
+        .expect("create claim");
+    env.wait_phase("a", ClaimPhase::Held).await;
+    let granted = settled_writes(&env, Duration::from_millis(500)).await;
+    assert_eq!(
+        shapes(&granted[before..]),
+        [
+            "create events",
+            "patch distributedlocks/status",
+            "patch lockclaims/status",
+        ],
+        "no finalizer write before the grant: {:?}",
+        &granted[before..]
+    );
+
+    env.delete_claim("a").await;
+    env.wait_gone("a").await;
+    let ended = settled_writes(&env, Duration::from_millis(500)).await;
+    let objects = ended[before..]
+        .iter()
+        .filter(|request| request.resource != "events")
+        .count();
+    assert_eq!(objects, 4, "{:?}", &ended[before..]);
     controller.stop().await;
 }
 

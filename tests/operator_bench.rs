@@ -129,6 +129,7 @@ async fn every_scenario_at_the_sizes_asked_for(plane: Plane) {
         "API floor: create → seen on own watch".to_string(),
         "a grant's requests in a row, no controller: create → seen → patch → patch → seen".into(),
         "claim create → `Held`, idle lock".into(),
+        "claim created with the finalizer → `Held`, idle lock".into(),
         "claim on 3 locks create → `Held`, idle locks".into(),
         "release (claim deleted) → next `Held`".into(),
         "hand-off, one lock, 20 waiters".into(),
@@ -152,7 +153,7 @@ async fn every_scenario_at_the_sizes_asked_for(plane: Plane) {
         .map(|row| cells(row))
         .filter(|cells| cells[1].contains('×'))
         .collect();
-    assert_eq!(latency_rows.len(), 10, "{:?}", report.rows);
+    assert_eq!(latency_rows.len(), 11, "{:?}", report.rows);
     for cells in latency_rows {
         let want = if cells[0].starts_with("hand-off wave") {
             // Where the machine's CPU went during the wave, from /proc.

@@ -135,6 +135,15 @@ impl Bench {
         let claims = (0..self.knobs.samples).map(|i| claim(&format!("idle-{i}"), "idle"));
         let idle = self.held_latencies(&["idle"], claims).await;
         self.row("claim create → `Held`, idle lock", idle);
+        // As Turnstile's own clients create claims: the finalizer is there from the start,
+        // so the grant is one controller write.
+        let claims = (0..self.knobs.samples)
+            .map(|i| claim(&format!("idle-fin-{i}"), "idle-fin").with_release_finalizer());
+        let with_finalizer = self.held_latencies(&["idle-fin"], claims).await;
+        self.row(
+            "claim created with the finalizer → `Held`, idle lock",
+            with_finalizer,
+        );
     }
 
     /// A claim on three idle locks at once: create → `Held` on all of them.
@@ -393,10 +402,38 @@ impl Bench {
         );
         settle(&self.server, Duration::from_millis(1000)).await;
 
-        // The wave: every holder releases at once.
+        // The wave: every holder releases at once. The claims were created 16 at a time, so
+        // each lock's holder and next are the first two by arrival (`arrivedAt`), which need
+        // not be `-0` and `-1`.
+        let mut queues: HashMap<String, Vec<LockClaim>> = HashMap::new();
+        for claim in self
+            .claims
+            .list(&ListParams::default())
+            .await
+            .expect("list claims")
+            .items
+            .into_iter()
+            .filter(|claim| {
+                let lock = &claim.spec.lock_name;
+                lock.starts_with('s') && claim.name_any().starts_with(&format!("{lock}-"))
+            })
+        {
+            queues
+                .entry(claim.spec.lock_name.clone())
+                .or_default()
+                .push(claim);
+        }
+        let mut heads: Vec<(String, String)> = queues
+            .into_values()
+            .filter_map(|mut queue| {
+                queue.sort_by_key(LockClaim::arrival);
+                Some((queue.first()?.name_any(), queue.get(1)?.name_any()))
+            })
+            .collect();
+        heads.sort();
         let wave_cpu = CpuSample::take(self.controller.child.id());
         let wave_start = Instant::now();
-        let deletes: Vec<String> = (0..locks_at_scale).map(|l| format!("s{l:05}-0")).collect();
+        let deletes: Vec<String> = heads.iter().map(|(holder, _)| holder.clone()).collect();
         let deleted_at: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
         futures::stream::iter(deletes)
             .map(|name| {
@@ -414,12 +451,12 @@ impl Bench {
             .collect::<Vec<_>>()
             .await;
         let mut wave = Vec::new();
-        for l in 0..locks_at_scale {
-            let next = self.seen_held.wait(&format!("s{l:05}-1")).await;
+        for (holder, next) in &heads {
+            let next = self.seen_held.wait(next).await;
             let deleted = deleted_at
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .get(&format!("s{l:05}-0"))
+                .get(holder)
                 .copied()
                 .unwrap_or(wave_start);
             wave.push(next.saturating_duration_since(deleted));

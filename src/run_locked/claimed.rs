@@ -127,7 +127,8 @@ fn new_claim(lock: &str, args: &LockArgs) -> LockClaim {
         None
     };
     spec.renew_time = Some(Time(Timestamp::now()));
-    LockClaim::new(&name, spec)
+    // The controller's finalizer from the start: one controller write to `Held`.
+    LockClaim::new(&name, spec).with_release_finalizer()
 }
 
 /// `<pod or host>/<pid>`: which process holds the lock, for `kubectl get` and `turnstile queue`.

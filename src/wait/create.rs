@@ -86,9 +86,10 @@ pub fn check_adoptable(claim: &LockClaim, lock: &str, pod: &PodIdentity) -> Resu
     Ok(())
 }
 
-/// The claim `--create` makes: `name` asking for `lock`, owned by `pod`.
+/// The claim `--create` makes: `name` asking for `lock`, owned by `pod`, with the
+/// controller's finalizer from the start (one controller write to `Held`).
 pub fn claim_for_pod(name: &str, namespace: &str, lock: &str, pod: &PodIdentity) -> LockClaim {
-    let mut claim = LockClaim::new(name, LockClaimSpec::for_lock(lock));
+    let mut claim = LockClaim::new(name, LockClaimSpec::for_lock(lock)).with_release_finalizer();
     claim.metadata.namespace = Some(namespace.to_owned());
     claim.metadata.owner_references = Some(vec![pod.owner_reference()]);
     claim
@@ -153,6 +154,11 @@ mod tests {
         );
         assert_eq!((owner.name.as_str(), owner.uid.as_str()), ("pod-u1", "u1"));
         assert_eq!(owner.controller, Some(true));
+        // The controller's finalizer from the start: no finalizer write before the grant.
+        assert_eq!(
+            claim.metadata.finalizers,
+            Some(vec![turnstile_api::FINALIZER.to_owned()])
+        );
     }
 
     #[test]

@@ -5,7 +5,8 @@ use kube::{CustomResource, KubeSchema, ResourceExt};
 use serde::{Deserialize, Serialize};
 
 use crate::vocabulary::{
-    MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_LEASE_DURATION_SECONDS, MAX_LOCKS_PER_CLAIM, MAX_PRIORITY,
+    FINALIZER, MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_LEASE_DURATION_SECONDS, MAX_LOCKS_PER_CLAIM,
+    MAX_PRIORITY,
 };
 
 /// A request for a `DistributedLock` in the same namespace. Claims are granted by `priority`
@@ -175,6 +176,20 @@ pub fn arrival_micros(arrived_at: Option<&MicroTime>, created: Option<&Time>) ->
 }
 
 impl LockClaim {
+    /// The claim with the controller's finalizer (`turnstile.dev/release`) set from its
+    /// creation, as Turnstile's own clients create claims. The controller adds it before a
+    /// claim's first grant (so that a claim deleted at any moment has its grant released
+    /// first); present from the start, that write is not on the way to `Held`, and a grant
+    /// takes one controller write (the claim's status). The controller removes it when it
+    /// is done with the claim, as for any claim.
+    pub fn with_release_finalizer(mut self) -> Self {
+        let finalizers = self.metadata.finalizers.get_or_insert_with(Vec::new);
+        if !finalizers.iter().any(|finalizer| finalizer == FINALIZER) {
+            finalizers.push(FINALIZER.to_owned());
+        }
+        self
+    }
+
     /// The claim's place among the claims of one priority ([`arrival_key`]; 0 and "" where
     /// unset, as on a claim not yet stored).
     pub fn arrival(&self) -> (Micros, String) {

@@ -226,13 +226,14 @@ fn describe_locks<S: AsRef<str>>(locks: &[S]) -> String {
 }
 
 /// The claim a gated workload gets: owned (controller) by it, so it follows its life. On
-/// several locks, one claim on all of them at once.
+/// several locks, one claim on all of them at once. It carries the controller's finalizer
+/// from the start: its grant takes one write.
 pub fn claim_for<W: Gated>(workload: &W, claim: &str, locks: &[String]) -> LockClaim {
     let spec = match locks {
         [lock] => LockClaimSpec::for_lock(lock.clone()),
         several => LockClaimSpec::for_locks(several.iter().cloned()),
     };
-    let mut object = LockClaim::new(claim, spec);
+    let mut object = LockClaim::new(claim, spec).with_release_finalizer();
     object.metadata.namespace = workload.namespace();
     object.metadata.owner_references = Some(vec![OwnerReference {
         api_version: W::api_version(&()).into_owned(),
