@@ -183,9 +183,30 @@ async fn the_lease_is_renewed_while_the_command_runs() {
     let (mut env, dir) = env_with_lock_and_dir().await;
     // A 3 s lease and a command of 8 s: only renewals keep the grant.
     let run = holding_run(&env, "db", &dir, &["--ttl", "3s"], "sleep 8").await;
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let claims = until_claims(&env, "db", 1).await;
-    assert_eq!(phase_of(&claims[0]), Some(ClaimPhase::Held), "still held");
+    // Watched while the command runs: always Held, one token, and the lease moved on again
+    // and again (each expiry seen stays ahead of the clock).
+    let started = Instant::now();
+    let mut expiries = std::collections::BTreeSet::new();
+    let mut tokens = std::collections::BTreeSet::new();
+    while started.elapsed() < Duration::from_secs(7) {
+        let claims = until_claims(&env, "db", 1).await;
+        let claim = &claims[0];
+        assert_eq!(phase_of(claim), Some(ClaimPhase::Held), "still held");
+        let status = claim.status.clone().expect("status");
+        tokens.insert(status.fencing_token.expect("token"));
+        let expires = status.expires_at.expect("expiresAt").0;
+        assert!(
+            expires.as_second() >= k8s_openapi::jiff::Timestamp::now().as_second(),
+            "a lease run out shown while the command runs: {expires}"
+        );
+        expiries.insert(expires);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(tokens.len(), 1, "one grant throughout: {tokens:?}");
+    assert!(
+        expiries.len() >= 3,
+        "renewed over several lease periods: {expiries:?}"
+    );
     let output = finish(run).await;
     assert_eq!(code(&output), 0, "{}", stderr(&output));
     until_claims(&env, "db", 0).await;

@@ -62,7 +62,8 @@ fn spawn_run(env: &Env, vars: &[(&str, &str)], metrics: std::net::SocketAddr) ->
     )
 }
 
-/// `turnstile run --log-format json ARGS…` with only `vars` of the `TURNSTILE_*` variables.
+/// `turnstile run --log-format json ARGS…` with only `vars` of the `TURNSTILE_*` variables
+/// (and `RUST_LOG=info` unless `vars` sets it).
 fn spawn_run_with(env: &Env, args: &[&str], vars: &[(&str, &str)]) -> Child {
     let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
     for (name, _) in std::env::vars() {
@@ -73,9 +74,9 @@ fn spawn_run_with(env: &Env, args: &[&str], vars: &[(&str, &str)]) -> Child {
     command
         .args(["run", "--log-format", "json"])
         .args(args)
+        .env("RUST_LOG", "info")
         .envs(vars.iter().copied())
-        .env("KUBECONFIG", &env.kubeconfig)
-        .env("RUST_LOG", "info");
+        .env("KUBECONFIG", &env.kubeconfig);
     spawn_captured(&mut command, Stdio::null(), "turnstile run")
 }
 
@@ -84,7 +85,11 @@ async fn run_takes_its_backends_from_the_environment() {
     let mongo = blocking(MongoServer::shared_or_skip).await;
     let redis = RedisServer::start().expect("start redis-server");
     let env = Env::new().await;
-    let mut vars = vec![("TURNSTILE_REDIS_URL", redis.url().to_owned())];
+    // A level that is not the default, for one target: the filter must be read, not assumed.
+    let mut vars = vec![
+        ("TURNSTILE_REDIS_URL", redis.url().to_owned()),
+        ("RUST_LOG", "info,turnstile_controller=debug".to_owned()),
+    ];
     if let Some(mongo) = &mongo {
         vars.push(("TURNSTILE_MONGO_URL", mongo.uri().to_owned()));
         vars.push(("TURNSTILE_MONGO_DATABASE", DATABASE.to_owned()));
@@ -145,11 +150,21 @@ async fn run_takes_its_backends_from_the_environment() {
     assert_eq!(granted["fields"]["namespace"], env.namespace.as_str());
     assert_eq!(granted["fields"]["claim"], "r");
     assert_eq!(granted["fields"]["token"], 1);
-    // RUST_LOG=info: nothing below info.
+    // RUST_LOG=info,turnstile_controller=debug: the controller's debug lines (its Normal
+    // Events are logged at debug), nobody else's, and no trace.
     assert!(
-        lines
-            .iter()
-            .all(|line| line["level"] != "DEBUG" && line["level"] != "TRACE"),
+        lines.iter().any(|line| line["level"] == "DEBUG"
+            && line["target"]
+                .as_str()
+                .is_some_and(|target| target.starts_with("turnstile_controller"))),
+        "no debug line of the controller: {logs}"
+    );
+    assert!(
+        lines.iter().all(|line| line["level"] != "TRACE"
+            && (line["level"] != "DEBUG"
+                || line["target"]
+                    .as_str()
+                    .is_some_and(|target| target.starts_with("turnstile_controller")))),
         "{logs}"
     );
     assert!(

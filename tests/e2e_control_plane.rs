@@ -12,7 +12,10 @@ mod e2e_support;
 
 use e2e_support::launch::launch;
 use e2e_support::plane::{kubectl_ok, repo_path};
-use e2e_support::{token_of, Env, HolderMonitor};
+use std::time::{Duration, Instant};
+
+use e2e_support::scrape::{get, try_get};
+use e2e_support::{token_of, Env, HolderMonitor, WAIT};
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DeleteParams};
 use serde_json::json;
@@ -115,6 +118,65 @@ async fn grants_go_on_through_an_apiserver_kill_an_etcd_compaction_and_an_etcd_k
         report.tokens().ends_with(&[6]),
         "the monitor saw the last grant: {report:?}"
     );
+    env.stop_controller().await;
+    drop(plane);
+}
+
+/// `/readyz` by a real cause: a controller whose API server is down serves `/healthz` but
+/// stays not ready (503), since it cannot fill its caches; once the API server is back it
+/// becomes ready and grants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_ready_while_its_apiserver_is_down_then_ready_and_granting() {
+    let Some(plane) = e2e_support::plane::own_plane().await else {
+        return;
+    };
+    let mut env = Env::on_cluster(plane.kubeconfig()).await;
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    let mut plane = launch(
+        move || {
+            let mut plane = plane;
+            plane.kill_apiserver();
+            Ok::<_, std::io::Error>(plane)
+        },
+        "kill the apiserver",
+    )
+    .await;
+    let addr = env.start_controller_serving_metrics();
+    // The positive sign that it runs and answers: /healthz. Then /readyz, over a few of its
+    // list retries, says it is not ready.
+    let deadline = Instant::now() + WAIT;
+    while try_get(addr, "/healthz").await.map(|answer| answer.status) != Some(200) {
+        assert!(Instant::now() < deadline, "/healthz never answered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(3) {
+        let ready = get(addr, "/readyz").await;
+        assert_eq!(
+            ready.status, 503,
+            "ready without an API server: {}",
+            ready.body
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    plane = launch(
+        move || {
+            plane.start_apiserver()?;
+            Ok::<_, std::io::Error>(plane)
+        },
+        "start the apiserver",
+    )
+    .await;
+    let deadline = Instant::now() + WAIT;
+    while get(addr, "/readyz").await.status != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "never ready once the API server was back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(token_of(&env.hold("a", "db", "").await), Some(1));
     env.stop_controller().await;
     drop(plane);
 }

@@ -27,6 +27,12 @@ pub struct Answer {
     pub body: String,
 }
 
+/// [`get`], or `None` while nothing listens on `addr` yet.
+pub async fn try_get(addr: SocketAddr, path: &str) -> Option<Answer> {
+    TcpStream::connect(addr).await.ok()?;
+    Some(get(addr, path).await)
+}
+
 /// One HTTP/1.1 GET, read to the end (`Connection: close`).
 pub async fn get(addr: SocketAddr, path: &str) -> Answer {
     let mut stream = TcpStream::connect(addr).await.expect("connect");
