@@ -427,9 +427,9 @@ async fn gated_jobs_run_one_at_a_time_through_the_real_job_controller() {
         .collect();
     let (stop, stopped) = tokio::sync::oneshot::channel();
     let sampler = tokio::spawn(most_jobs_running_at_once(jobs(&env), stopped));
-    // Each Job once the previous one's claim exists: they queue in the order their claims
-    // arrive, which for Jobs applied within milliseconds of each other (the gate handles
-    // several at once) need not be theirs (README, "Gated Job").
+    // Each Job once the previous one's claim exists: on a free lock the first claim made is
+    // granted at once, and of Jobs applied within milliseconds any may get its claim made
+    // first (README, "Gated Job").
     for (name, job) in names.iter().zip(&gated) {
         scratch.apply(&env, std::slice::from_ref(job)).await;
         env.wait_claim(&format!("{name}-{LOCK}"), |claim| claim.status.is_some())

@@ -204,6 +204,48 @@ async fn gated_replicas_on_a_mutex_run_one_at_a_time() {
     env.stop_controller().await;
 }
 
+/// Gated Pods created back to back (the gate makes their claims several at a time, in any
+/// order) queue in the order the Pods were created: each claim takes its Pod's arrival.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gated_pods_created_back_to_back_queue_in_creation_order() {
+    let mut env = Env::started().await;
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.hold("holder", "db", "").await;
+    let created = ["web-z", "web-y", "web-x", "web-w", "web-v"];
+    for name in created {
+        create_gated_pod(&env, name, "db").await;
+    }
+    let mut arrivals = Vec::new();
+    for name in created {
+        let claim = env
+            .wait_claim(&format!("{name}-db"), |claim| {
+                claim
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| s.arrived_at.is_some())
+            })
+            .await;
+        let status = claim.status.expect("status");
+        arrivals.push(status.arrived_at.expect("arrivedAt").0);
+    }
+    assert!(
+        arrivals.windows(2).all(|pair| pair[0] < pair[1]),
+        "the claims queue as their Pods were created: {arrivals:?}"
+    );
+    env.delete_claim("holder").await;
+    let mut done = BTreeSet::new();
+    for name in created {
+        let next = next_running(&env, &done).await;
+        assert_eq!(next, name, "let go in creation order");
+        pods(&env)
+            .delete(&next, &DeleteParams::default())
+            .await
+            .expect("delete pod");
+        done.insert(next);
+    }
+    env.stop_controller().await;
+}
+
 /// How many passes the Pod gate has finished (its `turnstile_reconcile_total` series).
 async fn pod_gate_passes(metrics: std::net::SocketAddr) -> f64 {
     sample(

@@ -10,6 +10,10 @@
 //! status (`status.arrivedAt`, in a write the claim gets anyway), after which the status is the
 //! record and the stamp here is dropped: restarts and leader changes keep the order.
 //!
+//! A gated Job or Pod arrives when its own watch first delivers it, and the claim the gate
+//! makes for it takes that arrival ([`Arrivals::expect`]): the gate handles several workloads
+//! at once, so their claims may be created in another order than the workloads were.
+//!
 //! A claim the watch shows first in a *list* (the initial one at start-up, or a re-list after
 //! an outage) with no status at all was created while no controller watched (or moments
 //! before this one did): it arrived after every claim whose arrival is recorded, and before
@@ -41,6 +45,10 @@ pub struct Arrivals {
     /// During a re-list: the listed claims no controller has queued yet (no status), as
     /// `(creation second in microseconds, name, uid)`, stamped when it ends.
     unqueued: Vec<(Micros, String, String)>,
+    /// Gated workloads' arrivals, by workload uid, until their claim is made.
+    workloads: HashMap<String, Micros>,
+    /// The arrival a claim about to be created takes, by `(namespace, name)`: its workload's.
+    expected: HashMap<(String, String), Micros>,
 }
 
 impl Arrivals {
@@ -56,7 +64,40 @@ impl Arrivals {
         if known || self.stamped.contains_key(&uid) {
             return;
         }
-        self.stamp(uid, created_micros(claim), now);
+        let key = (claim.namespace().unwrap_or_default(), claim.name_any());
+        match self.expected.remove(&key) {
+            Some(arrival) => {
+                self.stamped.insert(uid, arrival);
+            }
+            None => self.stamp(uid, created_micros(claim), now),
+        }
+    }
+
+    /// A gated workload the watch shows (not in a list): it arrives now, unless it did.
+    pub fn workload_applied(&mut self, uid: &str, created: Micros, now: Timestamp) {
+        if self.workloads.contains_key(uid) {
+            return;
+        }
+        let arrival = now
+            .as_microsecond()
+            .max(self.latest.saturating_add(1))
+            .max(created);
+        self.latest = arrival;
+        self.workloads.insert(uid.to_owned(), arrival);
+    }
+
+    /// A gated workload the watch shows gone.
+    pub fn workload_deleted(&mut self, uid: &str) {
+        self.workloads.remove(uid);
+    }
+
+    /// The claim `name` in `namespace` is about to be made for the workload `uid`: it takes
+    /// the workload's arrival, if the watch showed the workload arrive.
+    pub fn expect(&mut self, namespace: &str, name: &str, uid: &str) {
+        if let Some(arrival) = self.workloads.get(uid) {
+            self.expected
+                .insert((namespace.to_owned(), name.to_owned()), *arrival);
+        }
     }
 
     /// Gives the claim `uid`, created in the second starting at `created`, the next arrival.
@@ -77,6 +118,8 @@ impl Arrivals {
         if let Some(uid) = claim.uid() {
             self.stamped.remove(&uid);
         }
+        self.expected
+            .remove(&(claim.namespace().unwrap_or_default(), claim.name_any()));
     }
 
     /// A list starts.
@@ -203,6 +246,28 @@ mod tests {
         assert_eq!(micros(&arrivals, "new"), Some(70_000_004));
         arrivals.applied(&claim("future", 90), false, at(60_000_000));
         assert_eq!(micros(&arrivals, "future"), Some(90_000_000));
+    }
+
+    #[test]
+    fn a_gated_workloads_claim_takes_the_workloads_arrival() {
+        let mut arrivals = Arrivals::default();
+        // Two workloads arrive in the order 1, 2; the gate makes 2's claim first.
+        arrivals.workload_applied("job-1", 5_000_000, at(5_000_000));
+        arrivals.workload_applied("job-2", 5_000_000, at(5_000_000));
+        arrivals.workload_applied("job-1", 5_000_000, at(6_000_000));
+        let mut claims = Vec::new();
+        for (job, name) in [("job-2", "b"), ("job-1", "a")] {
+            let mut claim = claim(name, 5);
+            claim.metadata.namespace = Some("ns".to_owned());
+            arrivals.expect("ns", name, job);
+            arrivals.applied(&claim, false, at(7_000_000));
+            claims.push(claim);
+        }
+        assert_eq!(micros(&arrivals, "a"), Some(5_000_000), "job-1's arrival");
+        assert_eq!(micros(&arrivals, "b"), Some(5_000_001), "job-2's arrival");
+        // A claim nobody expected arrives after them.
+        arrivals.applied(&claim("c", 5), false, at(7_000_000));
+        assert_eq!(micros(&arrivals, "c"), Some(7_000_000));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::ResourceExt;
+use kube::{Resource, ResourceExt};
 
 use super::arrivals::Arrivals;
 use super::core::{WorkloadKind, WorkloadOwner};
@@ -147,6 +147,38 @@ impl ClaimIndex {
                 }
             }
         }
+    }
+
+    /// Records what a gated workload's watch event says about its arrival (see `arrivals`):
+    /// a workload the watch delivers (not in a list) arrives then.
+    pub fn observe_workload<K: Resource>(&self, event: &watcher::Event<K>) {
+        let mut guard = self.write();
+        match event {
+            watcher::Event::Apply(workload) => {
+                if let Some(uid) = workload.meta().uid.as_deref() {
+                    let created = workload
+                        .meta()
+                        .creation_timestamp
+                        .as_ref()
+                        .map_or(0, |at| at.0.as_second().saturating_mul(1_000_000));
+                    guard
+                        .arrivals
+                        .workload_applied(uid, created, Timestamp::now());
+                }
+            }
+            watcher::Event::Delete(workload) => {
+                if let Some(uid) = workload.meta().uid.as_deref() {
+                    guard.arrivals.workload_deleted(uid);
+                }
+            }
+            watcher::Event::Init | watcher::Event::InitApply(_) | watcher::Event::InitDone => {}
+        }
+    }
+
+    /// The claim `name` in `namespace` is about to be made for the gated workload `uid`: it
+    /// takes the workload's arrival.
+    pub fn expect_arrival(&self, namespace: &str, name: &str, uid: &str) {
+        self.write().arrivals.expect(namespace, name, uid);
     }
 
     /// When the claim arrived, as the watch delivered it, while its status does not record

@@ -46,7 +46,7 @@ use super::owners::OwnerCaches;
 use super::tolerant_watch::{tolerant_watcher, InvalidObjects};
 use crate::leader::{self, LeaderConfig};
 use crate::metrics::{self, Metrics, Readiness};
-use turnstile_api::{BackendKind, DistributedLock, LockClaim};
+use turnstile_api::{BackendKind, DistributedLock, LockClaim, LOCK_ANNOTATION};
 
 /// Name the controller reports Events under.
 pub const CONTROLLER_NAME: &str = "turnstile";
@@ -337,17 +337,38 @@ async fn run_controllers(
     // Only the Pods marked for gating (a label selector): most Pods cost nothing.
     let (gated_pod_store, gated_pod_writer) = reflector::store_shared::<Pod>(SHARED_BUFFER);
     let gated_pods_for_gate = subscribe(&gated_pod_writer);
-    let gated_pod_watch = watcher(
-        api::<Pod>(client, namespace),
-        watcher::Config::default().labels(GATED_PODS),
-    )
-    .default_backoff()
-    .modify(trim_gated)
-    .reflect_shared(gated_pod_writer);
-    let job_watch = watcher(api::<Job>(client, namespace), watcher::Config::default())
+    // A gated workload's claim takes the workload's arrival (see `arrivals`): the watches
+    // tell the index when each arrives, in their order.
+    let gated_pod_watch = {
+        let index = claim_index.clone();
+        watcher(
+            api::<Pod>(client, namespace),
+            watcher::Config::default().labels(GATED_PODS),
+        )
         .default_backoff()
-        .modify(trim)
-        .reflect_shared(job_writer);
+        .modify(trim_gated)
+        .map_ok(move |event| {
+            index.observe_workload(&event);
+            event
+        })
+        .reflect_shared(gated_pod_writer)
+    };
+    let job_watch = {
+        let index = claim_index.clone();
+        watcher(api::<Job>(client, namespace), watcher::Config::default())
+            .default_backoff()
+            .modify(trim)
+            .map_ok(move |event| {
+                // Only Jobs marked for gating: the others never get a claim from the gate.
+                let marked = |job: &Job| job.annotations().contains_key(LOCK_ANNOTATION);
+                match &event {
+                    watcher::Event::Apply(job) | watcher::Event::Delete(job) if !marked(job) => {}
+                    _ => index.observe_workload(&event),
+                }
+                event
+            })
+            .reflect_shared(job_writer)
+    };
 
     let (lock_store, lock_writer) = reflector::store::<DistributedLock>();
     let lock_events =
@@ -429,6 +450,7 @@ async fn run_controllers(
         events: ctx.events.clone(),
         metrics: ctx.metrics.clone(),
         blocked_said: BlockedSaid::default(),
+        claim_index: ctx.claim_index.clone(),
     });
     let job_gate_done = run_gate(
         job_store,

@@ -36,6 +36,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
+use super::claim_index::ClaimIndex;
 use super::context::LeadershipGate;
 use super::core::{WorkloadKind, WorkloadOwner};
 use super::error::ControllerError;
@@ -262,6 +263,8 @@ pub struct GateContext {
     pub metrics: Metrics,
     /// Why each blocked workload was last said to be blocked (see [`BlockedSaid`]).
     pub blocked_said: BlockedSaid,
+    /// Where a workload's claim learns the workload's arrival before it is created.
+    pub claim_index: ClaimIndex,
 }
 
 /// The `GateBlocked` reason last published per workload uid, so that a workload that stays
@@ -355,6 +358,11 @@ async fn gate<W: Gated>(workload: Arc<W>, ctx: &GateContext) -> Result<Action, C
     let mut step = decide(workload.as_ref(), cached.as_deref());
     let writer = ApiWriter::new(ctx.leadership.clone());
     if let GateStep::CreateClaim { claim, locks } = &step {
+        // The claim queues from when the workload arrived, not from when this pass (one of
+        // several at once) gets to create it.
+        if let Some(uid) = workload.uid() {
+            ctx.claim_index.expect_arrival(&namespace, claim, &uid);
+        }
         match writer
             .create(&claims, &claim_for(workload.as_ref(), claim, locks))
             .await?
