@@ -25,14 +25,14 @@
 
 use std::collections::{HashMap, HashSet};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use turnstile_api::{LockClaim, Micros};
+use turnstile_api::{arrival_micros, LockClaim, Micros};
 
 /// The arrivals given to claims whose status does not record one yet.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Arrivals {
     /// Stamps not yet seen in a status, by claim uid.
     stamped: HashMap<String, Micros>,
@@ -65,30 +65,29 @@ impl Arrivals {
             return;
         }
         let key = (claim.namespace().unwrap_or_default(), claim.name_any());
-        match self.expected.remove(&key) {
-            Some(arrival) => {
-                self.stamped.insert(uid, arrival);
-            }
-            None => self.stamp(uid, created_micros(claim), now),
-        }
+        let arrival = match self.expected.remove(&key) {
+            Some(arrival) => arrival,
+            None => self.next_arrival(created_micros(&claim.metadata), now),
+        };
+        self.stamped.insert(uid, arrival);
     }
 
     /// A gated workload the watch shows (not in a list): it arrives now, unless it did.
-    pub fn workload_applied(&mut self, uid: &str, created: Micros, now: Timestamp) {
-        if self.workloads.contains_key(uid) {
+    pub fn workload_applied(&mut self, workload: &ObjectMeta, now: Timestamp) {
+        let Some(uid) = workload.uid.as_deref() else {
             return;
+        };
+        if !self.workloads.contains_key(uid) {
+            let arrival = self.next_arrival(created_micros(workload), now);
+            self.workloads.insert(uid.to_owned(), arrival);
         }
-        let arrival = now
-            .as_microsecond()
-            .max(self.latest.saturating_add(1))
-            .max(created);
-        self.latest = arrival;
-        self.workloads.insert(uid.to_owned(), arrival);
     }
 
     /// A gated workload the watch shows gone.
-    pub fn workload_deleted(&mut self, uid: &str) {
-        self.workloads.remove(uid);
+    pub fn workload_deleted(&mut self, workload: &ObjectMeta) {
+        if let Some(uid) = workload.uid.as_deref() {
+            self.workloads.remove(uid);
+        }
     }
 
     /// The claim `name` in `namespace` is about to be made for the workload `uid`: it takes
@@ -100,8 +99,9 @@ impl Arrivals {
         }
     }
 
-    /// Gives the claim `uid`, created in the second starting at `created`, the next arrival.
-    fn stamp(&mut self, uid: String, created: Micros, now: Timestamp) {
+    /// The next arrival, for an object created in the second starting at `created`: now, but
+    /// later than every arrival so far.
+    fn next_arrival(&mut self, created: Micros, now: Timestamp) -> Micros {
         // Not before its own creation second either: a controller clock behind the API
         // server's must not queue a new claim ahead of older ones that queue by
         // `creationTimestamp`.
@@ -110,7 +110,7 @@ impl Arrivals {
             .max(self.latest.saturating_add(1))
             .max(created);
         self.latest = arrival;
-        self.stamped.insert(uid, arrival);
+        arrival
     }
 
     /// A claim the watch shows gone.
@@ -134,8 +134,11 @@ impl Arrivals {
         if let Some(recorded) = recorded(claim) {
             self.latest = self.latest.max(recorded);
         } else if claim.status.is_none() && !self.stamped.contains_key(&uid) {
-            self.unqueued
-                .push((created_micros(claim), claim.name_any(), uid.clone()));
+            self.unqueued.push((
+                created_micros(&claim.metadata),
+                claim.name_any(),
+                uid.clone(),
+            ));
         }
         self.relisted.get_or_insert_with(HashSet::new).insert(uid);
     }
@@ -149,7 +152,8 @@ impl Arrivals {
         let mut unqueued = std::mem::take(&mut self.unqueued);
         unqueued.sort();
         for (created, _, uid) in unqueued {
-            self.stamp(uid, created, now);
+            let arrival = self.next_arrival(created, now);
+            self.stamped.insert(uid, arrival);
         }
     }
 
@@ -160,11 +164,10 @@ impl Arrivals {
     }
 }
 
-/// The start of the claim's creation second, in microseconds (0 when unset).
-fn created_micros(claim: &LockClaim) -> Micros {
-    claim
-        .creation_timestamp()
-        .map_or(0, |at| at.0.as_second().saturating_mul(1_000_000))
+/// The start of the object's creation second, in microseconds (0 when unset): where a claim
+/// without an arrival queues from.
+fn created_micros(object: &ObjectMeta) -> Micros {
+    arrival_micros(None, object.creation_timestamp.as_ref())
 }
 
 /// The arrival the claim's status records, in microseconds.
@@ -252,14 +255,15 @@ mod tests {
     fn a_gated_workloads_claim_takes_the_workloads_arrival() {
         let mut arrivals = Arrivals::default();
         // Two workloads arrive in the order 1, 2; the gate makes 2's claim first.
-        arrivals.workload_applied("job-1", 5_000_000, at(5_000_000));
-        arrivals.workload_applied("job-2", 5_000_000, at(5_000_000));
-        arrivals.workload_applied("job-1", 5_000_000, at(6_000_000));
+        let job = |uid: &str| claim(uid, 5).metadata;
+        arrivals.workload_applied(&job("job-1"), at(5_000_000));
+        arrivals.workload_applied(&job("job-2"), at(5_000_000));
+        arrivals.workload_applied(&job("job-1"), at(6_000_000));
         let mut claims = Vec::new();
         for (job, name) in [("job-2", "b"), ("job-1", "a")] {
             let mut claim = claim(name, 5);
             claim.metadata.namespace = Some("ns".to_owned());
-            arrivals.expect("ns", name, job);
+            arrivals.expect("ns", name, &format!("uid-{job}"));
             arrivals.applied(&claim, false, at(7_000_000));
             claims.push(claim);
         }

@@ -154,23 +154,10 @@ impl ClaimIndex {
     pub fn observe_workload<K: Resource>(&self, event: &watcher::Event<K>) {
         let mut guard = self.write();
         match event {
-            watcher::Event::Apply(workload) => {
-                if let Some(uid) = workload.meta().uid.as_deref() {
-                    let created = workload
-                        .meta()
-                        .creation_timestamp
-                        .as_ref()
-                        .map_or(0, |at| at.0.as_second().saturating_mul(1_000_000));
-                    guard
-                        .arrivals
-                        .workload_applied(uid, created, Timestamp::now());
-                }
-            }
-            watcher::Event::Delete(workload) => {
-                if let Some(uid) = workload.meta().uid.as_deref() {
-                    guard.arrivals.workload_deleted(uid);
-                }
-            }
+            watcher::Event::Apply(workload) => guard
+                .arrivals
+                .workload_applied(workload.meta(), Timestamp::now()),
+            watcher::Event::Delete(workload) => guard.arrivals.workload_deleted(workload.meta()),
             watcher::Event::Init | watcher::Event::InitApply(_) | watcher::Event::InitDone => {}
         }
     }

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use proptest::prelude::*;
 
@@ -22,6 +22,7 @@ use turnstile_api::{
     BackendKind, ClaimPhase, DistributedLock, DistributedLockSpec, LockClaim, LockClaimSpec,
     LockClaimStatus,
 };
+use turnstile_controller::arrivals::Arrivals;
 use turnstile_controller::core::{BackendView, ClaimView, LockInput, LockView, LEASE_CUT};
 use turnstile_controller::lock_reconciler::{run_pass, Engine};
 use turnstile_controller::multi_lock::{other_locks_needed, prepare, OtherLock};

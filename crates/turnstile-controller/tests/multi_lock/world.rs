@@ -3,7 +3,7 @@
 //! `lock_reconciler` makes it, followed by the checks every pass must pass.
 
 use crate::*;
-use sim::patched;
+use sim::{arrival_key_of, arrival_of, patched};
 
 /// The world's API server as a lock's pass writes to it (every write lands).
 pub(crate) struct WorldApi<'w> {
@@ -43,9 +43,8 @@ pub(crate) struct World {
     pub(crate) tokens: BTreeMap<String, Vec<i64>>,
     /// Claims ever granted.
     pub(crate) granted: BTreeSet<String>,
-    /// The arrival the controller's watch gave each claim (by name), before its status
-    /// records it.
-    pub(crate) arrivals: BTreeMap<String, MicroTime>,
+    /// The controller's arrivals, fed each claim as it is created.
+    pub(crate) arrivals: Arrivals,
 }
 
 pub(crate) fn phase(claim: &LockClaim) -> ClaimPhase {
@@ -88,7 +87,7 @@ impl World {
             next: 0,
             tokens: BTreeMap::new(),
             granted: BTreeSet::new(),
-            arrivals: BTreeMap::new(),
+            arrivals: Arrivals::default(),
         }
     }
 
@@ -110,16 +109,11 @@ impl World {
     }
 
     /// A new claim on `locks`. Names count *down* (c999, c998, ...) and the clock stands
-    /// still between creations, so only the arrival the controller's watch would give each
-    /// claim (stamped here, in creation order) keeps the queue first come, first served.
+    /// still between creations, so only the arrival the controller's watch gives each claim
+    /// (in creation order) keeps the queue first come, first served.
     pub(crate) fn create(&mut self, locks: &[&str]) -> String {
         self.next += 1;
         let name = format!("c{:03}", 999 - self.next);
-        let arrival = self.now().as_microsecond() + i64::try_from(self.next).expect("small");
-        self.arrivals.insert(
-            name.clone(),
-            MicroTime(Timestamp::from_microsecond(arrival).expect("time")),
-        );
         let spec = if locks.len() == 1 {
             LockClaimSpec::for_lock(locks[0])
         } else {
@@ -134,6 +128,8 @@ impl World {
             creation_timestamp: Some(Time(self.now())),
             ..ObjectMeta::default()
         };
+        // The controller's watch delivers the new claim.
+        self.arrivals.applied(&claim, false, self.now());
         self.claims.insert(name.clone(), claim);
         name
     }
@@ -162,24 +158,9 @@ impl World {
             .filter(|claim| claim.spec.locks().contains(&lock))
             .map(|claim| {
                 let view = ClaimView::for_lock(claim, lock).expect("complete claim");
-                view.observed_arrival(self.arrival(claim))
+                view.observed_arrival(arrival_of(claim, &self.arrivals))
             })
             .collect()
-    }
-
-    /// The claim's arrival: recorded in its status, or as the controller's watch gave it.
-    fn arrival(&self, claim: &LockClaim) -> Option<MicroTime> {
-        let recorded = claim.status.as_ref().and_then(|s| s.arrived_at.clone());
-        recorded.or_else(|| self.arrivals.get(claim.metadata.name.as_deref()?).cloned())
-    }
-
-    /// The claim's place in the queue, as the controller orders it.
-    fn place(&self, claim: &LockClaim) -> (turnstile_api::Micros, String) {
-        turnstile_api::arrival_key(
-            self.arrival(claim).as_ref(),
-            claim.metadata.creation_timestamp.as_ref(),
-            claim.metadata.name.as_deref().unwrap_or_default(),
-        )
     }
 
     pub(crate) async fn backend_view(&self, lock: &LockView) -> BackendView {
@@ -285,7 +266,8 @@ impl World {
                     .values()
                     .filter(on_lock)
                     .filter(|other| {
-                        self.place(other) < self.place(&claim)
+                        arrival_key_of(other, &self.arrivals)
+                            < arrival_key_of(&claim, &self.arrivals)
                             && phase(other) == ClaimPhase::Pending
                             && other.metadata.deletion_timestamp.is_none()
                             && other.spec.release != Some(true)

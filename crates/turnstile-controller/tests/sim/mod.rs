@@ -19,8 +19,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Owne
 use k8s_openapi::jiff::Timestamp;
 use turnstile_api::reasons;
 use turnstile_api::{
-    BackendKind, ClaimPhase, DistributedLock, DistributedLockSpec, LockClaim, LockClaimSpec,
+    BackendKind, ClaimPhase, DistributedLock, DistributedLockSpec, LockClaim, LockClaimSpec, Micros,
 };
+use turnstile_controller::arrivals::Arrivals;
 use turnstile_controller::core::{
     plan, BackendView, ClaimView, Decision, EventSubject, LockInput, LockView, OpOutcome,
     OwnerState,
@@ -195,9 +196,9 @@ pub struct Sim {
     /// The last resourceVersion the simulated API server gave out (one counter for all
     /// objects, as etcd's revision).
     pub revision: u64,
-    /// The arrival the controller's watch gave each claim (by name), before its status
-    /// records it: in creation order, many within one second.
-    pub arrivals: BTreeMap<String, MicroTime>,
+    /// The controller's arrivals (its own `Arrivals`, fed each claim as it is created): in
+    /// creation order, many within one second.
+    pub arrivals: Arrivals,
 }
 
 impl Sim {
@@ -255,7 +256,7 @@ impl Sim {
             taken_for_waiters: BTreeSet::new(),
             extra_passes: 0,
             revision: 1,
-            arrivals: BTreeMap::new(),
+            arrivals: Arrivals::default(),
         }
     }
 
@@ -332,10 +333,8 @@ impl Sim {
             ..ObjectMeta::default()
         };
         self.created_seq.insert(name.to_owned(), self.seq);
-        // `now` never goes back and `seq` rises: strictly later than every earlier arrival.
-        let arrival = self.now().as_microsecond() + i64::try_from(self.seq).expect("small");
-        let arrival = Timestamp::from_microsecond(arrival).expect("time");
-        self.arrivals.insert(name.to_owned(), MicroTime(arrival));
+        // The controller's watch delivers the new claim.
+        self.arrivals.applied(&claim, false, self.now());
         self.claims.insert(name.to_owned(), claim);
     }
 
@@ -466,13 +465,7 @@ impl Sim {
     /// The claim's place in the queue as the controller orders it: priority, then its
     /// arrival (recorded in its status, else as the watch gave it), then name.
     pub fn place(&self, claim: &LockClaim) -> (std::cmp::Reverse<i32>, i64, String) {
-        let name = claim.metadata.name.as_deref().unwrap_or_default();
-        let recorded = claim.status.as_ref().and_then(|s| s.arrived_at.as_ref());
-        let (arrival, name) = turnstile_api::arrival_key(
-            recorded.or(self.arrivals.get(name)),
-            claim.metadata.creation_timestamp.as_ref(),
-            name,
-        );
+        let (arrival, name) = arrival_key_of(claim, &self.arrivals);
         (
             std::cmp::Reverse(claim.spec.priority.unwrap_or(0)),
             arrival,
@@ -489,7 +482,7 @@ impl Sim {
                 .map(|(name, claim)| {
                     let mut view = ClaimView::from_resource(claim)
                         .expect("complete claim")
-                        .observed_arrival(self.arrivals.get(name).cloned());
+                        .observed_arrival(arrival_of(claim, &self.arrivals));
                     if let Some(state) = self.owners.get(name) {
                         view.owner_state = *state;
                     }
@@ -807,6 +800,21 @@ impl Sim {
 }
 
 /// `object` with `write`'s merge patch applied, as the API server stores it.
+/// The claim's arrival: recorded in its status, else as the controller's watch gave it.
+pub fn arrival_of(claim: &LockClaim, arrivals: &Arrivals) -> Option<MicroTime> {
+    let recorded = claim.status.as_ref().and_then(|s| s.arrived_at.clone());
+    recorded.or_else(|| arrivals.of(claim.metadata.uid.as_deref()?))
+}
+
+/// The claim's place among the claims of one priority, as the controller orders it.
+pub fn arrival_key_of(claim: &LockClaim, arrivals: &Arrivals) -> (Micros, String) {
+    turnstile_api::arrival_key(
+        arrival_of(claim, arrivals).as_ref(),
+        claim.metadata.creation_timestamp.as_ref(),
+        claim.metadata.name.as_deref().unwrap_or_default(),
+    )
+}
+
 pub fn patched<K: serde::Serialize + serde::de::DeserializeOwned>(object: &K, write: &Write) -> K {
     let mut json = serde_json::to_value(object).expect("serializable object");
     apply_merge_patch(&mut json, &write.patch);
