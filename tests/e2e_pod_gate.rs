@@ -23,7 +23,7 @@ use e2e_support::jobs::{is_suspended, jobs, wait_job};
 use e2e_support::pods::{pods, set_pod_phase};
 use e2e_support::scrape::{get, sample};
 use e2e_support::{
-    annotate, lock_tokens, phase_of, reason_of, token_annotation, token_of, Env, WAIT,
+    annotate, arrival_of, lock_tokens, phase_of, reason_of, token_annotation, token_of, Env, WAIT,
 };
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
@@ -218,15 +218,9 @@ async fn gated_pods_created_back_to_back_queue_in_creation_order() {
     let mut arrivals = Vec::new();
     for name in created {
         let claim = env
-            .wait_claim(&format!("{name}-db"), |claim| {
-                claim
-                    .status
-                    .as_ref()
-                    .is_some_and(|s| s.arrived_at.is_some())
-            })
+            .wait_claim(&format!("{name}-db"), |claim| arrival_of(claim).is_some())
             .await;
-        let status = claim.status.expect("status");
-        arrivals.push(status.arrived_at.expect("arrivedAt").0);
+        arrivals.push(arrival_of(&claim));
     }
     assert!(
         arrivals.windows(2).all(|pair| pair[0] < pair[1]),

@@ -158,6 +158,32 @@ impl Bench {
         self.row("claim on 3 locks create → `Held`, idle locks", multi);
     }
 
+    /// The names of the claims `keep` selects, by lock, each lock's in queue order (recorded
+    /// arrival): claims created several at a time need not arrive in the order of their names.
+    async fn queues_by_arrival(
+        &self,
+        keep: impl Fn(&LockClaim) -> bool,
+    ) -> HashMap<String, Vec<String>> {
+        let mut claims: Vec<LockClaim> = self
+            .claims
+            .list(&ListParams::default())
+            .await
+            .expect("list claims")
+            .items
+            .into_iter()
+            .filter(|claim| keep(claim))
+            .collect();
+        claims.sort_by_key(LockClaim::arrival);
+        let mut queues: HashMap<String, Vec<String>> = HashMap::new();
+        for claim in claims {
+            queues
+                .entry(claim.spec.lock_name.clone())
+                .or_default()
+                .push(claim.name_any());
+        }
+        queues
+    }
+
     /// A latency row without a note.
     fn row(&mut self, scenario: &str, samples: Vec<Duration>) {
         self.table.latency(scenario, samples, "");
@@ -231,17 +257,11 @@ impl Bench {
         settle(&self.server, Duration::from_millis(500)).await;
         // They were created 16 at a time: the queue is in the order they arrived, which the
         // statuses record (`arrivedAt`), not their names.
-        let mut queue: Vec<LockClaim> = self
-            .claims
-            .list(&ListParams::default())
+        let queue = self
+            .queues_by_arrival(|claim| claim.name_any().starts_with("deep-"))
             .await
-            .expect("list claims")
-            .items
-            .into_iter()
-            .filter(|claim| claim.name_any().starts_with("deep-"))
-            .collect();
-        queue.sort_by_key(LockClaim::arrival);
-        let queue: Vec<String> = queue.iter().map(ResourceExt::name_any).collect();
+            .remove("deep")
+            .expect("the deep queue's claims");
         let mut hand_offs = Vec::new();
         let mut writes = Vec::new();
         for i in 0..samples.min(deep) {
@@ -405,30 +425,15 @@ impl Bench {
         // The wave: every holder releases at once. The claims were created 16 at a time, so
         // each lock's holder and next are the first two by arrival (`arrivedAt`), which need
         // not be `-0` and `-1`.
-        let mut queues: HashMap<String, Vec<LockClaim>> = HashMap::new();
-        for claim in self
-            .claims
-            .list(&ListParams::default())
-            .await
-            .expect("list claims")
-            .items
-            .into_iter()
-            .filter(|claim| {
+        let queues = self
+            .queues_by_arrival(|claim| {
                 let lock = &claim.spec.lock_name;
                 lock.starts_with('s') && claim.name_any().starts_with(&format!("{lock}-"))
             })
-        {
-            queues
-                .entry(claim.spec.lock_name.clone())
-                .or_default()
-                .push(claim);
-        }
+            .await;
         let mut heads: Vec<(String, String)> = queues
             .into_values()
-            .filter_map(|mut queue| {
-                queue.sort_by_key(LockClaim::arrival);
-                Some((queue.first()?.name_any(), queue.get(1)?.name_any()))
-            })
+            .filter_map(|queue| Some((queue.first()?.clone(), queue.get(1)?.clone())))
             .collect();
         heads.sort();
         let wave_cpu = CpuSample::take(self.controller.child.id());

@@ -454,6 +454,35 @@ impl Env {
         self.stop_controller().await;
     }
 
+    /// With `holder` holding `lock` and the claim `first` waiting first in line (its arrival
+    /// recorded): applies `second` (a name that sorts before `first`'s) and checks it queues
+    /// behind `first` by arrival, position and grant.
+    pub async fn a_later_claim_queues_behind(
+        &self,
+        lock: &str,
+        holder: &str,
+        first: &LockClaim,
+        second: &str,
+    ) {
+        let first_name = first.metadata.name.clone().unwrap_or_default();
+        self.apply_claim(second, lock, "");
+        let later = self.wait_claim(second, |c| position_of(c) == Some(2)).await;
+        assert!(
+            arrival_of(first) < arrival_of(&later),
+            "{:?} then {:?}",
+            arrival_of(first),
+            arrival_of(&later)
+        );
+        self.wait_claim(&first_name, |c| position_of(c) == Some(1))
+            .await;
+        self.delete_claim(holder).await;
+        self.wait_phase(&first_name, ClaimPhase::Held).await;
+        assert_eq!(
+            phase_of(&self.claim(second).await),
+            Some(ClaimPhase::Pending)
+        );
+    }
+
     /// Claims `a` (granted, token 1) and `b` (waiting first in line) on `lock`.
     pub async fn a_holds_and_b_waits(&self, lock: &str) {
         self.apply_claim("a", lock, "");
@@ -677,6 +706,12 @@ where
     )
     .await
     .unwrap_or_else(|error| panic!("annotate {name}: {error}"));
+}
+
+/// A claim's recorded arrival (`status.arrivedAt`), in microseconds.
+pub fn arrival_of(claim: &LockClaim) -> Option<i64> {
+    let status = claim.status.as_ref()?;
+    Some(status.arrived_at.as_ref()?.0.as_microsecond())
 }
 
 /// A claim's queue position.
