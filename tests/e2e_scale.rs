@@ -1,8 +1,9 @@
 //! The operator's cost shape, counted on the fake API server (counts, not timings): a hand-off
-//! costs the same small number of API writes whether 50 or 400 claims wait behind it, the
-//! head of the queue shows exact positions, every waiter's position stays an upper bound, each
-//! hand-off brings exactly two stale ones behind the head up to date, and a claim joining
-//! behind hundreds shows its exact place at once; a new waiting claim costs four writes.
+//! costs three object writes whether 50 or 400 claims wait behind it, a burst of hand-offs one
+//! refresh of the positions a little later, after which the head of the queue shows exact
+//! positions and exactly two stale ones behind it are up to date; every waiter's position
+//! stays an upper bound, and a claim joining behind hundreds shows its exact place at once; a
+//! new waiting claim costs four writes.
 
 mod e2e_support;
 
@@ -120,7 +121,7 @@ async fn create_claim(env: &Env, name: &str, lock: &str) {
 
 /// A lock with one holder and `waiters` claims queued behind it; returns the controller's
 /// writes for each of [`HAND_OFFS`] hand-offs (the holder's claim deleted, the next one `Held`).
-async fn writes_per_hand_off(waiters: usize) -> Vec<usize> {
+async fn writes_per_hand_off(waiters: usize) -> Vec<HandOffWrites> {
     let (env, controller) = fake_only_tagged().await;
     create_lock(&env, "db").await;
     for index in 0..=waiters {
@@ -131,6 +132,9 @@ async fn writes_per_hand_off(waiters: usize) -> Vec<usize> {
         lock.status.as_ref().map(|status| status.waiting) == Some(waiters as i32)
     })
     .await;
+    // Settled: the head's positions refreshed after the first grant.
+    env.wait_claim(&claim_name(1), |claim| position_of(claim) == Some(1))
+        .await;
     settled_writes(&env, Duration::from_millis(500)).await;
 
     let mut counts = Vec::new();
@@ -145,9 +149,25 @@ async fn writes_per_hand_off(waiters: usize) -> Vec<usize> {
             .expect("delete holder");
         env.wait_phase(&claim_name(hand_off + 1), ClaimPhase::Held)
             .await;
+        // The next hand-off follows within a second of this grant, before the positions'
+        // refresh is due (POSITION_REFRESH_DELAY after it): each window holds one hand-off.
         let after = settled_writes(&env, Duration::from_millis(500)).await;
-        counts.push(after.len() - before);
+        counts.push(HandOffWrites::of(&after[before..]));
     }
+    // A burst of hand-offs costs one refresh of the positions, a little after the last grant.
+    let before_refresh = controller_writes(&env).len();
+    env.wait_claim(&claim_name(HAND_OFFS + 1), |claim| {
+        position_of(claim) == Some(1)
+    })
+    .await;
+    let after = settled_writes(&env, Duration::from_millis(500)).await;
+    let refresh = HandOffWrites::of(&after[before_refresh..]);
+    assert_eq!(refresh.events, 0, "a refresh announces nothing");
+    assert!(
+        refresh.objects <= EXACT_POSITIONS as usize + POSITION_REFRESHES_PER_PASS,
+        "{waiters} waiters: the refresh wrote {} objects",
+        refresh.objects
+    );
     // A pass woken by the echo of its predecessor's first write waits for the rest
     // (`own_writes`), so it never writes from objects it has already changed: no 409s.
     let conflicts = conflicts(&controller_writes(&env)[hand_offs_start..]);
@@ -182,8 +202,8 @@ async fn writes_per_hand_off(waiters: usize) -> Vec<usize> {
             }
         }
     }
-    // The last hand-off moved every waiter up one place; behind the head only the ones it
-    // refreshed show the truth.
+    // The hand-offs moved every waiter up; behind the head only the ones the refresh
+    // reached show the truth.
     assert_eq!(
         exact_behind_the_head.len(),
         POSITION_REFRESHES_PER_PASS,
@@ -290,16 +310,35 @@ async fn writes_per_hand_off_do_not_grow_with_the_queue() {
     let shallow = writes_per_hand_off(50).await;
     let deep = writes_per_hand_off(400).await;
     println!("controller writes per hand-off: 50 waiters {shallow:?}, 400 waiters {deep:?}");
-    let most = |counts: &[usize]| counts.iter().copied().max().unwrap_or(0);
-    // Before positions were bounded a hand-off rewrote every waiter: ~N writes.
-    assert!(
-        most(&deep) <= 12,
-        "400 waiters: {deep:?} writes per hand-off"
-    );
-    assert!(
-        most(&deep).abs_diff(most(&shallow)) <= 2,
-        "50 waiters: {shallow:?}, 400 waiters: {deep:?}"
-    );
+    for (waiters, counts) in [(50, &shallow), (400, &deep)] {
+        for count in counts {
+            // The new holder's status, the lock's status, the old holder's finalizer: no
+            // waiter (before positions were bounded a hand-off rewrote every one, ~N writes).
+            assert_eq!(count.objects, 3, "{waiters} waiters: {counts:?}");
+            // `Released` and `Acquired`.
+            assert!(count.events <= 2, "{waiters} waiters: {counts:?}");
+        }
+    }
+}
+
+/// One hand-off's controller writes: to objects, and Events (counted apart).
+#[derive(Debug)]
+struct HandOffWrites {
+    objects: usize,
+    events: usize,
+}
+
+impl HandOffWrites {
+    fn of(writes: &[RecordedRequest]) -> Self {
+        let events = writes
+            .iter()
+            .filter(|request| request.resource == "events")
+            .count();
+        Self {
+            objects: writes.len() - events,
+            events,
+        }
+    }
 }
 
 /// Claims cached but finished long ago, on locks that no longer exist: the history a busy

@@ -49,7 +49,8 @@ async fn main() {
     } = run::run(knobs, plane).await;
     println!();
     println!(
-        "Counts: API writes per deep-queue hand-off {writes_per_hand_off:?}; idle writes {idle_writes}; re-sync writes {resync_writes}."
+        "Counts: API writes per deep-queue hand-off {:?} (Events apart: {:?}); idle writes {idle_writes}; re-sync writes {resync_writes}.",
+        writes_per_hand_off.objects, writes_per_hand_off.events
     );
     println!(
         "Machine: {} cores; `turnstile run` built with the bench profile; {api_server}.",

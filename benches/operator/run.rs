@@ -17,6 +17,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
+use turnstile_controller::core::POSITION_REFRESH_DELAY;
 use turnstile_api::{
     ClaimPhase, DistributedLock, LockClaim, LOCK_ANNOTATION, LOCK_LABEL, SCHEDULING_GATE,
 };
@@ -79,12 +80,22 @@ impl Knobs {
     }
 }
 
+/// The controller's writes per hand-off, each list sorted: to objects (claims, the lock), and
+/// Events, counted apart.
+#[derive(Debug, Clone)]
+pub struct HandOffWrites {
+    /// Object writes per hand-off.
+    pub objects: Vec<usize>,
+    /// Events per hand-off.
+    pub events: Vec<usize>,
+}
+
 /// What a run measured: the table's rows as printed, and the counts a smoke run checks.
 pub struct Report {
     /// The Markdown rows, in order (without the header).
     pub rows: Vec<String>,
-    /// API writes per hand-off in the deep queue, sorted.
-    pub writes_per_hand_off: Vec<usize>,
+    /// The controller's writes per hand-off in the deep queue.
+    pub writes_per_hand_off: HandOffWrites,
     /// Controller writes during the idle row.
     pub idle_writes: usize,
     /// Controller writes (leases aside) during the re-sync after a restart.

@@ -241,7 +241,7 @@ impl Bench {
 
     /// Hand-offs at the head of a deep queue, and the API writes each costs; returns those
     /// counts, sorted.
-    pub(super) async fn deep_queue(&mut self) -> Vec<usize> {
+    pub(super) async fn deep_queue(&mut self) -> HandOffWrites {
         let samples = self.knobs.samples;
         let deep = self.knobs.deep;
         // A deep queue.
@@ -263,14 +263,20 @@ impl Bench {
             .remove("deep")
             .expect("the deep queue's claims");
         let mut hand_offs = Vec::new();
-        let mut writes = Vec::new();
-        for i in 0..samples.min(deep) {
-            let before = self
+        let mut objects = Vec::new();
+        let mut events = Vec::new();
+        let writes_so_far = || -> (usize, usize) {
+            let writes: Vec<_> = self
                 .server
                 .controller_requests()
-                .iter()
-                .filter(|r| is_write(r))
-                .count();
+                .into_iter()
+                .filter(is_write)
+                .collect();
+            let events = writes.iter().filter(|r| r.resource == "events").count();
+            (writes.len() - events, events)
+        };
+        for i in 0..samples.min(deep) {
+            let (objects_before, events_before) = writes_so_far();
             let start = Instant::now();
             self.claims
                 .delete(&queue[i], &DeleteParams::default())
@@ -278,25 +284,24 @@ impl Bench {
                 .expect("delete");
             hand_offs.push(self.seen_held.wait(&queue[i + 1]).await - start);
             settle(&self.server, Duration::from_millis(200)).await;
-            let after = self
-                .server
-                .controller_requests()
-                .iter()
-                .filter(|r| is_write(r))
-                .count();
-            writes.push(after - before);
+            let (objects_after, events_after) = writes_so_far();
+            objects.push(objects_after - objects_before);
+            events.push(events_after - events_before);
         }
-        writes.sort();
+        objects.sort();
+        events.sort();
+        let median = |counts: &[usize]| counts[counts.len() / 2];
         self.table.latency(
             &format!("hand-off, one lock, {deep} waiters"),
             hand_offs,
             &format!(
-                "API writes per hand-off (Events included): median {}, max {}",
-                writes[writes.len() / 2],
-                writes.last().copied().unwrap_or(0)
+                "API writes per hand-off: objects median {}, max {}; Events apart median {}",
+                median(&objects),
+                objects.last().copied().unwrap_or(0),
+                median(&events),
             ),
         );
-        writes
+        HandOffWrites { objects, events }
     }
 
     /// Pod-owned claims, gated Jobs and gated Pods on idle locks.
@@ -524,6 +529,10 @@ impl Bench {
             ..
         } = self;
         let idle_seconds = knobs.idle_seconds;
+        // The wave's queues show fresh positions a little after their last grant
+        // (`POSITION_REFRESH_DELAY`): idle begins once those writes are done.
+        let refresh = u64::try_from(POSITION_REFRESH_DELAY).unwrap_or(0);
+        settle(&server, Duration::from_secs(refresh + 1)).await;
         // Idle, then a restart.
         let before = server
             .controller_requests()

@@ -14,6 +14,7 @@ use sim::{paused_runtime, Sim};
 use turnstile_api::{reasons, BackendKind, ClaimPhase};
 use turnstile_controller::core::{
     decide_orphan, fold, plan, BackendOp, BackendView, ClaimView, LockView, OwnerState,
+    POSITION_REFRESH_DELAY,
 };
 
 #[tokio::test(start_paused = true)]
@@ -47,6 +48,7 @@ async fn three_claims_one_holder_two_waiting_in_order() {
     assert!(sim.events.contains(&("c".to_owned(), "Queued")));
 
     // Deleting the holder hands the lock to b, then c.
+    let writes = sim.writes;
     sim.delete("a");
     sim.settle().await;
     assert!(
@@ -55,8 +57,15 @@ async fn three_claims_one_holder_two_waiting_in_order() {
     );
     assert_eq!(sim.phase("b"), Some(ClaimPhase::Held));
     assert_eq!(sim.token("b"), Some(2));
-    assert_eq!(sim.position("c"), Some(1));
     assert!(sim.events.contains(&("a".to_owned(), "Released")));
+    // The hand-off writes b's grant, the lock's status and a's finalizer, no waiter: c still
+    // shows the place it had, an upper bound, until the refresh a little later.
+    assert_eq!(sim.writes - writes, 3, "writes of the hand-off");
+    assert_eq!(sim.position("c"), Some(2));
+    let delay = u64::try_from(POSITION_REFRESH_DELAY).expect("positive");
+    sim.advance(Duration::from_secs(delay)).await;
+    assert_eq!(sim.position("c"), Some(1));
+    assert_eq!(sim.writes - writes, 4, "and one refresh");
 }
 
 #[tokio::test(start_paused = true)]

@@ -16,7 +16,9 @@ use super::decision::{
 use super::model::{seconds_of, time_at, BackendView, ClaimView, LockInput, OwnerState, Seconds};
 use super::ops::OpOutcome;
 use super::plan::{Intent, LockMode, Plan};
-use super::queue::{refresh_stale_positions, shown_position};
+use super::queue::{
+    positions_refresh_at, refresh_stale_positions, shown_position, EXACT_POSITIONS,
+};
 use super::report::{claim_events, holder_deleted, observations_for};
 
 /// Look at every lock at least this often, even when nothing happens (heals missed events).
@@ -383,23 +385,20 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
         };
         statuses.push((index, status));
     }
-    // Only a pass that moves the queue refreshes: the passes its own writes trigger then write
-    // nothing, so a hand-off stays a constant number of writes.
-    // A claim joining the queue moves nobody; one leaving the queue or the holders does.
-    let queue_moved = statuses
-        .iter()
-        .zip(&plan.intents)
-        .any(|((index, status), (_, intent))| {
-            let old = input.claims[*index].status.phase;
-            let phase_changed =
-                old.is_some() && status.as_ref().is_some_and(|status| status.phase != old);
-            // A waiter or holder deleted leaves without a status write.
-            let deleted = matches!(intent, Intent::Delete { .. })
-                && matches!(old, Some(ClaimPhase::Pending | ClaimPhase::Held));
-            phase_changed || deleted
+    // The head's positions are refreshed a little after a grant, not by it: a hand-off then
+    // writes no waiter, and the passes after the refresh find nothing stale at the head, so
+    // they refresh nothing further back either.
+    if stale.iter().any(|&(_, exact)| exact <= EXACT_POSITIONS) {
+        let after_pass = statuses.iter().map(|(index, status)| {
+            let claim = &input.claims[*index];
+            status.as_ref().unwrap_or(&claim.status)
         });
-    if queue_moved {
-        refresh_stale_positions(&mut statuses, &stale);
+        let refresh_at = positions_refresh_at(after_pass, now);
+        if refresh_at <= now {
+            refresh_stale_positions(&mut statuses, &stale);
+        } else {
+            folder.wake_at(refresh_at);
+        }
     }
     let waiting = position;
 

@@ -42,4 +42,6 @@ pub use ops::{
 };
 pub use orphan::{decide_orphan, OrphanDecision};
 pub use plan::{plan, Plan};
-pub use queue::{queue_order, EXACT_POSITIONS, POSITION_REFRESHES_PER_PASS};
+pub use queue::{
+    queue_order, EXACT_POSITIONS, POSITION_REFRESHES_PER_PASS, POSITION_REFRESH_DELAY,
+};

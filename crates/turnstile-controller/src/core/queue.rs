@@ -2,7 +2,7 @@
 //! function, used by the reconcile pass ([`super::plan`]) and by whatever shows the queue
 //! (`turnstile queue`), so that what people are shown is the order the controller grants in.
 
-use super::model::ClaimView;
+use super::model::{seconds_of, ClaimView, Seconds};
 use turnstile_api::{ClaimPhase, LockClaimStatus};
 
 /// Indices into `claims`, in queue order: higher priority first, then arrival
@@ -15,45 +15,76 @@ pub fn queue_order(claims: &[ClaimView]) -> Vec<usize> {
     order
 }
 
-/// Waiters whose `status.position` is always exact: the head of the queue, where a user
-/// waits for "am I next?". Behind them a hand-off would otherwise rewrite every waiter.
+/// Waiters whose `status.position` is brought up to date soon after every move of the queue:
+/// the head, where a user waits for "am I next?".
 pub const EXACT_POSITIONS: i32 = 3;
 
-/// How many positions behind [`EXACT_POSITIONS`] a pass that moves the queue (a grant, an end,
-/// a new waiter) refreshes at most, the most out of date first, so that a hand-off costs a
-/// constant number of writes at any queue depth.
+/// How many positions behind [`EXACT_POSITIONS`] a refresh brings up to date at most, the most
+/// out of date first, so that a refresh costs a constant number of writes at any queue depth.
 pub const POSITION_REFRESHES_PER_PASS: usize = 2;
 
-/// The position a waiter's status shows: exact in the first [`EXACT_POSITIONS`] places and for
-/// a claim that joins the queue; further back, the position last written, which stays an upper
-/// bound (waiters only move forward) until a pass refreshes it.
+/// How long after the queue last moved (a grant, a waiter leaving) positions are refreshed,
+/// in whole seconds. The passes of a hand-off write no waiter, and a burst of hand-offs costs
+/// one refresh: rewriting the head at every hand-off was most of a hand-off's writes.
+pub const POSITION_REFRESH_DELAY: Seconds = 2;
+
+/// The position a waiter's status shows: the one last written while that is still an upper
+/// bound (waiters move forward when others leave; only a higher-priority claim arriving moves
+/// them back, and then the truth is written at once), else the exact one, also for a claim
+/// that joins the queue.
 pub(super) fn shown_position(claim: &ClaimView, exact: i32) -> i32 {
     let written = claim
         .status
         .position
         .filter(|_| claim.phase() == ClaimPhase::Pending);
     match written {
-        Some(written) if exact > EXACT_POSITIONS && written >= exact => written,
+        Some(written) if written >= exact => written,
         _ => exact,
     }
 }
 
-/// Brings up to [`POSITION_REFRESHES_PER_PASS`] stale positions up to date: the ones whose
-/// shown position is the largest multiple of the truth first (ties: nearest the head).
+/// When the stale positions at the head of a queue may be refreshed:
+/// [`POSITION_REFRESH_DELAY`] after the latest grant among the holders after the pass
+/// (`statuses`: every claim's status after it), at once when there is none. A waiter leaving
+/// the queue without a grant is refreshed at once, as a grant after a quiet spell: only the
+/// grant's own time is recorded, so only a hand-off can wait without a clock of its own.
+pub(super) fn positions_refresh_at<'a>(
+    statuses: impl IntoIterator<Item = &'a LockClaimStatus>,
+    now: Seconds,
+) -> Seconds {
+    statuses
+        .into_iter()
+        .filter(|status| status.phase == Some(ClaimPhase::Held))
+        .filter_map(|status| status.acquired_at.as_ref().map(seconds_of))
+        .max()
+        .map_or(now, |granted| granted + POSITION_REFRESH_DELAY)
+}
+
+/// Brings stale positions up to date: every one in the first [`EXACT_POSITIONS`] places, and
+/// up to [`POSITION_REFRESHES_PER_PASS`] behind them, the ones whose shown position is the
+/// largest multiple of the truth first (ties: nearest the head). `stale` holds (slot in
+/// `statuses`, exact position).
 pub(super) fn refresh_stale_positions(
     statuses: &mut [(usize, Option<LockClaimStatus>)],
     stale: &[(usize, i32)],
 ) {
-    let mut candidates: Vec<(i64, i64, usize, i32)> = stale
+    let (head, behind): (Vec<_>, Vec<_>) = stale
         .iter()
-        .filter_map(|&(slot, exact)| {
+        .partition(|&&(_, exact)| exact <= EXACT_POSITIONS);
+    let mut candidates: Vec<(i64, i64, usize, i32)> = behind
+        .iter()
+        .filter_map(|&&(slot, exact)| {
             let shown = statuses[slot].1.as_ref()?.position?;
             Some((i64::from(shown), i64::from(exact), slot, exact))
         })
         .collect();
     // shown_a / exact_a > shown_b / exact_b, compared without division.
     candidates.sort_by(|a, b| (b.0 * a.1).cmp(&(a.0 * b.1)).then(a.2.cmp(&b.2)));
-    for &(_, _, slot, exact) in candidates.iter().take(POSITION_REFRESHES_PER_PASS) {
+    let behind = candidates
+        .iter()
+        .take(POSITION_REFRESHES_PER_PASS)
+        .map(|&(_, _, slot, exact)| (slot, exact));
+    for (slot, exact) in head.into_iter().copied().chain(behind) {
         if let Some(status) = statuses[slot].1.as_mut() {
             status.position = Some(exact);
         }
