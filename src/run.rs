@@ -8,7 +8,7 @@ use turnstile_api::BackendKind;
 use turnstile_controller::leader::LeaderConfig;
 
 use turnstile_controller::backends::{MongoSettings, RedisTlsFiles};
-use turnstile_controller::{run, ControllerConfig};
+use turnstile_controller::{run, ControllerConfig, EventPolicy};
 
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -78,6 +78,25 @@ pub struct RunArgs {
     /// (identity `POD_NAME`), so that several replicas can run.
     #[arg(long)]
     pub leader_elect: bool,
+    /// Which Events to publish: `all`, or `warnings` (no `Queued`, `Acquired`, `Released`,
+    /// `Renewed`...: each is an API write, and the claims' statuses say the same). Warnings
+    /// are always published.
+    #[arg(long, env = "TURNSTILE_EVENTS", value_enum, default_value_t = EventLevel::All)]
+    pub events: EventLevel,
+    /// At most this many Normal Events a second on average (bursts of 5 seconds' worth), so
+    /// that a wave of hand-offs spends the API's writes on grants; the rest are counted in
+    /// `turnstile_events_skipped_total`. 0: no limit.
+    #[arg(long, env = "TURNSTILE_EVENTS_PER_SECOND", default_value_t = EventPolicy::default().normal_per_second)]
+    pub events_per_second: u32,
+}
+
+/// The Events `turnstile run` publishes (`--events`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EventLevel {
+    /// Normal Events and Warnings.
+    All,
+    /// Warnings only.
+    Warnings,
 }
 
 fn init_logging(format: LogFormat) {
@@ -166,6 +185,10 @@ pub async fn run_command(args: RunArgs) -> anyhow::Result<()> {
         metrics_addr: args.metrics_addr,
         instance,
         leader_election,
+        events: EventPolicy {
+            normal: args.events == EventLevel::All,
+            normal_per_second: args.events_per_second,
+        },
     };
     run(client, config, termination()).await?;
     Ok(())
@@ -185,8 +208,18 @@ mod tests {
             BackendKind::Memory,
             "--default-backend"
         );
+        assert_eq!(defaults.events, EventLevel::All, "--events");
+        assert_eq!(defaults.events_per_second, 20, "--events-per-second");
         let set = RunArgs::parse_flags(&["--metrics-addr", "0.0.0.0:8080"]).unwrap();
         assert_eq!(set.metrics_addr, Some("0.0.0.0:8080".parse().unwrap()));
+        let quiet = RunArgs::parse_flags(&["--events", "warnings", "--events-per-second", "0"])
+            .expect("event flags");
+        assert_eq!(
+            (quiet.events, quiet.events_per_second),
+            (EventLevel::Warnings, 0)
+        );
+        let error = RunArgs::parse_flags(&["--events", "some"]).expect_err("a bad level");
+        assert!(error.to_string().contains("--events"), "{error}");
     }
 
     #[test]

@@ -7,15 +7,17 @@
 
 mod e2e_support;
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use e2e_support::actor::{requests_of, tagged_client};
+use e2e_support::scrape::{self, free_addr};
 use e2e_support::{phase_of, position_of, Env, RunningController, WAIT};
 use fake_apiserver::RecordedRequest;
 use kube::api::{DeleteParams, PostParams};
 use turnstile_api::{ClaimPhase, DistributedLock, LockClaim, LockClaimSpec};
 use turnstile_controller::core::{EXACT_POSITIONS, POSITION_REFRESHES_PER_PASS};
-use turnstile_controller::ControllerConfig;
+use turnstile_controller::{ControllerConfig, EventPolicy};
 
 const CONTROLLER: &str = "controller";
 /// Hand-offs measured per queue depth.
@@ -557,6 +559,108 @@ async fn a_pass_after_a_hand_off_waits_for_its_writes_even_when_the_lock_cache_l
     assert!(
         conflicts.is_empty(),
         "hand-offs met conflicts: {conflicts:?}"
+    );
+    controller.stop().await;
+}
+
+/// A controller publishing `events` and serving its metrics on `metrics`, its requests
+/// tagged [`CONTROLLER`].
+fn spawn_with_events(env: &Env, events: EventPolicy, metrics: SocketAddr) -> RunningController {
+    env.spawn_controller_with(
+        tagged_client(env.server(), CONTROLLER),
+        ControllerConfig {
+            events,
+            metrics_addr: Some(metrics),
+            ..ControllerConfig::default()
+        },
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_warnings_only_a_hand_off_publishes_no_event_and_a_warning_still_goes_out() {
+    let env = Env::fake_only("its request log counts the controller's writes").await;
+    let controller = spawn_with_events(
+        &env,
+        EventPolicy {
+            normal: false,
+            ..EventPolicy::default()
+        },
+        free_addr(),
+    );
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.queue_of_three("db").await;
+    let before = settled_writes(&env, Duration::from_millis(500)).await.len();
+    env.delete_claim("a").await;
+    env.wait_phase("b", ClaimPhase::Held).await;
+    let after = settled_writes(&env, Duration::from_millis(500)).await;
+    assert_eq!(
+        shapes(&after[before..]),
+        [
+            "patch distributedlocks/status",
+            "patch lockclaims",
+            "patch lockclaims/status",
+        ],
+        "{:?}",
+        &after[before..]
+    );
+    // A claim for a lock that does not exist is a Warning: it still goes out.
+    env.apply_claim("typo", "no-such-lock", "");
+    env.wait_event("typo", "LockNotFound").await;
+    let normal: Vec<Option<String>> = env
+        .events()
+        .await
+        .into_iter()
+        .filter(|event| event.type_.as_deref() != Some("Warning"))
+        .map(|event| event.reason)
+        .collect();
+    assert!(normal.is_empty(), "Normal Events published: {normal:?}");
+    controller.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn normal_events_beyond_the_budget_are_skipped_and_counted() {
+    let env = Env::fake_only("its request log counts the controller's writes").await;
+    let metrics = free_addr();
+    let controller = spawn_with_events(
+        &env,
+        EventPolicy {
+            normal: true,
+            normal_per_second: 1,
+        },
+        metrics,
+    );
+    // 20 new locks, each granted to one claim at once: 20 `Ready` and 20 `Acquired` Events
+    // asked for, a budget of 5 at once and 1 a second.
+    let start = Instant::now();
+    for index in 0..20 {
+        create_lock(&env, &format!("lock-{index}")).await;
+        create_claim(&env, &claim_name(index), &format!("lock-{index}")).await;
+    }
+    for index in 0..20 {
+        env.wait_phase(&claim_name(index), ClaimPhase::Held).await;
+    }
+    settled_writes(&env, Duration::from_millis(500)).await;
+    let seconds = start.elapsed().as_secs();
+    let normal = env
+        .events()
+        .await
+        .into_iter()
+        .filter(|event| event.type_.as_deref() == Some("Normal"))
+        .count();
+    println!("{normal} Normal Events published in {seconds} s");
+    assert!(normal >= 5, "the burst goes out: {normal}");
+    let most = usize::try_from(5 + seconds + 1).expect("small");
+    assert!(
+        normal <= most,
+        "{normal} Normal Events in {seconds} s on a budget of 1 a second, 5 at once"
+    );
+    let exposition = scrape::get(metrics, "/metrics").await.body;
+    let skipped = scrape::sample(&exposition, "turnstile_events_skipped_total")
+        .expect("turnstile_events_skipped_total");
+    assert_eq!(
+        skipped,
+        (40 - normal) as f64,
+        "every held-back Event is counted"
     );
     controller.stop().await;
 }

@@ -17,10 +17,10 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
-use turnstile_controller::core::POSITION_REFRESH_DELAY;
 use turnstile_api::{
     ClaimPhase, DistributedLock, LockClaim, LOCK_ANNOTATION, LOCK_LABEL, SCHEDULING_GATE,
 };
+use turnstile_controller::core::POSITION_REFRESH_DELAY;
 
 #[path = "scenarios.rs"]
 mod scenarios;

@@ -1,9 +1,14 @@
 //! Publishing Events: the core's (logged with structured fields too), the gates' and the
-//! watches'.
+//! watches'. An Event is an API write like any other, so `Normal` ones have a budget
+//! ([`EventPolicy`]); a `Warning` is always published.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::Client;
+use prometheus_client::metrics::counter::Counter;
 
 use super::core::{EventSeverity, PlannedEvent};
 use turnstile_api::event_reasons;
@@ -18,8 +23,71 @@ pub enum Repeats {
     Often,
 }
 
+/// Which `Normal` Events the controller publishes (`turnstile run --events`,
+/// `--events-per-second`). Warnings (a lock lost, a bad spec, an unreadable object) are
+/// never held back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventPolicy {
+    /// Publish `Normal` Events (`Queued`, `Acquired`, `Released`, `Renewed`, ...) at all.
+    pub normal: bool,
+    /// At most this many `Normal` Events a second on average, in bursts of up to
+    /// [`BURST_SECONDS`] seconds' worth; the rest are counted in
+    /// `turnstile_events_skipped_total` and logged at debug. Zero: no limit.
+    pub normal_per_second: u32,
+}
+
+/// How many seconds' worth of `Normal` Events a burst may publish at once.
+pub const BURST_SECONDS: u32 = 5;
+
+impl Default for EventPolicy {
+    /// Every Event, `Normal` ones at up to 20 a second (bursts of 100): a wave of hand-offs
+    /// then spends its API writes on the grants, and a quiet cluster sees every Event.
+    fn default() -> Self {
+        Self {
+            normal: true,
+            normal_per_second: 20,
+        }
+    }
+}
+
+/// A token bucket of `Normal` Events: [`EventPolicy::normal_per_second`] tokens a second,
+/// holding at most [`BURST_SECONDS`] seconds' worth.
+#[derive(Debug)]
+struct Budget {
+    per_second: f64,
+    capacity: f64,
+    tokens: f64,
+    refilled: Instant,
+}
+
+impl Budget {
+    fn new(per_second: u32) -> Self {
+        let per_second = f64::from(per_second);
+        let capacity = per_second * f64::from(BURST_SECONDS);
+        Self {
+            per_second,
+            capacity,
+            tokens: capacity,
+            refilled: Instant::now(),
+        }
+    }
+
+    /// Takes one token if there is one, at time `now`.
+    fn take(&mut self, now: Instant) -> bool {
+        let earned = now.duration_since(self.refilled).as_secs_f64() * self.per_second;
+        self.tokens = (self.tokens + earned).min(self.capacity);
+        self.refilled = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
 /// Publishes Events through kube-runtime's [`Recorder`], keeping its cache only for the
-/// Events that repeat.
+/// Events that repeat, within the [`EventPolicy`].
 ///
 /// The `Recorder` remembers every Event it published for six minutes, to merge repeats into a
 /// series, and scans all of them on every publish. Most of the controller's Events are said
@@ -31,25 +99,68 @@ pub struct EventPublisher {
     client: Client,
     reporter: Reporter,
     repeating: Recorder,
+    policy: EventPolicy,
+    budget: Option<Arc<Mutex<Budget>>>,
+    skipped: Counter,
 }
 
 impl EventPublisher {
-    /// Publishes as `reporter` (the controller's name and this replica's instance).
+    /// Publishes as `reporter` (the controller's name and this replica's instance), within
+    /// the default [`EventPolicy`].
     pub fn new(client: Client, reporter: Reporter) -> Self {
         Self {
             repeating: Recorder::new(client.clone(), reporter.clone()),
             client,
             reporter,
+            policy: EventPolicy::default(),
+            budget: None,
+            skipped: Counter::default(),
         }
+        .with_policy(EventPolicy::default(), Counter::default())
     }
 
-    /// Publishes `event` about `regarding`.
+    /// The same publisher within `policy`, counting the Events it holds back in `skipped`.
+    pub fn with_policy(mut self, policy: EventPolicy, skipped: Counter) -> Self {
+        self.budget = (policy.normal_per_second > 0)
+            .then(|| Arc::new(Mutex::new(Budget::new(policy.normal_per_second))));
+        self.policy = policy;
+        self.skipped = skipped;
+        self
+    }
+
+    /// Whether a `Normal` Event may be published now (taking from the budget).
+    fn normal_allowed(&self) -> bool {
+        if !self.policy.normal {
+            return false;
+        }
+        let Some(budget) = &self.budget else {
+            return true;
+        };
+        // A poisoned lock only means another publish panicked mid-update: the bucket's
+        // numbers are still usable.
+        let mut budget = budget
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        budget.take(Instant::now())
+    }
+
+    /// Publishes `event` about `regarding`, unless it is `Normal` and the policy holds it back
+    /// (then it is counted, and `Ok`).
     pub async fn publish(
         &self,
         event: &Event,
         regarding: &ObjectReference,
         repeats: Repeats,
     ) -> Result<(), kube::Error> {
+        if matches!(event.type_, EventType::Normal) && !self.normal_allowed() {
+            self.skipped.inc();
+            tracing::debug!(
+                reason = event.reason,
+                name = regarding.name.as_deref().unwrap_or_default(),
+                "Event not published (--events, --events-per-second)"
+            );
+            return Ok(());
+        }
         match repeats {
             Repeats::Often => self.repeating.publish(event, regarding).await,
             Repeats::Never => {
@@ -124,4 +235,26 @@ fn truncate(text: &str, max: usize) -> String {
         end -= 1;
     }
     text[..end].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_budget_allows_a_burst_then_its_rate() {
+        let start = Instant::now();
+        let mut budget = Budget::new(2);
+        let burst = (0..100).filter(|_| budget.take(start)).count();
+        assert_eq!(burst, 10, "five seconds' worth at once");
+        assert!(!budget.take(start + Duration::from_millis(100)));
+        assert!(
+            budget.take(start + Duration::from_millis(600)),
+            "one earned"
+        );
+        let later = start + Duration::from_secs(3600);
+        let refilled = (0..100).filter(|_| budget.take(later)).count();
+        assert_eq!(refilled, 10, "never more than a burst saved up");
+    }
 }

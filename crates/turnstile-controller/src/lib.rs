@@ -46,4 +46,5 @@ pub mod tolerant_watch;
 pub mod writer;
 
 pub use error::ControllerError;
+pub use events::EventPolicy;
 pub use runtime::{run, ControllerConfig};

@@ -37,7 +37,7 @@ use super::claim_reconciler::{claim_error_policy, reconcile_claim};
 use super::context::{cache_filled, Context, LeadershipGate};
 use super::core::WorkloadKind;
 use super::error::ControllerError;
-use super::events::EventPublisher;
+use super::events::{EventPolicy, EventPublisher};
 use super::gate::pod::{phase_only, trim_gated_pod, GATED_PODS};
 use super::gate::{run_gate, BlockedSaid, GateContext};
 use super::lock_reconciler::{lock_error_policy, reconcile_lock};
@@ -84,6 +84,8 @@ pub struct ControllerConfig {
     pub instance: Option<String>,
     /// Take part in leader election on this Lease; reconcile only while leading.
     pub leader_election: Option<LeaderConfig>,
+    /// Which `Normal` Events to publish, and how many a second.
+    pub events: EventPolicy,
 }
 
 impl Default for ControllerConfig {
@@ -97,6 +99,7 @@ impl Default for ControllerConfig {
             metrics_addr: None,
             instance: None,
             leader_election: None,
+            events: EventPolicy::default(),
         }
     }
 }
@@ -304,7 +307,8 @@ async fn run_controllers(
             controller: CONTROLLER_NAME.to_owned(),
             instance: config.instance.clone(),
         },
-    );
+    )
+    .with_policy(config.events, metrics.replica.events_skipped());
     // One bad object must not stop the watch of all the others (see `tolerant_watch`).
     let invalid = InvalidObjects::new(metrics.clone(), events.clone(), leadership.clone());
     let (claim_store, claim_writer) = reflector::store_shared::<LockClaim>(SHARED_BUFFER);

@@ -1,15 +1,17 @@
 //! This replica's own state: whether it leads, and what it cannot read.
 
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::register;
 
-/// `turnstile_leader` and `turnstile_invalid_objects`.
+/// `turnstile_leader`, `turnstile_invalid_objects` and `turnstile_events_skipped_total`.
 #[derive(Debug, Clone)]
 pub struct ReplicaMetrics {
     leader: Gauge,
     invalid_objects: Gauge,
+    events_skipped: Counter,
 }
 
 impl ReplicaMetrics {
@@ -28,7 +30,19 @@ impl ReplicaMetrics {
                 "Locks and claims the controller cannot read (skipped until fixed)",
                 Gauge::default(),
             ),
+            events_skipped: register(
+                registry,
+                "events_skipped",
+                "Normal Events not published: over --events-per-second, or --events warnings",
+                Counter::default(),
+            ),
         }
+    }
+
+    /// The count of `Normal` Events held back (`turnstile_events_skipped_total`), for the
+    /// Event publisher to increment.
+    pub fn events_skipped(&self) -> Counter {
+        self.events_skipped.clone()
     }
 
     /// Whether this replica leads (`turnstile_leader`).

@@ -205,7 +205,10 @@ impl Sim {
                 .expect("queued");
             assert!(shown >= exact, "position {shown} shown for place {exact}");
             if exact <= EXACT_POSITIONS && shown != exact {
-                assert!(refresh_pending, "head of the queue: {shown} shown for {exact}");
+                assert!(
+                    refresh_pending,
+                    "head of the queue: {shown} shown for {exact}"
+                );
                 head_stale = true;
             }
         }
