@@ -210,6 +210,8 @@ fn lock_spec_bounds() {
 
 #[test]
 fn claim_spec_bounds_and_required_lock_name() {
+    let props_enum =
+        |spec: &serde_json::Value, field: &str| spec["properties"][field]["enum"].clone();
     let spec = spec_properties("lockclaims");
     // Exactly one of lockName and lockNames: a CEL rule, as the schema cannot say "one of".
     assert!(spec.get("required").is_none(), "{spec:#}");
@@ -217,8 +219,16 @@ fn claim_spec_bounds_and_required_lock_name() {
         strings_of(&spec["x-kubernetes-validations"], "rule"),
         [
             "has(self.lockName) != has(self.lockNames)",
-            "has(self.lockNames) == has(oldSelf.lockNames)"
+            "has(self.lockNames) == has(oldSelf.lockNames)",
+            "!has(self.whenBusy) || self.whenBusy == 'Wait' || self.whenBusy == 'Fail' || has(self.group)",
+            "!has(self.whenBusy) || self.whenBusy == 'Wait' || !has(self.lockNames)",
+            "has(self.whenBusy) == has(oldSelf.whenBusy)",
+            "has(self.group) == has(oldSelf.group)",
         ]
+    );
+    assert_eq!(
+        props_enum(&spec, "whenBusy"),
+        serde_json::json!(["Wait", "Fail", "ReplacePending", "CancelInProgress"])
     );
     let props = &spec["properties"];
     assert_eq!(props["lockName"]["minLength"], 1);

@@ -296,3 +296,77 @@ async fn readers_share_a_writer_holds_alone_and_is_not_overtaken() {
     env.wait_phase("reader-3", ClaimPhase::Held).await;
     env.stop_controller().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_policies_fail_replace_the_waiting_and_cancel_the_running() {
+    let mut env = Env::started().await;
+    env.apply_lock("deploy", "leaseDurationSeconds: 300");
+    env.hold("deploy-1", "deploy", "group: prod").await;
+
+    // Skip if busy: no queue entry.
+    env.apply_claim("check", "deploy", "whenBusy: Fail");
+    let check = env.wait_phase("check", ClaimPhase::Failed).await;
+    assert_eq!(reason_of(&check).as_deref(), Some("LockBusy"));
+    assert_eq!(position_of(&check), None);
+
+    // The newest waiting run of a group replaces the older one, not another group's.
+    env.apply_claim("deploy-2", "deploy", "group: prod");
+    env.apply_claim("staging-1", "deploy", "group: staging");
+    env.wait_claim("staging-1", |c| position_of(c) == Some(2))
+        .await;
+    env.apply_claim(
+        "deploy-3",
+        "deploy",
+        "group: prod\nwhenBusy: ReplacePending",
+    );
+    let replaced = env.wait_phase("deploy-2", ClaimPhase::Failed).await;
+    assert_eq!(reason_of(&replaced).as_deref(), Some("Superseded"));
+    assert_eq!(
+        phase_of(&env.claim("deploy-1").await),
+        Some(ClaimPhase::Held)
+    );
+    assert_eq!(
+        phase_of(&env.claim("staging-1").await),
+        Some(ClaimPhase::Pending)
+    );
+
+    // Cancel in progress: the group's holder loses its grant, with a LockLost Warning, and the
+    // queue goes on in order with a higher token.
+    let first = env.claim("deploy-1").await;
+    env.apply_claim(
+        "deploy-4",
+        "deploy",
+        "group: prod\nwhenBusy: CancelInProgress",
+    );
+    let cancelled = env.wait_phase("deploy-1", ClaimPhase::Expired).await;
+    assert_eq!(reason_of(&cancelled).as_deref(), Some("Superseded"));
+    env.wait_event("deploy-1", "LockLost").await;
+    let deploy_3 = env.wait_phase("deploy-3", ClaimPhase::Failed).await;
+    assert_eq!(reason_of(&deploy_3).as_deref(), Some("Superseded"));
+    let staging = env.wait_phase("staging-1", ClaimPhase::Held).await;
+    assert!(
+        staging.status.and_then(|s| s.fencing_token) > first.status.and_then(|s| s.fencing_token)
+    );
+
+    // The schema refuses a replacing policy without a group, and on several locks.
+    let refused = env.kubectl_apply_output(
+        "apiVersion: turnstile.dev/v1alpha1\nkind: LockClaim\nmetadata: {name: bad}\n\
+         spec: {lockName: deploy, whenBusy: ReplacePending}\n",
+    );
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "accepted: {said}");
+    assert!(
+        said.contains("whenBusy ReplacePending and CancelInProgress need spec.group"),
+        "{said}"
+    );
+    let refused = env.kubectl_apply_output(
+        "apiVersion: turnstile.dev/v1alpha1\nkind: LockClaim\nmetadata: {name: bad}\n\
+         spec: {lockNames: [deploy, other], whenBusy: Fail}\n",
+    );
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains("whenBusy other than Wait is for a claim on one lock"),
+        "{said}"
+    );
+    env.stop_controller().await;
+}

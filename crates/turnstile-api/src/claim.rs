@@ -89,6 +89,16 @@ use crate::vocabulary::{
         .message("set exactly one of lockName and lockNames"),
     validation = Rule::new("has(self.lockNames) == has(oldSelf.lockNames)")
         .message("a claim cannot switch between lockName and lockNames"),
+    validation = Rule::new(
+        "!has(self.whenBusy) || self.whenBusy == 'Wait' || self.whenBusy == 'Fail' || has(self.group)"
+    )
+    .message("whenBusy ReplacePending and CancelInProgress need spec.group"),
+    validation = Rule::new("!has(self.whenBusy) || self.whenBusy == 'Wait' || !has(self.lockNames)")
+        .message("whenBusy other than Wait is for a claim on one lock (lockName, not lockNames)"),
+    validation = Rule::new("has(self.whenBusy) == has(oldSelf.whenBusy)")
+        .message("whenBusy is immutable"),
+    validation = Rule::new("has(self.group) == has(oldSelf.group)")
+        .message("group is immutable"),
 )]
 pub struct LockClaimSpec {
     /// The `DistributedLock` in the same namespace this claim asks for; immutable. Empty (and
@@ -136,6 +146,44 @@ pub struct LockClaimSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self == oldSelf").message("mode is immutable"))]
     pub mode: Option<ClaimMode>,
+    /// What the claim does when the lock cannot be granted at once ([`BusyPolicy`]; default
+    /// `Wait`). On one lock (`lockName`) only; immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("whenBusy is immutable"))]
+    pub when_busy: Option<BusyPolicy>,
+    /// The claim's concurrency group on its lock (a branch, an environment): `whenBusy:
+    /// ReplacePending` and `CancelInProgress` replace the older claims of this group only.
+    /// Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("group is immutable"))]
+    pub group: Option<String>,
+}
+
+/// What a claim does when its lock cannot be granted at once (`spec.whenBusy`).
+#[derive(
+    Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash, Default, schemars::JsonSchema,
+)]
+pub enum BusyPolicy {
+    /// Queue until granted (or `acquireTimeoutSeconds`).
+    #[default]
+    Wait,
+    /// Do not queue: a claim the lock cannot grant when the controller first sees it ends
+    /// `Failed`, reason `LockBusy` ("skip if busy").
+    Fail,
+    /// Queue, and end the older pending claims of the same `group` on the lock (`Failed`,
+    /// reason `Superseded`): the newest run replaces the waiting ones.
+    ReplacePending,
+    /// As `ReplacePending`, and also end the grant of the group's older holder (`Expired`,
+    /// reason `Superseded`, a `LockLost` Warning): the newest run cancels the one in progress.
+    CancelInProgress,
+}
+
+impl BusyPolicy {
+    /// Whether a claim of this policy replaces the older pending claims of its group.
+    pub fn replaces_pending(self) -> bool {
+        matches!(self, Self::ReplacePending | Self::CancelInProgress)
+    }
 }
 
 /// How a claim holds its lock (`spec.mode`).
@@ -216,6 +264,8 @@ impl LockClaimSpec {
             release: None,
             priority: None,
             mode: None,
+            when_busy: None,
+            group: None,
         }
     }
 

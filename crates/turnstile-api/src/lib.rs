@@ -10,8 +10,8 @@ mod lock;
 pub mod vocabulary;
 
 pub use claim::{
-    arrival_key, arrival_micros, ClaimMode, ClaimPhase, ClaimedLock, LockClaim, LockClaimSpec,
-    LockClaimStatus, Micros,
+    arrival_key, arrival_micros, BusyPolicy, ClaimMode, ClaimPhase, ClaimedLock, LockClaim,
+    LockClaimSpec, LockClaimStatus, Micros,
 };
 pub use crds::{crd_yaml, crds, crds_yaml, CrdRenderError};
 pub use lock::{

@@ -10,8 +10,11 @@ pub mod reasons {
     /// Waiting in the queue.
     pub const QUEUED: &str = "Queued";
     /// The backend refused a grant although a slot looked free (someone outside the API
-    /// holds the key).
+    /// holds the key); or a claim with `whenBusy: Fail` found the lock busy.
     pub const LOCK_BUSY: &str = "LockBusy";
+    /// A newer claim of the same `group` with `whenBusy: ReplacePending` or
+    /// `CancelInProgress` replaced this one.
+    pub const SUPERSEDED: &str = "Superseded";
     /// Granted.
     pub const ACQUIRED: &str = "Acquired";
     /// `spec.release` was set while held.

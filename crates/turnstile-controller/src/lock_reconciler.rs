@@ -408,6 +408,11 @@ fn record_observations(metrics: &Metrics, backend: BackendKind, observations: &[
                         .grants
                         .record_lock_lost(backend, LockLostCause::LockDeleted, *held_for)
                 }
+                GrantEnd::Superseded => {
+                    metrics
+                        .grants
+                        .record_lock_lost(backend, LockLostCause::Superseded, *held_for)
+                }
             },
             Observation::Failed => metrics.grants.record_claim_failed(backend),
         }

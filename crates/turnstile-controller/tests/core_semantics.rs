@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use sim::{paused_runtime, Sim};
-use turnstile_api::{ClaimMode, ClaimPhase, LockClaimSpec};
+use turnstile_api::{reasons, BusyPolicy, ClaimMode, ClaimPhase, LockClaimSpec};
 use turnstile_controller::core::OwnerState;
 
 fn with_priority(priority: i32) -> LockClaimSpec {
@@ -275,6 +275,7 @@ enum Step {
         priority: i32,
         owned: bool,
         mode: Option<ClaimMode>,
+        busy: Option<(BusyPolicy, u8)>,
     },
     Release(u8),
     Delete(u8),
@@ -288,8 +289,15 @@ fn step() -> impl Strategy<Value = Step> {
         4 => (0u8..8, -2i32..3, any::<bool>(), prop::option::of(prop_oneof![
             Just(ClaimMode::Exclusive),
             Just(ClaimMode::Shared),
-        ]))
-            .prop_map(|(name, priority, owned, mode)| Step::Create { name, priority, owned, mode }),
+        ]), prop::option::of((prop_oneof![
+            Just(BusyPolicy::Wait),
+            Just(BusyPolicy::Fail),
+            Just(BusyPolicy::ReplacePending),
+            Just(BusyPolicy::CancelInProgress),
+        ], 0u8..2)))
+            .prop_map(|(name, priority, owned, mode, busy)| {
+                Step::Create { name, priority, owned, mode, busy }
+            }),
         2 => (0u8..8).prop_map(Step::Release),
         1 => (0u8..8).prop_map(Step::Delete),
         1 => (0u8..8).prop_map(Step::OwnerGone),
@@ -302,10 +310,10 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
     /// Random workloads on a lock with a maximum hold and a lock-delay, with priorities,
-    /// shared and exclusive claims and live limit changes: after every step the invariants
-    /// hold (never more holders than allowed, an exclusive holder alone, priority-then-FIFO
-    /// grants, strictly increasing tokens, no hold past the maximum, no grant inside a
-    /// lock-delay).
+    /// shared and exclusive claims, busy policies in two groups and live limit changes: after
+    /// every step the invariants hold (never more holders than allowed, an exclusive holder
+    /// alone, priority-then-FIFO grants, strictly increasing tokens, no hold past the maximum,
+    /// no grant inside a lock-delay, no `whenBusy: Fail` claim waiting).
     #[test]
     fn semantics_hold_under_random_workloads(
         max_holders in 1i32..4,
@@ -337,9 +345,12 @@ async fn run_steps(
                 priority,
                 owned,
                 mode,
+                busy,
             } => {
                 let spec = LockClaimSpec {
                     mode,
+                    when_busy: busy.map(|(policy, _)| policy),
+                    group: busy.map(|(_, group)| format!("g{group}")),
                     ..with_priority(priority)
                 };
                 if owned {
@@ -369,6 +380,7 @@ fn plain(name: u8, owned: bool) -> Step {
         priority: 0,
         owned,
         mode: None,
+        busy: None,
     }
 }
 
@@ -430,4 +442,98 @@ async fn a_waiting_exclusive_claim_holds_back_later_shared_ones() {
     sim.release("writer");
     sim.settle().await;
     assert_eq!(sim.phase("reader-3"), Some(ClaimPhase::Held));
+}
+
+fn when_busy(policy: BusyPolicy, group: Option<&str>) -> LockClaimSpec {
+    LockClaimSpec {
+        when_busy: Some(policy),
+        group: group.map(str::to_owned),
+        ..Sim::claim_spec(None, None)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_busy_fail_ends_a_claim_the_lock_cannot_grant_and_holds_nobody_up() {
+    let mut sim = Sim::settled_with(1, 30, &["holder", "waiter"]).await;
+    sim.create("impatient", when_busy(BusyPolicy::Fail, None));
+    sim.settle().await;
+    assert_phase(&sim, "impatient", ClaimPhase::Failed, "the lock is held");
+    assert_eq!(sim.reason("impatient").as_deref(), Some(reasons::LOCK_BUSY));
+    assert_eq!(sim.position("waiter"), Some(1), "it never queued");
+    assert!(sim.events.contains(&("impatient".to_owned(), "Failed")));
+
+    // On a free lock it is granted like any claim.
+    sim.release("holder");
+    sim.release("waiter");
+    sim.settle().await;
+    sim.create("lucky", when_busy(BusyPolicy::Fail, None));
+    sim.settle().await;
+    assert_phase(&sim, "lucky", ClaimPhase::Held, "the lock was free");
+}
+
+#[tokio::test(start_paused = true)]
+async fn replace_pending_ends_the_older_waiters_of_its_group_only() {
+    let mut sim = Sim::new(1, 30);
+    sim.create("running", when_busy(BusyPolicy::Wait, Some("main")));
+    sim.settle().await;
+    sim.advance(Duration::from_secs(1)).await;
+    sim.create("older", when_busy(BusyPolicy::Wait, Some("main")));
+    sim.create("other-branch", when_busy(BusyPolicy::Wait, Some("dev")));
+    sim.settle().await;
+    sim.advance(Duration::from_secs(1)).await;
+    sim.create(
+        "newest",
+        when_busy(BusyPolicy::ReplacePending, Some("main")),
+    );
+    sim.settle().await;
+    assert_phase(
+        &sim,
+        "older",
+        ClaimPhase::Failed,
+        "replaced by a newer claim",
+    );
+    assert_eq!(sim.reason("older").as_deref(), Some(reasons::SUPERSEDED));
+    assert_phase(
+        &sim,
+        "running",
+        ClaimPhase::Held,
+        "a holder is not replaced",
+    );
+    assert_phase(&sim, "other-branch", ClaimPhase::Pending, "another group");
+    assert_eq!(
+        sim.position("newest"),
+        Some(2),
+        "it queues behind other-branch"
+    );
+
+    sim.release("running");
+    sim.settle().await;
+    assert_phase(&sim, "other-branch", ClaimPhase::Held, "first in the queue");
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancel_in_progress_ends_the_groups_holder_and_the_next_token_is_higher() {
+    let mut sim = Sim::new(1, 30);
+    sim.create(
+        "deploy-1",
+        when_busy(BusyPolicy::CancelInProgress, Some("prod")),
+    );
+    sim.settle().await;
+    let first = sim.token("deploy-1").expect("granted");
+    sim.advance(Duration::from_secs(1)).await;
+    sim.create(
+        "deploy-2",
+        when_busy(BusyPolicy::CancelInProgress, Some("prod")),
+    );
+    sim.settle().await;
+    assert_phase(
+        &sim,
+        "deploy-1",
+        ClaimPhase::Expired,
+        "cancelled by deploy-2",
+    );
+    assert_eq!(sim.reason("deploy-1").as_deref(), Some(reasons::SUPERSEDED));
+    assert!(sim.events.contains(&("deploy-1".to_owned(), "LockLost")));
+    assert_phase(&sim, "deploy-2", ClaimPhase::Held, "the slot is free again");
+    assert!(sim.token("deploy-2").expect("granted") > first);
 }

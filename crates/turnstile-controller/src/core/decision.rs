@@ -89,6 +89,8 @@ pub enum GrantEnd {
     BackendLost,
     /// The lock was deleted.
     LockDeleted,
+    /// A newer claim of its group cancelled it (`whenBusy: CancelInProgress`).
+    Superseded,
 }
 
 impl GrantEnd {
@@ -99,6 +101,7 @@ impl GrantEnd {
             ClaimPhase::Expired => Some(match status.reason.as_deref() {
                 Some(reasons::LOCK_LOST) => GrantEnd::BackendLost,
                 Some(reasons::LOCK_DELETED) => GrantEnd::LockDeleted,
+                Some(reasons::SUPERSEDED) => GrantEnd::Superseded,
                 _ => GrantEnd::Expired,
             }),
             _ => None,

@@ -10,6 +10,7 @@ use turnstile_api::{
     HELD_CONDITION, READY_CONDITION,
 };
 
+use super::busy::fails_when_busy;
 use super::decision::{
     ClaimChange, Decision, EventSeverity, EventSubject, FinalizerChange, PlannedEvent,
 };
@@ -282,6 +283,17 @@ impl Folder<'_> {
                     let (reason, message) = self.queued_reason();
                     Next::Queued { reason, message }
                 }
+                OpOutcome::Busy { .. } if fails_when_busy(claim) => Next::status(terminal_status(
+                    claim,
+                    ClaimPhase::Failed,
+                    reasons::LOCK_BUSY,
+                    format!(
+                        "the backend reports lock key {} busy (whenBusy: Fail)",
+                        self.input.lock.backend_key()
+                    ),
+                    None,
+                    self.now,
+                )),
                 OpOutcome::Busy { retry_after } => {
                     self.wake_in(retry_after.unwrap_or(RESYNC_INTERVAL).max(MIN_BUSY_RETRY));
                     Next::Queued {

@@ -16,6 +16,7 @@
 //! grants in FIFO order (arrival, see `queue`); fencing tokens strictly increasing;
 //! terminal phases final; a second pass over the resulting state writes nothing.
 
+mod busy;
 mod decision;
 mod fold;
 mod model;

@@ -11,10 +11,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use turnstile_api::{
-    arrival_micros, BackendKind, ClaimMode, ClaimPhase, DistributedLock, DistributedLockSpec,
-    DistributedLockStatus, LockClaim, LockClaimSpec, LockClaimStatus, Micros, FINALIZER,
-    MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_HOLDERS, MAX_HOLD_SECONDS, MAX_LEASE_DURATION_SECONDS,
-    MAX_LOCKS_PER_CLAIM, MAX_LOCK_DELAY_SECONDS, MAX_PRIORITY,
+    arrival_micros, BackendKind, BusyPolicy, ClaimMode, ClaimPhase, DistributedLock,
+    DistributedLockSpec, DistributedLockStatus, LockClaim, LockClaimSpec, LockClaimStatus, Micros,
+    FINALIZER, MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_HOLDERS, MAX_HOLD_SECONDS,
+    MAX_LEASE_DURATION_SECONDS, MAX_LOCKS_PER_CLAIM, MAX_LOCK_DELAY_SECONDS, MAX_PRIORITY,
 };
 use turnstile_lock::{HolderInfo, LockSnapshot};
 
@@ -479,6 +479,18 @@ impl ClaimView {
             }
         }
         let spec = &self.spec;
+        match spec.when_busy {
+            Some(policy) if policy != BusyPolicy::Wait && spec.lock_names.is_some() => {
+                return Some(
+                    "spec.whenBusy other than Wait is for a claim on one lock (spec.lockName)"
+                        .to_owned(),
+                );
+            }
+            Some(policy) if policy.replaces_pending() && spec.group.is_none() => {
+                return Some(format!("spec.whenBusy {policy:?} needs spec.group"));
+            }
+            _ => {}
+        }
         let out_of_bounds = [
             outside(
                 "spec.leaseDurationSeconds",

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::busy;
 use super::model::{
     BackendView, ClaimView, LockInput, OwnerState, Seconds, WorkloadKind, BACKEND_LEASE_GRACE,
 };
@@ -583,6 +584,7 @@ pub fn plan(input: &LockInput) -> Plan {
         .fold(input.lock.fencing_high_water(), u64::max);
 
     let order = super::queue::queue_order(&input.claims);
+    let replaced = busy::replacements(input);
 
     let mut builder = Builder {
         input,
@@ -634,7 +636,16 @@ pub fn plan(input: &LockInput) -> Plan {
             }
         } else {
             if phase == ClaimPhase::Held {
-                let draft = held_draft(&mut builder, &mode, claim, now);
+                let draft = match replaced.get(&index) {
+                    Some(replacement) if mode != LockMode::Deleting => Draft::End {
+                        phase: ClaimPhase::Expired,
+                        reason: reasons::SUPERSEDED,
+                        message: replacement.message(true),
+                        released_at: Some(now),
+                        release_op: builder.end_held(claim, reasons::SUPERSEDED),
+                    },
+                    _ => held_draft(&mut builder, &mode, claim, now),
+                };
                 if !matches!(draft, Draft::End { .. }) {
                     held += 1;
                     held_exclusive |= holds_exclusively(input, claim);
@@ -648,6 +659,14 @@ pub fn plan(input: &LockInput) -> Plan {
                     phase,
                     reason,
                     message,
+                    released_at: None,
+                    release_op: builder.release_if_held(claim, false),
+                }
+            } else if let Some(replacement) = replaced.get(&index) {
+                Draft::End {
+                    phase: ClaimPhase::Failed,
+                    reason: reasons::SUPERSEDED,
+                    message: replacement.message(false),
                     released_at: None,
                     release_op: builder.release_if_held(claim, false),
                 }
@@ -682,7 +701,17 @@ pub fn plan(input: &LockInput) -> Plan {
         });
     // Grants: the head of the queue, as many as there are free slots (none in a lock-delay).
     let mut floor = None;
-    if mode == LockMode::Serving && locked_until.is_none_or(|until| until <= now) {
+    let in_lock_delay = locked_until.is_some_and(|until| until > now);
+    if mode == LockMode::Serving && in_lock_delay {
+        // Nobody is granted now: a claim that does not wait ends.
+        for &slot in &queue {
+            let claim = &input.claims[drafts[slot].0];
+            if busy::fails_when_busy(claim) {
+                drafts[slot].1 = busy_failure(&mut builder, claim);
+            }
+        }
+    }
+    if mode == LockMode::Serving && !in_lock_delay {
         let snapshot = input.backend.snapshot();
         if high_water > snapshot.map_or(0, |s| s.fencing_token) {
             floor = Some(high_water);
@@ -727,6 +756,11 @@ pub fn plan(input: &LockInput) -> Plan {
             let fits = fits
                 && (!claim.is_multi_lock() || claim.members.len() + 1 == claim.locks.len())
                 && claim.members.iter().all(|member| member.admits);
+            if !fits && busy::fails_when_busy(claim) {
+                // It does not wait, so it holds nobody up either.
+                drafts[slot].1 = busy_failure(&mut builder, claim);
+                continue;
+            }
             blocked |= !fits;
             if fits {
                 holding += 1;
@@ -822,9 +856,23 @@ fn starts_lock_delay(input: &LockInput, reason: &str) -> bool {
     input.lock.lock_delay_seconds() > 0 && INVOLUNTARY_ENDS.contains(&reason)
 }
 
-/// The reasons a grant ends without its holder asking: they start a lock-delay.
-const INVOLUNTARY_ENDS: [&str; 3] = [
+/// The reasons a grant ends without its holder asking: they start a lock-delay (a cancelled
+/// holder may still be at work for a moment, like one whose lease ran out).
+const INVOLUNTARY_ENDS: [&str; 4] = [
     reasons::LEASE_EXPIRED,
     reasons::MAX_HOLD_EXCEEDED,
     reasons::OWNER_GONE,
+    reasons::SUPERSEDED,
 ];
+
+/// The end of a claim with `whenBusy: Fail` that the lock cannot grant now (a grant an
+/// earlier pass made for it in the backend is given back).
+fn busy_failure(builder: &mut Builder<'_>, claim: &ClaimView) -> Draft {
+    Draft::End {
+        phase: ClaimPhase::Failed,
+        reason: reasons::LOCK_BUSY,
+        message: busy::BUSY_MESSAGE.to_owned(),
+        released_at: None,
+        release_op: builder.release_if_held(claim, false),
+    }
+}

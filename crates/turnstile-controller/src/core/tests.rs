@@ -46,15 +46,8 @@ fn held_claim(expires: i64, renew: Option<i64>) -> ClaimView {
         owner: None,
         owner_state: super::model::OwnerState::NotTracked,
         spec: LockClaimSpec {
-            lock_name: "db".to_owned(),
-            lock_names: None,
-            holder_identity: None,
-            lease_duration_seconds: None,
-            acquire_timeout_seconds: None,
             renew_time: renew.map(time_at),
-            release: None,
-            priority: None,
-            mode: None,
+            ..LockClaimSpec::for_lock("db")
         },
         status: LockClaimStatus {
             phase: Some(ClaimPhase::Held),

@@ -14,11 +14,19 @@ pub enum LockLostCause {
     BackendLost,
     /// The DistributedLock was deleted while the claim held it.
     LockDeleted,
+    /// A newer claim of its group cancelled it (`whenBusy: CancelInProgress`): asked for, so
+    /// the alert on lost locks leaves it out.
+    Superseded,
 }
 
 impl LockLostCause {
     /// Every cause, for creating the series up front.
-    pub const ALL: [Self; 3] = [Self::Expired, Self::BackendLost, Self::LockDeleted];
+    pub const ALL: [Self; 4] = [
+        Self::Expired,
+        Self::BackendLost,
+        Self::LockDeleted,
+        Self::Superseded,
+    ];
 
     /// The label value.
     pub fn as_str(self) -> &'static str {
@@ -26,6 +34,7 @@ impl LockLostCause {
             Self::Expired => "expired",
             Self::BackendLost => "backend_lost",
             Self::LockDeleted => "lock_deleted",
+            Self::Superseded => "superseded",
         }
     }
 }

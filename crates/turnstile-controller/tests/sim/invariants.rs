@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use turnstile_api::reasons;
-use turnstile_api::{ClaimPhase, LockClaim};
+use turnstile_api::{BusyPolicy, ClaimPhase, LockClaim};
 use turnstile_controller::core::{
     ClaimView, LockView, OwnerState, EXACT_POSITIONS, POSITION_REFRESH_DELAY,
 };
@@ -86,12 +86,17 @@ impl Sim {
             let lost = self.claims.get(name).is_some_and(|claim| {
                 claim.status.as_ref().and_then(|s| s.reason.as_deref()) == Some(reasons::LOCK_LOST)
             });
+            // A newer claim of its group cancelled it (`whenBusy: CancelInProgress`).
+            let cancelled = self.claims.get(name).is_some_and(|claim| {
+                claim.status.as_ref().and_then(|s| s.reason.as_deref()) == Some(reasons::SUPERSEDED)
+            });
             let excused = self.lapsed_while_down.contains(name)
                 || self.renewals_blocked.contains(name)
                 || (lost && self.taken_for_waiters.contains(name));
             if *state == OwnerState::Alive
                 && self.claims.contains_key(name)
                 && !max_hold
+                && !cancelled
                 && !excused
             {
                 assert_ne!(
@@ -182,6 +187,15 @@ impl Sim {
                     "{waiting_name} waits although it is ahead of holder {holder_name}"
                 );
             }
+        }
+        // A claim with `whenBusy: Fail` never waits in the queue.
+        for claim in &queued {
+            assert_ne!(
+                claim.spec.when_busy,
+                Some(BusyPolicy::Fail),
+                "{} waits although whenBusy is Fail",
+                claim.metadata.name.as_deref().unwrap_or_default()
+            );
         }
         // Positions at the head of the queue are exact once POSITION_REFRESH_DELAY has passed
         // since the latest grant (until then a hand-off writes no waiter, and the controller
@@ -387,6 +401,7 @@ impl Sim {
             reasons::OWNER_GONE,
             reasons::LEASE_EXPIRED,
             reasons::MAX_HOLD_EXCEEDED,
+            reasons::SUPERSEDED,
         ];
         for (name, old) in before {
             let old_status = old.status.clone().unwrap_or_default();

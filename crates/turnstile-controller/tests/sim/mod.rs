@@ -364,15 +364,9 @@ impl Sim {
 
     pub fn claim_spec(lease: Option<i64>, timeout: Option<i64>) -> LockClaimSpec {
         LockClaimSpec {
-            lock_name: LOCK.to_owned(),
-            lock_names: None,
-            holder_identity: None,
             lease_duration_seconds: lease,
             acquire_timeout_seconds: timeout,
-            renew_time: None,
-            release: None,
-            priority: None,
-            mode: None,
+            ..LockClaimSpec::for_lock(LOCK)
         }
     }
 
@@ -741,7 +735,7 @@ impl Sim {
             let acquired = status.acquired_at.as_ref().expect("acquiredAt");
             self.grant_times.push(acquired.0.as_second());
         }
-        let involuntary = ["LeaseExpired", "MaxHoldExceeded", "OwnerGone"];
+        let involuntary = ["LeaseExpired", "MaxHoldExceeded", "OwnerGone", "Superseded"];
         if was_held
             && !now_held
             && status
