@@ -410,3 +410,51 @@ async fn a_claim_the_controller_expires_stops_the_command_with_76() {
     );
     env.stop_controller().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_busy_fail_exits_75_and_cancel_in_progress_stops_the_older_run_of_its_group() {
+    let (mut env, dir) = env_with_lock_and_dir().await;
+    let first = holding_run(
+        &env,
+        "db",
+        &dir,
+        &["--group", "prod", "--grace", "2s"],
+        "sleep 60",
+    )
+    .await;
+
+    // Busy: never queued, 75 at once, no claim left behind.
+    let busy = finish(spawn_lock(&env, &dir, &["--when-busy", "fail"], "true")).await;
+    assert_eq!(code(&busy), 75, "{}", stderr(&busy));
+    assert!(stderr(&busy).contains("LockBusy"), "{}", stderr(&busy));
+    until_claims(&env, "db", 1).await;
+
+    // The newest run of the group cancels the one in progress (stopped as on a lost lock),
+    // then runs with a higher token.
+    let second = spawn_lock(
+        &env,
+        &dir,
+        &["--group", "prod", "--when-busy", "cancel-in-progress"],
+        &recorded("second", ""),
+    );
+    let first = finish(first).await;
+    assert_eq!(code(&first), 76, "{}", stderr(&first));
+    assert!(stderr(&first).contains("Superseded"), "{}", stderr(&first));
+    let second = finish(second).await;
+    assert_eq!(code(&second), 0, "{}", stderr(&second));
+    let token = |name: &str| -> i64 { read(dir.path(), name).parse().expect("a token") };
+    assert!(token("second.token") > token("run.token"));
+    until_claims(&env, "db", 0).await;
+
+    // A replacing policy needs a group.
+    let usage = finish(spawn_lock(
+        &env,
+        &dir,
+        &["--when-busy", "replace-pending"],
+        "true",
+    ))
+    .await;
+    assert_eq!(code(&usage), 2, "{}", stderr(&usage));
+    assert!(stderr(&usage).contains("--group"), "{}", stderr(&usage));
+    env.stop_controller().await;
+}

@@ -29,11 +29,12 @@ use super::child::{self, Supervised};
 use super::signals::TerminationSignals;
 use super::{
     command_ended, exit_code, pass_on, renewal_interval, spawn_failure, stop_after_loss, LockArgs,
+    WhenBusy,
 };
 use crate::exit_codes;
 use crate::oneshot::{namespace_apis, Outcome};
 use crate::wait::{assess, describe, Verdict};
-use turnstile_api::{ClaimMode, LockClaim, LockClaimSpec};
+use turnstile_api::{reasons, ClaimMode, ClaimPhase, LockClaim, LockClaimSpec};
 use turnstile_controller::error;
 
 /// Longest pause between watch retries after errors.
@@ -126,6 +127,10 @@ fn new_claim(lock: &str, args: &LockArgs) -> LockClaim {
     } else {
         None
     };
+    if args.when_busy != WhenBusy::Wait {
+        spec.when_busy = Some(args.when_busy.policy());
+    }
+    spec.group = args.group.clone();
     spec.renew_time = Some(Time(Timestamp::now()));
     // The controller's finalizer from the start: one controller write to `Held`.
     LockClaim::new(&name, spec).with_release_finalizer()
@@ -166,6 +171,9 @@ enum Seen {
     Waiting,
     /// It will not be (or is no longer) held: why.
     Over(String),
+    /// It ended before its grant because the lock was busy (`--when-busy fail`) or a newer
+    /// run of its group replaced it: why.
+    NotGranted(String),
 }
 
 impl Holding<'_> {
@@ -184,6 +192,12 @@ impl Holding<'_> {
                 seen = updates.next() => match seen {
                     Some(Seen::Held(token)) => break token,
                     Some(Seen::Waiting) => {}
+                    Some(Seen::NotGranted(why)) => {
+                        return Outcome::with_reason(
+                            exit_code::NOT_ACQUIRED,
+                            format!("lock {} was not granted: LockClaim {} {why}", self.lock, self.name),
+                        )
+                    }
                     Some(Seen::Over(why)) => {
                         return Outcome::with_reason(
                             exit_code::BACKEND_UNAVAILABLE,
@@ -256,7 +270,7 @@ impl Holding<'_> {
                 }
                 seen = updates.next() => match seen {
                     Some(Seen::Held(_) | Seen::Waiting) => {}
-                    Some(Seen::Over(why)) => {
+                    Some(Seen::Over(why) | Seen::NotGranted(why)) => {
                         return stop_after_loss(self.args, &what, &mut command, &format!("LockClaim {} {why}", self.name)).await;
                     }
                     None => {
@@ -314,6 +328,17 @@ fn seen(claim: &LockClaim) -> Seen {
         Verdict::Held { fencing_token } => Seen::Held(fencing_token),
         Verdict::Waiting => Seen::Waiting,
         Verdict::LockMissing => Seen::Over("names a lock that does not exist".to_owned()),
+        // Busy (`--when-busy fail`) or replaced by a newer run of its group: not acquired.
+        Verdict::Ended {
+            phase: ClaimPhase::Failed,
+        } if claim
+            .status
+            .as_ref()
+            .and_then(|status| status.reason.as_deref())
+            .is_some_and(|reason| [reasons::LOCK_BUSY, reasons::SUPERSEDED].contains(&reason)) =>
+        {
+            Seen::NotGranted(format!("is {}", describe(claim)))
+        }
         Verdict::Ended { .. } | Verdict::Deleting => Seen::Over(format!("is {}", describe(claim))),
     }
 }

@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use crate::exit_codes::{self, lock as exit_code};
 use crate::oneshot::{init_logging, Outcome};
+use turnstile_api::BusyPolicy;
 use turnstile_controller::error;
 use turnstile_lock::{Backend, Lock, LockError, Locker, RetryPolicy};
 
@@ -96,12 +97,51 @@ pub struct LockArgs {
     /// (seconds, or e.g. 500ms); a normal release hands it on at once.
     #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
     pub lock_delay: Option<Duration>,
+    /// With --lock: what to do when the lock is busy: `wait` (queue), `fail` (exit 75 at
+    /// once, never queued), `replace-pending` (queue, and end the older waiting runs of
+    /// --group), `cancel-in-progress` (also end the grant of --group's older holder, whose
+    /// command is stopped as on a lost lock).
+    #[arg(long, value_enum, default_value_t = WhenBusy::Wait, requires = "lock")]
+    pub when_busy: WhenBusy,
+    /// With --lock: the run's concurrency group (a branch, an environment), which
+    /// replace-pending and cancel-in-progress need.
+    #[arg(
+        long,
+        requires = "lock",
+        required_if_eq_any = [("when_busy", "replace-pending"), ("when_busy", "cancel-in-progress")]
+    )]
+    pub group: Option<String>,
     /// After a lost lock, how long the command has between SIGTERM and SIGKILL.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub grace: Duration,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<OsString>,
+}
+
+/// `--when-busy`: the claim's `spec.whenBusy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WhenBusy {
+    /// Queue until granted.
+    Wait,
+    /// Do not queue: exit 75 when the lock cannot be granted at once.
+    Fail,
+    /// Queue, ending the older waiting runs of the group.
+    ReplacePending,
+    /// Queue, ending the older waiting runs of the group and its older holder's grant.
+    CancelInProgress,
+}
+
+impl WhenBusy {
+    /// The claim's policy.
+    pub fn policy(self) -> BusyPolicy {
+        match self {
+            Self::Wait => BusyPolicy::Wait,
+            Self::Fail => BusyPolicy::Fail,
+            Self::ReplacePending => BusyPolicy::ReplacePending,
+            Self::CancelInProgress => BusyPolicy::CancelInProgress,
+        }
+    }
 }
 
 /// A duration in seconds (`90`, `1.5`) or humantime form (`90s`, `500ms`, `5m`).
