@@ -313,6 +313,12 @@ async fn lock_deletion_ends_holders_and_unqueues_waiters() {
     let key = LockView::from_resource(&sim.lock).backend_key();
     let snapshot = sim.backend.snapshot(&key).await.expect("snapshot");
     assert!(snapshot.holders.is_empty(), "backend released");
+    // Once the lock is gone, the claim controller has nothing more to write to the waiter:
+    // its status already says what it would.
+    let view = ClaimView::from_resource(&sim.claims["b"]).expect("view");
+    let orphan = decide_orphan(&view, sim.now());
+    assert_eq!(orphan.status, None, "a second write to the waiter");
+    assert!(orphan.events.is_empty());
 }
 
 #[test]

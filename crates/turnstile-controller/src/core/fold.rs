@@ -16,6 +16,7 @@ use super::decision::{
 };
 use super::model::{seconds_of, time_at, BackendView, ClaimView, LockInput, OwnerState, Seconds};
 use super::ops::OpOutcome;
+use super::orphan::lock_not_found;
 use super::plan::{Intent, LockMode, Plan};
 use super::queue::{
     positions_refresh_at, refresh_stale_positions, shown_position, EXACT_POSITIONS,
@@ -336,7 +337,7 @@ impl Folder<'_> {
                 claim,
                 None,
                 reasons::LOCK_NOT_FOUND,
-                format!("lock {} is being deleted", self.input.lock.name),
+                lock_not_found(&self.input.lock.name),
                 self.now,
             )),
             Intent::OtherLockGone { lock } => Next::status(pending_status(

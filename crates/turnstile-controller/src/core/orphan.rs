@@ -26,6 +26,13 @@ pub struct OrphanDecision {
     pub requeue_after: Duration,
 }
 
+/// The message of a waiter whose lock does not exist. The same whether the lock's own pass
+/// says it (the lock is being deleted) or this one (it is gone): the waiter's status is then
+/// written once, not again when the lock has gone (a namespace torn down with its claims).
+pub(super) fn lock_not_found(lock: &str) -> String {
+    format!("DistributedLock {lock} does not exist")
+}
+
 /// Decides (pure) for a claim whose lock does not exist, at time `now`.
 pub fn decide_orphan(claim: &ClaimView, now: Timestamp) -> OrphanDecision {
     let now_s = now.as_second();
@@ -86,7 +93,7 @@ pub fn decide_orphan(claim: &ClaimView, now: Timestamp) -> OrphanDecision {
             claim,
             None,
             reasons::LOCK_NOT_FOUND,
-            format!("DistributedLock {lock} does not exist"),
+            lock_not_found(lock),
             now_s,
         ))
     };
