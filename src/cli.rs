@@ -81,7 +81,7 @@ pub enum Command {
     /// Wait until a LockClaim is Held and print its fencing token (for init containers).
     Wait(crate::wait::WaitArgs),
     /// Run a command while holding a lock on a Redis or MongoDB backend (like flock).
-    Lock(crate::run_locked::LockArgs),
+    Lock(crate::lock::LockArgs),
     /// Show who holds a DistributedLock and who waits for it, in grant order.
     Queue(crate::queue::QueueArgs),
 }
@@ -139,7 +139,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Run(args) => crate::run::run_command(args).await,
         // These end the process with their own exit codes (documented per command).
         Command::Wait(args) => crate::wait::wait_command(args).await.exit(),
-        Command::Lock(args) => crate::run_locked::lock_command(args).await.exit(),
+        Command::Lock(args) => crate::lock::lock_command(args).await.exit(),
         Command::Queue(args) => crate::queue::queue_command(args).await.exit(),
     }
 }

@@ -10,15 +10,15 @@
 //!   leader election on a Lease; Prometheus metrics, `/healthz`, `/readyz`.
 //! - this crate: [`cli`] (`turnstile run`, `crds`, `wait`, `lock`), with [`run`] (the
 //!   controller's flags and process set-up), [`wait`] (block until a LockClaim is held),
-//!   [`run_locked`] (run a command under a backend lock), [`oneshot`] for how they end and
+//!   [`lock`] (run a command under a lock: a backend key, or a DistributedLock), [`oneshot`] for how they end and
 //!   [`exit_codes`] for the numbers they end with.
 
 pub mod cli;
 pub mod exit_codes;
+pub mod lock;
 pub mod oneshot;
 pub mod queue;
 pub mod run;
-pub mod run_locked;
 pub mod wait;
 
 /// The README's Rust examples, compiled (and, where they need no server, run) as doctests.

@@ -6,9 +6,9 @@
 //! kubectl turnstile queue db-migrations      # the same, as a kubectl plugin
 //! ```
 //!
-//! It reads the lock and its claims from the API (one get, one list) and orders them with
-//! [`turnstile_controller::core::queue_order`], the function the controller's reconcile pass
-//! grants by, so the waiters are listed exactly in grant order. Nothing is written.
+//! It reads the lock and its claims from the API (one get, one list) and orders them by
+//! [`LockClaim::queue_place`], the order the controller's reconcile pass grants in, so the
+//! waiters are listed exactly in grant order. Nothing is written.
 
 use std::fmt::Write as _;
 
@@ -18,8 +18,30 @@ use serde::Serialize;
 
 use crate::exit_codes::queue as exit_code;
 use crate::oneshot::{init_logging, namespace_apis, Outcome};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
-use turnstile_controller::core::{queue_order, seconds_of, ClaimView, Seconds};
+
+/// Unix seconds.
+pub type Seconds = i64;
+
+fn seconds_of(time: &Time) -> Seconds {
+    time.0.as_second()
+}
+
+/// The claim's fencing token on `lock`: a claim on several locks has one per lock
+/// (`status.locks`), `status.fencingToken` being its first lock's.
+fn token_on(claim: &LockClaim, lock: &str) -> Option<i64> {
+    let status = claim.status.as_ref()?;
+    if claim.spec.is_multi_lock() {
+        status
+            .locks
+            .iter()
+            .find(|entry| entry.lock_name == lock)
+            .map(|entry| entry.fencing_token)
+    } else {
+        status.fencing_token
+    }
+}
 
 /// Output formats besides the default table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -109,62 +131,51 @@ pub struct Waiter {
 /// The queue of `lock` from its claims (any order, any lock: others are skipped), at `now`
 /// (Unix seconds). Holders are the `Held` claims, oldest grant first; waiters the `Pending`
 /// ones that are neither being deleted nor withdrawn (`spec.release`), in the controller's
-/// grant order ([`queue_order`]).
+/// grant order ([`LockClaim::queue_place`]).
 pub fn queue_view(lock: &DistributedLock, claims: &[LockClaim], now: Seconds) -> QueueView {
     let name = lock.name_any();
-    let mut resources = Vec::new();
-    let mut views = Vec::new();
-    for claim in claims
+    let mut ours: Vec<&LockClaim> = claims
         .iter()
         .filter(|claim| claim.spec.locks().contains(&name.as_str()))
-    {
-        match ClaimView::for_lock(claim, &name) {
-            Ok(view) => {
-                resources.push(claim);
-                views.push(view);
-            }
-            // The API server always sets these; a claim without them cannot be placed.
-            Err(error) => tracing::warn!(%error, "claim skipped"),
-        }
-    }
+        .collect();
+    ours.sort_by(|a, b| a.queue_place().cmp(&b.queue_place()));
     let mut holders = Vec::new();
     let mut waiters = Vec::new();
-    for index in queue_order(&views) {
-        let (claim, view) = (resources[index], &views[index]);
+    for claim in ours {
+        let status = claim.status.clone().unwrap_or_default();
+        let deleting = claim.metadata.deletion_timestamp.is_some();
         let owner = owner_of(claim);
-        match view.phase() {
-            ClaimPhase::Held if !view.deleting => {
-                let acquired = view.status.acquired_at.as_ref().map(seconds_of);
-                let expires = view.status.expires_at.as_ref().map(seconds_of);
+        match status.phase.unwrap_or_default() {
+            ClaimPhase::Held if !deleting => {
+                let acquired = status.acquired_at.as_ref().map(seconds_of);
+                let expires = status.expires_at.as_ref().map(seconds_of);
                 holders.push(Holder {
-                    claim: view.name.clone(),
-                    fencing_token: view.status.fencing_token,
-                    holder_identity: view
-                        .status
+                    claim: claim.name_any(),
+                    fencing_token: token_on(claim, &name),
+                    holder_identity: status
                         .holder_identity
                         .clone()
-                        .unwrap_or_else(|| view.holder_identity()),
+                        .unwrap_or_else(|| claim.holder_identity()),
                     owner,
-                    acquired_at: view.status.acquired_at.as_ref().map(|t| t.0.to_string()),
-                    expires_at: view.status.expires_at.as_ref().map(|t| t.0.to_string()),
+                    acquired_at: status.acquired_at.as_ref().map(|t| t.0.to_string()),
+                    expires_at: status.expires_at.as_ref().map(|t| t.0.to_string()),
                     held_for_seconds: acquired.map(|at| now.saturating_sub(at).max(0)),
                     expires_in_seconds: expires.map(|at| at.saturating_sub(now)),
                 });
             }
-            ClaimPhase::Pending if !view.deleting && !view.release_requested() => {
+            ClaimPhase::Pending if !deleting && claim.spec.release != Some(true) => {
+                let created = claim.creation_timestamp();
                 waiters.push(Waiter {
                     position: waiters.len() + 1,
-                    claim: view.name.clone(),
-                    holder_identity: view.holder_identity(),
+                    claim: claim.name_any(),
+                    holder_identity: claim.holder_identity(),
                     owner,
-                    created_at: claim
-                        .metadata
-                        .creation_timestamp
+                    created_at: created.as_ref().map(|t| t.0.to_string()),
+                    waiting_for_seconds: created
                         .as_ref()
-                        .map(|t| t.0.to_string()),
-                    waiting_for_seconds: now.saturating_sub(view.created).max(0),
-                    reported_position: view.status.position,
-                    reason: view.status.reason.clone(),
+                        .map_or(0, |at| now.saturating_sub(seconds_of(at)).max(0)),
+                    reported_position: status.position,
+                    reason: status.reason.clone(),
                 });
             }
             _ => {}

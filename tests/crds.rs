@@ -1,5 +1,5 @@
-//! The committed `crds/` YAML matches `turnstile crds`, and the schema carries the contract of
-//! DESIGN.md section 2: names, categories, printer columns, bounds and the CEL immutability rule.
+//! The committed `crds/` YAML matches `turnstile crds`, and the schema carries the user-facing
+//! contract: names, categories, printer columns, bounds and the CEL rules.
 //!
 //! After changing `src/api`, regenerate the files with
 //! `TURNSTILE_BLESS_CRDS=1 cargo test -p turnstile --test crds`.
@@ -125,7 +125,7 @@ fn lock_printer_columns_follow_the_design() {
             ("Token", "integer"),
             ("Waiting", "integer"),
             ("Expires", "string"),
-            // The issue for lock-delay asks for it in `kubectl get locks` (beyond DESIGN.md).
+            // The issue for lock-delay asks for it in `kubectl get locks`.
             ("Delayed-Until", "string"),
             ("Age", "date"),
         ])

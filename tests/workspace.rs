@@ -219,6 +219,11 @@ fn each_crate_depends_only_on_the_crates_above_it() {
     ] {
         assert!(edges.contains(&edge), "{edge:?} missing from {edges:?}");
     }
+    // The resources do not build on the engine: they share one limit, checked where both meet.
+    assert!(
+        !edges.contains(&("turnstile-api", "turnstile-lock")),
+        "{edges:?}"
+    );
 }
 
 /// The newest test binary `name-<hash>` beside this one (`cargo test --workspace` builds

@@ -1,5 +1,7 @@
 //! `LockClaim`: one workload's request for a `DistributedLock`, and the record of its grant.
 
+use std::cmp::Reverse;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use kube::{CustomResource, KubeSchema, ResourceExt};
 use serde::{Deserialize, Serialize};
@@ -215,6 +217,33 @@ pub fn arrival_key(
     (arrival_micros(arrived_at, created), name.to_owned())
 }
 
+/// A claim's place in its lock's queue: higher priority first, then arrival
+/// ([`arrival_micros`]), then name. The controller grants in this order, and `turnstile queue`
+/// and the POSITION column show it: one rule, here.
+pub type QueuePlace<'a> = (Reverse<i32>, Micros, &'a str);
+
+/// The [`QueuePlace`] of a claim of `priority` (`spec.priority`; 0 when unset, clamped into
+/// the accepted range), arrived at `arrived_at` (else counted from `created`), named `name`.
+pub fn queue_place<'a>(
+    priority: Option<i32>,
+    arrived_at: Option<&MicroTime>,
+    created: Option<&Time>,
+    name: &'a str,
+) -> QueuePlace<'a> {
+    let priority = priority.unwrap_or(0).clamp(-MAX_PRIORITY, MAX_PRIORITY);
+    (Reverse(priority), arrival_micros(arrived_at, created), name)
+}
+
+/// Who holds (or will hold) a claim's grant: `spec.holderIdentity`, else `owner_name`, else
+/// the claim's `name`.
+pub fn holder_identity(spec: &LockClaimSpec, owner_name: Option<String>, name: &str) -> String {
+    spec.holder_identity
+        .clone()
+        .filter(|identity| !identity.is_empty())
+        .or(owner_name)
+        .unwrap_or_else(|| name.to_owned())
+}
+
 /// The time part of [`arrival_key`]: `arrived_at`, else `created` (whole seconds), else 0.
 pub fn arrival_micros(arrived_at: Option<&MicroTime>, created: Option<&Time>) -> Micros {
     arrived_at
@@ -236,6 +265,34 @@ impl LockClaim {
             finalizers.push(FINALIZER.to_owned());
         }
         self
+    }
+
+    /// The claim's place in its lock's queue ([`queue_place`]).
+    pub fn queue_place(&self) -> QueuePlace<'_> {
+        queue_place(
+            self.spec.priority,
+            self.status
+                .as_ref()
+                .and_then(|status| status.arrived_at.as_ref()),
+            self.creation_timestamp().as_ref(),
+            self.metadata.name.as_deref().unwrap_or_default(),
+        )
+    }
+
+    /// Who holds (or will hold) the claim's grant: `spec.holderIdentity`, else the name of
+    /// its owner (the controlling owner reference, else the first), else the claim's name.
+    pub fn holder_identity(&self) -> String {
+        holder_identity(&self.spec, self.owner_name(), &self.name_any())
+    }
+
+    /// The name of the claim's owner: the controlling owner reference, else the first.
+    pub fn owner_name(&self) -> Option<String> {
+        let owners = self.owner_references();
+        owners
+            .iter()
+            .find(|owner| owner.controller == Some(true))
+            .or_else(|| owners.first())
+            .map(|owner| owner.name.clone())
     }
 
     /// The claim's place among the claims of one priority ([`arrival_key`]; 0 and "" where

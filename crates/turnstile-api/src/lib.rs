@@ -1,8 +1,8 @@
 //! The custom resources: `DistributedLock` and `LockClaim` in `turnstile.dev/v1alpha1`.
 //!
-//! The names, fields, phases and printer columns here are the user-facing contract
-//! (DESIGN.md section 2): scripts and `kubectl` sessions depend on them, so change them
-//! only together with the design.
+//! The names, fields, phases and printer columns here are the user-facing contract (the
+//! README's "Status fields" and the generated `crds/`, which `tests/crds.rs` pins): scripts
+//! and `kubectl` sessions depend on them, so change them only together with those.
 
 mod claim;
 mod crds;
@@ -10,8 +10,8 @@ mod lock;
 pub mod vocabulary;
 
 pub use claim::{
-    arrival_key, arrival_micros, BusyPolicy, ClaimMode, ClaimPhase, ClaimedLock, LockClaim,
-    LockClaimSpec, LockClaimStatus, Micros,
+    arrival_key, arrival_micros, holder_identity, queue_place, BusyPolicy, ClaimMode, ClaimPhase,
+    ClaimedLock, LockClaim, LockClaimSpec, LockClaimStatus, Micros, QueuePlace,
 };
 pub use crds::{crd_yaml, crds, crds_yaml, CrdRenderError};
 pub use lock::{

@@ -108,9 +108,10 @@ pub const LOCKS_ANNOTATION: &str = "turnstile.dev/locks";
 /// The annotation where the controller writes the fencing token of a gated workload's claim.
 pub const TOKEN_ANNOTATION: &str = "turnstile.dev/fencing-token";
 
-/// The widest semaphore (`maxHolders`): the schema's bound, the controller's check and the
-/// lock engine's limit are this one value.
-pub const MAX_HOLDERS: i32 = turnstile_lock::MAX_HOLDERS as i32;
+/// The widest semaphore (`maxHolders`): the schema's bound and the controller's check. The
+/// lock engine's limit (`turnstile_lock::MAX_HOLDERS`) is the same value, which the controller,
+/// depending on both, asserts at compile time.
+pub const MAX_HOLDERS: i32 = 10_000;
 /// The lease of each grant when neither the lock nor the claim says otherwise, in seconds.
 pub const DEFAULT_LEASE_DURATION_SECONDS: i64 = 30;
 /// The longest lease the schema accepts (one day), in seconds.

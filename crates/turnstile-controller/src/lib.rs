@@ -45,6 +45,10 @@ pub mod runtime;
 pub mod tolerant_watch;
 pub mod writer;
 
+// The schema's `maxHolders` bound and the engine's limit are one value: the resources do not
+// depend on the engine, so the crate that uses both checks it.
+const _: () = assert!(turnstile_api::MAX_HOLDERS as u32 == turnstile_lock::MAX_HOLDERS);
+
 pub use error::ControllerError;
 pub use events::EventPolicy;
 pub use runtime::{run, ControllerConfig};

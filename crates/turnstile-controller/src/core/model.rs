@@ -11,9 +11,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use turnstile_api::{
-    arrival_micros, BackendKind, BusyPolicy, ClaimMode, ClaimPhase, DistributedLock,
-    DistributedLockSpec, DistributedLockStatus, LockClaim, LockClaimSpec, LockClaimStatus, Micros,
-    FINALIZER, MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_HOLDERS, MAX_HOLD_SECONDS,
+    queue_place, BackendKind, BusyPolicy, ClaimMode, ClaimPhase, DistributedLock,
+    DistributedLockSpec, DistributedLockStatus, LockClaim, LockClaimSpec, LockClaimStatus,
+    QueuePlace, FINALIZER, MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_HOLDERS, MAX_HOLD_SECONDS,
     MAX_LEASE_DURATION_SECONDS, MAX_LOCKS_PER_CLAIM, MAX_LOCK_DELAY_SECONDS, MAX_PRIORITY,
 };
 use turnstile_lock::{HolderInfo, LockSnapshot};
@@ -305,13 +305,8 @@ impl ClaimView {
             .as_ref()
             .map(seconds_of)
             .ok_or_else(|| missing("creationTimestamp"))?;
-        let owners = claim.owner_references();
-        let owner_name = owners
-            .iter()
-            .find(|owner| owner.controller == Some(true))
-            .or_else(|| owners.first())
-            .map(|owner| owner.name.clone());
-        let owner = WorkloadOwner::of(owners);
+        let owner_name = claim.owner_name();
+        let owner = WorkloadOwner::of(claim.owner_references());
         let owner_state = if owner.is_some() {
             OwnerState::Unknown
         } else {
@@ -375,12 +370,7 @@ impl ClaimView {
     /// Who holds (or will hold) the grant: `spec.holderIdentity`, else the owner's name, else
     /// the claim's name.
     pub fn holder_identity(&self) -> String {
-        self.spec
-            .holder_identity
-            .clone()
-            .filter(|identity| !identity.is_empty())
-            .or_else(|| self.owner_name.clone())
-            .unwrap_or_else(|| self.name.clone())
+        turnstile_api::holder_identity(&self.spec, self.owner_name.clone(), &self.name)
     }
 
     /// `spec.priority` (0 when unset; clamped into the accepted range).
@@ -391,14 +381,15 @@ impl ClaimView {
             .clamp(-MAX_PRIORITY, MAX_PRIORITY)
     }
 
-    /// The queue order: higher `priority` first, then arrival, then name
-    /// ([`turnstile_api::arrival_key`]).
-    pub fn queue_order(&self) -> (std::cmp::Reverse<i32>, Micros, &str) {
-        let arrived = arrival_micros(
+    /// The claim's place in the queue ([`turnstile_api::queue_place`]), with the arrival this
+    /// view carries (the status's, or the one observed and not yet written).
+    pub fn queue_order(&self) -> QueuePlace<'_> {
+        queue_place(
+            self.spec.priority,
             self.status.arrived_at.as_ref(),
             Some(&time_at(self.created)),
-        );
-        (std::cmp::Reverse(self.priority()), arrived, &self.name)
+            &self.name,
+        )
     }
 
     /// Records when the controller saw the claim arrive, unless its status already does: the
