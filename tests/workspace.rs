@@ -367,3 +367,33 @@ fn the_promise_ledger_names_tests_that_exist_and_counts_its_rows() {
         "the ledger's count line should read {count_line:?}"
     );
 }
+
+/// ARCHITECTURE.md names files by their paths from the workspace root (the pass's steps, the
+/// places to change things): each one exists, so the page cannot drift from the code unseen.
+#[test]
+fn every_path_architecture_md_names_exists() {
+    let page =
+        std::fs::read_to_string(workspace().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let roots = ["crates/", "src/", "tests/", "deploy/"];
+    let paths: Vec<&str> = page
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|span| roots.iter().any(|root| span.starts_with(root)))
+        .filter(|span| !span.contains(' '))
+        .collect();
+    assert!(paths.len() >= 10, "read the page's paths: {paths:?}");
+    let missing: Vec<&&str> = paths
+        .iter()
+        .filter(|path| !workspace().join(path).exists())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md names missing paths: {missing:?}"
+    );
+    let readme = std::fs::read_to_string(workspace().join("README.md")).expect("README.md");
+    assert!(
+        readme.contains("(ARCHITECTURE.md)"),
+        "the README links the page"
+    );
+}
