@@ -28,21 +28,6 @@ fn seconds_of(time: &Time) -> Seconds {
     time.0.as_second()
 }
 
-/// The claim's fencing token on `lock`: a claim on several locks has one per lock
-/// (`status.locks`), `status.fencingToken` being its first lock's.
-fn token_on(claim: &LockClaim, lock: &str) -> Option<i64> {
-    let status = claim.status.as_ref()?;
-    if claim.spec.is_multi_lock() {
-        status
-            .locks
-            .iter()
-            .find(|entry| entry.lock_name == lock)
-            .map(|entry| entry.fencing_token)
-    } else {
-        status.fencing_token
-    }
-}
-
 /// Output formats besides the default table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum OutputFormat {
@@ -151,7 +136,7 @@ pub fn queue_view(lock: &DistributedLock, claims: &[LockClaim], now: Seconds) ->
                 let expires = status.expires_at.as_ref().map(seconds_of);
                 holders.push(Holder {
                     claim: claim.name_any(),
-                    fencing_token: token_on(claim, &name),
+                    fencing_token: claim.fencing_token_on(&name),
                     holder_identity: status
                         .holder_identity
                         .clone()

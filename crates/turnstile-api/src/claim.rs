@@ -285,6 +285,21 @@ impl LockClaim {
         holder_identity(&self.spec, self.owner_name(), &self.name_any())
     }
 
+    /// The claim's fencing token on `lock`: a claim on several locks has one per lock
+    /// (`status.locks`), `status.fencingToken` being its first lock's.
+    pub fn fencing_token_on(&self, lock: &str) -> Option<i64> {
+        let status = self.status.as_ref()?;
+        if self.spec.is_multi_lock() {
+            status
+                .locks
+                .iter()
+                .find(|entry| entry.lock_name == lock)
+                .map(|entry| entry.fencing_token)
+        } else {
+            status.fencing_token
+        }
+    }
+
     /// The name of the claim's owner: the controlling owner reference, else the first.
     pub fn owner_name(&self) -> Option<String> {
         let owners = self.owner_references();

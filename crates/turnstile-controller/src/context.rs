@@ -11,6 +11,7 @@ use tokio::sync::watch;
 
 use super::backend_outages::BackendOutages;
 use super::backends::Backends;
+use super::budget::WriteBudget;
 use super::error::ControllerError;
 use super::events::EventPublisher;
 use crate::claim_index::ClaimIndex;
@@ -84,6 +85,10 @@ impl LeadershipGate {
     }
 }
 
+/// Passes a second that may refresh waiters' positions, over all locks (a refresh writes at
+/// most `EXACT_POSITIONS + POSITION_REFRESHES_PER_PASS` claims): 20, in bursts of 100.
+pub const POSITION_REFRESHES_PER_SECOND: u32 = 20;
+
 /// Shared state of the reconcilers.
 pub struct Context {
     /// The API client.
@@ -110,6 +115,9 @@ pub struct Context {
     pub wakes: LockWakes,
     /// The locks waiting for a backend to answer again, woken when it does.
     pub outages: BackendOutages,
+    /// How many passes a second may refresh waiters' positions, over all locks: under a wave
+    /// of hand-offs the grants' writes go first.
+    pub position_refreshes: WriteBudget,
     failures: Mutex<HashMap<String, u32>>,
 }
 
@@ -138,6 +146,7 @@ impl Context {
             owners: None,
             outages: BackendOutages::new(wakes.clone()),
             wakes,
+            position_refreshes: WriteBudget::new(POSITION_REFRESHES_PER_SECOND),
             failures: Mutex::new(HashMap::new()),
         }
     }

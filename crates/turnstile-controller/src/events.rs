@@ -2,13 +2,12 @@
 //! watches'. An Event is an API write like any other, so `Normal` ones have a budget
 //! ([`EventPolicy`]); a `Warning` is always published.
 
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
-
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::Client;
 use prometheus_client::metrics::counter::Counter;
+
+use super::budget::WriteBudget;
 
 use super::core::{EventSeverity, PlannedEvent};
 use turnstile_api::event_reasons;
@@ -31,13 +30,10 @@ pub struct EventPolicy {
     /// Publish `Normal` Events (`Queued`, `Acquired`, `Released`, `Renewed`, ...) at all.
     pub normal: bool,
     /// At most this many `Normal` Events a second on average, in bursts of up to
-    /// [`BURST_SECONDS`] seconds' worth; the rest are counted in
+    /// [`crate::budget::BURST_SECONDS`] seconds' worth; the rest are counted in
     /// `turnstile_events_skipped_total` and logged at debug. Zero: no limit.
     pub normal_per_second: u32,
 }
-
-/// How many seconds' worth of `Normal` Events a burst may publish at once.
-pub const BURST_SECONDS: u32 = 5;
 
 impl Default for EventPolicy {
     /// Every Event, `Normal` ones at up to 20 a second (bursts of 100): a wave of hand-offs
@@ -46,42 +42,6 @@ impl Default for EventPolicy {
         Self {
             normal: true,
             normal_per_second: 20,
-        }
-    }
-}
-
-/// A token bucket of `Normal` Events: [`EventPolicy::normal_per_second`] tokens a second,
-/// holding at most [`BURST_SECONDS`] seconds' worth.
-#[derive(Debug)]
-struct Budget {
-    per_second: f64,
-    capacity: f64,
-    tokens: f64,
-    refilled: Instant,
-}
-
-impl Budget {
-    fn new(per_second: u32) -> Self {
-        let per_second = f64::from(per_second);
-        let capacity = per_second * f64::from(BURST_SECONDS);
-        Self {
-            per_second,
-            capacity,
-            tokens: capacity,
-            refilled: Instant::now(),
-        }
-    }
-
-    /// Takes one token if there is one, at time `now`.
-    fn take(&mut self, now: Instant) -> bool {
-        let earned = now.duration_since(self.refilled).as_secs_f64() * self.per_second;
-        self.tokens = (self.tokens + earned).min(self.capacity);
-        self.refilled = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
         }
     }
 }
@@ -100,7 +60,7 @@ pub struct EventPublisher {
     reporter: Reporter,
     repeating: Recorder,
     policy: EventPolicy,
-    budget: Option<Arc<Mutex<Budget>>>,
+    budget: WriteBudget,
     skipped: Counter,
 }
 
@@ -113,7 +73,7 @@ impl EventPublisher {
             client,
             reporter,
             policy: EventPolicy::default(),
-            budget: None,
+            budget: WriteBudget::unlimited(),
             skipped: Counter::default(),
         }
         .with_policy(EventPolicy::default(), Counter::default())
@@ -121,8 +81,7 @@ impl EventPublisher {
 
     /// The same publisher within `policy`, counting the Events it holds back in `skipped`.
     pub fn with_policy(mut self, policy: EventPolicy, skipped: Counter) -> Self {
-        self.budget = (policy.normal_per_second > 0)
-            .then(|| Arc::new(Mutex::new(Budget::new(policy.normal_per_second))));
+        self.budget = WriteBudget::new(policy.normal_per_second);
         self.policy = policy;
         self.skipped = skipped;
         self
@@ -130,18 +89,7 @@ impl EventPublisher {
 
     /// Whether a `Normal` Event may be published now (taking from the budget).
     fn normal_allowed(&self) -> bool {
-        if !self.policy.normal {
-            return false;
-        }
-        let Some(budget) = &self.budget else {
-            return true;
-        };
-        // A poisoned lock only means another publish panicked mid-update: the bucket's
-        // numbers are still usable.
-        let mut budget = budget
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        budget.take(Instant::now())
+        self.policy.normal && self.budget.try_take()
     }
 
     /// Publishes `event` about `regarding`, unless it is `Normal` and the policy holds it back
@@ -235,26 +183,4 @@ fn truncate(text: &str, max: usize) -> String {
         end -= 1;
     }
     text[..end].to_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn the_budget_allows_a_burst_then_its_rate() {
-        let start = Instant::now();
-        let mut budget = Budget::new(2);
-        let burst = (0..100).filter(|_| budget.take(start)).count();
-        assert_eq!(burst, 10, "five seconds' worth at once");
-        assert!(!budget.take(start + Duration::from_millis(100)));
-        assert!(
-            budget.take(start + Duration::from_millis(600)),
-            "one earned"
-        );
-        let later = start + Duration::from_secs(3600);
-        let refilled = (0..100).filter(|_| budget.take(later)).count();
-        assert_eq!(refilled, 10, "never more than a burst saved up");
-    }
 }

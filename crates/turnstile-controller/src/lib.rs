@@ -14,6 +14,7 @@
 //! - [`owner_watch`]: Pod/Job events wake the locks of the claims they own.
 //! - [`gate`]: gated workloads (suspended Jobs, Pods with a scheduling gate) go once their claim
 //!   is held.
+//! - [`budget`]: how many optional writes (Normal Events, position refreshes) a second.
 //! - [`writer`]: the one way anything is written (leadership gate → conditional patch), and a
 //!   pass's writes decided from the core's decision and made through a store (the API server,
 //!   or the tests' simulated one).
@@ -25,6 +26,7 @@
 pub mod arrivals;
 pub mod backend_outages;
 pub mod backends;
+pub mod budget;
 pub mod claim_index;
 pub mod claim_reconciler;
 pub mod context;

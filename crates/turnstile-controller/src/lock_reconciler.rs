@@ -190,6 +190,7 @@ async fn reconcile_inner(
         claims,
         now,
         backend: backend_view,
+        may_refresh_positions: ctx.position_refreshes.has_token(),
     };
     let mut pass = PassWriter::new(
         ApiStore::new(ctx.writer(), ctx.client.clone(), &input.lock.namespace),
@@ -210,6 +211,9 @@ async fn reconcile_inner(
     })
     .await?;
     record_failed_calls(&ctx.metrics, kind, &planned.ops, &outcomes);
+    if decision.refreshed_positions {
+        ctx.position_refreshes.spend();
+    }
     ctx.own_writes.record(
         &input.lock.namespace,
         &input.lock.name,

@@ -227,6 +227,8 @@ pub fn prepare(
                 claims: other.claims.clone(),
                 now,
                 backend: other.view.clone(),
+                // Planned only to see whether its queue admits a claim: nothing is written.
+                may_refresh_positions: false,
             };
             (name.as_str(), plan(&input))
         })

@@ -69,6 +69,24 @@ async fn three_claims_one_holder_two_waiting_in_order() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_spent_refresh_budget_holds_positions_back_and_the_controller_comes_back() {
+    let mut sim = Sim::settled_with(1, 30, &["a", "b", "c"]).await;
+    sim.position_refreshes_denied = true;
+    sim.delete("a");
+    sim.settle().await;
+    sim.advance(Duration::from_secs(5)).await;
+    assert_eq!(sim.phase("b"), Some(ClaimPhase::Held), "grants do not wait");
+    assert_eq!(sim.position("c"), Some(2), "no budget: the refresh waits");
+    assert!(
+        sim.requeue_after <= Duration::from_secs(1),
+        "and is tried again soon"
+    );
+    sim.position_refreshes_denied = false;
+    sim.advance(Duration::from_secs(1)).await;
+    assert_eq!(sim.position("c"), Some(1));
+}
+
+#[tokio::test(start_paused = true)]
 async fn idle_passes_write_nothing() {
     let mut sim = Sim::settled_with(2, 30, &["a", "b", "c", "d"]).await;
     let writes = sim.writes;

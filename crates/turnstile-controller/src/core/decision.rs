@@ -132,6 +132,9 @@ pub struct Decision {
     pub requeue_after: Duration,
     /// The backend failed (before or during the pass): retry with backoff.
     pub backend_failure: Option<String>,
+    /// The decision brings waiters' positions up to date (the shell counts it against the
+    /// controller's budget for refreshes).
+    pub refreshed_positions: bool,
 }
 
 impl Decision {

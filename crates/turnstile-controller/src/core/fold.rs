@@ -26,6 +26,9 @@ use super::report::{claim_events, holder_deleted, observations_for};
 /// Look at every lock at least this often, even when nothing happens (heals missed events).
 pub const RESYNC_INTERVAL: Duration = Duration::from_secs(300);
 
+/// When the controller's budget for position refreshes is spent, look again this much later.
+const POSITION_REFRESH_RETRY: Duration = Duration::from_secs(1);
+
 /// Wait at least this long before retrying a refused grant.
 const MIN_BUSY_RETRY: Duration = Duration::from_secs(1);
 
@@ -398,6 +401,7 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
         };
         statuses.push((index, status));
     }
+    let mut refreshed_positions = false;
     // The head's positions are refreshed a little after a grant, not by it: a hand-off then
     // writes no waiter, and the passes after the refresh find nothing stale at the head, so
     // they refresh nothing further back either.
@@ -407,10 +411,15 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
             status.as_ref().unwrap_or(&claim.status)
         });
         let refresh_at = positions_refresh_at(after_pass, now);
-        if refresh_at <= now {
-            refresh_stale_positions(&mut statuses, &stale);
-        } else {
+        if refresh_at > now {
             folder.wake_at(refresh_at);
+        } else if input.may_refresh_positions {
+            refresh_stale_positions(&mut statuses, &stale);
+            refreshed_positions = true;
+        } else {
+            // The controller's budget for refreshes is spent (a wave of hand-offs): the
+            // grants' own writes go first, the positions a little later.
+            folder.wake_in(POSITION_REFRESH_RETRY);
         }
     }
     let waiting = position;
@@ -591,6 +600,7 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
         observations,
         requeue_after: folder.requeue,
         backend_failure: failure,
+        refreshed_positions,
     }
 }
 

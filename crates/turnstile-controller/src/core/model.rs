@@ -336,12 +336,7 @@ impl ClaimView {
     pub fn for_lock(claim: &LockClaim, lock: &str) -> Result<Self, IncompleteClaim> {
         let mut view = Self::from_resource(claim)?;
         if view.is_multi_lock() {
-            view.status.fencing_token = view
-                .status
-                .locks
-                .iter()
-                .find(|entry| entry.lock_name == lock)
-                .map(|entry| entry.fencing_token);
+            view.status.fencing_token = claim.fencing_token_on(lock);
         }
         Ok(view)
     }
@@ -583,6 +578,9 @@ pub struct LockInput {
     pub now: Timestamp,
     /// The backend's state before the pass.
     pub backend: BackendView,
+    /// Whether the controller's budget allows this pass to refresh waiters' positions; when
+    /// it does not, a refresh that is due waits (see [`crate::core::POSITION_REFRESH_DELAY`]).
+    pub may_refresh_positions: bool,
 }
 
 impl LockInput {

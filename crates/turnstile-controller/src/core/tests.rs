@@ -71,6 +71,7 @@ fn input_at(now: i64, claim: ClaimView) -> LockInput {
             backend: BackendKind::Memory,
             snapshot: LockSnapshot::default(),
         },
+        may_refresh_positions: true,
     }
 }
 

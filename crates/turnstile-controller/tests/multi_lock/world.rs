@@ -215,6 +215,7 @@ impl World {
             claims,
             now,
             backend,
+            may_refresh_positions: true,
         };
         let objects: HashMap<String, Arc<LockClaim>> = self
             .claims
@@ -242,19 +243,11 @@ impl World {
         let before = self.claims.get(&write.name).expect("claim").clone();
         let claim = patched(&before, write);
         if phase(&claim) == ClaimPhase::Held && phase(&before) != ClaimPhase::Held {
-            let status = claim.status.clone().unwrap_or_default();
             for lock in claim.spec.locks() {
-                let token = if claim.spec.is_multi_lock() {
-                    status
-                        .locks
-                        .iter()
-                        .find(|entry| entry.lock_name == lock)
-                        .map(|entry| entry.fencing_token)
-                } else {
-                    status.fencing_token
-                };
                 // A lock without a token is a partial grant: `check` reports it.
-                let Some(token) = token else { continue };
+                let Some(token) = claim.fencing_token_on(lock) else {
+                    continue;
+                };
                 self.tokens.entry(lock.to_owned()).or_default().push(token);
                 // FIFO: a claim granted while earlier ones on this lock wait leaves room for
                 // each of them (they wait for another of their locks); none is overtaken.

@@ -220,17 +220,21 @@ impl Sim {
             assert!(shown >= exact, "position {shown} shown for place {exact}");
             if exact <= EXACT_POSITIONS && shown != exact {
                 assert!(
-                    refresh_pending,
+                    refresh_pending || self.position_refreshes_denied,
                     "head of the queue: {shown} shown for {exact}"
                 );
                 head_stale = true;
             }
         }
-        if let Some(at) = refresh_at.filter(|_| head_stale) {
-            let until = Duration::from_secs(u64::try_from(at - now).expect("later"));
+        if head_stale {
+            // The controller comes back when the refresh is due, or soon to try the budget.
+            let until = match refresh_at.filter(|_| refresh_pending) {
+                Some(at) => Duration::from_secs(u64::try_from(at - now).expect("later")),
+                None => Duration::ZERO,
+            };
             assert!(
                 self.requeue_after <= until + Duration::from_secs(1),
-                "positions are due at {at}, the controller looks again in {:?}",
+                "stale positions at the head; the controller looks again in {:?}",
                 self.requeue_after
             );
         }

@@ -190,6 +190,8 @@ pub struct Sim {
     /// and only that is excused, until they stop holding: the backend may hold them under a
     /// larger token than the API shows, or have lost them, so that they end `LockLost`.
     pub taken_for_waiters: BTreeSet<String>,
+    /// The controller's budget for position refreshes is spent (passes may not refresh).
+    pub position_refreshes_denied: bool,
     /// Extra passes the next `settle` may take: one after a stale pass, whose stray grants
     /// are released by the pass after the one that finds them.
     pub extra_passes: usize,
@@ -254,6 +256,7 @@ impl Sim {
             held_when_lowered: 0,
             lapsed_while_down: BTreeSet::new(),
             taken_for_waiters: BTreeSet::new(),
+            position_refreshes_denied: false,
             extra_passes: 0,
             revision: 1,
             arrivals: Arrivals::default(),
@@ -485,6 +488,7 @@ impl Sim {
                 .collect(),
             now: self.now(),
             backend,
+            may_refresh_positions: !self.position_refreshes_denied,
         }
     }
 
