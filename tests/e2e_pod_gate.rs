@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use e2e_support::actor::{requests_of, tagged_client};
 use e2e_support::jobs::{is_suspended, jobs, wait_job};
 use e2e_support::pods::{pods, set_pod_phase};
-use e2e_support::scrape::{get, sample};
+use e2e_support::scrape;
 use e2e_support::{
     annotate, arrival_of, lock_tokens, phase_of, reason_of, token_annotation, token_of, Env, WAIT,
 };
@@ -240,25 +240,6 @@ async fn gated_pods_created_back_to_back_queue_in_creation_order() {
     env.stop_controller().await;
 }
 
-/// How many passes the Pod gate has finished (its `turnstile_reconcile_total` series).
-async fn pod_gate_passes(metrics: std::net::SocketAddr) -> f64 {
-    sample(
-        &get(metrics, "/metrics").await.body,
-        r#"turnstile_reconcile_total{controller="pod",result="ok"}"#,
-    )
-    .unwrap_or_default()
-}
-
-/// Waits until the Pod gate has finished a pass since it had finished `before`: the positive
-/// sign that it looked at a change made after `before` was read.
-async fn pod_gate_passed_since(metrics: std::net::SocketAddr, before: f64) {
-    let deadline = Instant::now() + WAIT;
-    while pod_gate_passes(metrics).await <= before {
-        assert!(Instant::now() < deadline, "the Pod gate never looked");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gated_pod_whose_claim_fails_stays_gated_and_says_why() {
     let mut env = Env::new().await;
@@ -282,10 +263,12 @@ async fn a_gated_pod_whose_claim_fails_stays_gated_and_says_why() {
         .event_said_settled("web-x", "GateBlocked", Duration::from_millis(500))
         .await;
     assert_eq!(said, 1, "GateBlocked said once, not on every pass");
-    let before = pod_gate_passes(metrics).await;
+    let before = scrape::passes(metrics, "pod")
+        .await
+        .expect("the controller serves its metrics");
     annotate(&pods(&env), "web-x", "test/touch", "1").await;
     // The positive sign that the gate looked at the changed Pod, then the verdict.
-    pod_gate_passed_since(metrics, before).await;
+    scrape::passed_since(metrics, "pod", before, WAIT).await;
     assert_eq!(env.event_said("web-x", "GateBlocked").await, 1);
     let pod = pods(&env).get("web-x").await.expect("pod");
     assert!(is_gated(&pod), "a Pod whose claim failed stays gated");
@@ -296,12 +279,14 @@ async fn a_gated_pod_whose_claim_fails_stays_gated_and_says_why() {
         "spec": {"containers": [{"name": "app", "image": "busybox"}]}
     }))
     .expect("pod");
-    let before = pod_gate_passes(metrics).await;
+    let before = scrape::passes(metrics, "pod")
+        .await
+        .expect("the controller serves its metrics");
     pods(&env)
         .create(&PostParams::default(), &plain)
         .await
         .expect("create pod");
-    pod_gate_passed_since(metrics, before).await;
+    scrape::passed_since(metrics, "pod", before, WAIT).await;
     assert!(env.claim_opt("web-y-db").await.is_none());
     env.stop_controller().await;
 }

@@ -426,24 +426,7 @@ async fn a_restart_re_syncs_without_writing() {
     // lock (the positive sign that it looked), not after a guessed wait.
     let metrics = free_addr();
     let restarted = spawn_with_events(&env, EventPolicy::default(), metrics);
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let exposition = scrape::try_get(metrics, "/metrics").await;
-        let passes = exposition.and_then(|answer| {
-            scrape::sample(
-                &answer.body,
-                r#"turnstile_reconcile_total{controller="lock",result="ok"}"#,
-            )
-        });
-        if passes.is_some_and(|passes| passes >= 1.0) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the restarted controller never passed the lock"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    scrape::passed_since(metrics, "lock", 0.0, WAIT).await;
     let after = settled_writes(&env, Duration::from_millis(500)).await;
     let extra: Vec<String> = after[before..]
         .iter()

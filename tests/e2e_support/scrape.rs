@@ -76,3 +76,27 @@ pub fn sample(text: &str, series: &str) -> Option<f64> {
             .ok()
     })
 }
+
+/// How many passes the controller serving metrics on `addr` has finished without error for
+/// `controller` (`lock`, `claim`, `pod`, ...); `None` while nothing listens there yet.
+pub async fn passes(addr: SocketAddr, controller: &str) -> Option<f64> {
+    let series = format!(r#"turnstile_reconcile_total{{controller="{controller}",result="ok"}}"#);
+    let answer = try_get(addr, "/metrics").await?;
+    Some(sample(&answer.body, &series).unwrap_or_default())
+}
+
+/// Waits until `controller` has finished more passes than `before`: the positive sign that it
+/// looked at what changed after `before` was read. Gives up (panics) after `wait`.
+pub async fn passed_since(addr: SocketAddr, controller: &str, before: f64, wait: Duration) {
+    let deadline = tokio::time::Instant::now() + wait;
+    while passes(addr, controller)
+        .await
+        .is_none_or(|passes| passes <= before)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the {controller} controller never looked"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
