@@ -18,6 +18,7 @@ use deploy_support::{
 };
 use scratch::scratch;
 use serde_json::Value;
+use turnstile_api::FINALIZER;
 use turnstile_controller::leader::{DEFAULT_LEASE_NAME, POD_NAMESPACE_ENV, POD_NAME_ENV};
 
 const NAMESPACE: &str = "turnstile-system";
@@ -594,6 +595,53 @@ fn the_mongo_component_wires_the_url_from_the_users_secret() {
     assert!(objects
         .iter()
         .all(|o| kind_of(o) != "Secret" && !name_of(o).contains("mongo")));
+}
+
+#[test]
+fn the_finalizer_on_create_component_adds_the_controllers_finalizer_to_new_claims_only() {
+    let base = render_base();
+    let objects = render_with_component("finalizer-on-create");
+    let added: Vec<&Value> = objects
+        .iter()
+        .filter(|object| !base.contains(object))
+        .collect();
+    let kinds: Vec<(&str, &str)> = added.iter().map(|o| (kind_of(o), name_of(o))).collect();
+    assert_eq!(
+        kinds,
+        [
+            ("MutatingAdmissionPolicy", "turnstile-release-finalizer"),
+            (
+                "MutatingAdmissionPolicyBinding",
+                "turnstile-release-finalizer"
+            ),
+        ],
+        "the component adds the policy and its binding, and changes nothing else"
+    );
+    let policy = added[0];
+    assert_eq!(
+        str_at(policy, "/metadata/namespace"),
+        None,
+        "cluster-scoped"
+    );
+    let rules = &policy["spec"]["matchConstraints"]["resourceRules"];
+    assert_eq!(
+        rules,
+        &serde_json::json!([{"apiGroups": ["turnstile.dev"], "apiVersions": ["*"],
+            "resources": ["lockclaims"], "operations": ["CREATE"]}]),
+        "new claims only: the controller removes its finalizer on updates"
+    );
+    // If the policy fails, the claim is still created; the controller adds the finalizer.
+    assert_eq!(str_at(policy, "/spec/failurePolicy"), Some("Ignore"));
+    let expression = str_at(policy, "/spec/mutations/0/applyConfiguration/expression")
+        .expect("an apply configuration");
+    assert!(
+        expression.contains(&format!("[\"{FINALIZER}\"]")),
+        "{expression} adds {FINALIZER}"
+    );
+    assert_eq!(
+        str_at(added[1], "/spec/policyName"),
+        Some("turnstile-release-finalizer")
+    );
 }
 
 #[test]

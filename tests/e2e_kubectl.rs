@@ -10,7 +10,7 @@ use std::time::Duration;
 use e2e_support::output::succeeded;
 use e2e_support::{phase_of, position_of, token_of, Env};
 use kube::ResourceExt;
-use turnstile_api::ClaimPhase;
+use turnstile_api::{ClaimPhase, FINALIZER};
 
 /// The memory lock `db-migrations` and the claims `a`, `b`, `c` on it, as one document stream
 /// for a single `kubectl apply`.
@@ -278,4 +278,171 @@ async fn uninstall_as_the_readme_says_with_the_controller_and_without_it() {
     }
     env.wait_gone("a").await;
     env.wait_lock_gone("db").await;
+}
+
+/// The `finalizer-on-create` component on a real control plane: a claim applied by kubectl
+/// reaches `Held` after one change to it (the controller's status write), where without the
+/// component the controller first adds its finalizer (two changes). Counted on a watch of the
+/// claim, which sees every change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_finalizer_on_create_component_a_kubectl_claim_is_held_after_one_write() {
+    let env = Env::started().await;
+    if !env.on_real_plane("with_the_finalizer_on_create_component…") {
+        return;
+    }
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.apply_lock("db2", "leaseDurationSeconds: 300");
+
+    // The control: without the policy the finalizer is a write of its own before the grant.
+    let plain = changes_until_held(&env, "plain", "db").await;
+    assert_eq!(
+        plain,
+        ClaimChanges {
+            finalizer_at_creation: false,
+            changes_before_held: 2
+        }
+    );
+
+    let policy = FinalizerPolicy::install(&env).await;
+    let applied = changes_until_held(&env, "applied", "db2").await;
+    assert_eq!(
+        applied,
+        ClaimChanges {
+            finalizer_at_creation: true,
+            changes_before_held: 1
+        },
+        "with the policy the grant is the only write before Held"
+    );
+    // The finalizer still does its work: deleting the holder releases the lock.
+    env.apply_claim("next", "db2", "");
+    env.wait_claim("next", |claim| position_of(claim) == Some(1))
+        .await;
+    env.delete_claim("applied").await;
+    assert_eq!(
+        token_of(&env.wait_phase("next", ClaimPhase::Held).await),
+        Some(2)
+    );
+    policy.remove(&env);
+}
+
+/// What a watch of one claim saw from its creation to `Held`.
+#[derive(Debug, PartialEq, Eq)]
+struct ClaimChanges {
+    /// The created object already carried the controller's finalizer.
+    finalizer_at_creation: bool,
+    /// Changes to it after its creation, the one that made it `Held` included.
+    changes_before_held: usize,
+}
+
+/// Applies the claim `name` on `lock` with kubectl and watches it until it is `Held`.
+async fn changes_until_held(env: &Env, name: &str, lock: &str) -> ClaimChanges {
+    use futures::{StreamExt as _, TryStreamExt as _};
+    use kube::api::{ListParams, WatchEvent, WatchParams};
+
+    let by_name = format!("metadata.name={name}");
+    let claims = env.claims();
+    let listed = claims
+        .list_metadata(&ListParams::default().fields(&by_name))
+        .await
+        .expect("list claims");
+    let version = listed.metadata.resource_version.expect("list version");
+    let mut events = claims
+        .watch(&WatchParams::default().fields(&by_name), &version)
+        .await
+        .expect("watch the claim")
+        .boxed();
+    env.apply_claim(name, lock, "");
+
+    let mut seen = ClaimChanges {
+        finalizer_at_creation: false,
+        changes_before_held: 0,
+    };
+    let deadline = tokio::time::Instant::now() + e2e_support::WAIT;
+    loop {
+        let event = tokio::time::timeout_at(deadline, events.try_next())
+            .await
+            .unwrap_or_else(|_| panic!("{name} not Held in time: {seen:?}"))
+            .expect("watch event")
+            .unwrap_or_else(|| panic!("the watch of {name} ended: {seen:?}"));
+        match event {
+            WatchEvent::Added(claim) => {
+                seen.finalizer_at_creation = claim.finalizers().iter().any(|f| f == FINALIZER);
+            }
+            WatchEvent::Modified(claim) => {
+                seen.changes_before_held += 1;
+                if phase_of(&claim) == Some(ClaimPhase::Held) {
+                    return seen;
+                }
+            }
+            other => panic!("{name}: unexpected {other:?} ({seen:?})"),
+        }
+    }
+}
+
+/// The component's MutatingAdmissionPolicy as shipped, under a name of the test's, bound to
+/// the test's namespace only (the plane is shared with other tests).
+struct FinalizerPolicy {
+    name: String,
+}
+
+impl FinalizerPolicy {
+    const FILE: &'static str = "deploy/components/finalizer-on-create/policy.yaml";
+
+    /// Installs it and waits until the API server applies it (a dry-run create shows it).
+    async fn install(env: &Env) -> Self {
+        let name = format!("turnstile-release-finalizer-{}", env.namespace);
+        let text = std::fs::read_to_string(e2e_support::plane::repo_path(Self::FILE))
+            .expect("read the component's policy");
+        let mut documents: Vec<serde_json::Value> = serde_yaml::Deserializer::from_str(&text)
+            .map(|document| serde::Deserialize::deserialize(document).expect("policy YAML"))
+            .collect();
+        for document in &mut documents {
+            document["metadata"]["name"] = name.clone().into();
+            if document["kind"] == "MutatingAdmissionPolicyBinding" {
+                document["spec"]["policyName"] = name.clone().into();
+                document["spec"]["matchResources"] = serde_json::json!({
+                    "namespaceSelector": {"matchLabels": {
+                        "kubernetes.io/metadata.name": env.namespace
+                    }}
+                });
+            }
+        }
+        assert_eq!(documents.len(), 2, "a policy and its binding");
+        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": documents});
+        env.apply(&list.to_string());
+
+        let probe = "apiVersion: turnstile.dev/v1alpha1\nkind: LockClaim\nmetadata:\n  name: probe\nspec:\n  lockName: db\n";
+        let deadline = std::time::Instant::now() + e2e_support::WAIT;
+        loop {
+            let mut dry_run = env.kubectl_command(&[
+                "create",
+                "--dry-run=server",
+                "-o",
+                "jsonpath={.metadata.finalizers}",
+                "-f",
+                "-",
+            ]);
+            let output = e2e_support::child::output_with_input(
+                &mut dry_run,
+                probe.as_bytes(),
+                "kubectl create --dry-run=server",
+            );
+            assert!(output.status.success(), "{output:?}");
+            if String::from_utf8_lossy(&output.stdout).contains(FINALIZER) {
+                return Self { name };
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the policy never applied"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Deletes the policy and its binding.
+    fn remove(self, env: &Env) {
+        for kind in ["mutatingadmissionpolicybinding", "mutatingadmissionpolicy"] {
+            env.kubectl(&["delete", kind, &self.name]);
+        }
+    }
 }
