@@ -422,6 +422,8 @@ fn the_controller_cluster_role_grants_exactly_what_the_controller_uses() {
         // Job gating un-suspends Jobs.
         ("batch", "jobs", &["get", "list", "watch", "patch"]),
         ("events.k8s.io", "events", &["create", "patch"]),
+        // A namespace being deleted: its objects get no status writes on the way out.
+        ("", "namespaces", &["list", "watch"]),
     ]);
     assert_eq!(
         unnamed(&granted),

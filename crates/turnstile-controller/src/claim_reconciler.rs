@@ -40,7 +40,9 @@ async fn reconcile_orphan(claim: &LockClaim, ctx: &Context) -> Result<Action, Co
         return Ok(Action::await_change());
     }
     let view = match ClaimView::from_resource(claim) {
-        Ok(view) => view.observed_arrival(ctx.claim_index.arrival(claim)),
+        Ok(view) => view
+            .observed_arrival(ctx.claim_index.arrival(claim))
+            .going_with_namespace(ctx.namespace_terminating(&namespace)),
         Err(error) => {
             tracing::warn!(%error, "ignoring incomplete claim");
             return Ok(Action::await_change());
@@ -81,7 +83,8 @@ async fn reconcile_orphan(claim: &LockClaim, ctx: &Context) -> Result<Action, Co
     }
     let regarding = claim.object_ref(&());
     for event in &decision.events {
-        if !writer.may_write() {
+        // The API server takes no new object into a namespace being deleted.
+        if !writer.may_write() || ctx.namespace_terminating(&namespace) {
             break;
         }
         publish(

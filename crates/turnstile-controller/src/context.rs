@@ -5,6 +5,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Namespace;
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::Client;
 use tokio::sync::watch;
@@ -118,6 +120,8 @@ pub struct Context {
     /// How many passes a second may refresh waiters' positions, over all locks: under a wave
     /// of hand-offs the grants' writes go first.
     pub position_refreshes: WriteBudget,
+    /// The namespaces' metadata, to tell the ones being deleted (`None`: not watched).
+    pub namespaces: Option<Store<PartialObjectMeta<Namespace>>>,
     failures: Mutex<HashMap<String, u32>>,
 }
 
@@ -147,6 +151,7 @@ impl Context {
             outages: BackendOutages::new(wakes.clone()),
             wakes,
             position_refreshes: WriteBudget::new(POSITION_REFRESHES_PER_SECOND),
+            namespaces: None,
             failures: Mutex::new(HashMap::new()),
         }
     }
@@ -161,6 +166,23 @@ impl Context {
     pub fn with_owner_caches(mut self, owners: OwnerCaches) -> Self {
         self.owners = Some(owners);
         self
+    }
+
+    /// Tells namespaces being deleted from the watch's cache of their metadata.
+    pub fn with_namespaces(mut self, namespaces: Store<PartialObjectMeta<Namespace>>) -> Self {
+        self.namespaces = Some(namespaces);
+        self
+    }
+
+    /// Whether `namespace` is being deleted (its objects go with it: the passes release their
+    /// grants and remove the finalizers, and write no status nor Event to them). False when
+    /// the namespace is not (yet) in the cache.
+    pub fn namespace_terminating(&self, namespace: &str) -> bool {
+        self.namespaces.as_ref().is_some_and(|namespaces| {
+            namespaces
+                .get(&ObjectRef::new(namespace))
+                .is_some_and(|meta| meta.metadata.deletion_timestamp.is_some())
+        })
     }
 
     /// The writer every API write of a pass goes through (gated by [`Context::leadership`]).

@@ -51,13 +51,24 @@ fn claim_views(
     objects
         .values()
         .filter_map(|claim| match ClaimView::for_lock(claim, lock) {
-            Ok(view) => Some(view.observed_arrival(ctx.claim_index.arrival(claim))),
+            Ok(view) => Some(
+                view.observed_arrival(ctx.claim_index.arrival(claim))
+                    .going_with_namespace(
+                        ctx.namespace_terminating(&claim.namespace().unwrap_or_default()),
+                    ),
+            ),
             Err(error) => {
                 tracing::warn!(%error, "ignoring incomplete claim");
                 None
             }
         })
         .collect()
+}
+
+/// The core's view of `lock`, counted as being deleted when its namespace is.
+fn lock_view(ctx: &Context, lock: &DistributedLock) -> LockView {
+    LockView::from_resource(lock)
+        .going_with_namespace(ctx.namespace_terminating(&lock.namespace().unwrap_or_default()))
 }
 
 /// One snapshot of `lock`'s key in its backend, and the backend when it answered.
@@ -109,7 +120,7 @@ async fn other_locks(
         else {
             continue;
         };
-        let view = LockView::from_resource(&object);
+        let view = lock_view(ctx, &object);
         let claims = claim_views(ctx, &claims_of(ctx, &view), &name);
         let (backend_view, backend) = backend_of(ctx, &view).await;
         let other = OtherLock {
@@ -129,7 +140,7 @@ pub async fn reconcile_lock(
     ctx: Arc<Context>,
 ) -> Result<Action, ControllerError> {
     let mut timer = ctx.metrics.reconciles.start(ControllerKind::Lock);
-    let view = LockView::from_resource(&lock);
+    let view = lock_view(&ctx, &lock);
     let span = tracing::info_span!("reconcile", namespace = %view.namespace, lock = %view.name);
     let result = reconcile_inner(&lock, view, &ctx).instrument(span).await;
     timer.set_failed(result.is_err());
@@ -432,6 +443,10 @@ async fn publish_events(
     decision: &Decision,
     only: Option<&HashSet<String>>,
 ) {
+    // The API server takes no new object into a namespace being deleted.
+    if ctx.namespace_terminating(&input.lock.namespace) {
+        return;
+    }
     for event in &decision.events {
         if !ctx.leadership.is_open() {
             return;

@@ -22,7 +22,8 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Config as ControllerRuntimeConfig, Controller};
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef};
@@ -374,6 +375,22 @@ async fn run_controllers(
             .reflect_shared(job_writer)
     };
 
+    // Namespaces, metadata only: one being deleted takes its locks and claims with it, and
+    // they get no status writes on the way out (`Context::namespace_terminating`).
+    let (namespace_store, namespace_writer) = reflector::store::<PartialObjectMeta<Namespace>>();
+    let namespace_watch = watcher(
+        Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+        match namespace {
+            Some(namespace) => {
+                watcher::Config::default().fields(&format!("metadata.name={namespace}"))
+            }
+            None => watcher::Config::default(),
+        },
+    )
+    .default_backoff()
+    .modify(trim)
+    .reflect(namespace_writer);
+
     let (lock_store, lock_writer) = reflector::store::<DistributedLock>();
     let lock_events =
         tolerant_watcher::<DistributedLock>(client, namespace, watcher::Config::default(), invalid)
@@ -445,7 +462,8 @@ async fn run_controllers(
         .with_owner_caches(OwnerCaches {
             jobs: job_store.clone(),
             finished_pods: finished_pod_store,
-        }),
+        })
+        .with_namespaces(namespace_store),
     );
     let gate_ctx = Arc::new(GateContext {
         client: client.clone(),
@@ -533,6 +551,7 @@ async fn run_controllers(
         () = drive(claim_watch, "claim") => {}
         () = drive(job_watch, "job") => {}
         () = drive(gated_pod_watch, "gated pod") => {}
+        () = drive(namespace_watch, "namespace") => {}
         () = grace_over => {
             tracing::warn!(grace_s = SHUTDOWN_GRACE.as_secs(), "passes still in flight after the shutdown grace: abandoned");
         }

@@ -13,8 +13,8 @@ use proptest::prelude::*;
 use sim::{paused_runtime, Sim};
 use turnstile_api::{reasons, BackendKind, ClaimPhase};
 use turnstile_controller::core::{
-    decide_orphan, fold, plan, BackendOp, BackendView, ClaimView, LockView, OwnerState,
-    POSITION_REFRESH_DELAY,
+    decide_orphan, fold, plan, BackendOp, BackendView, ClaimView, FinalizerChange, LockView,
+    OwnerState, POSITION_REFRESH_DELAY,
 };
 
 #[tokio::test(start_paused = true)]
@@ -336,6 +336,37 @@ async fn lock_deletion_ends_holders_and_unqueues_waiters() {
     let view = ClaimView::from_resource(&sim.claims["b"]).expect("view");
     let orphan = decide_orphan(&view, sim.now());
     assert_eq!(orphan.status, None, "a second write to the waiter");
+    assert!(orphan.events.is_empty());
+}
+
+/// A namespace being deleted takes its lock and claims with it: the pass releases the grant
+/// and removes the finalizers, and writes no status (to objects about to vanish).
+#[tokio::test(start_paused = true)]
+async fn a_namespace_being_deleted_gets_releases_and_finalizer_removals_only() {
+    let mut sim = Sim::settled_with(1, 30, &["a", "b", "c"]).await;
+    assert_eq!(sim.phase("a"), Some(ClaimPhase::Held));
+    sim.namespace_terminating = true;
+    let (_, decision) = sim.pass().await;
+    assert_eq!(decision.lock_status, None, "no lock status");
+    assert!(decision.remove_lock_finalizer);
+    assert_eq!(decision.claims.len(), 3, "{:?}", decision.claims);
+    for change in &decision.claims {
+        assert_eq!(change.status, None, "{}: a status write", change.name);
+        assert_eq!(change.finalizer, FinalizerChange::Remove, "{}", change.name);
+    }
+    let key = LockView::from_resource(&sim.lock).backend_key();
+    let snapshot = sim.backend.snapshot(&key).await.expect("snapshot");
+    assert!(snapshot.holders.is_empty(), "the grant released");
+    assert!(snapshot.waiters.is_empty());
+    // The status stays as it was; nobody reads it again.
+    assert_eq!(sim.phase("a"), Some(ClaimPhase::Held));
+
+    // A claim whose lock is already gone: its finalizer removed, nothing written.
+    let view = ClaimView::from_resource(&sim.claims["b"])
+        .expect("view")
+        .going_with_namespace(true);
+    let orphan = decide_orphan(&view, sim.now());
+    assert_eq!(orphan.status, None);
     assert!(orphan.events.is_empty());
 }
 

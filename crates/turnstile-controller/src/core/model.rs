@@ -49,7 +49,8 @@ pub struct LockView {
     pub name: String,
     /// `metadata.generation`.
     pub generation: Option<i64>,
-    /// `metadata.deletionTimestamp` is set.
+    /// `metadata.deletionTimestamp` is set, or the namespace is being deleted
+    /// ([`LockView::going_with_namespace`]).
     pub deleting: bool,
     /// Whether the controller's finalizer is on the lock.
     pub has_finalizer: bool,
@@ -71,6 +72,14 @@ impl LockView {
             spec: lock.spec.clone(),
             status: lock.status.clone().unwrap_or_default(),
         }
+    }
+
+    /// Counts the lock as being deleted when its namespace is (`namespace_terminating`): it
+    /// goes with the namespace, so its pass releases and removes finalizers and writes no
+    /// status to objects about to vanish.
+    pub fn going_with_namespace(mut self, namespace_terminating: bool) -> Self {
+        self.deleting |= namespace_terminating;
+        self
     }
 
     /// The key of this lock in its backend: always prefixed by the namespace, so tenants of
@@ -173,7 +182,8 @@ pub struct ClaimView {
     pub created: Seconds,
     /// `metadata.generation`.
     pub generation: Option<i64>,
-    /// `metadata.deletionTimestamp` is set.
+    /// `metadata.deletionTimestamp` is set, or the namespace is being deleted
+    /// ([`ClaimView::going_with_namespace`]).
     pub deleting: bool,
     /// Whether the controller's finalizer is on the claim.
     pub has_finalizer: bool,
@@ -385,6 +395,13 @@ impl ClaimView {
             Some(&time_at(self.created)),
             &self.name,
         )
+    }
+
+    /// Counts the claim as being deleted when its namespace is (`namespace_terminating`): it
+    /// is released and its finalizer removed, with no status written.
+    pub fn going_with_namespace(mut self, namespace_terminating: bool) -> Self {
+        self.deleting |= namespace_terminating;
+        self
     }
 
     /// Records when the controller saw the claim arrive, unless its status already does: the

@@ -192,6 +192,8 @@ pub struct Sim {
     pub taken_for_waiters: BTreeSet<String>,
     /// The controller's budget for position refreshes is spent (passes may not refresh).
     pub position_refreshes_denied: bool,
+    /// The namespace is being deleted (the shell's namespaces cache says so).
+    pub namespace_terminating: bool,
     /// Extra passes the next `settle` may take: one after a stale pass, whose stray grants
     /// are released by the pass after the one that finds them.
     pub extra_passes: usize,
@@ -257,6 +259,7 @@ impl Sim {
             lapsed_while_down: BTreeSet::new(),
             taken_for_waiters: BTreeSet::new(),
             position_refreshes_denied: false,
+            namespace_terminating: false,
             extra_passes: 0,
             revision: 1,
             arrivals: Arrivals::default(),
@@ -472,14 +475,16 @@ impl Sim {
 
     pub fn input(&self, backend: BackendView) -> LockInput {
         LockInput {
-            lock: LockView::from_resource(&self.lock),
+            lock: LockView::from_resource(&self.lock)
+                .going_with_namespace(self.namespace_terminating),
             claims: self
                 .claims
                 .iter()
                 .map(|(name, claim)| {
                     let mut view = ClaimView::from_resource(claim)
                         .expect("complete claim")
-                        .observed_arrival(arrival_of(claim, &self.arrivals));
+                        .observed_arrival(arrival_of(claim, &self.arrivals))
+                        .going_with_namespace(self.namespace_terminating);
                     if let Some(state) = self.owners.get(name) {
                         view.owner_state = *state;
                     }
