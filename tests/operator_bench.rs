@@ -138,20 +138,33 @@ async fn every_scenario_at_the_sizes_asked_for(plane: Plane) {
         "gated Pod create → gate removed".into(),
         "10 locks × 10 claims: created / every lock held / every claim has a status".into(),
         "hand-off wave: 10 holders released at once → each next `Held`".into(),
+        "the wave's write floor: 2 plain writes per lock × 10, 16 locks at a time".into(),
         "scale: controller API requests per grant, by verb".into(),
         // The benchmark's own count: 10 × 10 at scale, the deep queue, twice the samples.
         "controller RSS with 126 claims cached".into(),
         "idle: controller writes in 1 s".into(),
         "restart: until ready / writes during the re-sync".into(),
     ];
+    let (teardown, scenarios) = scenarios.split_last().expect("rows");
     assert_eq!(scenarios, expected);
+    // Last, the namespace torn down: one write per object, its finalizer's removal.
+    assert!(
+        teardown.starts_with("namespace teardown: ")
+            && teardown.ends_with(", the controller running"),
+        "{teardown}"
+    );
+    let teardown_row = report.rows.last().expect("the teardown row");
+    assert!(
+        teardown_row.contains("statuses 0, Events 0"),
+        "{teardown_row}"
+    );
 
     // Every latency row took the samples asked for (the wave: one per lock).
     let latency_rows: Vec<Vec<&str>> = report
         .rows
         .iter()
         .map(|row| cells(row))
-        .filter(|cells| cells[1].contains('×'))
+        .filter(|cells| !cells[4].is_empty())
         .collect();
     assert_eq!(latency_rows.len(), 11, "{:?}", report.rows);
     for cells in latency_rows {

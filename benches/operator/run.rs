@@ -32,6 +32,8 @@ pub use server::Plane;
 use server::Server;
 
 const NAMESPACE: &str = "bench";
+/// The teardown row's floor: a namespace of plain objects, no controller.
+const FLOOR_NAMESPACE: &str = "bench-floor";
 const BENCH: &str = "bench";
 /// Bound on any one wait: a stuck run fails instead of hanging.
 const WAIT: Duration = Duration::from_secs(600);

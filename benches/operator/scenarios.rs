@@ -137,12 +137,25 @@ impl Bench {
         self.row("claim create → `Held`, idle lock", idle);
         // As Turnstile's own clients create claims: the finalizer is there from the start,
         // so the grant is one controller write.
-        let claims = (0..self.knobs.samples)
+        let samples = self.knobs.samples;
+        let claims = (0..samples)
             .map(|i| claim(&format!("idle-fin-{i}"), "idle-fin").with_release_finalizer());
+        settle(&self.server, Duration::from_millis(200)).await;
+        let (objects_before, events_before) = controller_writes(&self.server);
         let with_finalizer = self.held_latencies(&["idle-fin"], claims).await;
-        self.row(
+        settle(&self.server, Duration::from_millis(200)).await;
+        let (objects_after, events_after) = controller_writes(&self.server);
+        // The lock's creation (its finalizer, its first status) is in the count: spread
+        // over the samples, it is what a lock costs once.
+        let per_claim = |before: usize, after: usize| (after - before) as f64 / samples as f64;
+        self.table.latency(
             "claim created with the finalizer → `Held`, idle lock",
             with_finalizer,
+            &format!(
+                "a whole uncontended life (create → `Held` → delete → gone) costs {:.2} controller object writes and {:.2} Events per claim",
+                per_claim(objects_before, objects_after),
+                per_claim(events_before, events_after),
+            ),
         );
     }
 
@@ -265,16 +278,7 @@ impl Bench {
         let mut hand_offs = Vec::new();
         let mut objects = Vec::new();
         let mut events = Vec::new();
-        let writes_so_far = || -> (usize, usize) {
-            let writes: Vec<_> = self
-                .server
-                .controller_requests()
-                .into_iter()
-                .filter(is_write)
-                .collect();
-            let events = writes.iter().filter(|r| r.resource == "events").count();
-            (writes.len() - events, events)
-        };
+        let writes_so_far = || controller_writes(&self.server);
         for i in 0..samples.min(deep) {
             let (objects_before, events_before) = writes_so_far();
             let start = Instant::now();
@@ -495,6 +499,39 @@ impl Bench {
         let grants = (2 * locks_at_scale) as f64;
         let mut verbs: Vec<_> = by_verb.into_iter().collect();
         verbs.sort();
+        // The wave's write floor: two plain writes per lock (a create and a patch of one
+        // ConfigMap, one after the other), as many locks at once as the wave deleted.
+        let config_maps: Api<ConfigMap> =
+            Api::namespaced(self.claims.clone().into_client(), NAMESPACE);
+        let floor_start = Instant::now();
+        futures::stream::iter(0..locks_at_scale)
+            .map(|l| {
+                let config_maps = config_maps.clone();
+                async move {
+                    let name = format!("wave-floor-{l:05}");
+                    create(&config_maps, &config_map(&name)).await;
+                    config_maps
+                        .patch(
+                            &name,
+                            &PatchParams::default(),
+                            &Patch::Merge(json!({"data": {MARK: "yes"}})),
+                        )
+                        .await
+                        .expect("patch");
+                }
+            })
+            .buffer_unordered(16)
+            .collect::<Vec<_>>()
+            .await;
+        let write_floor = floor_start.elapsed();
+        self.table.fact(
+            &format!("the wave's write floor: 2 plain writes per lock × {locks_at_scale}, 16 locks at a time"),
+            format!(
+                "{:.2} s; the wave took {:.1}× it",
+                write_floor.as_secs_f64(),
+                wave_all.as_secs_f64() / write_floor.as_secs_f64().max(1e-9)
+            ),
+        );
         self.table.fact(
             "scale: controller API requests per grant, by verb",
             verbs
@@ -517,7 +554,7 @@ impl Bench {
         );
     }
 
-    /// The idle row, then a restart; ends the run. Returns the controller's writes while idle
+    /// The idle row, then a restart, then the namespace torn down; ends the run. Returns the controller's writes while idle
     /// and during the re-sync (leases aside), and the table's rows.
     pub(super) async fn idle_and_restart(self) -> (usize, usize, Vec<String>) {
         let Bench {
@@ -526,6 +563,8 @@ impl Bench {
             kubeconfig,
             controller,
             mut table,
+            locks,
+            claims,
             ..
         } = self;
         let idle_seconds = knobs.idle_seconds;
@@ -572,7 +611,105 @@ impl Bench {
             "restart: until ready / writes during the re-sync",
             format!("{:.2} s / {resync_writes}", ready.as_secs_f64()),
         );
+        teardown(&server, &locks, &claims, &mut table).await;
         controller.stop();
         (idle_writes, resync_writes, table.rows)
     }
+}
+
+/// The controller's writes so far: (to objects, Events).
+fn controller_writes(server: &Server) -> (usize, usize) {
+    let writes: Vec<_> = server
+        .controller_requests()
+        .into_iter()
+        .filter(is_write)
+        .collect();
+    let events = writes.iter().filter(|r| r.resource == "events").count();
+    (writes.len() - events, events)
+}
+
+/// The run's namespace deleted with everything left in it (the controller running), against
+/// a namespace of as many ConfigMaps (no controller, no finalizers) deleted just before.
+async fn teardown(
+    server: &Server,
+    locks: &Api<DistributedLock>,
+    claims: &Api<LockClaim>,
+    table: &mut Table,
+) {
+    let client = locks.clone().into_client();
+    let lock_count = locks
+        .list_metadata(&ListParams::default())
+        .await
+        .expect("list locks")
+        .items
+        .len();
+    let claim_count = claims
+        .list_metadata(&ListParams::default())
+        .await
+        .expect("list claims")
+        .items
+        .len();
+    let objects = lock_count + claim_count;
+
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    create(
+        &namespaces,
+        &serde_json::from_value(json!({"metadata": {"name": FLOOR_NAMESPACE}})).expect("ns"),
+    )
+    .await;
+    let config_maps: Api<ConfigMap> = Api::namespaced(client, FLOOR_NAMESPACE);
+    create_all(
+        &config_maps,
+        (0..objects)
+            .map(|i| config_map(&format!("teardown-floor-{i:05}")))
+            .collect(),
+    )
+    .await;
+    let floor = delete_namespace(&namespaces, FLOOR_NAMESPACE).await;
+
+    let before = server.controller_requests().len();
+    let torn_down = delete_namespace(&namespaces, NAMESPACE).await;
+    let writes: Vec<RecordedRequest> = server
+        .controller_requests()
+        .into_iter()
+        .skip(before)
+        .filter(is_write)
+        .collect();
+    let landed = writes.iter().filter(|w| w.status < 300).count();
+    let statuses = writes.iter().filter(|w| w.subresource == "status").count();
+    let events = writes.iter().filter(|w| w.resource == "events").count();
+    table.fact(
+        &format!("namespace teardown: {lock_count} locks + {claim_count} claims, the controller running"),
+        format!(
+            "{:.1} s ({:.1}× {objects} ConfigMaps' {:.1} s); controller writes per object {:.2} ({} more refused, 409 or 404, and retried or moot; statuses {statuses}, Events {events})",
+            torn_down.as_secs_f64(),
+            torn_down.as_secs_f64() / floor.as_secs_f64().max(1e-9),
+            floor.as_secs_f64(),
+            landed as f64 / objects.max(1) as f64,
+            writes.len() - landed,
+        ),
+    );
+}
+
+/// Deletes the namespace `name` and waits until it is gone; the time that took.
+async fn delete_namespace(namespaces: &Api<Namespace>, name: &str) -> Duration {
+    let start = Instant::now();
+    namespaces
+        .delete(name, &DeleteParams::default())
+        .await
+        .expect("delete namespace");
+    let deadline = Instant::now() + WAIT;
+    while namespaces
+        .get_opt(name)
+        .await
+        .expect("get namespace")
+        .is_some()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "namespace {name} never went away"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    start.elapsed()
 }
