@@ -449,3 +449,115 @@ async fn a_gated_job_adopts_a_claim_of_its_name_and_is_let_go_once() {
         Some("adopted-claim-uid")
     );
 }
+
+/// A gated Pod that another controller also holds back (a second scheduling gate, as a quota
+/// or admission controller sets one): Turnstile claims the lock only once the other gates are
+/// gone, so the lock is never held by a Pod that could not run anyway. It says so once; then
+/// the Pod queues and is let go like any gated Pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_another_controller_also_gates_claims_the_lock_once_the_other_gates_are_gone() {
+    const OTHER_GATE: &str = "example.com/quota";
+    let mut env = Env::new().await;
+    let metrics = env.start_controller_serving_metrics();
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "web-q", "labels": {LOCK_LABEL: "db"}},
+        "spec": {
+            "schedulingGates": [{"name": SCHEDULING_GATE}, {"name": OTHER_GATE}],
+            "containers": [{"name": "app", "image": "busybox"}]
+        }
+    }))
+    .expect("pod");
+    pods(&env)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    // The positive sign the gate looked: it says what it waits for.
+    env.wait_event("web-q", "WaitingForGates").await;
+    let note = env
+        .events_about("web-q")
+        .await
+        .into_iter()
+        .find(|event| event.reason.as_deref() == Some("WaitingForGates"))
+        .and_then(|event| event.note)
+        .unwrap_or_default();
+    assert!(note.contains(OTHER_GATE), "{note}");
+    assert!(env.claim_opt("web-q-db").await.is_none(), "claimed early");
+
+    // A change of the Pod: the gate looks again, says nothing new, claims nothing.
+    let before = scrape::passes(metrics, "pod")
+        .await
+        .expect("the controller serves its metrics");
+    annotate(&pods(&env), "web-q", "test/touch", "1").await;
+    scrape::passed_since(metrics, "pod", before, WAIT).await;
+    assert_eq!(env.event_said("web-q", "WaitingForGates").await, 1);
+    assert!(env.claim_opt("web-q-db").await.is_none(), "claimed early");
+
+    // The other controller lets go (a gate can only be removed).
+    pods(&env)
+        .patch(
+            "web-q",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"spec": {"schedulingGates": [{"name": SCHEDULING_GATE}]}}),
+            ),
+        )
+        .await
+        .expect("remove the other gate");
+    let claim = env.wait_phase("web-q-db", ClaimPhase::Held).await;
+    let pod = e2e_support::wait_object(pods(&env), "web-q", |pod| !is_gated(pod)).await;
+    assert_eq!(
+        token_annotation(pod.metadata.annotations.as_ref()),
+        token_of(&claim).map(|token| token.to_string())
+    );
+    env.stop_controller().await;
+}
+
+/// A Job another admission controller holds (Kueue's `kueue.x-k8s.io/queue-name` label, or a
+/// `spec.managedBy` of another controller) cannot be un-suspended by Turnstile without running
+/// past it: the Job gate leaves it alone, claims nothing, and says so with a Warning naming the
+/// marker (gate its Pods instead).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_another_admission_controller_manages_is_not_gated_and_says_why() {
+    let env = Env::started().await;
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    for (name, marker, job) in [
+        (
+            "queued",
+            "kueue.x-k8s.io/queue-name",
+            json!({"metadata": {"name": "queued", "annotations": {LOCK_ANNOTATION: "db"},
+                                "labels": {"kueue.x-k8s.io/queue-name": "team-a"}},
+                   "spec": {"suspend": true, "template": {"spec": {"restartPolicy": "Never",
+                       "containers": [{"name": "main", "image": "busybox"}]}}}}),
+        ),
+        (
+            "managed",
+            "spec.managedBy",
+            json!({"metadata": {"name": "managed", "annotations": {LOCK_ANNOTATION: "db"}},
+                   "spec": {"suspend": true, "managedBy": "example.com/batch",
+                       "template": {"spec": {"restartPolicy": "Never",
+                       "containers": [{"name": "main", "image": "busybox"}]}}}}),
+        ),
+    ] {
+        let job: Job = serde_json::from_value(job).expect("job");
+        jobs(&env)
+            .create(&PostParams::default(), &job)
+            .await
+            .expect("create job");
+        env.wait_event(name, "GateBlocked").await;
+        let note = env
+            .events_about(name)
+            .await
+            .into_iter()
+            .find(|event| event.reason.as_deref() == Some("GateBlocked"))
+            .and_then(|event| event.note)
+            .unwrap_or_default();
+        assert!(note.contains(marker), "{name}: {note}");
+        assert!(
+            env.claim_opt(&format!("{name}-db")).await.is_none(),
+            "{name}: claimed"
+        );
+        let job = jobs(&env).get(name).await.expect("get job");
+        assert!(is_suspended(&job), "{name}: un-suspended by Turnstile");
+    }
+}

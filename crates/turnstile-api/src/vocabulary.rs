@@ -79,6 +79,9 @@ pub mod object_event_reasons {
 pub mod gate_event_reasons {
     /// The workload's claim is queued: it stays held back.
     pub const WAITING_FOR_LOCK: &str = "WaitingForLock";
+    /// Another controller's scheduling gate is on the Pod too: its claim is made once those
+    /// gates are gone.
+    pub const WAITING_FOR_GATES: &str = "WaitingForGates";
     /// The workload's claim is held: it is let go (un-suspended, or its gate removed).
     pub const LOCK_HELD: &str = "LockHeld";
     /// The workload cannot be gated (its claim failed, belongs to another, ...): it stays

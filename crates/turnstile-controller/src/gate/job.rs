@@ -1,12 +1,14 @@
 //! The Job gate: a Job created with `spec.suspend: true` and the annotation
 //! `turnstile.dev/lock: <lock name>` is un-suspended once its claim is held. The token goes on
 //! the Job and on its Pod template: Kubernetes allows changing a never-started suspended
-//! Job's template annotations, and the Pods read it from there.
+//! Job's template annotations, and the Pods read it from there. A Job another admission
+//! controller holds (Kueue's queue label, another `spec.managedBy`) is not gated: Turnstile
+//! cannot be the one that lets it run.
 
 use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
 
-use super::Gated;
+use super::{Gated, OtherHolder};
 use crate::core::WorkloadKind;
 use crate::metrics::ControllerKind;
 use crate::owners::job_finished;
@@ -40,7 +42,25 @@ impl Gated for Job {
             },
         })
     }
+
+    fn other_holder(&self) -> Option<OtherHolder> {
+        if let Some(queue) = self.labels().get(KUEUE_QUEUE_LABEL) {
+            return Some(OtherHolder::Decides(format!(
+                "label {KUEUE_QUEUE_LABEL}={queue}"
+            )));
+        }
+        self.spec
+            .as_ref()
+            .and_then(|spec| spec.managed_by.as_deref())
+            .filter(|manager| *manager != BUILT_IN_JOB_CONTROLLER)
+            .map(|manager| OtherHolder::Decides(format!("spec.managedBy {manager}")))
+    }
 }
+
+/// The label by which Kueue queues a Job (and suspends it until it admits it).
+pub const KUEUE_QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
+/// `spec.managedBy` of a Job the built-in Job controller runs (also when the field is unset).
+const BUILT_IN_JOB_CONTROLLER: &str = "kubernetes.io/job-controller";
 
 #[cfg(test)]
 mod tests {
@@ -98,6 +118,35 @@ mod tests {
             decide(&job(json!({LOCK_ANNOTATION: " "}), true), None),
             GateStep::Nothing
         );
+    }
+
+    #[test]
+    fn a_job_another_controller_decides_about_is_not_gated() {
+        let mut queued = gated(true);
+        queued.metadata.labels = Some(
+            [(KUEUE_QUEUE_LABEL.to_owned(), "team-a".to_owned())]
+                .into_iter()
+                .collect(),
+        );
+        assert!(matches!(
+            decide(&queued, None),
+            GateStep::Blocked { reason }
+                if reason.contains("label kueue.x-k8s.io/queue-name=team-a")
+        ));
+        let mut managed = gated(true);
+        let spec = managed.spec.as_mut().expect("spec");
+        spec.managed_by = Some("example.com/batch".to_owned());
+        assert!(matches!(
+            decide(&managed, None),
+            GateStep::Blocked { reason } if reason.contains("spec.managedBy example.com/batch")
+        ));
+        // The built-in Job controller named explicitly is no other controller.
+        let spec = managed.spec.as_mut().expect("spec");
+        spec.managed_by = Some("kubernetes.io/job-controller".to_owned());
+        assert!(matches!(
+            decide(&managed, None),
+            GateStep::CreateClaim { .. }
+        ));
     }
 
     #[test]

@@ -84,6 +84,23 @@ pub trait Gated:
     fn finished(&self) -> bool;
     /// The patch that records `token` and lets it go (conditional on its resourceVersion).
     fn release_patch(&self, token: i64) -> serde_json::Value;
+    /// Another controller that holds it back too, as far as its object tells.
+    fn other_holder(&self) -> Option<OtherHolder> {
+        None
+    }
+}
+
+/// Another controller holding a gated workload back besides Turnstile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OtherHolder {
+    /// It lets the workload go by itself, and nothing runs before it has (another scheduling
+    /// gate): the claim is made once it has, so the lock is never held by a workload that
+    /// cannot run. Says what, for people.
+    LetsGoFirst(String),
+    /// It decides itself when the workload runs (a queueing controller's `suspend`): letting
+    /// the workload go would run it past that controller, which may also let it go without
+    /// the lock. Not gated. Says what, for people.
+    Decides(String),
 }
 
 /// What a pass over one workload does.
@@ -100,6 +117,11 @@ pub enum GateStep {
     },
     /// The claim waits in the queue: stay held back.
     Wait,
+    /// Another controller's gate comes first: no claim yet, and this says what it waits for.
+    WaitForOthers {
+        /// For people.
+        reason: String,
+    },
     /// The claim is held: write the token and let the workload go.
     Release {
         /// The grant's fencing token.
@@ -157,6 +179,27 @@ pub fn decide<W: Gated>(workload: &W, claim: Option<&LockClaim>) -> GateStep {
             return GateStep::Blocked {
                 reason: format!("claim name {name:?} is longer than {MAX_NAME_LENGTH} characters"),
             };
+        }
+        match workload.other_holder() {
+            Some(OtherHolder::Decides(what)) => {
+                return GateStep::Blocked {
+                    reason: format!(
+                        "{what}: another controller decides when this {kind} runs, so Turnstile \
+                         does not gate it (gate its Pods instead: the lock label and scheduling \
+                         gate in its Pod template)",
+                        kind = W::kind(&())
+                    ),
+                }
+            }
+            Some(OtherHolder::LetsGoFirst(what)) => {
+                return GateStep::WaitForOthers {
+                    reason: format!(
+                        "waiting for {what} to be removed before claiming {}",
+                        describe_locks(&gate_locks(workload, lock))
+                    ),
+                }
+            }
+            None => {}
         }
         return GateStep::CreateClaim {
             claim: name,
@@ -267,8 +310,8 @@ pub struct GateContext {
     pub claim_index: ClaimIndex,
 }
 
-/// The `GateBlocked` reason last published per workload uid, so that a workload that stays
-/// blocked for the same reason is told once, not on every pass (each of which was an Event
+/// The `GateBlocked` (or `WaitingForGates`) reason last published per workload uid, so that a
+/// workload that stays blocked for the same reason is told once, not on every pass (each of which was an Event
 /// write: every change of the workload, every event of its claim).
 #[derive(Debug, Clone, Default)]
 pub struct BlockedSaid {
@@ -392,7 +435,10 @@ async fn gate<W: Gated>(workload: Arc<W>, ctx: &GateContext) -> Result<Action, C
             }
         }
     }
-    if !matches!(step, GateStep::Blocked { .. }) {
+    if !matches!(
+        step,
+        GateStep::Blocked { .. } | GateStep::WaitForOthers { .. }
+    ) {
         if let Some(uid) = workload.uid() {
             ctx.blocked_said.forget(&uid);
         }
@@ -430,6 +476,19 @@ async fn gate<W: Gated>(workload: Arc<W>, ctx: &GateContext) -> Result<Action, C
                 reason,
             )
             .await;
+        }
+        GateStep::WaitForOthers { reason } => {
+            let uid = workload.uid().unwrap_or_default();
+            if ctx.blocked_said.is_news(&uid, &reason) {
+                tracing::info!(%namespace, %kind, %name, %lock, %reason, "gated workload: another gate first");
+                ctx.event(
+                    workload.as_ref(),
+                    EventType::Normal,
+                    gate_event_reasons::WAITING_FOR_GATES,
+                    reason,
+                )
+                .await;
+            }
         }
         GateStep::Nothing | GateStep::Wait | GateStep::CreateClaim { .. } => {}
     }

@@ -5,12 +5,13 @@
 //! labelled Pods are watched ([`GATED_PODS`]).
 //!
 //! Kubernetes only lets scheduling gates be removed, never added, and a Pod created without
-//! the gate is scheduled at once: so a labelled Pod without the gate is not gated.
+//! the gate is scheduled at once: so a labelled Pod without the gate is not gated. Another
+//! controller's gate on the Pod comes first: the claim is made once it is gone.
 
 use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus};
 use kube::ResourceExt;
 
-use super::Gated;
+use super::{Gated, OtherHolder};
 use crate::core::WorkloadKind;
 use crate::metrics::ControllerKind;
 use turnstile_api::{LOCK_LABEL, SCHEDULING_GATE, TOKEN_ANNOTATION};
@@ -58,6 +59,26 @@ impl Gated for Pod {
             "metadata": {"annotations": {TOKEN_ANNOTATION: token.to_string()}},
             "spec": {"schedulingGates": others},
         })
+    }
+
+    fn other_holder(&self) -> Option<OtherHolder> {
+        let others: Vec<&str> = self
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.scheduling_gates.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|gate| gate.name.as_str())
+            .filter(|name| *name != SCHEDULING_GATE)
+            .collect();
+        match others.as_slice() {
+            [] => None,
+            [one] => Some(OtherHolder::LetsGoFirst(format!("scheduling gate {one}"))),
+            several => Some(OtherHolder::LetsGoFirst(format!(
+                "scheduling gates {}",
+                several.join(", ")
+            ))),
+        }
     }
 }
 
@@ -177,6 +198,25 @@ mod tests {
         assert!(matches!(
             decide(&gated, Some(&claim)),
             GateStep::Blocked { .. }
+        ));
+    }
+
+    #[test]
+    fn another_controllers_gate_comes_first_no_claim_until_it_is_gone() {
+        let both = pod(
+            json!({LOCK_LABEL: "db"}),
+            &[SCHEDULING_GATE, "quota.example/gate", "other.example/gate"],
+        );
+        assert!(matches!(
+            decide(&both, None),
+            GateStep::WaitForOthers { reason }
+                if reason.contains("scheduling gates quota.example/gate, other.example/gate")
+                    && reason.contains("lock db")
+        ));
+        let ours_left = pod(json!({LOCK_LABEL: "db"}), &[SCHEDULING_GATE]);
+        assert!(matches!(
+            decide(&ours_left, None),
+            GateStep::CreateClaim { .. }
         ));
     }
 
