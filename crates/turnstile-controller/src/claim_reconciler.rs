@@ -39,10 +39,13 @@ async fn reconcile_orphan(claim: &LockClaim, ctx: &Context) -> Result<Action, Co
     if ctx.lock_exists(&namespace, first_lock.as_deref().unwrap_or_default()) {
         return Ok(Action::await_change());
     }
+    if ctx.namespace_terminating(&namespace) && claim.metadata.deletion_timestamp.is_none() {
+        // It goes with its namespace: nothing to write until the namespace controller marks
+        // it for deletion (that event brings it back here, to remove the finalizer).
+        return Ok(Action::await_change());
+    }
     let view = match ClaimView::from_resource(claim) {
-        Ok(view) => view
-            .observed_arrival(ctx.claim_index.arrival(claim))
-            .going_with_namespace(ctx.namespace_terminating(&namespace)),
+        Ok(view) => view.observed_arrival(ctx.claim_index.arrival(claim)),
         Err(error) => {
             tracing::warn!(%error, "ignoring incomplete claim");
             return Ok(Action::await_change());

@@ -51,12 +51,7 @@ fn claim_views(
     objects
         .values()
         .filter_map(|claim| match ClaimView::for_lock(claim, lock) {
-            Ok(view) => Some(
-                view.observed_arrival(ctx.claim_index.arrival(claim))
-                    .going_with_namespace(
-                        ctx.namespace_terminating(&claim.namespace().unwrap_or_default()),
-                    ),
-            ),
+            Ok(view) => Some(view.observed_arrival(ctx.claim_index.arrival(claim))),
             Err(error) => {
                 tracing::warn!(%error, "ignoring incomplete claim");
                 None

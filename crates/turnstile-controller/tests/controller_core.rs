@@ -339,8 +339,10 @@ async fn lock_deletion_ends_holders_and_unqueues_waiters() {
     assert!(orphan.events.is_empty());
 }
 
-/// A namespace being deleted takes its lock and claims with it: the pass releases the grant
-/// and removes the finalizers, and writes no status (to objects about to vanish).
+/// A namespace being deleted takes its lock and claims with it: the pass grants nothing,
+/// releases the grant, writes no status (to objects about to vanish), and removes the
+/// finalizer of each claim once the namespace controller has marked it (the write before that
+/// would race the mark, and be refused).
 #[tokio::test(start_paused = true)]
 async fn a_namespace_being_deleted_gets_releases_and_finalizer_removals_only() {
     let mut sim = Sim::settled_with(1, 30, &["a", "b", "c"]).await;
@@ -348,26 +350,38 @@ async fn a_namespace_being_deleted_gets_releases_and_finalizer_removals_only() {
     sim.namespace_terminating = true;
     let (_, decision) = sim.pass().await;
     assert_eq!(decision.lock_status, None, "no lock status");
-    assert!(decision.remove_lock_finalizer);
+    assert!(
+        !decision.remove_lock_finalizer,
+        "the lock stays while its claims keep their finalizers: its passes remove them"
+    );
+    assert!(decision.events.is_empty(), "{:?}", decision.events);
+    assert!(
+        decision.claims.is_empty(),
+        "nothing written to unmarked claims: {:?}",
+        decision.claims
+    );
+    let key = LockView::from_resource(&sim.lock).backend_key();
+    let snapshot = sim.backend.snapshot(&key).await.expect("snapshot");
+    assert!(snapshot.holders.is_empty(), "the grant released");
+    // The status stays as it was; nobody reads it again.
+    assert_eq!(sim.phase("a"), Some(ClaimPhase::Held));
+
+    // The namespace controller marks the claims: each loses its finalizer, and nothing else.
+    for name in ["a", "b", "c"] {
+        sim.delete(name);
+    }
+    let (_, decision) = sim.pass().await;
     assert_eq!(decision.claims.len(), 3, "{:?}", decision.claims);
     for change in &decision.claims {
         assert_eq!(change.status, None, "{}: a status write", change.name);
         assert_eq!(change.finalizer, FinalizerChange::Remove, "{}", change.name);
     }
-    let key = LockView::from_resource(&sim.lock).backend_key();
-    let snapshot = sim.backend.snapshot(&key).await.expect("snapshot");
-    assert!(snapshot.holders.is_empty(), "the grant released");
-    assert!(snapshot.waiters.is_empty());
-    // The status stays as it was; nobody reads it again.
-    assert_eq!(sim.phase("a"), Some(ClaimPhase::Held));
-
-    // A claim whose lock is already gone: its finalizer removed, nothing written.
-    let view = ClaimView::from_resource(&sim.claims["b"])
-        .expect("view")
-        .going_with_namespace(true);
-    let orphan = decide_orphan(&view, sim.now());
-    assert_eq!(orphan.status, None);
-    assert!(orphan.events.is_empty());
+    assert!(decision.events.is_empty(), "{:?}", decision.events);
+    assert!(
+        decision.remove_lock_finalizer,
+        "every claim let go: the lock goes"
+    );
+    assert_eq!(decision.lock_status, None);
 }
 
 #[test]

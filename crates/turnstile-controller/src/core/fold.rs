@@ -2,6 +2,7 @@
 //! (built here, so that the same facts always give the same status), the Events to emit and
 //! when to look again.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -591,11 +592,40 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
         }
     }
 
+    if input.lock.namespace_terminating {
+        // Everything here goes with the namespace: only the finalizers of claims already
+        // marked for deletion are let go (the others' marks are on their way, and a write
+        // before one would race it), and the API server takes no Event into a namespace
+        // being deleted.
+        let marked: HashSet<&str> = input
+            .claims
+            .iter()
+            .filter(|claim| claim.deleting)
+            .map(|claim| claim.name.as_str())
+            .collect();
+        leaving_held.retain(|change| {
+            change.finalizer == FinalizerChange::Remove && marked.contains(change.name.as_str())
+        });
+        for change in &mut leaving_held {
+            change.status = None;
+        }
+        events.clear();
+    }
+    // The lock stays until its claims have let go of their finalizers: with no status
+    // written, only the lock's passes (which each claim's mark wakes) remove them.
+    let claims_still_kept = input.lock.namespace_terminating
+        && input.claims.iter().any(|claim| {
+            claim.has_finalizer
+                && !leaving_held.iter().any(|change| {
+                    change.name == claim.name && change.finalizer == FinalizerChange::Remove
+                })
+        });
+
     Decision {
         claims: leaving_held,
         lock_status,
         add_lock_finalizer: !deleting && !input.lock.has_finalizer,
-        remove_lock_finalizer: deleting && input.lock.has_finalizer,
+        remove_lock_finalizer: deleting && input.lock.has_finalizer && !claims_still_kept,
         events,
         observations,
         requeue_after: folder.requeue,

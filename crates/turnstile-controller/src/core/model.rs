@@ -52,6 +52,9 @@ pub struct LockView {
     /// `metadata.deletionTimestamp` is set, or the namespace is being deleted
     /// ([`LockView::going_with_namespace`]).
     pub deleting: bool,
+    /// The namespace is being deleted: the lock and its claims go with it, and nothing is
+    /// written to them but finalizer removals.
+    pub namespace_terminating: bool,
     /// Whether the controller's finalizer is on the lock.
     pub has_finalizer: bool,
     /// The desired state.
@@ -68,6 +71,7 @@ impl LockView {
             name: lock.name_any(),
             generation: lock.metadata.generation,
             deleting: lock.metadata.deletion_timestamp.is_some(),
+            namespace_terminating: false,
             has_finalizer: lock.finalizers().iter().any(|f| f == FINALIZER),
             spec: lock.spec.clone(),
             status: lock.status.clone().unwrap_or_default(),
@@ -75,10 +79,12 @@ impl LockView {
     }
 
     /// Counts the lock as being deleted when its namespace is (`namespace_terminating`): it
-    /// goes with the namespace, so its pass releases and removes finalizers and writes no
-    /// status to objects about to vanish.
+    /// goes with the namespace, so its pass grants nothing, releases, removes the finalizers
+    /// of the claims already marked for deletion (the others' marks are on their way) and
+    /// writes no status to objects about to vanish.
     pub fn going_with_namespace(mut self, namespace_terminating: bool) -> Self {
         self.deleting |= namespace_terminating;
+        self.namespace_terminating = namespace_terminating;
         self
     }
 
@@ -182,8 +188,7 @@ pub struct ClaimView {
     pub created: Seconds,
     /// `metadata.generation`.
     pub generation: Option<i64>,
-    /// `metadata.deletionTimestamp` is set, or the namespace is being deleted
-    /// ([`ClaimView::going_with_namespace`]).
+    /// `metadata.deletionTimestamp` is set.
     pub deleting: bool,
     /// Whether the controller's finalizer is on the claim.
     pub has_finalizer: bool,
@@ -395,13 +400,6 @@ impl ClaimView {
             Some(&time_at(self.created)),
             &self.name,
         )
-    }
-
-    /// Counts the claim as being deleted when its namespace is (`namespace_terminating`): it
-    /// is released and its finalizer removed, with no status written.
-    pub fn going_with_namespace(mut self, namespace_terminating: bool) -> Self {
-        self.deleting |= namespace_terminating;
-        self
     }
 
     /// Records when the controller saw the claim arrive, unless its status already does: the

@@ -21,6 +21,7 @@ fn lock() -> LockView {
         name: "db".to_owned(),
         generation: Some(1),
         deleting: false,
+        namespace_terminating: false,
         has_finalizer: true,
         spec: DistributedLockSpec {
             backend: None,

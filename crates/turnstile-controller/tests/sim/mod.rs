@@ -483,8 +483,7 @@ impl Sim {
                 .map(|(name, claim)| {
                     let mut view = ClaimView::from_resource(claim)
                         .expect("complete claim")
-                        .observed_arrival(arrival_of(claim, &self.arrivals))
-                        .going_with_namespace(self.namespace_terminating);
+                        .observed_arrival(arrival_of(claim, &self.arrivals));
                     if let Some(state) = self.owners.get(name) {
                         view.owner_state = *state;
                     }
