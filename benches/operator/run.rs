@@ -34,6 +34,8 @@ use server::Server;
 const NAMESPACE: &str = "bench";
 /// The teardown row's floor: a namespace of plain objects, no controller.
 const FLOOR_NAMESPACE: &str = "bench-floor";
+/// The wave's write floor on LockClaims: a namespace the controller does not serve.
+const WRITES_NAMESPACE: &str = "bench-writes";
 const BENCH: &str = "bench";
 /// Bound on any one wait: a stuck run fails instead of hanging.
 const WAIT: Duration = Duration::from_secs(600);
