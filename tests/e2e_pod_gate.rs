@@ -38,18 +38,36 @@ const HANDOFF: Duration = Duration::from_secs(15);
 
 /// A replica as a ReplicaSet makes it from a gated template.
 async fn create_gated_pod(env: &Env, name: &str, lock: &str) {
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {LOCK_LABEL: lock, "app": "web"}},
-        "spec": {
-            "schedulingGates": [{"name": SCHEDULING_GATE}],
-            "containers": [{"name": "app", "image": "busybox"}]
-        }
-    }))
-    .expect("pod");
+    create_pod_from(
+        env,
+        json!({
+            "metadata": {"name": name, "labels": {LOCK_LABEL: lock, "app": "web"}},
+            "spec": {
+                "schedulingGates": [{"name": SCHEDULING_GATE}],
+                "containers": [{"name": "app", "image": "busybox"}]
+            }
+        }),
+    )
+    .await;
+}
+
+/// Creates the Pod `pod` (JSON) in the test's namespace.
+async fn create_pod_from(env: &Env, pod: serde_json::Value) {
+    let pod: Pod = serde_json::from_value(pod).expect("pod");
     pods(env)
         .create(&PostParams::default(), &pod)
         .await
         .expect("create pod");
+}
+
+/// The note of the first Event `reason` about `name` (empty when there is none).
+async fn event_note(env: &Env, name: &str, reason: &str) -> String {
+    env.events_about(name)
+        .await
+        .into_iter()
+        .find(|event| event.reason.as_deref() == Some(reason))
+        .and_then(|event| event.note)
+        .unwrap_or_default()
 }
 
 fn is_gated(pod: &Pod) -> bool {
@@ -460,27 +478,20 @@ async fn a_pod_another_controller_also_gates_claims_the_lock_once_the_other_gate
     let mut env = Env::new().await;
     let metrics = env.start_controller_serving_metrics();
     env.apply_lock("db", "leaseDurationSeconds: 300");
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "web-q", "labels": {LOCK_LABEL: "db"}},
-        "spec": {
-            "schedulingGates": [{"name": SCHEDULING_GATE}, {"name": OTHER_GATE}],
-            "containers": [{"name": "app", "image": "busybox"}]
-        }
-    }))
-    .expect("pod");
-    pods(&env)
-        .create(&PostParams::default(), &pod)
-        .await
-        .expect("create pod");
+    create_pod_from(
+        &env,
+        json!({
+            "metadata": {"name": "web-q", "labels": {LOCK_LABEL: "db"}},
+            "spec": {
+                "schedulingGates": [{"name": SCHEDULING_GATE}, {"name": OTHER_GATE}],
+                "containers": [{"name": "app", "image": "busybox"}]
+            }
+        }),
+    )
+    .await;
     // The positive sign the gate looked: it says what it waits for.
     env.wait_event("web-q", "WaitingForGates").await;
-    let note = env
-        .events_about("web-q")
-        .await
-        .into_iter()
-        .find(|event| event.reason.as_deref() == Some("WaitingForGates"))
-        .and_then(|event| event.note)
-        .unwrap_or_default();
+    let note = event_note(&env, "web-q", "WaitingForGates").await;
     assert!(note.contains(OTHER_GATE), "{note}");
     assert!(env.claim_opt("web-q-db").await.is_none(), "claimed early");
 
@@ -545,13 +556,7 @@ async fn a_job_another_admission_controller_manages_is_not_gated_and_says_why() 
             .await
             .expect("create job");
         env.wait_event(name, "GateBlocked").await;
-        let note = env
-            .events_about(name)
-            .await
-            .into_iter()
-            .find(|event| event.reason.as_deref() == Some("GateBlocked"))
-            .and_then(|event| event.note)
-            .unwrap_or_default();
+        let note = event_note(&env, name, "GateBlocked").await;
         assert!(note.contains(marker), "{name}: {note}");
         assert!(
             env.claim_opt(&format!("{name}-db")).await.is_none(),

@@ -41,12 +41,7 @@ impl Bench {
         {
             create(&crds, &crd).await;
         }
-        let namespaces: Api<Namespace> = Api::all(client.clone());
-        create(
-            &namespaces,
-            &serde_json::from_value(json!({"metadata": {"name": NAMESPACE}})).expect("ns"),
-        )
-        .await;
+        create_namespace(&client, NAMESPACE).await;
         let locks: Api<DistributedLock> = Api::namespaced(client.clone(), NAMESPACE);
         let claims: Api<LockClaim> = Api::namespaced(client.clone(), NAMESPACE);
         let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
@@ -521,12 +516,7 @@ impl Bench {
             }
         })
         .await;
-        let namespaces: Api<Namespace> = Api::all(client.clone());
-        create(
-            &namespaces,
-            &serde_json::from_value(json!({"metadata": {"name": WRITES_NAMESPACE}})).expect("ns"),
-        )
-        .await;
+        create_namespace(&client, WRITES_NAMESPACE).await;
         let unserved: Api<LockClaim> = Api::namespaced(client, WRITES_NAMESPACE);
         let claim_floor = two_writes_per_lock(locks_at_scale, |l| {
             let unserved = unserved.clone();
@@ -640,6 +630,16 @@ impl Bench {
     }
 }
 
+/// Creates the namespace `name`.
+async fn create_namespace(client: &Client, name: &str) {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    create(
+        &namespaces,
+        &serde_json::from_value(json!({"metadata": {"name": name}})).expect("ns"),
+    )
+    .await;
+}
+
 /// How long `locks` runs of `writes` (each a lock's two writes) take, 16 at a time.
 async fn two_writes_per_lock<F, Fut>(locks: usize, writes: F) -> Duration
 where
@@ -689,12 +689,8 @@ async fn teardown(
         .len();
     let objects = lock_count + claim_count;
 
+    create_namespace(&client, FLOOR_NAMESPACE).await;
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    create(
-        &namespaces,
-        &serde_json::from_value(json!({"metadata": {"name": FLOOR_NAMESPACE}})).expect("ns"),
-    )
-    .await;
     let config_maps: Api<ConfigMap> = Api::namespaced(client, FLOOR_NAMESPACE);
     create_all(
         &config_maps,
