@@ -20,6 +20,12 @@ use turnstile_api::{DistributedLock, LockClaim};
 /// How long a pass waits for its predecessor's writes to show before going ahead anyway.
 pub const PATIENCE: Duration = Duration::from_secs(1);
 
+/// What a pass records for a claim its write deleted (the last finalizer of a claim being
+/// deleted): the API server answers such a write with the claim as it was, at the version the
+/// cache already shows, so only the claim's absence from the cache shows the write. (No
+/// resourceVersion is empty.)
+pub const GONE: &str = "";
+
 #[derive(Debug)]
 struct Written {
     at: Instant,
@@ -88,7 +94,11 @@ impl OwnWrites {
             let cached = claims
                 .get(&ObjectRef::new(name).within(namespace))
                 .and_then(|claim| claim.resource_version());
-            behind(cached, wrote)
+            if wrote == GONE {
+                cached.is_some()
+            } else {
+                behind(cached, wrote)
+            }
         });
         if (lock_behind || claims_behind) && waited < PATIENCE {
             return Some(PATIENCE - waited);
@@ -170,6 +180,23 @@ mod tests {
         cache(&mut claim_writer, claim("8"));
         assert!(pending().is_none(), "a later version shows the write too");
         assert!(pending().is_none(), "shown once, forgotten");
+    }
+
+    #[test]
+    fn a_claim_the_last_pass_deleted_holds_the_next_until_the_cache_drops_it() {
+        let (locks, _) = reflector::store::<DistributedLock>();
+        let (claims, mut claim_writer) = reflector::store::<LockClaim>();
+        let claim = at_version(LockClaim::new("a", LockClaimSpec::for_lock("db")), "7");
+        cache(&mut claim_writer, claim.clone());
+        let own = OwnWrites::default();
+        own.record("ns", "db", None, [("a".to_owned(), GONE.to_owned())].into());
+        let pending = || own.pending("ns", "db", &locks, &claims);
+        assert!(
+            pending().is_some(),
+            "still cached: its deletion is on its way"
+        );
+        claim_writer.apply_watcher_event(&watcher::Event::Delete(claim));
+        assert!(pending().is_none(), "gone from the cache: shown");
     }
 
     #[test]

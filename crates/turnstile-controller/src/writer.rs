@@ -21,6 +21,7 @@ use serde_json::Value;
 use crate::context::LeadershipGate;
 use crate::core::{ClaimChange, Decision, FinalizerChange, LockInput};
 use crate::error::ControllerError;
+use crate::own_writes::GONE;
 use crate::patch::merge_diff;
 use turnstile_api::{DistributedLock, LockClaim, LockClaimStatus, FINALIZER};
 
@@ -421,7 +422,9 @@ impl<'a, S: PassStore> PassWriter<'a, S> {
             Target::Claim => {
                 let version = self.versions.get(&write.name).cloned().flatten();
                 let updated = self.store.patch(pass_write, version.as_deref()).await?;
-                if let Some(version) = &updated {
+                if self.deletes(write) {
+                    self.written.insert(write.name.clone(), GONE.to_owned());
+                } else if let Some(version) = &updated {
                     self.written.insert(write.name.clone(), version.clone());
                 }
                 self.versions.insert(write.name.clone(), updated);
@@ -438,6 +441,19 @@ impl<'a, S: PassStore> PassWriter<'a, S> {
             }
         }
         Ok(())
+    }
+
+    /// Whether `write` removes the last finalizer of a claim being deleted: the API server
+    /// then deletes the claim.
+    fn deletes(&self, write: &Write) -> bool {
+        write.part == Part::Finalizers
+            && write.patch["metadata"]["finalizers"]
+                .as_array()
+                .is_some_and(Vec::is_empty)
+            && self
+                .claims
+                .get(&write.name)
+                .is_some_and(|claim| claim.metadata.deletion_timestamp.is_some())
     }
 
     /// Adds the controller's finalizer to the claims named that lack it (before the pass's
