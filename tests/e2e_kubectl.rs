@@ -283,7 +283,7 @@ async fn uninstall_as_the_readme_says_with_the_controller_and_without_it() {
 /// The `finalizer-on-create` component on a real control plane: a claim applied by kubectl
 /// reaches `Held` after one change to it (the controller's status write), where without the
 /// component the controller first adds its finalizer (two changes). Counted on a watch of the
-/// claim, which sees every change.
+/// claim, which sees every change. A claim's own finalizers are kept beside it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_finalizer_on_create_component_a_kubectl_claim_is_held_after_one_write() {
     let env = Env::started().await;
@@ -322,6 +322,25 @@ async fn with_the_finalizer_on_create_component_a_kubectl_claim_is_held_after_on
         token_of(&env.wait_phase("next", ClaimPhase::Held).await),
         Some(2)
     );
+
+    // A claim's own finalizers are kept beside the controller's.
+    env.apply(
+        "apiVersion: turnstile.dev/v1alpha1\nkind: LockClaim\nmetadata:\n  name: own\n  finalizers: [example.com/keep]\nspec:\n  lockName: db2\n",
+    );
+    let own = env.claim("own").await;
+    assert_eq!(
+        own.finalizers(),
+        ["example.com/keep".to_owned(), FINALIZER.to_owned()],
+        "both finalizers, the claim's own first"
+    );
+    env.kubectl(&[
+        "patch",
+        "lockclaim",
+        "own",
+        "--type=merge",
+        "-p",
+        &format!("{{\"metadata\":{{\"finalizers\":[\"{FINALIZER}\"]}}}}"),
+    ]);
     policy.remove(&env);
 }
 
