@@ -129,19 +129,25 @@ async fn gated_replicas_on_a_mutex_run_one_at_a_time() {
             .await;
     }
 
-    // The sampler: never more than one Pod past the gate at once.
+    // The sampler: never more than one Pod past the gate at once. A Pod once seen finished
+    // stays finished (a kubelet never leaves a finished phase; on a real plane KWOK, playing
+    // the kubelet, may still write its own late `Running` over the test's `Succeeded`).
     let most = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = {
         let (most, stop) = (most.clone(), stop.clone());
         let pods = pods(&env);
         tokio::spawn(async move {
+            let mut finished = BTreeSet::new();
             while !stop.load(Ordering::Relaxed) {
                 if let Ok(list) = pods.list(&Default::default()).await {
+                    for pod in list.items.iter().filter(|pod| is_finished(pod)) {
+                        finished.insert(pod.name_any());
+                    }
                     let now = list
                         .items
                         .iter()
-                        .filter(|pod| !is_gated(pod) && !is_finished(pod))
+                        .filter(|pod| !is_gated(pod) && !finished.contains(&pod.name_any()))
                         .filter(|pod| pod.metadata.deletion_timestamp.is_none())
                         .count();
                     most.fetch_max(now, Ordering::Relaxed);

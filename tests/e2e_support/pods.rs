@@ -30,30 +30,8 @@ pub async fn create_pod(env: &Env, name: &str) -> String {
         .expect("uid")
 }
 
-/// Sets the Pod's `status.phase`, as the kubelet would. On a real plane KWOK plays the kubelet
-/// of the Pods it is given: a finished phase is set only once KWOK has made the Pod ready (if
-/// the Pod is to be scheduled at all), or KWOK's own later `Running` would overwrite it.
+/// Sets the Pod's `status.phase`, as the kubelet would.
 pub async fn set_pod_phase(env: &Env, name: &str, phase: &str) {
-    if env.fake.is_none() && matches!(phase, "Succeeded" | "Failed") {
-        let pod = pods(env).get(name).await.expect("get pod");
-        let to_be_scheduled = pod
-            .spec
-            .as_ref()
-            .is_some_and(|spec| spec.scheduling_gates.as_ref().is_none_or(Vec::is_empty));
-        if to_be_scheduled {
-            super::wait_object(pods(env), name, |pod| {
-                pod.status
-                    .as_ref()
-                    .and_then(|status| status.conditions.as_ref())
-                    .is_some_and(|conditions| {
-                        conditions
-                            .iter()
-                            .any(|c| c.type_ == "Ready" && c.status == "True")
-                    })
-            })
-            .await;
-        }
-    }
     pods(env)
         .patch_status(
             name,
