@@ -51,6 +51,7 @@ pub mod memory;
 pub mod mongo;
 #[cfg(feature = "redis")]
 pub mod redis;
+mod state;
 mod wake;
 
 use std::fmt;
