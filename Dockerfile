@@ -9,7 +9,7 @@ ARG RUST_VERSION=1.95
 FROM rust:${RUST_VERSION}-bookworm AS builder
 # musl-gcc compiles the C parts of the TLS stack (ring) for the static target.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends musl-tools \
+ && apt-get install -y --no-install-recommends musl-tools protobuf-compiler \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # The whole workspace: Cargo needs every member's manifest to resolve the lock file.

@@ -12,6 +12,8 @@
 //! - [`RedisSentinel`]: a master, a replica and three sentinels (`redis-server --sentinel`);
 //!   optionally all over TLS ([`RedisSentinel::start_tls`]).
 //! - [`MongoServer`]: a MongoDB-wire-compatible server (SecantusDB), or `MONGODB_URI`'s.
+//! - [`EtcdCluster`]: one etcd member or a cluster of three, optionally with TLS and
+//!   user/password auth (the control plane's etcd binary).
 //! - [`ControlPlane`]: a real Kubernetes control plane (etcd, kube-apiserver,
 //!   kube-controller-manager, kube-scheduler, KWOK) built from its Go modules.
 //! - [`tool_or_skip`]: a command-line tool from `PATH`, or a skip that fails under CI
@@ -21,6 +23,7 @@
 //! [`free_port`], [`wait_until`] and [`ServerProcess`].
 
 mod control_plane;
+mod etcd;
 mod mongo;
 mod process;
 mod redis;
@@ -33,6 +36,7 @@ pub use self::control_plane::{
     binaries as control_plane_binaries, kubernetes_version, ControlPlane, ControlPlaneFiles,
     CONTROL_PLANE_DIR_PREFIX, KWOK_NODE, KWOK_NODE_ANNOTATION,
 };
+pub use self::etcd::{EtcdCluster, EtcdOptions};
 pub use self::mongo::{MongoFlavor, MongoServer, Unavailable};
 pub use self::process::{free_port, wait_until, ServerProcess};
 pub use self::redis::{RedisOptions, RedisServer, TlsClientAuth, TlsFiles};

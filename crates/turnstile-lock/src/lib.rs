@@ -84,6 +84,8 @@ pub use self::backend::{
     MemoryBackend, ShareMode, WakeRegistry, WakeSubscription, WakeUp, MAX_HOLDERS, MAX_KEY_LEN,
     MAX_OWNER_LEN, MAX_TTL,
 };
+#[cfg(feature = "etcd")]
+pub use self::backend::{EtcdBackend, EtcdBackendConfig};
 #[cfg(feature = "mongo")]
 pub use self::backend::{MongoBackend, MongoBackendConfig};
 #[cfg(feature = "redis")]

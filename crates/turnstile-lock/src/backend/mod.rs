@@ -46,6 +46,8 @@
 //! multiplexed connection keeps order). Owner tokens are unique per request, so that release can
 //! never hurt anyone else.
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod memory;
 #[cfg(feature = "mongo")]
 pub mod mongo;
@@ -62,13 +64,15 @@ use async_trait::async_trait;
 
 use crate::error::{LockError, LockResult};
 
+#[cfg(feature = "etcd")]
+pub use self::etcd::{EtcdBackend, EtcdBackendConfig, EtcdConnectError};
 pub use self::memory::MemoryBackend;
 #[cfg(feature = "mongo")]
 pub use self::mongo::{MongoBackend, MongoBackendConfig, MongoWakeMode, MongoWakeSource};
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisBackend, RedisBackendConfig};
 // The network backends' wake-up tables share it; the memory backend calls it in place.
-#[cfg(any(feature = "redis", feature = "mongo"))]
+#[cfg(any(feature = "redis", feature = "mongo", feature = "etcd"))]
 pub(crate) use self::wake::drop_counted;
 pub use self::wake::{Handoff, WakeRegistry, WakeSubscription, WakeUp};
 
@@ -434,7 +438,7 @@ pub fn validate_lock_delay(lock_delay: Duration) -> LockResult<()> {
 
 /// Whole milliseconds of a duration, rounded up so a positive duration never becomes 0 (for
 /// the stores that take milliseconds: Redis and MongoDB).
-#[cfg(any(feature = "redis", feature = "mongo"))]
+#[cfg(any(feature = "redis", feature = "mongo", feature = "etcd"))]
 pub(crate) fn ceil_millis(duration: Duration) -> u64 {
     let millis = duration.as_millis();
     let rounded = if !duration.subsec_nanos().is_multiple_of(1_000_000) {

@@ -145,6 +145,16 @@ impl WakeRegistry {
         }
     }
 
+    /// Wakes every local waiter of one topic, e.g. after that topic's watch was re-created and
+    /// may have missed messages.
+    pub fn wake_topic(&self, topic: &str) {
+        if let Some(owners) = self.locked().get(topic) {
+            for slot in owners.values() {
+                slot.signal.notify.notify_one();
+            }
+        }
+    }
+
     /// Number of topics with at least one waiter.
     pub fn topic_count(&self) -> usize {
         self.locked().len()

@@ -7,13 +7,17 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use test_servers::{
-    MongoServer, RedisCluster, RedisOptions, RedisSentinel, RedisServer, TlsClientAuth,
+    EtcdCluster, EtcdOptions, MongoServer, RedisCluster, RedisOptions, RedisSentinel, RedisServer,
+    TlsClientAuth,
 };
 use turnstile_lock::backend::{
     AcquireOutcome, AcquireRequest, LockSnapshot, MongoBackend, MongoBackendConfig,
     WakeSubscription,
 };
-use turnstile_lock::{Backend, LockResult, Locker, RedisBackend, RedisBackendConfig, RetryPolicy};
+use turnstile_lock::{
+    Backend, EtcdBackend, EtcdBackendConfig, LockResult, Locker, RedisBackend, RedisBackendConfig,
+    RetryPolicy,
+};
 
 // The cases take it from here; it lives in `support`, shared with the other test binaries.
 pub use crate::support::eventually;
@@ -143,6 +147,47 @@ pub async fn mongo() -> Option<Harness> {
         .await
         .expect("connect to mongo");
     Some(Harness::new(backend, Some(Box::new(server))))
+}
+
+/// Connects an etcd backend, under a key prefix of its own, to one etcd member shared by
+/// this binary's tests.
+pub async fn etcd() -> Harness {
+    let server = launch("etcd starts", EtcdCluster::shared).await;
+    connect_etcd(EtcdBackendConfig::new(server.url()), server).await
+}
+
+/// Connects an etcd backend to a three-member etcd cluster (over TLS, with a user and
+/// password), shared by this binary's tests, under a key prefix of its own.
+pub async fn etcd_cluster_tls_auth() -> Harness {
+    let cluster = launch("a three-member etcd cluster starts", shared_etcd_cluster).await;
+    let files = cluster.tls_files().expect("certificates");
+    let config = EtcdBackendConfig::new(cluster.url()).ca_file(&files.ca_cert);
+    connect_etcd(config, cluster).await
+}
+
+fn shared_etcd_cluster() -> std::io::Result<Arc<EtcdCluster>> {
+    static SHARED: Mutex<std::sync::Weak<EtcdCluster>> = Mutex::new(std::sync::Weak::new());
+    let mut shared = SHARED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(cluster) = shared.upgrade() {
+        return Ok(cluster);
+    }
+    let options = EtcdOptions::new()
+        .members(3)
+        .tls()
+        .user("turnstile", "s3cret");
+    let cluster = Arc::new(EtcdCluster::start_with(&options)?);
+    *shared = Arc::downgrade(&cluster);
+    Ok(cluster)
+}
+
+async fn connect_etcd(config: EtcdBackendConfig, server: Arc<EtcdCluster>) -> Harness {
+    let prefix = format!("t{}/", uuid::Uuid::new_v4().simple());
+    let backend = EtcdBackend::connect(config.key_prefix(prefix))
+        .await
+        .unwrap_or_else(|error| panic!("connect to etcd: {error:?}"));
+    Harness::new(backend, Some(Box::new(server)))
 }
 
 /// Counts backend calls, to check that a release costs O(1) attempts, not O(waiters).

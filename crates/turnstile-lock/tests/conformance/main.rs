@@ -77,6 +77,8 @@ conformance_suite!(redis_cluster_tls);
 conformance_suite!(redis_sentinel);
 conformance_suite!(redis_sentinel_acks);
 conformance_suite!(mongo);
+conformance_suite!(etcd);
+conformance_suite!(etcd_cluster_tls_auth);
 
 /// Against a remote backend the cancellation trials must really cut acquires short, or
 /// `timeouts_and_cancellation_leave_no_ghost_grant` proves nothing there.
@@ -84,6 +86,14 @@ conformance_suite!(mongo);
 async fn redis_cancellation_trials_cut_acquires_short() {
     let cut_short =
         cases::timeouts_and_cancellation_leave_no_ghost_grant(harness::redis().await).await;
+    assert!(cut_short > 0);
+}
+
+/// The same check against etcd, where a cancelled acquire's transaction may still land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_cancellation_trials_cut_acquires_short() {
+    let cut_short =
+        cases::timeouts_and_cancellation_leave_no_ghost_grant(harness::etcd().await).await;
     assert!(cut_short > 0);
 }
 
