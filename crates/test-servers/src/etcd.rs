@@ -237,6 +237,17 @@ impl EtcdCluster {
         format!("{scheme}://{user}{}", hosts.join(","))
     }
 
+    /// As [`Self::url`], naming member `index` only: a client that can reach no other.
+    pub fn member_url(&self, index: usize) -> String {
+        let url = self.url();
+        let (head, _) = url.rsplit_once(['@', '/']).unwrap_or((&url, ""));
+        let separator = if self.user.is_some() { "@" } else { "/" };
+        format!(
+            "{head}{separator}127.0.0.1:{}",
+            self.members[index].client_port
+        )
+    }
+
     /// The client certificates, when started with TLS.
     pub fn tls_files(&self) -> Option<&TlsFiles> {
         self.tls.as_ref()

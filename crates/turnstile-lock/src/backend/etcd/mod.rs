@@ -55,6 +55,9 @@ use crate::error::{LockError, LockResult};
 
 const BACKEND: &str = "etcd";
 
+/// Pause before a request that reached no member is sent again.
+const RETRY_PAUSE: Duration = Duration::from_millis(10);
+
 /// Why [`EtcdBackend::connect`] failed, when the cause is one a person has to fix: kept as
 /// the `source` of [`LockError::BackendUnavailable`].
 #[derive(Debug, thiserror::Error)]
@@ -191,12 +194,42 @@ impl EtcdBackend {
 
     /// The current value of `key` (default state if absent) and its mod revision (0 if absent).
     async fn read(&self, key: &str) -> LockResult<(Document, i64)> {
-        let mut kv = self.kv.clone();
-        let response = tokio::time::timeout(self.request_timeout, kv.get(self.etcd_key(key), None))
-            .await
-            .map_err(|elapsed| self.unavailable("read", elapsed))?
-            .map_err(|error| self.unavailable("read", error))?;
+        let etcd_key = self.etcd_key(key);
+        let response = self
+            .retrying("read", || {
+                let mut kv = self.kv.clone();
+                let etcd_key = etcd_key.clone();
+                async move { kv.get(etcd_key, None).await }
+            })
+            .await?;
         self.parse(key, response.kvs().first())
+    }
+
+    /// Runs `call` until it answers, for up to the request timeout, again after each error
+    /// that says the request did not reach a member (`Unavailable`: the client's balancer
+    /// still sends some requests to a member that is down, until it comes back). Only for
+    /// calls that are safe to repeat: reads, and compare-and-swap writes (a repeat of one that
+    /// did land fails its compare and is run again on the value it wrote).
+    async fn retrying<T, F, Fut>(&self, what: &str, mut call: F) -> LockResult<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let deadline = Instant::now() + self.request_timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let error = match tokio::time::timeout(left, call()).await {
+                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Err(error)) => error,
+                Err(elapsed) => return Err(self.unavailable(what, elapsed)),
+            };
+            let unreached = matches!(&error, etcd_client::Error::GRpcStatus(status) if status.code() == tonic::Code::Unavailable);
+            if !unreached || Instant::now() + RETRY_PAUSE >= deadline {
+                return Err(self.unavailable(what, error));
+            }
+            tracing::debug!(%error, "etcd request did not reach a member, trying again");
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
     }
 
     fn parse(&self, key: &str, kv: Option<&KeyValue>) -> LockResult<(Document, i64)> {
@@ -248,11 +281,13 @@ impl EtcdBackend {
                 )])
                 .and_then([TxnOp::put(etcd_key.as_str(), next.to_bytes(), None)])
                 .or_else([TxnOp::get(etcd_key.as_str(), None)]);
-            let mut kv = self.kv.clone();
-            let response = tokio::time::timeout(self.request_timeout, kv.txn(txn))
-                .await
-                .map_err(|elapsed| self.unavailable("write", elapsed))?
-                .map_err(|error| self.unavailable("write", error))?;
+            let response = self
+                .retrying("write", || {
+                    let mut kv = self.kv.clone();
+                    let txn = txn.clone();
+                    async move { kv.txn(txn).await }
+                })
+                .await?;
             if response.succeeded() {
                 self.sightings.wrote(key, stamp, now);
                 return Ok(answer);
