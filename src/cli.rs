@@ -199,6 +199,15 @@ mod tests {
             ),
             (&["--mongo-database", "d"][..], "--mongo-url"),
             (&["--mongo-collection", "c"][..], "--mongo-url"),
+            (&["--etcd-ca-file", "ca.pem"][..], "--etcd-url"),
+            (
+                &["--etcd-url", "etcd://h:2379", "--etcd-client-cert", "c.pem"][..],
+                "--etcd-client-key",
+            ),
+            (
+                &["--etcd-url", "etcd://h:2379", "--etcd-client-key", "k.pem"][..],
+                "--etcd-client-cert",
+            ),
         ] {
             let command: Vec<&str> = ["turnstile", "run"].iter().chain(args).copied().collect();
             let error = Cli::try_parse_from(&command).expect_err("a usage error");
@@ -225,6 +234,16 @@ mod tests {
             "d",
             "--mongo-collection",
             "c",
+            "--etcd-url",
+            "etcds://h:2379",
+            "--etcd-key-prefix",
+            "shared/",
+            "--etcd-ca-file",
+            "ca.pem",
+            "--etcd-client-cert",
+            "c.pem",
+            "--etcd-client-key",
+            "k.pem",
         ])
         .expect("a complete command line");
     }

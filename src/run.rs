@@ -7,7 +7,7 @@ use std::time::Duration;
 use turnstile_api::BackendKind;
 use turnstile_controller::leader::LeaderConfig;
 
-use turnstile_controller::backends::{MongoSettings, RedisTlsFiles};
+use turnstile_controller::backends::{EtcdSettings, MongoSettings, RedisTlsFiles};
 use turnstile_controller::{run, ControllerConfig, EventPolicy};
 
 /// Log line format.
@@ -62,7 +62,31 @@ pub struct RunArgs {
     /// Name of the MongoDB locks collection (default `turnstile_locks`).
     #[arg(long, env = "TURNSTILE_MONGO_COLLECTION", requires = "mongo_url")]
     pub mongo_collection: Option<String>,
-    /// Backend of locks that do not name one: memory (embedded, default), redis or mongo.
+    /// etcd URL serving locks with `spec.backend: etcd`:
+    /// `etcd://[user:password@]host1:2379,host2:2379` (the cluster's client endpoints),
+    /// `etcds://…` for TLS. Without it such locks report `Ready=False` (BackendNotConfigured).
+    #[arg(long, env = "TURNSTILE_ETCD_URL", hide_env_values = true)]
+    pub etcd_url: Option<String>,
+    /// Prefix of the etcd lock keys (default `turnstile/`). Controllers in several clusters
+    /// share a lock by using the same URL, prefix and lock key.
+    #[arg(long, env = "TURNSTILE_ETCD_KEY_PREFIX", requires = "etcd_url")]
+    pub etcd_key_prefix: Option<String>,
+    /// PEM file of the CA that signed the etcd members' certificates (`etcds://` only;
+    /// default: Mozilla's roots).
+    #[arg(long, env = "TURNSTILE_ETCD_CA_FILE", requires = "etcd_url")]
+    pub etcd_ca_file: Option<PathBuf>,
+    /// PEM client certificate for etcd's `--client-cert-auth` (with `--etcd-client-key`).
+    #[arg(
+        long,
+        env = "TURNSTILE_ETCD_CLIENT_CERT",
+        requires_all = ["etcd_url", "etcd_client_key"]
+    )]
+    pub etcd_client_cert: Option<PathBuf>,
+    /// PEM private key of `--etcd-client-cert`.
+    #[arg(long, env = "TURNSTILE_ETCD_CLIENT_KEY", requires = "etcd_client_cert")]
+    pub etcd_client_key: Option<PathBuf>,
+    /// Backend of locks that do not name one: memory (embedded, default), redis, mongo or
+    /// etcd.
     #[arg(long, default_value = "memory")]
     pub default_backend: BackendKind,
     /// Watch only this namespace (default: all namespaces).
@@ -181,6 +205,12 @@ pub async fn run_command(args: RunArgs) -> anyhow::Result<()> {
             url,
             database: args.mongo_database,
             collection: args.mongo_collection,
+        }),
+        etcd: args.etcd_url.map(|url| EtcdSettings {
+            url,
+            key_prefix: args.etcd_key_prefix,
+            ca_file: args.etcd_ca_file,
+            client_cert: args.etcd_client_cert.zip(args.etcd_client_key),
         }),
         metrics_addr: args.metrics_addr,
         instance,

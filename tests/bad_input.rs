@@ -147,8 +147,8 @@ fn corpus() -> Vec<Row> {
         ),
         rejected(
             "unknown backend",
-            lock("l-etcd", "  backend: etcd"),
-            r#"spec.backend: Unsupported value: "etcd": supported values: "memory", "redis", "mongo""#,
+            lock("l-consul", "  backend: consul"),
+            r#"spec.backend: Unsupported value: "consul": supported values: "memory", "redis", "mongo", "etcd""#,
         ),
         rejected("empty lock name", lock("\"\"", "  maxHolders: 1"), NO_NAME),
         rejected("empty claim name", claim("\"\"", on_good), NO_NAME),

@@ -192,7 +192,7 @@ fn lock_spec_bounds() {
     assert_eq!(props["maxHolders"]["default"], 1);
     assert_eq!(
         props["backend"]["enum"],
-        serde_json::json!(["memory", "redis", "mongo"])
+        serde_json::json!(["memory", "redis", "mongo", "etcd"])
     );
     // Omitted backend = the controller's default: no schema default may fill it in.
     assert!(props["backend"].get("default").is_none());

@@ -575,28 +575,34 @@ fn edit_and_view_users_get_locks_and_claims_through_aggregated_roles() {
 }
 
 #[test]
-fn the_mongo_component_wires_the_url_from_the_users_secret() {
-    let objects = render_with_component("mongo");
-    let container = controller_container(&objects);
-    let env = env_var(container, "TURNSTILE_MONGO_URL").expect("TURNSTILE_MONGO_URL");
-    assert!(
-        env.get("value").is_none(),
-        "the URL must come from a Secret"
-    );
-    assert_eq!(
-        str_at(env, "/valueFrom/secretKeyRef/name"),
-        Some("turnstile-mongo")
-    );
-    assert_eq!(str_at(env, "/valueFrom/secretKeyRef/key"), Some("url"));
-    let args = strings(container.get("args"));
-    assert!(
-        args.iter().all(|a| !a.contains("mongo")),
-        "no URL on the command line: {args:?}"
-    );
-    // The user brings the Secret and the MongoDB: the component adds neither.
-    assert!(objects
-        .iter()
-        .all(|o| kind_of(o) != "Secret" && !name_of(o).contains("mongo")));
+fn the_mongo_and_etcd_components_wire_the_url_from_the_users_secret() {
+    for (component, variable) in [
+        ("mongo", "TURNSTILE_MONGO_URL"),
+        ("etcd", "TURNSTILE_ETCD_URL"),
+    ] {
+        let objects = render_with_component(component);
+        let container = controller_container(&objects);
+        let env = env_var(container, variable).unwrap_or_else(|| panic!("{variable}"));
+        assert!(
+            env.get("value").is_none(),
+            "{component}: the URL must come from a Secret"
+        );
+        let secret = format!("turnstile-{component}");
+        assert_eq!(
+            str_at(env, "/valueFrom/secretKeyRef/name"),
+            Some(secret.as_str())
+        );
+        assert_eq!(str_at(env, "/valueFrom/secretKeyRef/key"), Some("url"));
+        let args = strings(container.get("args"));
+        assert!(
+            args.iter().all(|a| !a.contains(component)),
+            "no URL on the command line: {args:?}"
+        );
+        // The user brings the Secret and the server: the component adds neither.
+        assert!(objects
+            .iter()
+            .all(|o| kind_of(o) != "Secret" && !name_of(o).contains(component)));
+    }
 }
 
 #[test]

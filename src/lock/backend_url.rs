@@ -3,9 +3,13 @@
 use std::fmt;
 use std::sync::Arc;
 
-use turnstile_controller::backends::RedisTlsFiles;
+use turnstile_controller::backends::{
+    EtcdSettings, RedisTlsFiles, ETCD_CA_FILE_ENV, ETCD_CLIENT_CERT_ENV, ETCD_CLIENT_KEY_ENV,
+};
 use turnstile_lock::backend::{MongoBackend, MongoBackendConfig};
-use turnstile_lock::{Backend, LockError, LockResult, RedisBackend, RedisBackendConfig};
+use turnstile_lock::{
+    Backend, EtcdBackend, LockError, LockResult, RedisBackend, RedisBackendConfig,
+};
 
 /// A backend URL accepted by `turnstile lock`. Its `Debug` output hides the URL, which may
 /// carry a password.
@@ -17,6 +21,8 @@ pub enum BackendUrl {
     Redis(String),
     /// `mongodb://` or `mongodb+srv://`: a [`MongoBackend`].
     Mongo(String),
+    /// `etcd://h1:p1,h2:p2` or `etcds://…` (TLS): an [`EtcdBackend`].
+    Etcd(String),
 }
 
 impl fmt::Debug for BackendUrl {
@@ -31,13 +37,13 @@ pub enum BackendUrlError {
     /// `memory`: an in-process backend cannot be shared with any other process.
     #[error(
         "the memory backend lives inside one process, so no other process could ever see the \
-         lock; use a shared backend: redis://HOST:PORT or mongodb://HOST:PORT"
+         lock; use a shared backend: redis://HOST:PORT, mongodb://HOST:PORT or etcd://HOST:PORT"
     )]
     Memory,
     /// Any other scheme, or no scheme at all.
     #[error(
         "unsupported backend URL {0:?}: expected redis://, rediss://, redis+cluster://, \
-         redis+sentinel://, mongodb:// or mongodb+srv://"
+         redis+sentinel://, mongodb://, mongodb+srv://, etcd:// or etcds://"
     )]
     Unsupported(String),
 }
@@ -53,6 +59,7 @@ impl BackendUrl {
             "redis" | "rediss" | "redis+unix" | "unix" | "redis+cluster" | "rediss+cluster"
             | "redis+sentinel" | "rediss+sentinel" => Ok(BackendUrl::Redis(url.to_owned())),
             "mongodb" | "mongodb+srv" => Ok(BackendUrl::Mongo(url.to_owned())),
+            "etcd" | "etcds" => Ok(BackendUrl::Etcd(url.to_owned())),
             "memory" => Err(BackendUrlError::Memory),
             // Only the scheme: the rest may hold credentials.
             _ => Err(BackendUrlError::Unsupported(format!("{scheme}://…"))),
@@ -64,11 +71,13 @@ impl BackendUrl {
         match self {
             BackendUrl::Redis(_) => "redis",
             BackendUrl::Mongo(_) => "mongo",
+            BackendUrl::Etcd(_) => "etcd",
         }
     }
 
     /// Connects to the backend. Redis TLS files come from `TURNSTILE_REDIS_CA_FILE`,
-    /// `TURNSTILE_REDIS_CLIENT_CERT` and `TURNSTILE_REDIS_CLIENT_KEY`.
+    /// `TURNSTILE_REDIS_CLIENT_CERT` and `TURNSTILE_REDIS_CLIENT_KEY`; etcd's from
+    /// `TURNSTILE_ETCD_CA_FILE`, `TURNSTILE_ETCD_CLIENT_CERT` and `TURNSTILE_ETCD_CLIENT_KEY`.
     pub async fn connect(&self) -> LockResult<Arc<dyn Backend>> {
         Ok(match self {
             BackendUrl::Redis(url) => {
@@ -79,6 +88,29 @@ impl BackendUrl {
             }
             BackendUrl::Mongo(url) => {
                 Arc::new(MongoBackend::connect(url, MongoBackendConfig::new()).await?)
+            }
+            BackendUrl::Etcd(url) => {
+                let var = |name: &str| {
+                    std::env::var_os(name)
+                        .filter(|value| !value.is_empty())
+                        .map(std::path::PathBuf::from)
+                };
+                let client_cert = match (var(ETCD_CLIENT_CERT_ENV), var(ETCD_CLIENT_KEY_ENV)) {
+                    (Some(cert), Some(key)) => Some((cert, key)),
+                    (None, None) => None,
+                    _ => {
+                        return Err(LockError::invalid(format!(
+                            "an etcd client certificate needs its key: set both \
+                             {ETCD_CLIENT_CERT_ENV} and {ETCD_CLIENT_KEY_ENV} (or neither)"
+                        )))
+                    }
+                };
+                let settings = EtcdSettings {
+                    ca_file: var(ETCD_CA_FILE_ENV),
+                    client_cert,
+                    ..EtcdSettings::new(url.as_str())
+                };
+                Arc::new(EtcdBackend::connect(settings.backend_config()).await?)
             }
         })
     }
@@ -102,6 +134,13 @@ mod tests {
             assert_eq!(
                 BackendUrl::parse(url).map(|b| b.kind()),
                 Ok("redis"),
+                "{url}"
+            );
+        }
+        for url in ["etcd://a:2379,b:2379", "etcds://u:p@a:2379"] {
+            assert_eq!(
+                BackendUrl::parse(url).map(|b| b.kind()),
+                Ok("etcd"),
                 "{url}"
             );
         }

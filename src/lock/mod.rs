@@ -45,8 +45,10 @@ pub struct LockArgs {
     /// and client certificate from TURNSTILE_REDIS_CA_FILE, TURNSTILE_REDIS_CLIENT_CERT,
     /// TURNSTILE_REDIS_CLIENT_KEY), redis+cluster://HOST1:PORT1,HOST2:PORT2 (Redis Cluster),
     /// redis+sentinel://S1:PORT1,S2:PORT2/MASTERNAME (Redis Sentinel; any Redis form but the
-    /// cluster ones takes ?min_replica_acks=N[&replica_ack_timeout_ms=MS]), mongodb://… or
-    /// mongodb+srv://… (memory is refused: no other process could see the lock).
+    /// cluster ones takes ?min_replica_acks=N[&replica_ack_timeout_ms=MS]), mongodb://…,
+    /// mongodb+srv://…, etcd://[USER:PASSWORD@]HOST1:PORT1,HOST2:PORT2 or etcds://… (TLS; CA
+    /// and client certificate from TURNSTILE_ETCD_CA_FILE, TURNSTILE_ETCD_CLIENT_CERT,
+    /// TURNSTILE_ETCD_CLIENT_KEY) (memory is refused: no other process could see the lock).
     #[arg(
         long,
         env = "TURNSTILE_BACKEND_URL",

@@ -121,6 +121,8 @@ pub enum BackendKind {
     Redis,
     /// A MongoDB replica set (`--mongo-url`).
     Mongo,
+    /// An etcd cluster (`--etcd-url`).
+    Etcd,
 }
 
 impl BackendKind {
@@ -130,6 +132,7 @@ impl BackendKind {
             BackendKind::Memory => "memory",
             BackendKind::Redis => "redis",
             BackendKind::Mongo => "mongo",
+            BackendKind::Etcd => "etcd",
         }
     }
 }
@@ -148,8 +151,9 @@ impl std::str::FromStr for BackendKind {
             "memory" => Ok(BackendKind::Memory),
             "redis" => Ok(BackendKind::Redis),
             "mongo" => Ok(BackendKind::Mongo),
+            "etcd" => Ok(BackendKind::Etcd),
             other => Err(format!(
-                "unknown backend {other:?} (memory | redis | mongo)"
+                "unknown backend {other:?} (memory | redis | mongo | etcd)"
             )),
         }
     }

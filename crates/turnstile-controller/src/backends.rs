@@ -1,5 +1,5 @@
 //! The lock backends the controller serves locks from, configured on the controller (never by
-//! tenants): the embedded memory backend, and Redis and MongoDB when their URLs are given. A
+//! tenants): the embedded memory backend, and Redis, MongoDB and etcd when their URLs are given. A
 //! backend that is down at start-up is connected lazily, on the next reconcile that needs it
 //! (a failed connect makes that lock's pass retry with the reconciler's exponential backoff).
 
@@ -11,7 +11,10 @@ use tokio::sync::Mutex;
 
 use turnstile_api::BackendKind;
 use turnstile_lock::backend::{MongoBackend, MongoBackendConfig};
-use turnstile_lock::{Backend, LockError, MemoryBackend, RedisBackend, RedisBackendConfig};
+use turnstile_lock::{
+    Backend, EtcdBackend, EtcdBackendConfig, LockError, MemoryBackend, RedisBackend,
+    RedisBackendConfig,
+};
 
 /// How long connecting to Redis may take per attempt during a reconcile.
 const REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -117,6 +120,62 @@ impl MongoSettings {
     }
 }
 
+/// Environment variable: PEM file of the CA that signed the etcd members' certificates.
+pub const ETCD_CA_FILE_ENV: &str = "TURNSTILE_ETCD_CA_FILE";
+/// Environment variable: PEM client certificate for etcd's `--client-cert-auth`.
+pub const ETCD_CLIENT_CERT_ENV: &str = "TURNSTILE_ETCD_CLIENT_CERT";
+/// Environment variable: PEM private key of [`ETCD_CLIENT_CERT_ENV`]'s certificate.
+pub const ETCD_CLIENT_KEY_ENV: &str = "TURNSTILE_ETCD_CLIENT_KEY";
+
+/// How long one etcd request may take during a reconcile.
+const ETCD_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long connecting to etcd may take per attempt during a reconcile.
+const ETCD_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Where the controller's etcd backend keeps its locks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdSettings {
+    /// `etcd://[user:password@]host1:2379,host2:2379` (`etcds://` for TLS).
+    pub url: String,
+    /// Prefix of the lock keys (default `turnstile/`). Controllers of several clusters that
+    /// share a lock use the same prefix and lock key.
+    pub key_prefix: Option<String>,
+    /// Trust only this CA (PEM) for the members' certificates (`etcds://`; default: Mozilla's
+    /// roots).
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate and key (PEM) for etcd's `--client-cert-auth`.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+impl EtcdSettings {
+    /// Settings for `url`, default prefix, no TLS files.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            key_prefix: None,
+            ca_file: None,
+            client_cert: None,
+        }
+    }
+
+    /// The engine's configuration for these settings.
+    pub fn backend_config(&self) -> EtcdBackendConfig {
+        let mut config = EtcdBackendConfig::new(self.url.as_str())
+            .request_timeout(ETCD_REQUEST_TIMEOUT)
+            .connect_timeout(ETCD_CONNECT_TIMEOUT);
+        if let Some(prefix) = &self.key_prefix {
+            config = config.key_prefix(prefix.clone());
+        }
+        if let Some(ca_file) = &self.ca_file {
+            config = config.ca_file(ca_file);
+        }
+        if let Some((cert, key)) = &self.client_cert {
+            config = config.client_cert(cert, key);
+        }
+        config
+    }
+}
+
 /// The backends of one controller process.
 #[derive(Debug)]
 pub struct Backends {
@@ -124,6 +183,14 @@ pub struct Backends {
     memory: Arc<MemoryBackend>,
     redis: Option<LazyRedis>,
     mongo: Option<LazyMongo>,
+    etcd: Option<LazyEtcd>,
+}
+
+/// An etcd backend connected on first use (and again after a failed connect).
+#[derive(Debug)]
+struct LazyEtcd {
+    settings: EtcdSettings,
+    connected: Mutex<Option<Arc<EtcdBackend>>>,
 }
 
 /// A Redis backend connected on first use (and again after a failed connect).
@@ -196,12 +263,22 @@ impl Backends {
                 connected: Mutex::new(None),
             }),
             mongo: None,
+            etcd: None,
         }
     }
 
     /// Also serves locks with `backend: mongo`, from the server `settings` names.
     pub fn with_mongo(mut self, settings: Option<MongoSettings>) -> Self {
         self.mongo = settings.map(|settings| LazyMongo {
+            settings,
+            connected: Mutex::new(None),
+        });
+        self
+    }
+
+    /// Also serves locks with `backend: etcd`, from the cluster `settings` names.
+    pub fn with_etcd(mut self, settings: Option<EtcdSettings>) -> Self {
+        self.etcd = settings.map(|settings| LazyEtcd {
             settings,
             connected: Mutex::new(None),
         });
@@ -219,6 +296,7 @@ impl Backends {
             BackendKind::Memory => true,
             BackendKind::Redis => self.redis.is_some(),
             BackendKind::Mongo => self.mongo.is_some(),
+            BackendKind::Etcd => self.etcd.is_some(),
         }
     }
 
@@ -248,6 +326,16 @@ impl Backends {
                 let settings = &mongo.settings;
                 connect_once(&mongo.connected, || {
                     MongoBackend::connect(&settings.url, settings.backend_config())
+                })
+                .await
+            }
+            BackendKind::Etcd => {
+                let etcd = self
+                    .etcd
+                    .as_ref()
+                    .ok_or(BackendLookupError::NotConfigured(kind))?;
+                connect_once(&etcd.connected, || {
+                    EtcdBackend::connect(etcd.settings.backend_config())
                 })
                 .await
             }

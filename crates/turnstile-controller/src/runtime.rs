@@ -32,7 +32,7 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::watch;
 
 use super::backend_outages;
-use super::backends::{Backends, MongoSettings, RedisTlsFiles};
+use super::backends::{Backends, EtcdSettings, MongoSettings, RedisTlsFiles};
 use super::claim_index::ClaimIndex;
 use super::claim_reconciler::{claim_error_policy, reconcile_claim};
 use super::context::{cache_filled, Context, LeadershipGate};
@@ -79,6 +79,8 @@ pub struct ControllerConfig {
     pub redis_tls: RedisTlsFiles,
     /// MongoDB connection settings; locks with `backend: mongo` are served only when given.
     pub mongo: Option<MongoSettings>,
+    /// etcd connection settings; locks with `backend: etcd` are served only when given.
+    pub etcd: Option<EtcdSettings>,
     /// Where to serve `/metrics`, `/healthz` and `/readyz`.
     pub metrics_addr: Option<SocketAddr>,
     /// This replica's name in Events (the Pod name).
@@ -97,6 +99,7 @@ impl Default for ControllerConfig {
             redis_url: None,
             redis_tls: RedisTlsFiles::default(),
             mongo: None,
+            etcd: None,
             metrics_addr: None,
             instance: None,
             leader_election: None,
@@ -116,6 +119,10 @@ impl ControllerConfig {
             BackendKind::Mongo if self.mongo.is_some() => Ok(()),
             BackendKind::Mongo => Err(ControllerError::Config(
                 "--default-backend mongo needs --mongo-url".to_owned(),
+            )),
+            BackendKind::Etcd if self.etcd.is_some() => Ok(()),
+            BackendKind::Etcd => Err(ControllerError::Config(
+                "--default-backend etcd needs --etcd-url".to_owned(),
             )),
         }
     }
@@ -454,7 +461,8 @@ async fn run_controllers(
                 config.redis_url.clone(),
                 Ok(config.redis_tls.clone()),
             )
-            .with_mongo(config.mongo.clone()),
+            .with_mongo(config.mongo.clone())
+            .with_etcd(config.etcd.clone()),
             events,
             metrics.clone(),
         )
@@ -574,6 +582,7 @@ mod tests {
         for (kind, flag) in [
             (BackendKind::Redis, "--redis-url"),
             (BackendKind::Mongo, "--mongo-url"),
+            (BackendKind::Etcd, "--etcd-url"),
         ] {
             let missing = ControllerConfig {
                 default_backend: kind,

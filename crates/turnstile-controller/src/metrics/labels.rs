@@ -177,10 +177,11 @@ impl HoldOutcome {
 pub(super) struct BackendLabel(pub(super) BackendKind);
 
 impl BackendLabel {
-    pub(super) const ALL: [Self; 3] = [
+    pub(super) const ALL: [Self; 4] = [
         Self(BackendKind::Memory),
         Self(BackendKind::Redis),
         Self(BackendKind::Mongo),
+        Self(BackendKind::Etcd),
     ];
 
     fn as_str(self) -> &'static str {
