@@ -106,24 +106,41 @@ impl Env {
 
     /// The fake API server configured by `fake`, the CRDs installed, a fresh namespace.
     async fn on_fake_server(fake: fake_apiserver::Builder) -> Env {
+        Env::on_fake_server_in(fake, None).await
+    }
+
+    async fn on_fake_server_in(fake: fake_apiserver::Builder, namespace: Option<&str>) -> Env {
         init_logging();
         let dir = tempfile::tempdir().expect("tempdir");
         let server = fake.start().await.expect("start fake API server");
         let kubeconfig = dir.path().join("kubeconfig");
         server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
         let client = server.client();
-        Env::in_fresh_namespace(client.clone(), client, kubeconfig, Some(server), dir).await
+        Env::in_fresh_namespace(
+            client.clone(),
+            client,
+            kubeconfig,
+            Some(server),
+            dir,
+            namespace,
+        )
+        .await
     }
 
-    /// The CRDs installed and a fresh namespace made through `client`.
+    /// The CRDs installed and a fresh namespace (named `namespace`, else a random name) made
+    /// through `client`.
     async fn in_fresh_namespace(
         client: Client,
         controller_client: Client,
         kubeconfig: PathBuf,
         fake: Option<FakeApiServer>,
         dir: tempfile::TempDir,
+        namespace: Option<&str>,
     ) -> Env {
-        let namespace = format!("e2e-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let namespace = namespace.map_or_else(
+            || format!("e2e-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]),
+            str::to_owned,
+        );
         let env = Env {
             client,
             controller_client,
@@ -168,6 +185,10 @@ impl Env {
     /// [`Env::new`] on the cluster of the admin kubeconfig at `path`: no fake and no hooks;
     /// the controller runs as the `deploy/` ServiceAccount.
     pub async fn on_cluster(path: &std::path::Path) -> Env {
+        Env::on_cluster_in(path, None).await
+    }
+
+    async fn on_cluster_in(path: &std::path::Path, namespace: Option<&str>) -> Env {
         init_logging();
         let client = plane::client_for(path).await;
         let controller = plane::client_for(&plane::controller_kubeconfig(path).await).await;
@@ -177,8 +198,23 @@ impl Env {
             path.to_path_buf(),
             None,
             tempfile::tempdir().expect("tempdir"),
+            namespace,
         )
         .await
+    }
+
+    /// Another cluster (a control plane of its own; a second fake where tests fall back to the
+    /// fake) with a namespace of the same name as this test's: two clusters whose locks of the
+    /// same name share one backend key.
+    pub async fn another_cluster_like(&self) -> Env {
+        match plane::own_plane().await {
+            Some(plane) => {
+                let mut env = Env::on_cluster_in(plane.kubeconfig(), Some(&self.namespace)).await;
+                env.own_plane = Some(plane);
+                env
+            }
+            None => Env::on_fake_server_in(FakeApiServer::builder(), Some(&self.namespace)).await,
+        }
     }
 
     /// [`Env::new`] on a control plane of the test's own, for a test whose steps reach every

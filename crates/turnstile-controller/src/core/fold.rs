@@ -33,6 +33,11 @@ const POSITION_REFRESH_RETRY: Duration = Duration::from_secs(1);
 /// Wait at least this long before retrying a refused grant.
 const MIN_BUSY_RETRY: Duration = Duration::from_secs(1);
 
+/// Retry a refused grant at least this often: the key's holder may be another cluster's
+/// controller (or a process outside Kubernetes) sharing the backend, whose release nothing
+/// here hears of. One backend call per try; the claim's status stays as it is.
+pub const MAX_BUSY_RETRY: Duration = Duration::from_secs(2);
+
 /// Wake this much after a deadline, so that the whole second has surely passed.
 const DEADLINE_MARGIN: Duration = Duration::from_millis(50);
 
@@ -300,7 +305,9 @@ impl Folder<'_> {
                     self.now,
                 )),
                 OpOutcome::Busy { retry_after } => {
-                    self.wake_in(retry_after.unwrap_or(RESYNC_INTERVAL).max(MIN_BUSY_RETRY));
+                    self.wake_in(retry_after.map_or(MAX_BUSY_RETRY, |after| {
+                        after.clamp(MIN_BUSY_RETRY, MAX_BUSY_RETRY)
+                    }));
                     Next::Queued {
                         reason: reasons::LOCK_BUSY,
                         message: format!(

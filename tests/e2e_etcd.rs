@@ -1,0 +1,239 @@
+//! End to end with the etcd backend (etcd members started by `test-servers` on free 127.0.0.1
+//! ports): the memory backend's flows (FIFO hand-off, expiry, a semaphore) on a lock with
+//! `spec.backend: etcd`, with the grants in etcd under the lock's key; the queue handed on
+//! through an etcd leader change; and one lock shared by two clusters — two control planes, a
+//! controller each, one etcd: one holder across both, tokens rising across both, and a
+//! cluster whose controller dies while holding gives the lock up when the lease runs out.
+
+mod e2e_support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use e2e_support::launch::launch;
+use e2e_support::{phase_of, position_of, reason_of, token_of, Env, HolderMonitor};
+use test_servers::{EtcdCluster, EtcdOptions};
+use tokio::sync::oneshot;
+use turnstile_api::{BackendKind, ClaimPhase, LockClaim};
+use turnstile_controller::backends::EtcdSettings;
+use turnstile_controller::ControllerConfig;
+
+fn etcd_config(url: &str) -> ControllerConfig {
+    ControllerConfig {
+        etcd: Some(EtcdSettings::new(url)),
+        ..ControllerConfig::default()
+    }
+}
+
+/// A fresh namespace with the controller on the etcd at `url` and lock `db` on it (`spec`: its
+/// lines after `backend: etcd`).
+async fn controller_and_db_on_etcd(url: &str, spec: &str) -> Env {
+    let mut env = Env::new().await;
+    env.start_controller(etcd_config(url));
+    env.apply_lock("db", &format!("backend: etcd\n{spec}"));
+    env
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_handover_expiry_and_semaphore_on_etcd() {
+    let server = launch(EtcdCluster::start, "etcd starts").await;
+    let mut env = controller_and_db_on_etcd(&server.url(), "leaseDurationSeconds: 4").await;
+    env.apply_lock(
+        "pool",
+        "backend: etcd\nmaxHolders: 2\nleaseDurationSeconds: 300",
+    );
+    let monitor = HolderMonitor::start(&env, "db", 1);
+    for name in ["p1", "p2", "p3"] {
+        env.apply_claim(name, "pool", "");
+    }
+    for name in ["a", "b", "c"] {
+        env.apply_claim(name, "db", "");
+    }
+    let a = env.wait_phase("a", ClaimPhase::Held).await;
+    assert_eq!(token_of(&a), Some(1));
+    // a does not renew: expiry hands the lock to b, then c.
+    let a = env.wait_phase("a", ClaimPhase::Expired).await;
+    assert_eq!(reason_of(&a).as_deref(), Some("LeaseExpired"));
+    let b = env.wait_phase("b", ClaimPhase::Held).await;
+    assert_eq!(token_of(&b), Some(2));
+    env.delete_claim("b").await;
+    let c = env.wait_phase("c", ClaimPhase::Held).await;
+    assert_eq!(token_of(&c), Some(3));
+
+    env.wait_held(&["p1", "p2"]).await;
+    env.wait_claim("p3", |c| position_of(c) == Some(1)).await;
+
+    // The grants live in etcd, under the namespaced key.
+    let keys = server
+        .etcdctl(&["get", "--prefix", "--keys-only", "turnstile/"])
+        .expect("etcdctl get");
+    assert!(
+        keys.contains(&format!("turnstile/{}/db", env.namespace)),
+        "keys: {keys}"
+    );
+    env.wait_ready("db", "True").await;
+    let lock = env.lock("db").await;
+    assert_eq!(lock.spec.backend, Some(BackendKind::Etcd));
+    monitor.finish().await;
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_is_handed_on_through_an_etcd_leader_change() {
+    let cluster = launch(
+        || EtcdCluster::start_with(&EtcdOptions::new().members(3)),
+        "a three-member etcd cluster starts",
+    )
+    .await;
+    let cluster = Arc::new(Mutex::new(cluster));
+    let url = cluster.lock().unwrap().url();
+    let mut env = controller_and_db_on_etcd(&url, "leaseDurationSeconds: 300").await;
+    env.queue_of_three("db").await;
+    let monitor = HolderMonitor::start(&env, "db", 1);
+
+    let killed = {
+        let cluster = Arc::clone(&cluster);
+        tokio::task::spawn_blocking(move || {
+            let mut cluster = cluster.lock().unwrap();
+            let leader = cluster.leader().expect("a leader");
+            cluster.kill_member(leader);
+            leader
+        })
+        .await
+        .expect("kill thread")
+    };
+    env.delete_claim("a").await;
+    let b = env.wait_phase("b", ClaimPhase::Held).await;
+    assert_eq!(token_of(&b), Some(2));
+    {
+        let cluster = Arc::clone(&cluster);
+        tokio::task::spawn_blocking(move || cluster.lock().unwrap().restart_member(killed))
+            .await
+            .expect("restart thread")
+            .expect("the old leader restarts");
+    }
+    env.delete_claim("b").await;
+    let c = env.wait_phase("c", ClaimPhase::Held).await;
+    assert_eq!(token_of(&c), Some(3));
+    let report = monitor.finish().await;
+    assert_eq!(report.tokens(), [1, 2, 3]);
+    assert_eq!((report.over_capacity, report.token_regressions), (0, 0));
+    env.stop_controller().await;
+}
+
+/// Samples the claims of lock `db` in both clusters every 20 ms: holders at once across both
+/// (only those whose `expiresAt` is still ahead: a dead controller's claim keeps its last
+/// status), and the tokens of new holders in the order seen.
+struct TwoClusterMonitor {
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<(usize, usize, Vec<i64>)>,
+}
+
+impl TwoClusterMonitor {
+    fn start(a: &Env, b: &Env) -> Self {
+        let apis = [a.claims(), b.claims()];
+        let (stop, mut stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let (mut samples, mut over, mut tokens) = (0, 0, Vec::<i64>::new());
+            loop {
+                let mut holders = Vec::new();
+                for api in &apis {
+                    if let Ok(list) = api.list(&Default::default()).await {
+                        holders.extend(list.items.into_iter().filter(is_live_holder));
+                    }
+                }
+                samples += 1;
+                if holders.len() > 1 {
+                    over += 1;
+                }
+                for token in holders.iter().filter_map(token_of) {
+                    if !tokens.contains(&token) {
+                        tokens.push(token);
+                    }
+                }
+                if stopped.try_recv().is_ok() {
+                    return (samples, over, tokens);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        TwoClusterMonitor { stop, task }
+    }
+
+    /// Stops sampling: (samples, samples with two holders, tokens in the order seen).
+    async fn finish(self) -> (usize, usize, Vec<i64>) {
+        let _ = self.stop.send(());
+        self.task.await.expect("monitor task")
+    }
+}
+
+fn is_live_holder(claim: &LockClaim) -> bool {
+    let expires_at = claim.status.as_ref().and_then(|s| s.expires_at.as_ref());
+    phase_of(claim) == Some(ClaimPhase::Held)
+        && expires_at.is_some_and(|at| at.0.as_second() >= unix_seconds())
+}
+
+fn unix_seconds() -> i64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    now.map_or(0, |since| {
+        i64::try_from(since.as_secs()).unwrap_or(i64::MAX)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clusters_share_one_lock_on_etcd() {
+    let server = launch(EtcdCluster::start, "etcd starts").await;
+    let lock_spec = "backend: etcd\nleaseDurationSeconds: 6";
+    let mut east = controller_and_db_on_etcd(&server.url(), "leaseDurationSeconds: 6").await;
+    let mut west = east.another_cluster_like().await;
+    west.start_controller(etcd_config(&server.url()));
+    west.apply_lock("db", lock_spec);
+    let monitor = TwoClusterMonitor::start(&east, &west);
+
+    // east holds; west's claim waits, told the key is busy.
+    east.apply_claim("e1", "db", "");
+    let e1 = east.wait_phase("e1", ClaimPhase::Held).await;
+    assert_eq!(token_of(&e1), Some(1));
+    west.apply_claim("w1", "db", "");
+    west.wait_pending_for("w1", "LockBusy").await;
+
+    // east lets go: west's controller, trying again every 2 s, takes it with the next token.
+    east.delete_claim("e1").await;
+    let w1 = west.wait_phase("w1", ClaimPhase::Held).await;
+    assert_eq!(token_of(&w1), Some(2));
+    east.apply_claim("e2", "db", "");
+    east.wait_pending_for("e2", "LockBusy").await;
+
+    // west's controller dies while w1 holds: nothing renews the grant, and east's claim is
+    // granted once its lease ran out in etcd, not before.
+    west.stop_controller().await;
+    let w1 = west.claim("w1").await;
+    let w1_expires = w1
+        .status
+        .as_ref()
+        .and_then(|s| s.expires_at.clone())
+        .expect("w1's expiry");
+    let e2 = east.wait_phase("e2", ClaimPhase::Held).await;
+    assert_eq!(token_of(&e2), Some(3));
+    let e2_acquired = e2
+        .status
+        .as_ref()
+        .and_then(|s| s.acquired_at.clone())
+        .expect("e2's grant time");
+    // Both whole seconds (the API server's Time).
+    assert!(
+        e2_acquired.0.as_second() >= w1_expires.0.as_second() - 1,
+        "e2 granted at {e2_acquired:?}, before w1's lease ended at {w1_expires:?}"
+    );
+    let (samples, over, tokens) = monitor.finish().await;
+    assert!(samples > 10, "the monitor sampled ({samples})");
+    assert_eq!(over, 0, "two live holders across the clusters");
+    assert_eq!(tokens, [1, 2, 3], "tokens rise across both clusters");
+
+    // Back, west's controller finds w1's grant gone and says so.
+    west.start_controller(etcd_config(&server.url()));
+    let w1 = west.wait_phase("w1", ClaimPhase::Expired).await;
+    println!("w1 after its controller came back: {:?}", w1.status);
+    west.stop_controller().await;
+    east.stop_controller().await;
+}
