@@ -18,7 +18,9 @@
 //! - concurrent processes never overlap in the critical section (violations counted);
 //! - memory backends are refused (2) and unreachable ones reported (69);
 //! - on MongoDB, by `mongodb://` and by `mongodb+srv://` (its SRV record served by a DNS
-//!   server of the test's, which turnstile is pointed at in a mount namespace of its own).
+//!   server of the test's, which turnstile is pointed at in a mount namespace of its own);
+//! - on etcd, by `etcd://` and by `etcds://` with user/password and the CA from
+//!   `TURNSTILE_ETCD_CA_FILE`.
 
 mod e2e_support;
 #[path = "cli_lock/fixture.rs"]
@@ -478,6 +480,70 @@ async fn runs_on_mongodb_too() {
     let first = finish(spawn_lock(&url, &key, &[], script, &dir, Stdio::null())).await;
     let second = finish(spawn_lock(&url, &key, &[], script, &dir, Stdio::null())).await;
     assert_tokens_increase(&first, &second);
+}
+
+#[tokio::test]
+async fn runs_on_etcd_plain_and_over_tls_with_a_password() {
+    let plain = launch(test_servers::EtcdCluster::start, "etcd starts").await;
+    let dir = tempfile::tempdir().expect("dir");
+    let script = r#"echo "$TURNSTILE_FENCING_TOKEN""#;
+    let first = finish(spawn_lock(
+        &plain.url(),
+        "cli",
+        &[],
+        script,
+        &dir,
+        Stdio::null(),
+    ))
+    .await;
+    let second = finish(spawn_lock(
+        &plain.url(),
+        "cli",
+        &[],
+        script,
+        &dir,
+        Stdio::null(),
+    ))
+    .await;
+    assert_tokens_increase(&first, &second);
+
+    let secured = launch(
+        || {
+            test_servers::EtcdCluster::start_with(
+                &test_servers::EtcdOptions::new()
+                    .tls()
+                    .user("turnstile", "s3cret"),
+            )
+        },
+        "etcd with TLS and auth starts",
+    )
+    .await;
+    let ca_file = secured.tls_files().expect("certificates").ca_cert.clone();
+    let run = |ca: Option<&std::path::Path>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
+        command
+            .args([
+                "lock",
+                "--backend",
+                &secured.url(),
+                "tls",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ])
+            .stdin(Stdio::null());
+        if let Some(ca) = ca {
+            command.env("TURNSTILE_ETCD_CA_FILE", ca);
+        }
+        command.output()
+    };
+    let held = run(Some(&ca_file)).await.expect("run turnstile");
+    assert_eq!(code(&held), 0, "{}", stderr(&held));
+    assert_eq!(stdout(&held), "1\n");
+    // Without the CA, Mozilla's roots do not trust the test's certificate: unreachable (69).
+    let untrusted = run(None).await.expect("run turnstile");
+    assert_eq!(code(&untrusted), 69, "{}", stderr(&untrusted));
 }
 
 #[tokio::test]

@@ -650,6 +650,7 @@ fn help_never_shows_the_backend_urls_from_the_environment() {
     for (args, variable) in [
         (&["run", "--help"][..], "TURNSTILE_REDIS_URL"),
         (&["run", "--help"][..], "TURNSTILE_MONGO_URL"),
+        (&["run", "--help"][..], "TURNSTILE_ETCD_URL"),
         (&["lock", "--help"][..], "TURNSTILE_BACKEND_URL"),
     ] {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
