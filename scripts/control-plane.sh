@@ -53,8 +53,11 @@ build_kubernetes() {
 
 build_etcd() {
   local out=$1
+  # etcd-mutex-bench: etcd's own concurrency.Mutex, measured beside the etcd lock backend by
+  # crates/turnstile-lock/benches/lock.rs.
   (cd "$tools/etcd" && go build -trimpath -ldflags "-s -w" -o "$out/etcd" go.etcd.io/etcd/server/v3 \
-    && go build -trimpath -ldflags "-s -w" -o "$out/etcdctl" go.etcd.io/etcd/etcdctl/v3)
+    && go build -trimpath -ldflags "-s -w" -o "$out/etcdctl" go.etcd.io/etcd/etcdctl/v3 \
+    && go build -trimpath -ldflags "-s -w" -o "$out/etcd-mutex-bench" ./mutexbench)
 }
 
 build_kwok() {
@@ -77,7 +80,7 @@ build() {
   out=$(bin_dir)
   local missing=()
   for b in kube-apiserver kube-controller-manager kube-scheduler; do [ -x "$out/$b" ] || missing+=(kubernetes); done
-  for b in etcd etcdctl; do [ -x "$out/$b" ] || missing+=(etcd); done
+  for b in etcd etcdctl etcd-mutex-bench; do [ -x "$out/$b" ] || missing+=(etcd); done
   for b in kwok kwok-stages.yaml; do [ -e "$out/$b" ] || missing+=(kwok); done
   [ ${#missing[@]} -eq 0 ] && return 0
   command -v go >/dev/null || { say "go is not on PATH: it builds the control plane"; exit 1; }

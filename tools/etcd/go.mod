@@ -1,5 +1,6 @@
 // etcd for the tests' control plane and the etcd lock backend's tests, built from its Go
-// module by scripts/control-plane.sh.
+// module by scripts/control-plane.sh; and mutexbench, etcd's own concurrency.Mutex measured
+// beside the etcd lock backend by the lock benchmark (the client module of the same release).
 module turnstile.dev/tools/etcd
 
 go 1.26.0
@@ -8,6 +9,8 @@ tool (
 	go.etcd.io/etcd/etcdctl/v3
 	go.etcd.io/etcd/server/v3
 )
+
+require go.etcd.io/etcd/client/v3 v3.6.16
 
 require (
 	github.com/VividCortex/ewma v1.2.0 // indirect
@@ -56,7 +59,6 @@ require (
 	go.etcd.io/bbolt v1.4.3 // indirect
 	go.etcd.io/etcd/api/v3 v3.6.16 // indirect
 	go.etcd.io/etcd/client/pkg/v3 v3.6.16 // indirect
-	go.etcd.io/etcd/client/v3 v3.6.16 // indirect
 	go.etcd.io/etcd/etcdctl/v3 v3.6.16 // indirect
 	go.etcd.io/etcd/pkg/v3 v3.6.16 // indirect
 	go.etcd.io/etcd/server/v3 v3.6.16 // indirect

@@ -20,17 +20,21 @@
 //!   p99 (also in floor round trips: it must outwait the readers inside, never the stream),
 //!   and the readers' acquire+release pairs per second against the floor rate.
 //!
-//! The same rows run on the memory backend (no floor there). Bounded in count and time: the
-//! whole run takes a minute or two (85 s on a loaded 2-vCPU VM).
+//! The same rows run on etcd (one member built by `scripts/control-plane.sh build`; floor: a
+//! sequential `Get` of one key) and, beside them on the same server in the same run, etcd's
+//! own lock recipe — `concurrency.Mutex` of its Go client, measured by the same rules by
+//! `tools/etcd/mutexbench` — and on the memory backend (no floor there). The hand-off rows
+//! also count the hand-offs that went to the task that had waited longest. Bounded in count
+//! and time: the whole run takes a few minutes.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use test_servers::{MongoServer, RedisCluster, RedisServer, Unavailable};
+use test_servers::{EtcdCluster, MongoServer, RedisCluster, RedisServer, Unavailable};
 use turnstile_lock::{
-    Backend, Locker, MemoryBackend, MongoBackend, MongoBackendConfig, RedisBackend,
-    RedisBackendConfig, RetryPolicy,
+    Backend, EtcdBackend, EtcdBackendConfig, Locker, MemoryBackend, MongoBackend,
+    MongoBackendConfig, RedisBackend, RedisBackendConfig, RetryPolicy,
 };
 
 const FLOOR_TIME: Duration = Duration::from_secs(2);
@@ -67,6 +71,8 @@ enum FloorProbe<'a> {
     RedisPing(&'a str),
     /// `{ping: 1}` through the MongoDB driver.
     MongoPing(&'a str),
+    /// A `Get` of one key through the etcd client (`http://host:port`).
+    EtcdGet(&'a str),
 }
 
 impl FloorProbe<'_> {
@@ -101,6 +107,19 @@ impl FloorProbe<'_> {
                             .run_command(mongodb::bson::doc! { "ping": 1 })
                             .await
                             .expect("ping");
+                    }
+                })
+                .await
+            }
+            FloorProbe::EtcdGet(endpoint) => {
+                let client = etcd_client::Client::connect([endpoint], None)
+                    .await
+                    .expect("etcd client");
+                let kv = client.kv_client();
+                floor_loop(duration, || {
+                    let mut kv = kv.clone();
+                    async move {
+                        kv.get("bench-floor", None).await.expect("etcd get");
                     }
                 })
                 .await
@@ -158,6 +177,10 @@ struct HandoffLog {
     last_release: Option<(Instant, usize)>,
     handoffs: Vec<Duration>,
     to_other: u64,
+    /// Hand-offs to the task that had been waiting longest.
+    to_longest: u64,
+    /// When each task now waiting asked.
+    waiting_since: std::collections::HashMap<usize, Instant>,
     waits: Vec<Duration>,
 }
 
@@ -166,6 +189,7 @@ struct Contended {
     p99: Duration,
     acquisitions_per_sec: f64,
     to_other_share: f64,
+    to_longest_share: f64,
     longest_wait_in_fair_shares: f64,
     p99_wait_in_fair_shares: f64,
 }
@@ -191,10 +215,13 @@ async fn contended(locker: &Locker, tasks: usize) -> Contended {
             let request = locker.lock(key, LEASE).retry(RetryPolicy::forever());
             while !stop.load(Ordering::Relaxed) {
                 let asked = Instant::now();
+                log.lock().unwrap().waiting_since.insert(task, asked);
                 let lock = request.acquire().await.expect("acquire");
                 let acquired = Instant::now();
                 {
                     let mut log = log.lock().unwrap();
+                    log.waiting_since.remove(&task);
+                    let longest = log.waiting_since.values().all(|other| *other >= asked);
                     let previous = log.last_release.take();
                     if measuring.load(Ordering::Relaxed) {
                         acquisitions.fetch_add(1, Ordering::Relaxed);
@@ -207,6 +234,9 @@ async fn contended(locker: &Locker, tasks: usize) -> Contended {
                             }
                             if releaser != task {
                                 log.to_other += 1;
+                            }
+                            if longest {
+                                log.to_longest += 1;
                             }
                         }
                     }
@@ -228,6 +258,7 @@ async fn contended(locker: &Locker, tasks: usize) -> Contended {
         let mut log = log.lock().unwrap();
         log.handoffs.clear();
         log.to_other = 0;
+        log.to_longest = 0;
         log.waits.clear();
     }
     measuring.store(true, Ordering::Relaxed);
@@ -252,6 +283,7 @@ async fn contended(locker: &Locker, tasks: usize) -> Contended {
         p99: percentile(&handoffs, 0.99),
         acquisitions_per_sec: count as f64 / elapsed.as_secs_f64(),
         to_other_share: log.to_other as f64 / handoffs.len().max(1) as f64,
+        to_longest_share: log.to_longest as f64 / handoffs.len().max(1) as f64,
         longest_wait_in_fair_shares: waits.last().copied().unwrap_or_default().as_secs_f64()
             / fair_share.as_secs_f64(),
         p99_wait_in_fair_shares: percentile(&waits, 0.99).as_secs_f64() / fair_share.as_secs_f64(),
@@ -367,7 +399,7 @@ impl Table {
         "vs floor",
         "hand-off p50 µs (floor RTTs)",
         "hand-off p99 µs (floor RTTs)",
-        "to other task",
+        "to other task / longest waiter",
         "wait / fair share: max (p99)",
         "targets",
     ];
@@ -539,7 +571,11 @@ async fn backend_rows<'p>(
                 "-".into(),
                 latency_cell(result.p50, floor),
                 latency_cell(result.p99, floor),
-                format!("{:.1}%", result.to_other_share * 100.0),
+                format!(
+                    "{:.1}% / {:.1}%",
+                    result.to_other_share * 100.0,
+                    result.to_longest_share * 100.0
+                ),
                 format!(
                     "{:.2} ({:.2})",
                     result.longest_wait_in_fair_shares, result.p99_wait_in_fair_shares
@@ -588,6 +624,99 @@ fn owner_url(cluster: &RedisCluster, key: &str) -> String {
     format!("redis://127.0.0.1:{port}/")
 }
 
+/// Runs etcd's Go `concurrency.Mutex` benchmark (`tools/etcd/mutexbench`, built beside etcd
+/// by `scripts/control-plane.sh build`) in `mode` against `endpoint`; its `key=value` line.
+fn go_mutex_bench(
+    endpoint: &str,
+    mode: &str,
+    tasks: usize,
+) -> std::collections::HashMap<String, f64> {
+    let binary = test_servers::control_plane_binaries()
+        .expect("the control plane's binaries")
+        .join("etcd-mutex-bench");
+    assert!(
+        binary.is_file(),
+        "{} is missing: run `bash scripts/control-plane.sh build`",
+        binary.display()
+    );
+    let output = std::process::Command::new(&binary)
+        .args([
+            "-endpoint",
+            endpoint,
+            "-mode",
+            mode,
+            "-tasks",
+            &tasks.to_string(),
+        ])
+        .args(["-seconds", &CONTENDED_TIME.as_secs_f64().to_string()])
+        .output()
+        .expect("run etcd-mutex-bench");
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "etcd-mutex-bench {mode}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    said.split_whitespace()
+        .filter_map(|pair| pair.split_once('='))
+        .filter_map(|(key, value)| Some((key.to_owned(), value.parse().ok()?)))
+        .collect()
+}
+
+/// The rows of etcd's own recipe, measured by the Go program on the etcd at `endpoint`, each
+/// against the Go client's own `Get` floor measured right before it.
+fn go_mutex_rows(endpoint: &str, table: &mut Table) {
+    let name = "etcd Go concurrency.Mutex";
+    let floor = || {
+        let said = go_mutex_bench(endpoint, "floor", 1);
+        Floor {
+            ops_per_sec: said["ops_per_sec"],
+            rtt: Duration::from_secs_f64(said["rtt_us"] / 1e6),
+        }
+    };
+    eprintln!("{name}: uncontended");
+    let adjacent = floor();
+    let pairs = go_mutex_bench(endpoint, "uncontended", 1)["pairs_per_sec"];
+    table.push_measured(
+        name,
+        "uncontended Lock+Unlock".into(),
+        pairs,
+        Some(&adjacent),
+        [
+            percent_cell(Some(pairs / adjacent.ops_per_sec)),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+        ],
+    );
+    for tasks in WAITER_COUNTS {
+        eprintln!("{name}: hand-off with {tasks} goroutines");
+        let adjacent = floor();
+        let said = go_mutex_bench(endpoint, "handoff", tasks);
+        let latency = |key: &str| Duration::from_secs_f64(said[key] / 1e6);
+        table.push_measured(
+            name,
+            format!("hand-off, {tasks} goroutines on one key"),
+            said["acquisitions_per_sec"],
+            Some(&adjacent),
+            [
+                "-".into(),
+                latency_cell(latency("p50_us"), Some(&adjacent)),
+                latency_cell(latency("p99_us"), Some(&adjacent)),
+                format!(
+                    "{:.1}% / {:.1}%",
+                    said["to_other"] * 100.0,
+                    said["to_longest"] * 100.0
+                ),
+                "-".into(),
+                "-".into(),
+            ],
+        );
+    }
+}
+
 fn redis_version() -> String {
     std::process::Command::new("redis-server")
         .arg("--version")
@@ -624,6 +753,8 @@ fn main() {
         }
         Err(Unavailable::Fail(error)) => panic!("MongoDB test server: {error}"),
     };
+    let etcd = EtcdCluster::start().expect("etcd starts");
+    let etcd_endpoint = etcd.url().replacen("etcd://", "http://", 1);
     let started = Instant::now();
     runtime.block_on(async {
         let mut table = Table { rows: Vec::new() };
@@ -666,6 +797,14 @@ fn main() {
             .expect("connect to mongo");
             backend_rows("mongo", Arc::new(backend), |_| Some(mongo_probe), &mut table).await;
         }
+        eprintln!("etcd: Get floor");
+        let etcd_probe = FloorProbe::EtcdGet(&etcd_endpoint);
+        floor_row("etcd", "Get floor (1 connection)", etcd_probe, &mut table).await;
+        let backend = EtcdBackend::connect(EtcdBackendConfig::new(etcd.url()))
+            .await
+            .expect("connect to etcd");
+        backend_rows("etcd", Arc::new(backend), |_| Some(etcd_probe), &mut table).await;
+        go_mutex_rows(&etcd_endpoint, &mut table);
         backend_rows("memory", Arc::new(MemoryBackend::new()), |_| None, &mut table).await;
         println!();
         println!(
