@@ -84,6 +84,8 @@ pub enum Command {
     Lock(crate::lock::LockArgs),
     /// Show who holds a DistributedLock and who waits for it, in grant order.
     Queue(crate::queue::QueueArgs),
+    /// End a holder's grant now, recording who and why (an administrator's force-release).
+    Release(crate::release::ReleaseArgs),
 }
 
 /// For a usage error of `turnstile wait`: the one-line outcome to exit with. `None` for
@@ -141,6 +143,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Wait(args) => crate::wait::wait_command(args).await.exit(),
         Command::Lock(args) => crate::lock::lock_command(args).await.exit(),
         Command::Queue(args) => crate::queue::queue_command(args).await.exit(),
+        Command::Release(args) => crate::release::release_command(args).await.exit(),
     }
 }
 

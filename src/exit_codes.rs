@@ -1,4 +1,4 @@
-//! The exit codes of the one-shot commands (`wait`, `lock`, `queue`): the numbers scripts
+//! The exit codes of the one-shot commands (`wait`, `lock`, `queue`, `release`): the numbers scripts
 //! branch on, all in one place, so that a code means one thing across the commands (2 usage,
 //! 6 no such lock, 75 gave up waiting) and each command's `--help` lists its codes from these
 //! same constants rather than from a copy of them.
@@ -108,6 +108,37 @@ pub mod lock {
     }
 }
 
+/// `turnstile release`.
+pub mod release {
+    use super::{lock, wait, USAGE};
+
+    /// The grant was ended (the claim's status says how).
+    pub const RELEASED: u8 = 0;
+    /// The API server could not be reached or refused a request (kubeconfig, RBAC).
+    pub const ERROR: u8 = wait::ERROR;
+    /// The DistributedLock does not exist.
+    pub const LOCK_NOT_FOUND: u8 = wait::LOCK_NOT_FOUND;
+    /// Nobody holds the lock, or `--claim` does not hold it.
+    pub const NOT_HELD: u8 = 9;
+    /// The claim is marked, but the controller had not ended the grant within `--timeout`.
+    pub const TIMEOUT: u8 = lock::NOT_ACQUIRED;
+
+    /// The `Exit codes:` section of `turnstile release --help`.
+    pub fn help() -> String {
+        super::help(&[
+            (&RELEASED, "the grant was ended"),
+            (&USAGE, "usage error (also: several holders and no --claim)"),
+            (
+                &ERROR,
+                "API server unreachable or request refused (kubeconfig, RBAC)",
+            ),
+            (&LOCK_NOT_FOUND, "the DistributedLock does not exist"),
+            (&NOT_HELD, "nobody holds the lock, or --claim does not"),
+            (&TIMEOUT, "marked, but not ended within --timeout"),
+        ])
+    }
+}
+
 /// `turnstile queue`.
 pub mod queue {
     use super::wait;
@@ -165,5 +196,14 @@ mod tests {
         let wait = wait::help();
         assert!(wait.contains("\n  75   --timeout passed"), "{wait}");
         assert!(wait.contains("\n  2    usage error"), "{wait}");
+        let release = release::help();
+        assert!(
+            release.contains("\n  9    nobody holds the lock, or --claim does not"),
+            "{release}"
+        );
+        assert!(
+            release.contains("\n  75   marked, but not ended within --timeout"),
+            "{release}"
+        );
     }
 }

@@ -10,7 +10,8 @@
 //!   leader election on a Lease; Prometheus metrics, `/healthz`, `/readyz`.
 //! - this crate: [`cli`] (`turnstile run`, `crds`, `wait`, `lock`), with [`run`] (the
 //!   controller's flags and process set-up), [`wait`] (block until a LockClaim is held),
-//!   [`lock`] (run a command under a lock: a backend key, or a DistributedLock), [`oneshot`] for how they end and
+//!   [`lock`] (run a command under a lock: a backend key, or a DistributedLock), [`queue`]
+//!   (who holds and waits), [`release`] (an audited force-release), [`oneshot`] for how they end and
 //!   [`exit_codes`] for the numbers they end with.
 
 pub mod cli;
@@ -18,6 +19,7 @@ pub mod exit_codes;
 pub mod lock;
 pub mod oneshot;
 pub mod queue;
+pub mod release;
 pub mod run;
 pub mod wait;
 

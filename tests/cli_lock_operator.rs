@@ -6,6 +6,9 @@
 //! 143, both leaving no claim behind; a lock that does not exist is a usage error (2). An API
 //! server that cannot be reached is 69; the requests it makes need exactly the RBAC verbs the
 //! README lists; a `turnstile lock` killed outright frees the lock once its `--ttl` runs out.
+//! `turnstile release` (an administrator's force-release) ends such a run's grant on the
+//! record: the run stops with 76, the next waiter is granted with a higher token, and the
+//! Events on the lock and the claim say who and why.
 
 mod e2e_support;
 
@@ -16,9 +19,9 @@ use std::time::{Duration, Instant};
 
 use e2e_support::actor::{sent_by, tagged_client};
 use e2e_support::child::{finish_within, spawn_captured};
-use e2e_support::output::{one_line_exit, stderr};
+use e2e_support::output::{one_line_exit, stderr, stdout};
 use e2e_support::roles::{example_role, verbs};
-use e2e_support::{phase_of, write_unreachable_kubeconfig, Env, WAIT};
+use e2e_support::{phase_of, position_of, token_of, write_unreachable_kubeconfig, Env, WAIT};
 use kube::api::ListParams;
 use tempfile::TempDir;
 use tokio::process::{Child, Command};
@@ -225,6 +228,79 @@ async fn a_claim_lost_while_the_command_runs_stops_it_with_76() {
     assert!(
         line.starts_with("turnstile: lost lock db (fencing token 1)"),
         "{line}"
+    );
+    env.stop_controller().await;
+}
+
+/// `turnstile release ARGS… -n <the test's namespace>`, run to its end.
+async fn release(env: &Env, args: &[&str]) -> Output {
+    let output = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .arg("release")
+        .args(args)
+        .args(["-n", &env.namespace])
+        .env("KUBECONFIG", &env.kubeconfig)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output();
+    tokio::time::timeout(WAIT, output)
+        .await
+        .expect("turnstile release ends")
+        .expect("run turnstile release")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turnstile_release_ends_the_holders_grant_on_the_record() {
+    let (mut env, dir) = env_with_lock_and_dir().await;
+    let nobody = release(&env, &["db", "--reason", "stuck"]).await;
+    assert_eq!(code(&nobody), 9, "{}", stderr(&nobody));
+    assert!(
+        stderr(&nobody).contains("nobody holds lock db"),
+        "{}",
+        stderr(&nobody)
+    );
+    let missing = release(&env, &["nope", "--reason", "stuck"]).await;
+    assert_eq!(code(&missing), 6, "{}", stderr(&missing));
+
+    let run = holding_run(&env, "db", &dir, &["--grace", "2s"], "sleep 60").await;
+    let held = read(dir.path(), "run.claim");
+    env.apply_claim("next", "db", "");
+    env.wait_claim("next", |claim| position_of(claim) == Some(1))
+        .await;
+    let not_holding = release(&env, &["db", "--claim", "next", "--reason", "stuck"]).await;
+    assert_eq!(code(&not_holding), 9, "{}", stderr(&not_holding));
+
+    let released = release(&env, &["db", "--reason", "hung on a dead replica"]).await;
+    assert_eq!(code(&released), 0, "{}", stderr(&released));
+    let said = stdout(&released);
+    assert!(
+        said.starts_with(&format!("{held}: Expired (force-released from lock db by ")),
+        "{said}"
+    );
+    assert!(said.contains("hung on a dead replica"), "{said}");
+    // The holder is told as for any lost lock, and the next waiter is granted after it.
+    let output = finish(run).await;
+    assert_eq!(code(&output), 76, "{}", stderr(&output));
+    let next = env.wait_phase("next", ClaimPhase::Held).await;
+    assert_eq!(token_of(&next), Some(2));
+    // On the record: who (as the API server authenticated the caller; the fake does not say)
+    // and why, on the lock.
+    env.wait_event("db", "ForceReleased").await;
+    let note = env
+        .events_about("db")
+        .await
+        .into_iter()
+        .find(|event| event.reason.as_deref() == Some("ForceReleased"))
+        .and_then(|event| event.note)
+        .unwrap_or_default();
+    let who = if env.fake.is_some() {
+        "an unnamed user"
+    } else {
+        "turnstile-test-admin"
+    };
+    assert!(
+        note.contains(&format!("by {who}: hung on a dead replica"))
+            && note.contains(&format!("claim {held}, fencing token 1")),
+        "{note}"
     );
     env.stop_controller().await;
 }

@@ -1,7 +1,8 @@
 //! End to end with the etcd backend (etcd members started by `test-servers` on free 127.0.0.1
 //! ports): the memory backend's flows (FIFO hand-off, expiry, a semaphore) on a lock with
-//! `spec.backend: etcd`, with the grants in etcd under the lock's key; the queue handed on
-//! through an etcd leader change; and one lock shared by two clusters — two control planes, a
+//! `spec.backend: etcd`, with the grants in etcd under the lock's key; a gated Job and
+//! `turnstile lock --lock` taking turns on it; the queue handed on through an etcd leader
+//! change; and one lock shared by two clusters — two control planes, a
 //! controller each, one etcd: one holder across both, tokens rising across both, and a
 //! cluster whose controller dies while holding gives the lock up when the lease runs out.
 
@@ -10,11 +11,16 @@ mod e2e_support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use e2e_support::child::{finish_within, spawn_captured};
+use e2e_support::jobs::{finish_job, held_pods, is_suspended, jobs, wait_job};
 use e2e_support::launch::launch;
-use e2e_support::{phase_of, position_of, reason_of, token_of, Env, HolderMonitor};
+use e2e_support::output::stderr;
+use e2e_support::{
+    create_from_json, phase_of, position_of, reason_of, token_of, Env, HolderMonitor, WAIT,
+};
 use test_servers::{EtcdCluster, EtcdOptions};
 use tokio::sync::oneshot;
-use turnstile_api::{BackendKind, ClaimPhase, LockClaim};
+use turnstile_api::{BackendKind, ClaimPhase, LockClaim, LOCK_ANNOTATION};
 use turnstile_controller::backends::EtcdSettings;
 use turnstile_controller::ControllerConfig;
 
@@ -76,6 +82,65 @@ async fn fifo_handover_expiry_and_semaphore_on_etcd() {
     assert_eq!(lock.spec.backend, Some(BackendKind::Etcd));
     monitor.finish().await;
     env.stop_controller().await;
+}
+
+/// Polls until the test's namespace has `count` claims; panics after [`WAIT`].
+async fn until_claim_count(env: &Env, count: usize) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let claims = env.claims().list(&Default::default()).await.expect("list");
+        if claims.items.len() == count {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} claims, not {count}",
+            claims.items.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gated_job_and_turnstile_lock_take_turns_on_an_etcd_lock() {
+    let server = launch(EtcdCluster::start, "etcd starts").await;
+    let env = controller_and_db_on_etcd(&server.url(), "leaseDurationSeconds: 300").await;
+    env.wait_ready("db", "True").await;
+    let job = serde_json::json!({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "migrate", "annotations": {LOCK_ANNOTATION: "db"}},
+        "spec": {
+            "suspend": true,
+            "template": {"spec": {
+                "restartPolicy": "Never",
+                "nodeSelector": held_pods(&env),
+                "containers": [{"name": "main", "image": "busybox"}]
+            }}
+        }
+    });
+    create_from_json(&jobs(&env), job).await;
+    wait_job(&env, "migrate", |job| !is_suspended(job)).await;
+    let claim = env.wait_phase("migrate-db", ClaimPhase::Held).await;
+    assert_eq!(token_of(&claim), Some(1));
+
+    // `turnstile lock --lock db` waits behind the Job, and runs once the Job is done.
+    let dir = tempfile::tempdir().expect("dir");
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_turnstile"));
+    command
+        .args(["lock", "--lock", "db", "-n", &env.namespace])
+        .args(["--", "sh", "-c", "echo $TURNSTILE_FENCING_TOKEN > token"])
+        .current_dir(dir.path())
+        .env("KUBECONFIG", &env.kubeconfig)
+        .env_remove("POD_NAMESPACE");
+    let run = spawn_captured(&mut command, std::process::Stdio::null(), "turnstile lock");
+    until_claim_count(&env, 2).await;
+    assert!(!dir.path().join("token").exists(), "ran beside the Job");
+    finish_job(&env, "migrate", "Complete").await;
+    let output = finish_within(WAIT, run, "turnstile lock").await;
+    assert!(output.status.success(), "{}", stderr(&output));
+    let token = std::fs::read_to_string(dir.path().join("token")).expect("token");
+    assert_eq!(token.trim(), "2");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -33,6 +33,10 @@ pub mod reasons {
     pub const LOCK_LOST: &str = "LockLost";
     /// The lock was deleted while the claim held it.
     pub const LOCK_DELETED: &str = "LockDeleted";
+    /// An administrator ended the grant (`turnstile release`, which sets
+    /// [`FORCE_RELEASE_ANNOTATION`](super::FORCE_RELEASE_ANNOTATION)); also the reason of the
+    /// Warning Event on the lock that says who and why.
+    pub const FORCE_RELEASED: &str = "ForceReleased";
     /// The lock does not exist (yet).
     pub const LOCK_NOT_FOUND: &str = "LockNotFound";
     /// `acquireTimeoutSeconds` passed before the claim was granted.
@@ -110,6 +114,13 @@ pub const SCHEDULING_GATE: &str = "turnstile.dev/lock";
 pub const LOCKS_ANNOTATION: &str = "turnstile.dev/locks";
 /// The annotation where the controller writes the fencing token of a gated workload's claim.
 pub const TOKEN_ANNOTATION: &str = "turnstile.dev/fencing-token";
+/// The annotation that ends a held claim's grant now (its value: why, in words); written by
+/// `turnstile release`. Whoever may patch LockClaims may set it, as whoever may delete them
+/// may end a grant by deleting; the API server's audit log says who did.
+pub const FORCE_RELEASE_ANNOTATION: &str = "turnstile.dev/force-release";
+/// Beside [`FORCE_RELEASE_ANNOTATION`]: who asked, as `turnstile release` learned it from the
+/// API server (`SelfSubjectReview`); shown in the Events.
+pub const FORCE_RELEASED_BY_ANNOTATION: &str = "turnstile.dev/force-released-by";
 
 /// The widest semaphore (`maxHolders`): the schema's bound and the controller's check. The
 /// lock engine's limit (`turnstile_lock::MAX_HOLDERS`) is the same value, which the controller,

@@ -423,6 +423,11 @@ fn record_observations(metrics: &Metrics, backend: BackendKind, observations: &[
                         .grants
                         .record_lock_lost(backend, LockLostCause::Superseded, *held_for)
                 }
+                GrantEnd::ForceReleased => metrics.grants.record_lock_lost(
+                    backend,
+                    LockLostCause::ForceReleased,
+                    *held_for,
+                ),
             },
             Observation::Failed => metrics.grants.record_claim_failed(backend),
         }

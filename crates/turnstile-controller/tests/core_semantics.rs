@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use sim::{paused_runtime, Sim};
-use turnstile_api::{reasons, BusyPolicy, ClaimMode, ClaimPhase, LockClaimSpec};
+use turnstile_api::{
+    reasons, BusyPolicy, ClaimMode, ClaimPhase, LockClaimSpec, FORCE_RELEASED_BY_ANNOTATION,
+    FORCE_RELEASE_ANNOTATION,
+};
 use turnstile_controller::core::OwnerState;
 
 fn with_priority(priority: i32) -> LockClaimSpec {
@@ -536,4 +539,43 @@ async fn cancel_in_progress_ends_the_groups_holder_and_the_next_token_is_higher(
     assert!(sim.events.contains(&("deploy-1".to_owned(), "LockLost")));
     assert_phase(&sim, "deploy-2", ClaimPhase::Held, "the slot is free again");
     assert!(sim.token("deploy-2").expect("granted") > first);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_force_release_ends_the_grant_on_the_record_and_starts_the_lock_delay() {
+    let mut sim = Sim::new(1, 300);
+    sim.lock.spec.lock_delay_seconds = Some(20);
+    for name in ["stuck", "next"] {
+        sim.create(name, Sim::claim_spec(None, None));
+        sim.settle().await;
+    }
+    let first = sim.token("stuck").expect("granted");
+    // What `turnstile release db --reason "hung migration"` writes.
+    sim.annotate("stuck", FORCE_RELEASE_ANNOTATION, "hung migration");
+    sim.annotate("stuck", FORCE_RELEASED_BY_ANNOTATION, "ops@example.com");
+    sim.settle().await;
+    assert_phase(&sim, "stuck", ClaimPhase::Expired, "force-released");
+    assert_eq!(
+        sim.reason("stuck").as_deref(),
+        Some(reasons::FORCE_RELEASED)
+    );
+    let message = sim.claims["stuck"]
+        .status
+        .as_ref()
+        .and_then(|status| status.message.clone())
+        .unwrap_or_default();
+    assert_eq!(
+        message,
+        "force-released from lock db by ops@example.com: hung migration"
+    );
+    assert!(sim.events.contains(&("stuck".to_owned(), "LockLost")));
+    assert!(sim
+        .events
+        .contains(&("lock/db".to_owned(), reasons::FORCE_RELEASED)));
+    // An involuntary end: the lock-delay holds the next claim off, then it gets a higher token.
+    assert_phase(&sim, "next", ClaimPhase::Pending, "inside the lock-delay");
+    sim.advance(Duration::from_secs(21)).await;
+    sim.settle().await;
+    assert_phase(&sim, "next", ClaimPhase::Held, "after the lock-delay");
+    assert!(sim.token("next").expect("granted") > first);
 }

@@ -91,6 +91,8 @@ pub enum GrantEnd {
     LockDeleted,
     /// A newer claim of its group cancelled it (`whenBusy: CancelInProgress`).
     Superseded,
+    /// An administrator ended it (`turnstile release`).
+    ForceReleased,
 }
 
 impl GrantEnd {
@@ -102,6 +104,7 @@ impl GrantEnd {
                 Some(reasons::LOCK_LOST) => GrantEnd::BackendLost,
                 Some(reasons::LOCK_DELETED) => GrantEnd::LockDeleted,
                 Some(reasons::SUPERSEDED) => GrantEnd::Superseded,
+                Some(reasons::FORCE_RELEASED) => GrantEnd::ForceReleased,
                 _ => GrantEnd::Expired,
             }),
             _ => None,

@@ -13,8 +13,9 @@ use kube::ResourceExt;
 use turnstile_api::{
     queue_place, BackendKind, BusyPolicy, ClaimMode, ClaimPhase, DistributedLock,
     DistributedLockSpec, DistributedLockStatus, LockClaim, LockClaimSpec, LockClaimStatus,
-    QueuePlace, FINALIZER, MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_HOLDERS, MAX_HOLD_SECONDS,
-    MAX_LEASE_DURATION_SECONDS, MAX_LOCKS_PER_CLAIM, MAX_LOCK_DELAY_SECONDS, MAX_PRIORITY,
+    QueuePlace, FINALIZER, FORCE_RELEASED_BY_ANNOTATION, FORCE_RELEASE_ANNOTATION,
+    MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_HOLDERS, MAX_HOLD_SECONDS, MAX_LEASE_DURATION_SECONDS,
+    MAX_LOCKS_PER_CLAIM, MAX_LOCK_DELAY_SECONDS, MAX_PRIORITY,
 };
 use turnstile_lock::{HolderInfo, LockSnapshot};
 
@@ -213,6 +214,46 @@ pub struct ClaimView {
     /// The shortest `maxHoldSeconds` of the claim's other locks, if any sets one: a claim on
     /// several locks is held no longer than any of them allows.
     pub members_max_hold: Option<Seconds>,
+    /// An administrator asked for the grant to end now (`turnstile release`).
+    pub force_release: Option<ForceRelease>,
+}
+
+/// A force-release asked for on a claim: the annotations `turnstile release` writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForceRelease {
+    /// Why, in the asker's words.
+    pub reason: String,
+    /// Who asked, as `turnstile release` learned it from the API server (`None` when the
+    /// annotation was set by other means: the API server's audit log says who).
+    pub by: Option<String>,
+}
+
+impl ForceRelease {
+    /// From a claim's annotations, when it carries [`FORCE_RELEASE_ANNOTATION`].
+    pub fn of(annotations: &std::collections::BTreeMap<String, String>) -> Option<Self> {
+        let reason = annotations.get(FORCE_RELEASE_ANNOTATION)?;
+        Some(ForceRelease {
+            reason: reason.trim().to_owned(),
+            by: annotations
+                .get(FORCE_RELEASED_BY_ANNOTATION)
+                .map(|by| by.trim().to_owned())
+                .filter(|by| !by.is_empty()),
+        })
+    }
+
+    /// What the claim's status and the Events say.
+    pub fn message(&self, lock: &str) -> String {
+        let by = self
+            .by
+            .as_deref()
+            .unwrap_or("an unnamed user (see the audit log)");
+        let why = if self.reason.is_empty() {
+            "no reason given"
+        } else {
+            self.reason.as_str()
+        };
+        format!("force-released from lock {lock} by {by}: {why}")
+    }
 }
 
 /// Another lock of a claim on several locks, as the pass of the claim's first lock sees it.
@@ -342,6 +383,7 @@ impl ClaimView {
             status: claim.status.clone().unwrap_or_default(),
             members: Vec::new(),
             members_max_hold: None,
+            force_release: ForceRelease::of(claim.annotations()),
         })
     }
 

@@ -496,6 +496,15 @@ fn held_draft(
             release_op: builder.end_held(claim, reasons::LOCK_DELETED),
         };
     }
+    if let Some(force) = &claim.force_release {
+        return Draft::End {
+            phase: ClaimPhase::Expired,
+            reason: reasons::FORCE_RELEASED,
+            message: force.message(&input.lock.name),
+            released_at: Some(now),
+            release_op: builder.end_held(claim, reasons::FORCE_RELEASED),
+        };
+    }
     if claim.release_requested() {
         return Draft::End {
             phase: ClaimPhase::Released,
@@ -857,12 +866,13 @@ fn starts_lock_delay(input: &LockInput, reason: &str) -> bool {
 }
 
 /// The reasons a grant ends without its holder asking: they start a lock-delay (a cancelled
-/// holder may still be at work for a moment, like one whose lease ran out).
-const INVOLUNTARY_ENDS: [&str; 4] = [
+/// or force-released holder may still be at work for a moment, like one whose lease ran out).
+const INVOLUNTARY_ENDS: [&str; 5] = [
     reasons::LEASE_EXPIRED,
     reasons::MAX_HOLD_EXCEEDED,
     reasons::OWNER_GONE,
     reasons::SUPERSEDED,
+    reasons::FORCE_RELEASED,
 ];
 
 /// The end of a claim with `whenBusy: Fail` that the lock cannot grant now (a grant an

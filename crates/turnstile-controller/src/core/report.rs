@@ -82,7 +82,26 @@ pub(super) fn claim_events(
             push(EventSeverity::Normal, event_reasons::RELEASED, message)
         }
         ClaimPhase::Expired if old_phase != Some(ClaimPhase::Expired) => {
-            push(EventSeverity::Warning, event_reasons::LOCK_LOST, message)
+            if new.reason.as_deref() == Some(reasons::FORCE_RELEASED) {
+                // Said on the lock too: whoever looks at the lock sees who ended whose grant.
+                events.push(PlannedEvent {
+                    subject: EventSubject::Lock,
+                    severity: EventSeverity::Warning,
+                    reason: reasons::FORCE_RELEASED,
+                    note: format!(
+                        "{} (claim {}, fencing token {})",
+                        message,
+                        claim.name,
+                        new.fencing_token.unwrap_or_default()
+                    ),
+                });
+            }
+            events.push(PlannedEvent {
+                subject: subject.clone(),
+                severity: EventSeverity::Warning,
+                reason: event_reasons::LOCK_LOST,
+                note: message,
+            });
         }
         ClaimPhase::Failed if old_phase != Some(ClaimPhase::Failed) => {
             push(EventSeverity::Warning, event_reasons::FAILED, message)

@@ -60,6 +60,7 @@ fn held_claim(expires: i64, renew: Option<i64>) -> ClaimView {
         locks: vec!["db".to_owned()],
         members: Vec::new(),
         members_max_hold: None,
+        force_release: None,
     }
 }
 

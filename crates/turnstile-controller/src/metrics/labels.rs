@@ -17,15 +17,18 @@ pub enum LockLostCause {
     /// A newer claim of its group cancelled it (`whenBusy: CancelInProgress`): asked for, so
     /// the alert on lost locks leaves it out.
     Superseded,
+    /// An administrator ended it (`turnstile release`): asked for, so the alert leaves it out.
+    ForceReleased,
 }
 
 impl LockLostCause {
     /// Every cause, for creating the series up front.
-    pub const ALL: [Self; 4] = [
+    pub const ALL: [Self; 5] = [
         Self::Expired,
         Self::BackendLost,
         Self::LockDeleted,
         Self::Superseded,
+        Self::ForceReleased,
     ];
 
     /// The label value.
@@ -35,6 +38,7 @@ impl LockLostCause {
             Self::BackendLost => "backend_lost",
             Self::LockDeleted => "lock_deleted",
             Self::Superseded => "superseded",
+            Self::ForceReleased => "force_released",
         }
     }
 }

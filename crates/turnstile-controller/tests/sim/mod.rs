@@ -388,6 +388,19 @@ impl Sim {
         }
     }
 
+    /// Sets annotation `key` on claim `name` (as `kubectl annotate` or `turnstile release`).
+    pub fn annotate(&mut self, name: &str, key: &str, value: &str) {
+        let version = self.next_version();
+        if let Some(claim) = self.claims.get_mut(name) {
+            claim
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(key.to_owned(), value.to_owned());
+            claim.metadata.resource_version = version;
+        }
+    }
+
     pub fn renew(&mut self, name: &str) {
         let now = self.now_time();
         self.edit_spec(name, |spec| spec.renew_time = Some(now));
