@@ -147,34 +147,6 @@ impl Document {
     }
 }
 
-/// The value of each key this process last read, wrote or was sent by a watch, with its mod
-/// revision (one entry per key it used): where the next step on the key starts.
-#[derive(Debug, Default)]
-pub(super) struct KnownValues {
-    values: Mutex<HashMap<String, (Document, i64)>>,
-}
-
-impl KnownValues {
-    fn locked(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Document, i64)>> {
-        // Every critical section leaves the map consistent.
-        self.values
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// The value of `key` last seen here, and its mod revision.
-    pub(super) fn get(&self, key: &str) -> Option<(Document, i64)> {
-        self.locked().get(key).cloned()
-    }
-
-    /// Remembers `document` as the value of `key` at `revision`. Always the latest answer, not
-    /// the highest revision: after etcd lost its data revisions start again. A value that is
-    /// older only costs one compare that fails.
-    pub(super) fn remember(&self, key: &str, document: Document, revision: i64) {
-        self.locked().insert(key.to_owned(), (document, revision));
-    }
-}
-
 /// When this process first saw each write that set a deadline still in use, per lock key.
 #[derive(Debug, Default)]
 pub(super) struct Sightings {

@@ -16,10 +16,6 @@
 //! the current value). After etcd data loss the engine's `raise_fencing_floor` lifts it above
 //! the high-water mark kept elsewhere, as on every backend.
 //!
-//! A step starts from the value this process last read or wrote for the key, so an operation
-//! on a key nobody else changed meanwhile costs one round trip (the write); an answer that
-//! writes nothing is always read from etcd first.
-//!
 //! **Time**: etcd has no clock a client can read. Deadlines are stored relative to the write
 //! that set them and counted by each process from when it saw that write (module
 //! `document`): no process judges a lease over before its holder does, and no two clocks need
@@ -48,7 +44,7 @@ use etcd_client::{
 use tokio::time::Instant;
 
 pub use self::config::EtcdBackendConfig;
-use self::document::{Document, HandoffEntry, KnownValues, Sightings};
+use self::document::{Document, HandoffEntry, Sightings};
 use self::watches::KeyWatches;
 use super::state::KeyState;
 use super::{
@@ -100,8 +96,6 @@ pub struct EtcdBackend {
     request_timeout: Duration,
     sightings: Arc<Sightings>,
     watches: Arc<KeyWatches>,
-    /// The value of each key last read, written or watched here.
-    known: Arc<KnownValues>,
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -175,11 +169,10 @@ impl EtcdBackend {
         .map_err(|elapsed| connect_error(elapsed))?
         .map_err(connect_error)?;
         let sightings = Arc::new(Sightings::default());
-        let known = Arc::new(KnownValues::default());
         let watches = KeyWatches::new(
             client.watch_client(),
             config.key_prefix.clone(),
-            (Arc::clone(&sightings), Arc::clone(&known)),
+            Arc::clone(&sightings),
             config.request_timeout,
         );
         Ok(EtcdBackend {
@@ -188,7 +181,6 @@ impl EtcdBackend {
             request_timeout: config.request_timeout,
             sightings,
             watches: Arc::new(watches),
-            known,
         })
     }
 
@@ -248,8 +240,6 @@ impl EtcdBackend {
             .map_err(|error| self.unavailable("parse the lock's value", error))?;
         self.sightings
             .observe(key, &document, kv.mod_revision(), Instant::now());
-        self.known
-            .remember(key, document.clone(), kv.mod_revision());
         Ok((document, kv.mod_revision()))
     }
 
@@ -261,16 +251,7 @@ impl EtcdBackend {
         mut step: impl FnMut(&mut KeyState, Instant) -> Step<T>,
     ) -> LockResult<T> {
         let etcd_key = self.etcd_key(key);
-        // Start from the value last seen here: if nobody changed the key since, the step is
-        // one round trip (the write); if someone did, the write's compare fails and its
-        // else-branch brings the current value, still one round trip per try.
-        let (mut document, mut revision, mut fresh) = match self.known.get(key) {
-            Some((document, revision)) => (document, revision, false),
-            None => {
-                let (document, revision) = self.read(key).await?;
-                (document, revision, true)
-            }
-        };
+        let (mut document, mut revision) = self.read(key).await?;
         loop {
             let now = Instant::now();
             let mut state = self.sightings.decode(key, &document, now);
@@ -282,14 +263,7 @@ impl EtcdBackend {
             let stamp = rand_stamp();
             let mut next = self.sightings.encode(key, &state, &document, stamp, now);
             if !always_write && handoffs.is_empty() && next.same_state(&document) {
-                if fresh {
-                    return Ok(answer);
-                }
-                // An answer without a write must come from the current value, not a
-                // remembered one.
-                (document, revision) = self.read(key).await?;
-                fresh = true;
-                continue;
+                return Ok(answer);
             }
             next.handoffs = handoffs
                 .iter()
@@ -316,9 +290,6 @@ impl EtcdBackend {
                 .await?;
             if response.succeeded() {
                 self.sightings.wrote(key, stamp, now);
-                if let Some(header) = response.header() {
-                    self.known.remember(key, next, header.revision());
-                }
                 return Ok(answer);
             }
             // Someone else wrote first: run the step again on their value.
@@ -329,7 +300,6 @@ impl EtcdBackend {
             });
             (document, revision) =
                 self.parse(key, current.as_ref().and_then(|get| get.kvs().first()))?;
-            fresh = true;
         }
     }
 }

@@ -14,7 +14,7 @@ use etcd_client::{EventType, WatchClient};
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
-use super::document::{Document, KnownValues, Sightings};
+use super::document::{Document, Sightings};
 use crate::backend::{drop_counted, WakeRegistry, WakeSubscription};
 
 /// Pause before a broken watch is created again.
@@ -42,15 +42,11 @@ fn locked(table: &Table) -> MutexGuard<'_, HashMap<String, KeyWatch>> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// What a watch event updates besides the waiters: when each write was seen, and the key's
-/// latest value.
-type Seen = (Arc<Sightings>, Arc<KnownValues>);
-
 /// The per-key watches of one backend and the registry they deliver to.
 pub(super) struct KeyWatches {
     client: WatchClient,
     prefix: String,
-    seen: Seen,
+    sightings: Arc<Sightings>,
     table: Table,
     wakes: WakeRegistry,
     /// How long a subscriber waits for etcd to confirm a new watch.
@@ -61,13 +57,13 @@ impl KeyWatches {
     pub(super) fn new(
         client: WatchClient,
         prefix: String,
-        seen: Seen,
+        sightings: Arc<Sightings>,
         confirm_timeout: Duration,
     ) -> Self {
         KeyWatches {
             client,
             prefix,
-            seen,
+            sightings,
             table: Table::default(),
             wakes: WakeRegistry::new(),
             confirm_timeout,
@@ -118,7 +114,7 @@ impl KeyWatches {
             self.client.clone(),
             key.to_owned(),
             format!("{}{key}", self.prefix),
-            self.seen.clone(),
+            Arc::clone(&self.sightings),
             self.wakes.clone(),
             live_sender,
         ));
@@ -136,7 +132,7 @@ async fn follow(
     mut client: WatchClient,
     key: String,
     etcd_key: String,
-    seen: Seen,
+    sightings: Arc<Sightings>,
     wakes: WakeRegistry,
     live: watch::Sender<bool>,
 ) {
@@ -158,7 +154,7 @@ async fn follow(
                             }
                             first = false;
                         }
-                        deliver(&key, &response, &seen, &wakes);
+                        deliver(&key, &response, &sightings, &wakes);
                     }
                     Ok(None) => break,
                     Err(error) => {
@@ -174,8 +170,12 @@ async fn follow(
     }
 }
 
-fn deliver(key: &str, response: &etcd_client::WatchResponse, seen: &Seen, wakes: &WakeRegistry) {
-    let (sightings, known) = seen;
+fn deliver(
+    key: &str,
+    response: &etcd_client::WatchResponse,
+    sightings: &Sightings,
+    wakes: &WakeRegistry,
+) {
     let now = tokio::time::Instant::now();
     for event in response.events() {
         let Some(kv) = event.kv().filter(|_| event.event_type() == EventType::Put) else {
@@ -189,6 +189,5 @@ fn deliver(key: &str, response: &etcd_client::WatchResponse, seen: &Seen, wakes:
         for handoff in &document.handoffs {
             wakes.hand_off(key, &handoff.owner, handoff.handoff());
         }
-        known.remember(key, document, kv.mod_revision());
     }
 }
