@@ -86,6 +86,8 @@ pub enum Command {
     Queue(crate::queue::QueueArgs),
     /// End a holder's grant now, recording who and why (an administrator's force-release).
     Release(crate::release::ReleaseArgs),
+    /// Show the last grants of a DistributedLock that ended: who held it when, and how it ended.
+    History(crate::history::HistoryArgs),
 }
 
 /// For a usage error of `turnstile wait`: the one-line outcome to exit with. `None` for
@@ -144,6 +146,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Lock(args) => crate::lock::lock_command(args).await.exit(),
         Command::Queue(args) => crate::queue::queue_command(args).await.exit(),
         Command::Release(args) => crate::release::release_command(args).await.exit(),
+        Command::History(args) => crate::history::history_command(args).await.exit(),
     }
 }
 

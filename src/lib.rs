@@ -11,11 +11,12 @@
 //! - this crate: [`cli`] (`turnstile run`, `crds`, `wait`, `lock`), with [`run`] (the
 //!   controller's flags and process set-up), [`wait`] (block until a LockClaim is held),
 //!   [`lock`] (run a command under a lock: a backend key, or a DistributedLock), [`queue`]
-//!   (who holds and waits), [`release`] (an audited force-release), [`oneshot`] for how they end and
+//!   (who holds and waits), [`history`] (who held it), [`release`] (an audited force-release), [`oneshot`] for how they end and
 //!   [`exit_codes`] for the numbers they end with.
 
 pub mod cli;
 pub mod exit_codes;
+pub mod history;
 pub mod lock;
 pub mod oneshot;
 pub mod queue;

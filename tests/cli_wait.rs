@@ -518,6 +518,43 @@ fn each_commands_help_and_the_readme_list_the_same_exit_codes() {
     }
 }
 
+/// `--when-busy` and `--group` reach the created claim (what the controller does with them is
+/// tested with `turnstile lock --when-busy` and in the core); a `Failed` / `LockBusy` claim
+/// exits 3.
+#[tokio::test]
+async fn create_with_a_busy_policy_puts_it_on_the_claim() {
+    let cluster = Cluster::with_lock("db").await;
+    let uid = create_pod(&cluster, "deploy-7").await;
+    let env = downward_api("deploy-7", &uid);
+    let args = [
+        "deploy-7-db",
+        "--create",
+        "--lock",
+        "db",
+        "--when-busy",
+        "cancel-in-progress",
+        "--group",
+        "prod",
+    ];
+    let waiting = cluster.waiting(&args, &env).await;
+    let claim = cluster.claims().get("deploy-7-db").await.unwrap();
+    assert_eq!(
+        (claim.spec.when_busy, claim.spec.group.as_deref()),
+        (
+            Some(turnstile_api::BusyPolicy::CancelInProgress),
+            Some("prod")
+        )
+    );
+    cluster
+        .set_status(
+            "deploy-7-db",
+            json!({"phase": "Failed", "reason": "LockBusy", "message": "busy"}),
+        )
+        .await;
+    let output = finish(waiting).await;
+    assert_eq!(code(&output), 3, "{}", stderr(&output));
+}
+
 #[tokio::test]
 async fn create_without_the_downward_api_variables_is_a_usage_error() {
     let cluster = Cluster::with_lock("db").await;

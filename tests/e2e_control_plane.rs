@@ -477,8 +477,9 @@ async fn refused_requests(
     }
 }
 
-/// Deleting a namespace with locks, holders and waiters: the controller releases and removes
-/// its finalizers, and writes no status to anything going away (before it watched namespaces,
+/// Deleting a namespace with locks, holders and waiters (and a gated Job waiting for one): the
+/// controller releases and removes its finalizers, creates no claim for the Job once its own
+/// went, and writes no status to anything going away (before it watched namespaces,
 /// this teardown cost 10 to 30 claim status writes besides, by the order the namespace
 /// controller happened to delete in). Counted in the kube-apiserver's audit log (the
 /// controller's requests carry its ServiceAccount).
@@ -501,6 +502,14 @@ async fn a_namespace_torn_down_gets_no_status_writes() {
             ));
         }
     }
+    // A gated Job queued for l0: the namespace controller may delete its claim before it,
+    // and a gate pass must not make the claim again (the API server refuses it there).
+    yaml.push_str(&format!(
+        "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: gated\n  annotations:\n    turnstile.dev/lock: l0\n\
+         spec:\n  suspend: true\n  template:\n    spec:\n      restartPolicy: Never\n      \
+         nodeSelector: {}\n      containers: [{{name: main, image: busybox}}]\n",
+        e2e_support::jobs::held_pods(&env)
+    ));
     env.apply(&yaml);
     for lock in 0..LOCKS {
         env.wait_claim(&format!("l{lock}-{}", CLAIMS_PER_LOCK - 1), |claim| {
@@ -508,11 +517,39 @@ async fn a_namespace_torn_down_gets_no_status_writes() {
         })
         .await;
     }
+    env.wait_claim("gated-l0", |claim| {
+        e2e_support::position_of(claim).is_some()
+    })
+    .await;
     let audit_log = test_servers::ControlPlane::for_this_process()
         .unwrap_or_else(|_| panic!("the plane of this process"))
         .files()
         .audit_log
         .clone();
+    // Settled: the set-up's last passes (positions, Queued Events) are written before the
+    // namespace goes, so every write counted below is the teardown's.
+    // (The controller's lines about this namespace; other components log on regardless.)
+    let controller_lines = || {
+        std::fs::read_to_string(&audit_log)
+            .expect("audit log")
+            .lines()
+            .filter(|line| {
+                line.contains("system:serviceaccount:turnstile-system:turnstile-controller")
+                    && line.contains(env.namespace.as_str())
+            })
+            .count()
+    };
+    let settle_deadline = Instant::now() + WAIT;
+    let mut seen = controller_lines();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = controller_lines();
+        if now == seen {
+            break;
+        }
+        assert!(Instant::now() < settle_deadline, "the set-up never settled");
+        seen = now;
+    }
     let logged_before = std::fs::read_to_string(&audit_log)
         .expect("audit log")
         .lines()
@@ -571,8 +608,13 @@ async fn a_namespace_torn_down_gets_no_status_writes() {
     assert!(
         writes
             .iter()
-            .all(|w| !w.contains("/status ") && !w.contains("events")),
+            .all(|w| !w.contains("/status ") && !w.contains("events") && !w.starts_with("create ")),
         "{writes:#?}"
     );
-    assert_eq!(landed.len(), LOCKS * (CLAIMS_PER_LOCK + 1), "{writes:#?}");
+    // Every lock and claim, and the gated Job's claim.
+    assert_eq!(
+        landed.len(),
+        LOCKS * (CLAIMS_PER_LOCK + 1) + 1,
+        "{writes:#?}"
+    );
 }

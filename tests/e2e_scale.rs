@@ -185,6 +185,25 @@ async fn writes_per_hand_off(waiters: usize) -> Vec<HandOffWrites> {
         Some((waiters - HAND_OFFS) as i32),
         "status.waiting stays exact"
     );
+    // The lock's history recorded each ended grant within those same writes.
+    let history: Vec<(String, i64, String)> = lock
+        .status
+        .as_ref()
+        .map(|status| status.history.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|past| (past.claim, past.fencing_token, past.reason))
+        .collect();
+    let expected: Vec<(String, i64, String)> = (0..HAND_OFFS)
+        .map(|index| {
+            (
+                claim_name(index),
+                index as i64 + 1,
+                "ClaimDeleted".to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(history, expected, "{waiters} waiters: the lock's history");
     let mut exact_behind_the_head = Vec::new();
     for (place, index) in (HAND_OFFS + 1..=waiters).enumerate() {
         let claim = env.claim(&claim_name(index)).await;
@@ -314,8 +333,9 @@ async fn writes_per_hand_off_do_not_grow_with_the_queue() {
     println!("controller writes per hand-off: 50 waiters {shallow:?}, 400 waiters {deep:?}");
     for (waiters, counts) in [(50, &shallow), (400, &deep)] {
         for count in counts {
-            // The new holder's status, the lock's status, the old holder's finalizer: no
-            // waiter (before positions were bounded a hand-off rewrote every one, ~N writes).
+            // The new holder's status, the lock's status (with the ended grant in its
+            // history), the old holder's finalizer: no waiter (before positions were bounded
+            // a hand-off rewrote every one, ~N writes).
             assert_eq!(count.objects, 3, "{waiters} waiters: {counts:?}");
             // `Released` and `Acquired`.
             assert!(count.events <= 2, "{waiters} waiters: {counts:?}");

@@ -27,6 +27,7 @@ use kube::runtime::watcher;
 use tokio::time::Instant;
 
 use crate::exit_codes::{self, wait as exit_code};
+use crate::lock::WhenBusy;
 use crate::oneshot::{init_logging, namespace_apis, Outcome};
 use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
 use turnstile_controller::error;
@@ -71,6 +72,20 @@ pub struct WaitArgs {
     /// Also write the fencing token to this file (e.g. on a volume shared with the app).
     #[arg(long, value_name = "PATH")]
     pub token_file: Option<PathBuf>,
+    /// With --create: what to do when the lock is busy: `wait` (queue), `fail` (the claim
+    /// fails at once, never queued: exit 3), `replace-pending` (queue, and end the older
+    /// waiting claims of --group), `cancel-in-progress` (also end the grant of --group's
+    /// older holder).
+    #[arg(long, value_enum, default_value_t = WhenBusy::Wait, requires = "create")]
+    pub when_busy: WhenBusy,
+    /// With --create: the claim's concurrency group (a branch, an environment), which
+    /// replace-pending and cancel-in-progress need.
+    #[arg(
+        long,
+        requires = "create",
+        required_if_eq_any = [("when_busy", "replace-pending"), ("when_busy", "cancel-in-progress")]
+    )]
+    pub group: Option<String>,
 }
 
 /// Runs `turnstile wait` and says how it ended.
@@ -155,7 +170,11 @@ async fn wait_for_claim(
             if let Some(outcome) = target.confirm_lock_missing(lock, false).await {
                 return outcome;
             }
-            let wanted = claim_for_pod(&args.claim, &namespace, lock, pod);
+            let mut wanted = claim_for_pod(&args.claim, &namespace, lock, pod);
+            if args.when_busy != WhenBusy::Wait {
+                wanted.spec.when_busy = Some(args.when_busy.policy());
+            }
+            wanted.spec.group = args.group.clone();
             match create_or_adopt(&claims, &wanted, pod).await {
                 Ok(Created::New(claim)) => {
                     tracing::info!(claim = %args.claim, %namespace, lock, pod = %pod.name, "claim created");
@@ -354,6 +373,18 @@ mod tests {
         assert!(WaitArgs::parse_flags(&["c", "--create"]).is_err());
         assert!(WaitArgs::parse_flags(&["c", "--lock", "db"]).is_err());
         assert!(WaitArgs::parse_flags(&["c", "--timeout", "later"]).is_err());
+        // A busy policy only with --create; the group policies need a group.
+        assert!(WaitArgs::parse_flags(&["c", "--when-busy", "fail"]).is_err());
+        let create = ["c", "--create", "--lock", "db", "--when-busy"];
+        let fail = [&create[..], &["fail"]].concat();
+        assert_eq!(
+            WaitArgs::parse_flags(&fail).unwrap().when_busy,
+            WhenBusy::Fail
+        );
+        let replace = [&create[..], &["replace-pending"]].concat();
+        assert!(WaitArgs::parse_flags(&replace).is_err());
+        let grouped = [&replace[..], &["--group", "main"]].concat();
+        assert!(WaitArgs::parse_flags(&grouped).is_ok());
     }
 
     #[test]

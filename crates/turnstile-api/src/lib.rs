@@ -16,7 +16,7 @@ pub use claim::{
 pub use crds::{crd_yaml, crds, crds_yaml, CrdRenderError};
 pub use lock::{
     holder_summary, BackendKind, DistributedLock, DistributedLockSpec, DistributedLockStatus,
-    LockHolder, HOLDER_SUMMARY_NAMES,
+    LockHolder, PastGrant, HOLDER_SUMMARY_NAMES, LOCK_HISTORY_LEN,
 };
 pub use vocabulary::{
     event_reasons, gate_event_reasons, object_event_reasons, reasons,

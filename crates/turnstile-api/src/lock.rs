@@ -186,6 +186,35 @@ pub struct DistributedLockStatus {
     /// The end of the last lock-delay (`spec.lockDelaySeconds`): no grant is made before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub locked_until: Option<Time>,
+    /// The last grants that ended, oldest first (at most [`LOCK_HISTORY_LEN`]): who held the
+    /// lock when, with which token, and how it ended. Written with the holders' change, so it
+    /// costs no write of its own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<PastGrant>,
+}
+
+/// How many ended grants [`DistributedLockStatus::history`] keeps.
+pub const LOCK_HISTORY_LEN: usize = 10;
+
+/// A grant of the lock that ended.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PastGrant {
+    /// The name of the claim that held it.
+    pub claim: String,
+    /// Who held it (the claim's `status.holderIdentity`).
+    pub holder_identity: String,
+    /// The grant's fencing token.
+    pub fencing_token: i64,
+    /// When it was granted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acquired_at: Option<Time>,
+    /// When it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released_at: Option<Time>,
+    /// How it ended: the claim's reason (`ReleaseRequested`, `LeaseExpired`, `OwnerFinished`,
+    /// `ForceReleased`, …), or `ClaimDeleted`.
+    pub reason: String,
 }
 
 /// How many holder identities [`DistributedLockStatus::holder_summary`] names before it

@@ -33,6 +33,8 @@ pub mod reasons {
     pub const LOCK_LOST: &str = "LockLost";
     /// The lock was deleted while the claim held it.
     pub const LOCK_DELETED: &str = "LockDeleted";
+    /// In a lock's `status.history`: the holding claim was deleted (its grant released).
+    pub const CLAIM_DELETED: &str = "ClaimDeleted";
     /// An administrator ended the grant (`turnstile release`, which sets
     /// [`FORCE_RELEASE_ANNOTATION`](super::FORCE_RELEASE_ANNOTATION)); also the reason of the
     /// Warning Event on the lock that says who and why.

@@ -178,11 +178,7 @@ impl Context {
     /// grants and remove the finalizers, and write no status nor Event to them). False when
     /// the namespace is not (yet) in the cache.
     pub fn namespace_terminating(&self, namespace: &str) -> bool {
-        self.namespaces.as_ref().is_some_and(|namespaces| {
-            namespaces
-                .get(&ObjectRef::new(namespace))
-                .is_some_and(|meta| meta.metadata.deletion_timestamp.is_some())
-        })
+        is_terminating(self.namespaces.as_ref(), namespace)
     }
 
     /// The writer every API write of a pass goes through (gated by [`Context::leadership`]).
@@ -308,4 +304,17 @@ mod tests {
         assert!(delays.iter().all(|delay| *delay <= Duration::from_secs(60)));
         assert_eq!(delays[19], Duration::from_secs(60));
     }
+}
+
+/// Whether `namespaces` (the namespaces' metadata, `None` when not watched) shows `namespace`
+/// marked for deletion.
+pub fn is_terminating(
+    namespaces: Option<&Store<PartialObjectMeta<Namespace>>>,
+    namespace: &str,
+) -> bool {
+    namespaces.is_some_and(|namespaces| {
+        namespaces
+            .get(&ObjectRef::new(namespace))
+            .is_some_and(|meta| meta.metadata.deletion_timestamp.is_some())
+    })
 }

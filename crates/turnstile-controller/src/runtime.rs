@@ -481,6 +481,7 @@ async fn run_controllers(
         metrics: ctx.metrics.clone(),
         blocked_said: BlockedSaid::default(),
         claim_index: ctx.claim_index.clone(),
+        namespaces: ctx.namespaces.clone(),
     });
     let job_gate_done = run_gate(
         job_store,

@@ -579,3 +579,40 @@ async fn a_force_release_ends_the_grant_on_the_record_and_starts_the_lock_delay(
     assert_phase(&sim, "next", ClaimPhase::Held, "after the lock-delay");
     assert!(sim.token("next").expect("granted") > first);
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_lock_keeps_the_last_ten_ended_grants_in_its_history() {
+    let mut sim = Sim::new(1, 300);
+    let names: Vec<String> = (0..12).map(|index| format!("job-{index:02}")).collect();
+    for name in &names {
+        sim.create(name, Sim::claim_spec(None, None));
+    }
+    sim.settle().await;
+    for name in &names {
+        assert_phase(&sim, name, ClaimPhase::Held, "its turn");
+        sim.advance(Duration::from_secs(2)).await;
+        sim.release(name);
+        sim.settle().await;
+    }
+    let history = sim
+        .lock
+        .status
+        .as_ref()
+        .map(|status| status.history.clone())
+        .unwrap_or_default();
+    let recorded: Vec<(String, i64, String)> = history
+        .iter()
+        .map(|past| (past.claim.clone(), past.fencing_token, past.reason.clone()))
+        .collect();
+    let expected: Vec<(String, i64, String)> = names[2..]
+        .iter()
+        .zip(3..)
+        .map(|(name, token)| (name.clone(), token, reasons::RELEASE_REQUESTED.to_owned()))
+        .collect();
+    assert_eq!(recorded, expected, "the last ten, oldest first");
+    for past in &history {
+        let held = past.released_at.as_ref().expect("releasedAt").0.as_second()
+            - past.acquired_at.as_ref().expect("acquiredAt").0.as_second();
+        assert_eq!(held, 2, "{past:?}");
+    }
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use turnstile_api::{
     reasons, ClaimPhase, ClaimedLock, DistributedLockStatus, LockClaimStatus, LockHolder,
-    HELD_CONDITION, READY_CONDITION,
+    PastGrant, HELD_CONDITION, LOCK_HISTORY_LEN, READY_CONDITION,
 };
 
 use super::busy::fails_when_busy;
@@ -434,6 +434,8 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
 
     // Claim writes, events and observations.
     let mut leaving_held = Vec::new();
+    // The grants this pass ends, for the lock's history.
+    let mut ended: Vec<PastGrant> = Vec::new();
     let mut grants = Vec::new();
     let mut others = Vec::new();
     let mut events = Vec::new();
@@ -492,6 +494,7 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
                 .as_ref()
                 .map_or(was_held, |s| s.phase == Some(ClaimPhase::Held));
         if was_held && !stays_held {
+            ended.push(past_grant(claim, change.status.as_ref(), now));
             leaving_held.push(change);
         } else if !was_held && stays_held {
             let token = change.status.as_ref().and_then(|s| s.fencing_token);
@@ -593,6 +596,7 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
             conditions,
             // The plan's end already counts the one the status records.
             locked_until: plan.locked_until.map(time_at),
+            history: with_history(&input.lock.status.history, ended),
         };
         if new_status != input.lock.status {
             lock_status = Some(new_status);
@@ -639,6 +643,43 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
         backend_failure: failure,
         refreshed_positions,
     }
+}
+
+/// A holder's grant as the lock's history records it: what its status said while held, and
+/// how it ended (`new`: its status now; none when the claim leaves by deletion).
+fn past_grant(claim: &ClaimView, new: Option<&LockClaimStatus>, now: Seconds) -> PastGrant {
+    let held = &claim.status;
+    PastGrant {
+        claim: claim.name.clone(),
+        holder_identity: held.holder_identity.clone().unwrap_or_default(),
+        fencing_token: held.fencing_token.unwrap_or_default(),
+        acquired_at: held.acquired_at.clone(),
+        released_at: Some(
+            new.and_then(|status| status.released_at.clone())
+                .unwrap_or_else(|| time_at(now)),
+        ),
+        reason: new
+            .and_then(|status| status.reason.clone())
+            .unwrap_or_else(|| reasons::CLAIM_DELETED.to_owned()),
+    }
+}
+
+/// `history` with the grants `ended` appended (a grant already recorded, by a pass whose
+/// claim write was then refused, is not recorded twice), keeping the last
+/// [`LOCK_HISTORY_LEN`].
+fn with_history(history: &[PastGrant], ended: Vec<PastGrant>) -> Vec<PastGrant> {
+    let mut history = history.to_vec();
+    for grant in ended {
+        let recorded = history
+            .iter()
+            .any(|past| past.claim == grant.claim && past.fencing_token == grant.fencing_token);
+        if !recorded {
+            history.push(grant);
+        }
+    }
+    let extra = history.len().saturating_sub(LOCK_HISTORY_LEN);
+    history.drain(..extra);
+    history
 }
 
 fn conditions_status(ready: bool) -> &'static str {

@@ -28,8 +28,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::NamespaceResourceScope;
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerRuntimeConfig, Controller};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -308,6 +310,9 @@ pub struct GateContext {
     pub blocked_said: BlockedSaid,
     /// Where a workload's claim learns the workload's arrival before it is created.
     pub claim_index: ClaimIndex,
+    /// The namespaces' metadata (`None`: not watched): in a namespace being deleted the gate
+    /// writes nothing, since the API server takes no new claim there and the workload goes.
+    pub namespaces: Option<Store<PartialObjectMeta<Namespace>>>,
 }
 
 /// The `GateBlocked` (or `WaitingForGates`) reason last published per workload uid, so that a
@@ -392,6 +397,9 @@ async fn gate<W: Gated>(workload: Arc<W>, ctx: &GateContext) -> Result<Action, C
     // `Job` or `Pod`, as people call it in logs.
     let kind = W::kind(&());
     let namespace = workload.namespace().unwrap_or_default();
+    if crate::context::is_terminating(ctx.namespaces.as_ref(), &namespace) {
+        return Ok(Action::await_change());
+    }
     let name = workload.name_any();
     let claim_name = claim_name(&name, lock);
     let cached = ctx
