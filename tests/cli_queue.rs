@@ -10,7 +10,8 @@
 //! - a missing lock exits 6 with one `turnstile:` line; a read the API server refuses (403, as
 //!   RBAC refuses a verb) exits 1 with one `turnstile:` line naming the refusal;
 //! - as a kubectl plugin: the binary run through a symlink named `kubectl-turnstile`, and
-//!   `kubectl turnstile queue` with only that symlink's directory on `PATH`.
+//!   `kubectl turnstile queue` with only that symlink's directory on `PATH`;
+//! - `turnstile history`: the grants that ended, as a table and as JSON.
 
 mod e2e_support;
 
@@ -18,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use e2e_support::output::{one_line_exit, text};
+use e2e_support::output::{one_line_exit, succeeded, text};
 use e2e_support::pods::create_pod;
 use e2e_support::{position_of, Env};
 use serde_json::Value;
@@ -393,6 +394,74 @@ fn which(program: &str) -> PathBuf {
         .map(|dir| dir.join(program))
         .find(|path| path.is_file())
         .unwrap_or_else(|| panic!("{program} is not on PATH"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_lists_the_grants_that_ended() {
+    let env = Env::started().await;
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    for name in ["first", "second", "third"] {
+        env.apply_claim(name, "db", "");
+    }
+    env.wait_phase("first", ClaimPhase::Held).await;
+    env.delete_claim("first").await;
+    env.wait_phase("second", ClaimPhase::Held).await;
+    env.apply_claim("second", "db", "release: true");
+    env.wait_phase("third", ClaimPhase::Held).await;
+
+    let json = run(
+        &env,
+        turnstile(),
+        &["history", "db", "-n", &env.namespace, "-o", "json"],
+        None,
+    );
+    assert!(json.status.success(), "{}", text(&json));
+    let history: Value = serde_json::from_slice(&json.stdout).expect("JSON");
+    let ended: Vec<(&str, i64, &str)> = history
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|grant| {
+            (
+                grant["claim"].as_str().unwrap_or_default(),
+                grant["fencingToken"].as_i64().unwrap_or_default(),
+                grant["reason"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ended,
+        [
+            ("first", 1, "ClaimDeleted"),
+            ("second", 2, "ReleaseRequested")
+        ]
+    );
+
+    let table = run(
+        &env,
+        turnstile(),
+        &["history", "db", "-n", &env.namespace],
+        None,
+    );
+    let out = succeeded("turnstile history", &table);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].ends_with("the last 2 grants that ended"), "{out}");
+    assert!(lines[1].starts_with("CLAIM"), "{out}");
+    assert!(
+        lines[2].starts_with("first ") && lines[2].ends_with("ClaimDeleted"),
+        "{out}"
+    );
+    assert!(
+        lines[3].starts_with("second ") && lines[3].ends_with("ReleaseRequested"),
+        "{out}"
+    );
+    let missing = run(
+        &env,
+        turnstile(),
+        &["history", "nope", "-n", &env.namespace],
+        None,
+    );
+    assert_eq!(missing.status.code(), Some(6), "{}", text(&missing));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
