@@ -34,7 +34,7 @@
 //! # }
 //! ```
 //!
-//! The same code runs on Redis (or MongoDB) by swapping the backend:
+//! The same code runs on Redis (or MongoDB, or etcd) by swapping the backend:
 //!
 //! ```no_run
 //! # #[cfg(feature = "redis")] mod doc {
@@ -58,7 +58,9 @@
 //! ```
 //!
 //! Guarantees (all backends; see [`backend`] for how):
-//! - at most `max_holders` live leases per key, judged by the backend's clock;
+//! - at most `max_holders` live leases per key, judged by the backend's clock (etcd has none:
+//!   there each process counts a lease from when it saw the write, never ending it before its
+//!   holder does; see [`backend::etcd`]);
 //! - fencing tokens strictly increase per key, issued in the same atomic step as the grant;
 //! - only the owner token that holds a lease can extend or release it;
 //! - waiters are served first come, first served; a release hands the lock to (or wakes) only

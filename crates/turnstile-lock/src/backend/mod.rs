@@ -22,7 +22,9 @@
 //!   sets nothing.
 //!
 //! Expiry is judged by the backend's own clock (Redis `TIME`, the Mongo server's `$$NOW`, the
-//! process clock in memory), never by the clients' clocks.
+//! process clock in memory), never by the clients' clocks. etcd has no clock a client can
+//! read: there a deadline is stored relative to the write that set it and each process counts
+//! it from when it saw that write (module `etcd`), which no clock skew can make end early.
 //!
 //! Releasing admits the waiter(s) now at the head of the queue (as many as there are free
 //! slots) and tells exactly those, by owner token; each process routes the message to the
