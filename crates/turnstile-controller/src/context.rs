@@ -234,6 +234,19 @@ impl std::fmt::Debug for Context {
     }
 }
 
+/// Whether `namespaces` (the namespaces' metadata, `None` when not watched) shows `namespace`
+/// marked for deletion.
+pub fn is_terminating(
+    namespaces: Option<&Store<PartialObjectMeta<Namespace>>>,
+    namespace: &str,
+) -> bool {
+    namespaces.is_some_and(|namespaces| {
+        namespaces
+            .get(&ObjectRef::new(namespace))
+            .is_some_and(|meta| meta.metadata.deletion_timestamp.is_some())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,17 +317,4 @@ mod tests {
         assert!(delays.iter().all(|delay| *delay <= Duration::from_secs(60)));
         assert_eq!(delays[19], Duration::from_secs(60));
     }
-}
-
-/// Whether `namespaces` (the namespaces' metadata, `None` when not watched) shows `namespace`
-/// marked for deletion.
-pub fn is_terminating(
-    namespaces: Option<&Store<PartialObjectMeta<Namespace>>>,
-    namespace: &str,
-) -> bool {
-    namespaces.is_some_and(|namespaces| {
-        namespaces
-            .get(&ObjectRef::new(namespace))
-            .is_some_and(|meta| meta.metadata.deletion_timestamp.is_some())
-    })
 }

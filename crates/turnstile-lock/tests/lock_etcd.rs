@@ -115,7 +115,7 @@ async fn a_follower_stopped_and_restarted_mid_stress_counts_zero_violations() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_cut_off_past_its_lease_is_told_it_lost_the_lock() {
     let cluster = three_members().await;
-    let (cut_off_member, others) = {
+    let (cut_off_member, cut_off_url, others) = {
         let cluster = cluster.lock().unwrap();
         let leader = cluster.leader().expect("a leader");
         // Cut off a follower, so the other two keep a quorum.
@@ -124,9 +124,9 @@ async fn a_holder_cut_off_past_its_lease_is_told_it_lost_the_lock() {
             .filter(|&index| index != member)
             .map(|index| cluster.member_url(index))
             .collect();
-        (member, others)
+        (member, cluster.member_url(member), others)
     };
-    let cut_off = locker_on(cluster.lock().unwrap().member_url(cut_off_member)).await;
+    let cut_off = locker_on(cut_off_url).await;
     let waiting = locker_on(others[0].clone()).await;
 
     let lease = Duration::from_secs(2);

@@ -166,7 +166,7 @@ impl EtcdBackend {
             kv.get("turnstile-connect-check", None),
         )
         .await
-        .map_err(|elapsed| connect_error(elapsed))?
+        .map_err(connect_error)?
         .map_err(connect_error)?;
         let sightings = Arc::new(Sightings::default());
         let watches = KeyWatches::new(
