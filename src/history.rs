@@ -12,7 +12,7 @@
 use std::fmt::Write as _;
 
 use crate::exit_codes::queue as exit_code;
-use crate::oneshot::{init_logging, namespace_apis, Outcome};
+use crate::oneshot::{existing_lock, init_logging, namespace_apis, Outcome};
 use turnstile_api::PastGrant;
 
 /// Flags of `turnstile history`.
@@ -37,27 +37,16 @@ pub async fn history_command(args: HistoryArgs) -> Outcome {
             Ok(apis) => apis,
             Err(outcome) => return outcome,
         };
-    let lock = match locks.get_opt(&args.lock).await {
-        Ok(Some(lock)) => lock,
-        Ok(None) => {
-            return Outcome::with_reason(
-                exit_code::LOCK_NOT_FOUND,
-                format!(
-                    "DistributedLock {} does not exist in namespace {namespace}",
-                    args.lock
-                ),
-            )
-        }
-        Err(error) => {
-            return Outcome::cannot(
-                exit_code::ERROR,
-                format!(
-                    "read DistributedLock {} in namespace {namespace}",
-                    args.lock
-                ),
-                &error,
-            )
-        }
+    let found = existing_lock(
+        &locks,
+        &args.lock,
+        &namespace,
+        exit_code::ERROR,
+        exit_code::LOCK_NOT_FOUND,
+    );
+    let lock = match found.await {
+        Ok(lock) => lock,
+        Err(outcome) => return outcome,
     };
     let history = lock.status.map(|status| status.history).unwrap_or_default();
     if args.output.is_some() {

@@ -102,3 +102,27 @@ pub async fn namespace_apis(
     let claims = Api::namespaced(client, &namespace);
     Ok((namespace, locks, claims))
 }
+
+/// The DistributedLock `name` of `namespace`; on failure the outcome to end with:
+/// `not_found_exit` when it does not exist, `error_exit` when it cannot be read (one line
+/// naming the cause either way).
+pub async fn existing_lock(
+    locks: &Api<DistributedLock>,
+    name: &str,
+    namespace: &str,
+    error_exit: u8,
+    not_found_exit: u8,
+) -> Result<DistributedLock, Outcome> {
+    match locks.get_opt(name).await {
+        Ok(Some(lock)) => Ok(lock),
+        Ok(None) => Err(Outcome::with_reason(
+            not_found_exit,
+            format!("DistributedLock {name} does not exist in namespace {namespace}"),
+        )),
+        Err(error) => Err(Outcome::cannot(
+            error_exit,
+            format!("read DistributedLock {name} in namespace {namespace}"),
+            &error,
+        )),
+    }
+}

@@ -17,7 +17,7 @@ use kube::ResourceExt;
 use serde::Serialize;
 
 use crate::exit_codes::queue as exit_code;
-use crate::oneshot::{init_logging, namespace_apis, Outcome};
+use crate::oneshot::{existing_lock, init_logging, namespace_apis, Outcome};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
 
@@ -328,27 +328,16 @@ pub async fn queue_command(args: QueueArgs) -> Outcome {
             Ok(apis) => apis,
             Err(outcome) => return outcome,
         };
-    let lock = match locks.get_opt(&args.lock).await {
-        Ok(Some(lock)) => lock,
-        Ok(None) => {
-            return Outcome::with_reason(
-                exit_code::LOCK_NOT_FOUND,
-                format!(
-                    "DistributedLock {} does not exist in namespace {namespace}",
-                    args.lock
-                ),
-            )
-        }
-        Err(error) => {
-            return Outcome::cannot(
-                exit_code::ERROR,
-                format!(
-                    "read DistributedLock {} in namespace {namespace}",
-                    args.lock
-                ),
-                &error,
-            )
-        }
+    let found = existing_lock(
+        &locks,
+        &args.lock,
+        &namespace,
+        exit_code::ERROR,
+        exit_code::LOCK_NOT_FOUND,
+    );
+    let lock = match found.await {
+        Ok(lock) => lock,
+        Err(outcome) => return outcome,
     };
     // Every claim of the namespace, filtered here: a field selector on spec.lockName needs
     // the CRD's selectableFields, which older API servers ignore.

@@ -28,7 +28,7 @@ use turnstile_api::{
 
 use crate::exit_codes::release as exit_code;
 use crate::exit_codes::USAGE;
-use crate::oneshot::{client_in_namespace, init_logging, Outcome};
+use crate::oneshot::{client_in_namespace, existing_lock, init_logging, Outcome};
 
 /// Flags of `turnstile release`.
 #[derive(Debug, Clone, clap::Args)]
@@ -102,28 +102,14 @@ async fn holder_to_end(
     args: &ReleaseArgs,
 ) -> Result<LockClaim, Outcome> {
     let locks: Api<turnstile_api::DistributedLock> = Api::namespaced(client.clone(), namespace);
-    match locks.get_opt(&args.lock).await {
-        Ok(Some(_)) => {}
-        Ok(None) => {
-            return Err(Outcome::with_reason(
-                exit_code::LOCK_NOT_FOUND,
-                format!(
-                    "DistributedLock {} does not exist in namespace {namespace}",
-                    args.lock
-                ),
-            ))
-        }
-        Err(error) => {
-            return Err(Outcome::cannot(
-                exit_code::ERROR,
-                format!(
-                    "read DistributedLock {} in namespace {namespace}",
-                    args.lock
-                ),
-                &error,
-            ))
-        }
-    }
+    existing_lock(
+        &locks,
+        &args.lock,
+        namespace,
+        exit_code::ERROR,
+        exit_code::LOCK_NOT_FOUND,
+    )
+    .await?;
     let listed = claims.list(&ListParams::default()).await.map_err(|error| {
         Outcome::cannot(
             exit_code::ERROR,

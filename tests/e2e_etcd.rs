@@ -15,9 +15,7 @@ use e2e_support::child::{finish_within, spawn_captured};
 use e2e_support::jobs::{finish_job, held_pods, is_suspended, jobs, wait_job};
 use e2e_support::launch::launch;
 use e2e_support::output::stderr;
-use e2e_support::{
-    create_from_json, phase_of, position_of, reason_of, token_of, Env, HolderMonitor, WAIT,
-};
+use e2e_support::{create_from_json, phase_of, token_of, Env, HolderMonitor, WAIT};
 use test_servers::{EtcdCluster, EtcdOptions};
 use tokio::sync::oneshot;
 use turnstile_api::{BackendKind, ClaimPhase, LockClaim, LOCK_ANNOTATION};
@@ -44,30 +42,7 @@ async fn controller_and_db_on_etcd(url: &str, spec: &str) -> Env {
 async fn fifo_handover_expiry_and_semaphore_on_etcd() {
     let server = launch(EtcdCluster::start, "etcd starts").await;
     let mut env = controller_and_db_on_etcd(&server.url(), "leaseDurationSeconds: 4").await;
-    env.apply_lock(
-        "pool",
-        "backend: etcd\nmaxHolders: 2\nleaseDurationSeconds: 300",
-    );
-    let monitor = HolderMonitor::start(&env, "db", 1);
-    for name in ["p1", "p2", "p3"] {
-        env.apply_claim(name, "pool", "");
-    }
-    for name in ["a", "b", "c"] {
-        env.apply_claim(name, "db", "");
-    }
-    let a = env.wait_phase("a", ClaimPhase::Held).await;
-    assert_eq!(token_of(&a), Some(1));
-    // a does not renew: expiry hands the lock to b, then c.
-    let a = env.wait_phase("a", ClaimPhase::Expired).await;
-    assert_eq!(reason_of(&a).as_deref(), Some("LeaseExpired"));
-    let b = env.wait_phase("b", ClaimPhase::Held).await;
-    assert_eq!(token_of(&b), Some(2));
-    env.delete_claim("b").await;
-    let c = env.wait_phase("c", ClaimPhase::Held).await;
-    assert_eq!(token_of(&c), Some(3));
-
-    env.wait_held(&["p1", "p2"]).await;
-    env.wait_claim("p3", |c| position_of(c) == Some(1)).await;
+    env.fifo_handover_expiry_and_semaphore("etcd").await;
 
     // The grants live in etcd, under the namespaced key.
     let keys = server
@@ -77,10 +52,8 @@ async fn fifo_handover_expiry_and_semaphore_on_etcd() {
         keys.contains(&format!("turnstile/{}/db", env.namespace)),
         "keys: {keys}"
     );
-    env.wait_ready("db", "True").await;
     let lock = env.lock("db").await;
     assert_eq!(lock.spec.backend, Some(BackendKind::Etcd));
-    monitor.finish().await;
     env.stop_controller().await;
 }
 

@@ -64,30 +64,7 @@ async fn fifo_handover_expiry_and_semaphore_on_redis() {
     // A lease long enough to see each holder by polling while kubectl applies the rest
     // (a slow machine takes half a second per apply).
     let mut env = controller_and_db_on_redis(server.url(), "leaseDurationSeconds: 4").await;
-    env.apply_lock(
-        "pool",
-        "backend: redis\nmaxHolders: 2\nleaseDurationSeconds: 300",
-    );
-    let monitor = HolderMonitor::start(&env, "db", 1);
-    for name in ["p1", "p2", "p3"] {
-        env.apply_claim(name, "pool", "");
-    }
-    for name in ["a", "b", "c"] {
-        env.apply_claim(name, "db", "");
-    }
-    let a = env.wait_phase("a", ClaimPhase::Held).await;
-    assert_eq!(token_of(&a), Some(1));
-    // a does not renew: expiry hands the lock to b, then c.
-    let a = env.wait_phase("a", ClaimPhase::Expired).await;
-    assert_eq!(reason_of(&a).as_deref(), Some("LeaseExpired"));
-    let b = env.wait_phase("b", ClaimPhase::Held).await;
-    assert_eq!(token_of(&b), Some(2));
-    env.delete_claim("b").await;
-    let c = env.wait_phase("c", ClaimPhase::Held).await;
-    assert_eq!(token_of(&c), Some(3));
-
-    env.wait_held(&["p1", "p2"]).await;
-    env.wait_claim("p3", |c| position_of(c) == Some(1)).await;
+    env.fifo_handover_expiry_and_semaphore("redis").await;
 
     // The grants live in Redis, under the namespaced key.
     let keys = server.command(&["KEYS", "*"]).expect("KEYS");
@@ -95,10 +72,8 @@ async fn fifo_handover_expiry_and_semaphore_on_redis() {
         keys.contains(&format!("{}/db", env.namespace)),
         "keys: {keys}"
     );
-    env.wait_ready("db", "True").await;
     let lock = env.lock("db").await;
     assert_eq!(lock.spec.backend, Some(BackendKind::Redis));
-    monitor.finish().await;
     env.stop_controller().await;
 }
 

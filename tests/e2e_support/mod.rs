@@ -9,6 +9,7 @@
 pub mod actor;
 pub mod child;
 pub mod dns;
+mod flows;
 pub mod jobs;
 pub mod json;
 mod kubectl;
