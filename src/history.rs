@@ -62,12 +62,18 @@ pub async fn history_command(args: HistoryArgs) -> Outcome {
     Outcome::quiet(exit_code::OK)
 }
 
-/// The table: oldest grant first.
+/// The title line and the table: oldest grant first.
 pub fn render(namespace: &str, lock: &str, history: &[PastGrant]) -> String {
-    let mut text = format!(
+    let title = format!(
         "DistributedLock {namespace}/{lock}: the last {} grants that ended\n",
         history.len()
     );
+    title + &render_table(history)
+}
+
+/// The table alone (nothing when `history` is empty), also under `turnstile queue -o wide`.
+pub fn render_table(history: &[PastGrant]) -> String {
+    let mut text = String::new();
     if history.is_empty() {
         return text;
     }

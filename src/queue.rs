@@ -6,6 +6,9 @@
 //! kubectl turnstile queue db-migrations      # the same, as a kubectl plugin
 //! ```
 //!
+//! `-o wide` also lists the grants that ended (the lock's `status.history`, as
+//! `turnstile history` does).
+//!
 //! It reads the lock and its claims from the API (one get, one list) and orders them by
 //! [`LockClaim::queue_place`], the order the controller's reconcile pass grants in, so the
 //! waiters are listed exactly in grant order. Nothing is written.
@@ -355,7 +358,19 @@ pub async fn queue_command(args: QueueArgs) -> Outcome {
     let view = queue_view(&lock, &claims, now);
     let text = match args.output {
         None => render_table(&view, false),
-        Some(OutputFormat::Wide) => render_table(&view, true),
+        Some(OutputFormat::Wide) => {
+            // The grants that ended, as `turnstile history` lists them.
+            let history = lock.status.as_ref().map_or(&[][..], |s| &s.history[..]);
+            let ended = match crate::history::render_table(history) {
+                table if table.is_empty() => "(none)\n".to_owned(),
+                table => table,
+            };
+            format!(
+                "{}\nENDED (the last {} grants, oldest first)\n{ended}",
+                render_table(&view, true),
+                history.len()
+            )
+        }
         Some(OutputFormat::Json) => match serde_json::to_string_pretty(&view) {
             Ok(json) => format!("{json}\n"),
             Err(error) => {

@@ -11,7 +11,8 @@
 //!   RBAC refuses a verb) exits 1 with one `turnstile:` line naming the refusal;
 //! - as a kubectl plugin: the binary run through a symlink named `kubectl-turnstile`, and
 //!   `kubectl turnstile queue` with only that symlink's directory on `PATH`;
-//! - `turnstile history`: the grants that ended, as a table and as JSON.
+//! - `turnstile history`: the grants that ended, as a table and as JSON, and under
+//!   `turnstile queue -o wide`.
 
 mod e2e_support;
 
@@ -455,6 +456,21 @@ async fn history_lists_the_grants_that_ended() {
         lines[3].starts_with("second ") && lines[3].ends_with("ReleaseRequested"),
         "{out}"
     );
+    // `turnstile queue -o wide` lists them too, under the holders and waiters.
+    let wide = run(
+        &env,
+        turnstile(),
+        &["queue", "db", "-n", &env.namespace, "-o", "wide"],
+        None,
+    );
+    let wide = succeeded("turnstile queue -o wide", &wide);
+    let ended = section(&wide, "ENDED (the last 2 grants, oldest first)");
+    let claims: Vec<(&str, &str)> = ended
+        .iter()
+        .map(|row| (cell(row, "CLAIM"), cell(row, "TOKEN")))
+        .collect();
+    assert_eq!(claims, [("first", "1"), ("second", "2")], "{wide}");
+
     let missing = run(
         &env,
         turnstile(),
