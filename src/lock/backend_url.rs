@@ -90,24 +90,22 @@ impl BackendUrl {
                 Arc::new(MongoBackend::connect(url, MongoBackendConfig::new()).await?)
             }
             BackendUrl::Etcd(url) => {
-                let var = |name: &str| {
-                    std::env::var_os(name)
-                        .filter(|value| !value.is_empty())
-                        .map(std::path::PathBuf::from)
-                };
-                let client_cert = match (var(ETCD_CLIENT_CERT_ENV), var(ETCD_CLIENT_KEY_ENV)) {
-                    (Some(cert), Some(key)) => Some((cert, key)),
-                    (None, None) => None,
-                    _ => {
-                        return Err(LockError::invalid(format!(
-                            "an etcd client certificate needs its key: set both \
-                             {ETCD_CLIENT_CERT_ENV} and {ETCD_CLIENT_KEY_ENV} (or neither)"
-                        )))
-                    }
-                };
+                let var = |name: &str| std::env::var_os(name).map(std::path::PathBuf::from);
+                // The same rules as Redis' files (empty is unset, a certificate needs its key).
+                let files = RedisTlsFiles::new(
+                    var(ETCD_CA_FILE_ENV),
+                    var(ETCD_CLIENT_CERT_ENV),
+                    var(ETCD_CLIENT_KEY_ENV),
+                )
+                .map_err(|_| {
+                    LockError::invalid(format!(
+                        "an etcd client certificate needs its key: set both \
+                         {ETCD_CLIENT_CERT_ENV} and {ETCD_CLIENT_KEY_ENV} (or neither)"
+                    ))
+                })?;
                 let settings = EtcdSettings {
-                    ca_file: var(ETCD_CA_FILE_ENV),
-                    client_cert,
+                    ca_file: files.ca_file,
+                    client_cert: files.client_cert,
                     ..EtcdSettings::new(url.as_str())
                 };
                 Arc::new(EtcdBackend::connect(settings.backend_config()).await?)

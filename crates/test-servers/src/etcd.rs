@@ -192,17 +192,10 @@ impl EtcdCluster {
         for index in indexes {
             let endpoint = self.endpoint(index);
             let ready = wait_until(START_TIMEOUT, || {
-                let exited = self.members[index]
-                    .process
-                    .as_mut()
-                    .is_none_or(ServerProcess::has_exited);
-                exited || self.etcdctl_at(&endpoint, &["endpoint", "health"]).is_ok()
+                self.member_exited(index)
+                    || self.etcdctl_at(&endpoint, &["endpoint", "health"]).is_ok()
             });
-            let exited = self.members[index]
-                .process
-                .as_mut()
-                .is_none_or(ServerProcess::has_exited);
-            if !ready || exited {
+            if !ready || self.member_exited(index) {
                 let log = self
                     .dir
                     .path()
@@ -214,6 +207,14 @@ impl EtcdCluster {
             }
         }
         Ok(())
+    }
+
+    /// Whether member `index` is not running (never started, stopped, or exited).
+    fn member_exited(&mut self, index: usize) -> bool {
+        self.members[index]
+            .process
+            .as_mut()
+            .is_none_or(ServerProcess::has_exited)
     }
 
     fn endpoint(&self, index: usize) -> String {

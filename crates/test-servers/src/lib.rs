@@ -38,7 +38,7 @@ pub use self::control_plane::{
 };
 pub use self::etcd::{EtcdCluster, EtcdOptions};
 pub use self::mongo::{MongoFlavor, MongoServer, Unavailable};
-pub use self::process::{free_port, wait_until, ServerProcess};
+pub use self::process::{free_port, shared_instance, wait_until, ServerProcess};
 pub use self::redis::{RedisOptions, RedisServer, TlsClientAuth, TlsFiles};
 pub use self::redis_cluster::{ClusterNode, RedisCluster};
 pub use self::redis_sentinel::{RedisSentinel, MASTER_NAME as SENTINEL_MASTER_NAME};

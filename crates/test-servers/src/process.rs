@@ -30,7 +30,7 @@ pub fn wait_until(timeout: Duration, mut ready: impl FnMut() -> bool) -> bool {
 
 /// The instance in `slot` while some user still holds it, else a new one from `start`. The
 /// slot keeps it only weakly, so it stops when its last user drops it.
-pub(crate) fn shared_instance<T>(
+pub fn shared_instance<T>(
     slot: &Mutex<Weak<T>>,
     start: impl FnOnce() -> io::Result<T>,
 ) -> io::Result<Arc<T>> {

@@ -167,19 +167,13 @@ pub async fn etcd_cluster_tls_auth() -> Harness {
 
 fn shared_etcd_cluster() -> std::io::Result<Arc<EtcdCluster>> {
     static SHARED: Mutex<std::sync::Weak<EtcdCluster>> = Mutex::new(std::sync::Weak::new());
-    let mut shared = SHARED
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some(cluster) = shared.upgrade() {
-        return Ok(cluster);
-    }
-    let options = EtcdOptions::new()
-        .members(3)
-        .tls()
-        .user("turnstile", "s3cret");
-    let cluster = Arc::new(EtcdCluster::start_with(&options)?);
-    *shared = Arc::downgrade(&cluster);
-    Ok(cluster)
+    test_servers::shared_instance(&SHARED, || {
+        let options = EtcdOptions::new()
+            .members(3)
+            .tls()
+            .user("turnstile", "s3cret");
+        EtcdCluster::start_with(&options)
+    })
 }
 
 async fn connect_etcd(config: EtcdBackendConfig, server: Arc<EtcdCluster>) -> Harness {
