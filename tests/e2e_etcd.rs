@@ -108,6 +108,23 @@ async fn a_gated_job_and_turnstile_lock_take_turns_on_an_etcd_lock() {
         .env_remove("POD_NAMESPACE");
     let run = spawn_captured(&mut command, std::process::Stdio::null(), "turnstile lock");
     until_claim_count(&env, 2).await;
+    // The controller has looked at the run's claim and queued it behind the Job's.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let claims = env.claims().list(&Default::default()).await.expect("list");
+        let queued = claims.items.iter().any(|claim| {
+            claim.metadata.name.as_deref() != Some("migrate-db")
+                && e2e_support::position_of(claim) == Some(1)
+        });
+        if queued {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the run's claim never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(!dir.path().join("token").exists(), "ran beside the Job");
     finish_job(&env, "migrate", "Complete").await;
     let output = finish_within(WAIT, run, "turnstile lock").await;
