@@ -7,9 +7,9 @@ mod e2e_support;
 
 use std::time::{Duration, Instant};
 
-use e2e_support::{phase_of, position_of, token_of, Env, HolderMonitor};
+use e2e_support::{annotate, phase_of, position_of, token_of, Env, HolderMonitor};
 use fake_apiserver::FakeApiServer;
-use turnstile_api::ClaimPhase;
+use turnstile_api::{ClaimPhase, FORCE_RELEASE_ANNOTATION};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_mid_queue_keeps_holder_order_and_tokens() {
@@ -160,6 +160,28 @@ async fn injected_write_errors_are_retried_without_double_grants() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let report = monitor.finish().await;
     assert_eq!(report.tokens(), [1, 2, 3]);
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_status_write_that_fails_after_a_force_release_loses_no_event() {
+    let mut env = Env::fake_only_started("it fails writes on cue").await;
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.hold("a", "db", "").await;
+    // The pass writes a's status (Expired) and then the lock's, which fails: the retry sees
+    // a already Expired and plans no Event for it, so the lock's Event must go out with a's.
+    let lock_status = env.turnstile_path("distributedlocks/db/status");
+    env.server().inject_faults(&lock_status, 1, 500);
+    annotate(&env.claims(), "a", FORCE_RELEASE_ANNOTATION, "stuck").await;
+    env.wait_phase("a", ClaimPhase::Expired).await;
+    env.wait_event("db", "ForceReleased").await;
+    env.wait_event("a", "LockLost").await;
+    let hit = env
+        .server()
+        .request_log()
+        .iter()
+        .any(|request| request.injected_fault && request.path == lock_status);
+    assert!(hit, "the lock's status write failed once");
     env.stop_controller().await;
 }
 

@@ -453,8 +453,12 @@ async fn publish_events(
         }
         let regarding = match &event.subject {
             EventSubject::Lock if only.is_some() => continue,
-            EventSubject::Claim(name) if only.is_some_and(|only| !only.contains(name)) => continue,
-            EventSubject::Lock => lock.object_ref(&()),
+            EventSubject::LockFor(name) | EventSubject::Claim(name)
+                if only.is_some_and(|only| !only.contains(name)) =>
+            {
+                continue;
+            }
+            EventSubject::Lock | EventSubject::LockFor(_) => lock.object_ref(&()),
             EventSubject::Claim(name) => match objects.get(name) {
                 Some(claim) => claim.object_ref(&()),
                 None => continue,

@@ -40,6 +40,9 @@ pub enum EventSeverity {
 pub enum EventSubject {
     /// The lock.
     Lock,
+    /// The lock, told because the named claim's status changed: it goes out with that
+    /// status, even when a later write of the pass fails (it would never be planned again).
+    LockFor(String),
     /// The named claim.
     Claim(String),
 }

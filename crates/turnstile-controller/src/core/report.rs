@@ -85,7 +85,7 @@ pub(super) fn claim_events(
             if new.reason.as_deref() == Some(reasons::FORCE_RELEASED) {
                 // Said on the lock too: whoever looks at the lock sees who ended whose grant.
                 events.push(PlannedEvent {
-                    subject: EventSubject::Lock,
+                    subject: EventSubject::LockFor(claim.name.clone()),
                     severity: EventSeverity::Warning,
                     reason: reasons::FORCE_RELEASED,
                     note: format!(

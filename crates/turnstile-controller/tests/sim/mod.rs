@@ -663,7 +663,7 @@ impl Sim {
         if complete {
             for event in &decision.events {
                 let subject = match &event.subject {
-                    EventSubject::Lock => format!("lock/{LOCK}"),
+                    EventSubject::Lock | EventSubject::LockFor(_) => format!("lock/{LOCK}"),
                     EventSubject::Claim(name) => name.clone(),
                 };
                 self.events.push((subject, event.reason));
