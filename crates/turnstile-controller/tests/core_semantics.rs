@@ -415,6 +415,28 @@ async fn regression_a_claim_after_an_expiry_on_a_lock_with_a_lock_delay() {
     run_steps(1, 7, None, Some(4), steps).await;
 }
 
+/// A shared holder past its lease, an exclusive claim and a higher-priority claim behind it,
+/// `maxHolders` raised to 2, then the higher-priority claim deleted.
+#[tokio::test(start_paused = true)]
+async fn regression_max_holders_raised_under_an_expired_shared_holder() {
+    let create = |name, priority, owned, mode| Step::Create {
+        name,
+        priority,
+        owned,
+        mode,
+        busy: None,
+    };
+    let steps = vec![
+        create(0, 0, true, Some(ClaimMode::Shared)),
+        Step::Advance(2),
+        create(1, 0, false, Some(ClaimMode::Exclusive)),
+        create(3, 1, false, None),
+        Step::SetMaxHolders(2),
+        Step::Delete(3),
+    ];
+    run_steps(1, 2, None, None, steps).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_waiting_exclusive_claim_holds_back_later_shared_ones() {
     let mut sim = Sim::new(3, 30);

@@ -414,10 +414,19 @@ pub fn fold(input: &LockInput, plan: &Plan, outcomes: &[OpOutcome]) -> Decision 
     // writes no waiter, and the passes after the refresh find nothing stale at the head, so
     // they refresh nothing further back either.
     if stale.iter().any(|&(_, exact)| exact <= EXACT_POSITIONS) {
-        let after_pass = statuses.iter().map(|(index, status)| {
-            let claim = &input.claims[*index];
-            status.as_ref().unwrap_or(&claim.status)
-        });
+        // A deleted holder whose grant this pass ends holds nothing after it (its status
+        // stays as it was, so it would hold the refresh back a whole delay).
+        let after_pass = statuses
+            .iter()
+            .zip(&plan.intents)
+            .filter(|(_, (_, intent))| match intent {
+                Intent::Delete { release_op } => !release_settled(input, *release_op, outcomes),
+                _ => true,
+            })
+            .map(|((index, status), _)| {
+                let claim = &input.claims[*index];
+                status.as_ref().unwrap_or(&claim.status)
+            });
         let refresh_at = positions_refresh_at(after_pass, now);
         if refresh_at > now {
             folder.wake_at(refresh_at);
