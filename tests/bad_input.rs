@@ -223,6 +223,24 @@ fn corpus() -> Vec<Row> {
             "set exactly one of lockName and lockNames",
         ),
         rejected(
+            "maxOvertakeSeconds on a FIFO lock",
+            lock("l-overtake-fifo", "  maxOvertakeSeconds: 30"),
+            "maxOvertakeSeconds is for queue: FirstRunnable",
+        ),
+        rejected(
+            "maxOvertakeSeconds 0",
+            lock(
+                "l-overtake-0",
+                "  queue: FirstRunnable\n  maxOvertakeSeconds: 0",
+            ),
+            "spec.maxOvertakeSeconds in body should be greater than or equal to 1",
+        ),
+        rejected(
+            "an unknown queue order",
+            lock("l-lifo", "  queue: Lifo"),
+            r#"spec.queue: Unsupported value: "Lifo": supported values: "Fifo", "FirstRunnable""#,
+        ),
+        rejected(
             "lockNames with one lock",
             claim("c-one-of-many", "  lockNames: [good]"),
             "spec.lockNames in body should have at least 2 items",

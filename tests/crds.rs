@@ -206,6 +206,17 @@ fn lock_spec_bounds() {
         props["lockDelaySeconds"]["maximum"].as_f64(),
         Some(86_400.0)
     );
+    assert_eq!(
+        props["queue"]["enum"],
+        serde_json::json!(["Fifo", "FirstRunnable"])
+    );
+    // Omitted queue = Fifo, done by the controller: the stored spec stays as written.
+    assert!(props["queue"].get("default").is_none());
+    assert_eq!(props["maxOvertakeSeconds"]["minimum"].as_f64(), Some(1.0));
+    assert_eq!(
+        props["maxOvertakeSeconds"]["maximum"].as_f64(),
+        Some(86_400.0)
+    );
 }
 
 #[test]

@@ -11,7 +11,9 @@ mod e2e_support;
 use std::time::Duration;
 
 use e2e_support::jobs::{finish_job, held_pods, is_suspended, jobs, wait_job};
-use e2e_support::{phase_of, reason_of, token_annotation, token_on, Env, HolderMonitor};
+use e2e_support::{
+    phase_of, position_of, reason_of, token_annotation, token_on, Env, HolderMonitor,
+};
 use turnstile_api::{ClaimPhase, LockClaim};
 
 fn multi_claim(name: &str, locks: &str, extra: &str) -> String {
@@ -133,6 +135,58 @@ async fn a_claim_on_several_locks_waits_at_the_head_and_nobody_overtakes_it() {
     let both = env.claim("both").await;
     assert_eq!(phase_of(&both), Some(ClaimPhase::Released));
     assert_eq!(lock_names(&both), ["a", "b"], "the grants stay on record");
+    env.stop_controller().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_first_runnable_locks_claims_pass_a_waiting_multi_lock_claim_within_its_window() {
+    let mut env = Env::started().await;
+    let window = 6;
+    env.apply_locks(
+        &["a", "b"],
+        &format!("leaseDurationSeconds: 300\nqueue: FirstRunnable\nmaxOvertakeSeconds: {window}"),
+    );
+    env.hold("holds-b", "b", "").await;
+    env.apply(&multi_claim("both", "a, b", ""));
+    env.wait_claim("both", |claim| {
+        reason_of(claim).as_deref() == Some("Queued")
+    })
+    .await;
+    // Lock a is free and `both` waits for b: the claim behind it on a runs now.
+    env.apply_claim("passes", "a", "");
+    let passes = env.wait_phase("passes", ClaimPhase::Held).await;
+    assert_eq!(e2e_support::token_of(&passes), Some(1));
+    assert_eq!(
+        phase_of(&env.claim("both").await),
+        Some(ClaimPhase::Pending)
+    );
+    env.delete_claim("passes").await;
+
+    // Once `both` has waited its window, nobody passes it: the next claim on a queues.
+    let created = env
+        .claim("both")
+        .await
+        .metadata
+        .creation_timestamp
+        .expect("created")
+        .0;
+    let closes = created + Duration::from_secs(window + 1);
+    while k8s_openapi::jiff::Timestamp::now() < closes {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    env.apply_claim("waits", "a", "");
+    env.wait_claim("waits", |claim| position_of(claim) == Some(2))
+        .await;
+    assert_eq!(
+        phase_of(&env.claim("waits").await),
+        Some(ClaimPhase::Pending)
+    );
+
+    env.delete_claim("holds-b").await;
+    env.wait_phase("both", ClaimPhase::Held).await;
+    env.patch_claim_spec("both", serde_json::json!({ "release": true }))
+        .await;
+    env.wait_phase("waits", ClaimPhase::Held).await;
     env.stop_controller().await;
 }
 

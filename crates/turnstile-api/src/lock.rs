@@ -1,20 +1,20 @@
 //! `DistributedLock`: a named mutex (`maxHolders: 1`) or counting semaphore in a namespace.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::CustomResource;
+use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::vocabulary::{
-    DEFAULT_LEASE_DURATION_SECONDS, MAX_HOLDERS, MAX_HOLD_SECONDS, MAX_LEASE_DURATION_SECONDS,
-    MAX_LOCK_DELAY_SECONDS,
+    DEFAULT_LEASE_DURATION_SECONDS, DEFAULT_MAX_OVERTAKE_SECONDS, MAX_HOLDERS, MAX_HOLD_SECONDS,
+    MAX_LEASE_DURATION_SECONDS, MAX_LOCK_DELAY_SECONDS, MAX_OVERTAKE_SECONDS,
 };
 
 /// A distributed lock: a mutex (`maxHolders: 1`) or a counting semaphore, granted to
 /// `LockClaim`s in the same namespace in FIFO order.
 // clippy reads the repeated `type_` keys of separate `printcolumn(...)` groups as duplicates.
 #[allow(clippy::duplicated_attributes)]
-#[derive(CustomResource, Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
+#[derive(CustomResource, Serialize, Deserialize, Debug, Clone, PartialEq, KubeSchema)]
 #[kube(
     group = "turnstile.dev",
     version = "v1alpha1",
@@ -71,6 +71,10 @@ use crate::vocabulary::{
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.maxOvertakeSeconds) || (has(self.queue) && self.queue == 'FirstRunnable')")
+        .message("maxOvertakeSeconds is for queue: FirstRunnable"),
+)]
 pub struct DistributedLockSpec {
     /// The backend that holds the lock; omitted means the controller's default backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -100,6 +104,46 @@ pub struct DistributedLockSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = MAX_LOCK_DELAY_SECONDS))]
     pub lock_delay_seconds: Option<i64>,
+    /// The order claims are granted in. `Fifo` (the default): strictly in queue order, so a
+    /// claim that cannot be granted yet (an exclusive claim behind shared holders, a claim on
+    /// several locks waiting for another of them) holds up everyone behind it. `FirstRunnable`:
+    /// a claim that can be granted now may pass the waiting claims ahead of it, each of them
+    /// only within `maxOvertakeSeconds` of its creation; after that the lock drains for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueOrder>,
+    /// With `queue: FirstRunnable`: for how many seconds after its creation a waiting claim
+    /// may be passed (default 300); then nobody behind it is granted before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_OVERTAKE_SECONDS))]
+    pub max_overtake_seconds: Option<i64>,
+}
+
+/// The order a lock grants its claims in (`spec.queue`): `Fifo` (the default) strictly in queue
+/// order; `FirstRunnable` lets a claim that can be granted now pass waiting claims that cannot,
+/// each only within `maxOvertakeSeconds` of its creation.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash, Default, JsonSchema)]
+pub enum QueueOrder {
+    /// Strictly in queue order (priority, then arrival): nobody passes a waiting claim.
+    #[default]
+    Fifo,
+    /// A claim that can be granted now passes waiting claims that cannot, within their
+    /// `maxOvertakeSeconds`: no head-of-line blocking, and a bound on how long anyone waits
+    /// for claims that arrived after it.
+    FirstRunnable,
+}
+
+impl DistributedLockSpec {
+    /// `spec.queue` (`Fifo` when unset).
+    pub fn queue_order(&self) -> QueueOrder {
+        self.queue.unwrap_or_default()
+    }
+
+    /// `maxOvertakeSeconds` (the default when unset; clamped into the accepted range).
+    pub fn max_overtake_seconds(&self) -> i64 {
+        self.max_overtake_seconds
+            .unwrap_or(DEFAULT_MAX_OVERTAKE_SECONDS)
+            .clamp(1, MAX_OVERTAKE_SECONDS)
+    }
 }
 
 fn default_lease_duration_seconds() -> i64 {

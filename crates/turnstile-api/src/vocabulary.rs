@@ -138,6 +138,11 @@ pub const MAX_ACQUIRE_TIMEOUT_SECONDS: i64 = 31_536_000;
 pub const MAX_HOLD_SECONDS: i64 = 31_536_000;
 /// The longest `lockDelaySeconds` the schema accepts (one day), in seconds.
 pub const MAX_LOCK_DELAY_SECONDS: i64 = 86_400;
+/// How long a waiting claim may be passed on a `queue: FirstRunnable` lock when
+/// `maxOvertakeSeconds` is not set, in seconds.
+pub const DEFAULT_MAX_OVERTAKE_SECONDS: i64 = 300;
+/// The longest `maxOvertakeSeconds` the schema accepts (one day), in seconds.
+pub const MAX_OVERTAKE_SECONDS: i64 = 86_400;
 /// The bound of a claim's `priority`, either way (higher is served first).
 pub const MAX_PRIORITY: i32 = 1_000_000;
 /// The most locks one claim may name in `lockNames` (each grant costs a backend call per lock).

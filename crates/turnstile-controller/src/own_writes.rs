@@ -155,6 +155,8 @@ mod tests {
             key: None,
             max_hold_seconds: None,
             lock_delay_seconds: None,
+            queue: None,
+            max_overtake_seconds: None,
         };
         let lock = |version| at_version(DistributedLock::new("db", spec.clone()), version);
         let claim =

@@ -51,6 +51,8 @@ impl Placeholder for DistributedLock {
             key: None,
             max_hold_seconds: None,
             lock_delay_seconds: None,
+            queue: None,
+            max_overtake_seconds: None,
         };
         let mut lock = DistributedLock::new("", spec);
         lock.metadata = metadata;

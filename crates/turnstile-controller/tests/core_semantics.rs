@@ -7,11 +7,12 @@ mod sim;
 
 use std::time::Duration;
 
+use futures::FutureExt;
 use proptest::prelude::*;
 use sim::{paused_runtime, Sim};
 use turnstile_api::{
-    reasons, BusyPolicy, ClaimMode, ClaimPhase, LockClaimSpec, FORCE_RELEASED_BY_ANNOTATION,
-    FORCE_RELEASE_ANNOTATION,
+    reasons, BusyPolicy, ClaimMode, ClaimPhase, LockClaimSpec, QueueOrder,
+    FORCE_RELEASED_BY_ANNOTATION, FORCE_RELEASE_ANNOTATION,
 };
 use turnstile_controller::core::OwnerState;
 
@@ -316,31 +317,56 @@ proptest! {
     /// shared and exclusive claims, busy policies in two groups and live limit changes: after
     /// every step the invariants hold (never more holders than allowed, an exclusive holder
     /// alone, priority-then-FIFO grants, strictly increasing tokens, no hold past the maximum,
-    /// no grant inside a lock-delay, no `whenBusy: Fail` claim waiting).
+    /// no grant inside a lock-delay, no `whenBusy: Fail` claim waiting); on a `FirstRunnable`
+    /// lock a claim is passed only within its `maxOvertakeSeconds`, and nobody who fits
+    /// waits behind claims it may pass.
     #[test]
     fn semantics_hold_under_random_workloads(
         max_holders in 1i32..4,
         lease in 2i64..10,
         max_hold in prop::option::of(3i64..20),
         lock_delay in prop::option::of(0i64..8),
+        first_runnable in prop::option::of(1i64..12),
         steps in prop::collection::vec(step(), 1..40),
     ) {
-        paused_runtime().block_on(run_steps(max_holders, lease, max_hold, lock_delay, steps));
+        let terms = Terms { max_holders, lease, max_hold, lock_delay, first_runnable };
+        paused_runtime().block_on(run_steps(terms, steps));
+    }
+}
+
+/// A lock's terms in the property test.
+struct Terms {
+    max_holders: i32,
+    lease: i64,
+    max_hold: Option<i64>,
+    lock_delay: Option<i64>,
+    /// `queue: FirstRunnable` with this `maxOvertakeSeconds`; `None`: FIFO.
+    first_runnable: Option<i64>,
+}
+
+impl Terms {
+    /// A FIFO lock of these limits.
+    fn fifo(max_holders: i32, lease: i64, max_hold: Option<i64>, lock_delay: Option<i64>) -> Self {
+        Terms {
+            max_holders,
+            lease,
+            max_hold,
+            lock_delay,
+            first_runnable: None,
+        }
     }
 }
 
 /// Runs `steps` on a lock with these terms, settling (and so checking the invariants) after
 /// each: the property test's interpreter, and the replay of every recorded regression.
-async fn run_steps(
-    max_holders: i32,
-    lease: i64,
-    max_hold: Option<i64>,
-    lock_delay: Option<i64>,
-    steps: Vec<Step>,
-) {
-    let mut sim = Sim::new(max_holders, lease);
-    sim.lock.spec.max_hold_seconds = max_hold;
-    sim.lock.spec.lock_delay_seconds = lock_delay;
+async fn run_steps(terms: Terms, steps: Vec<Step>) {
+    let mut sim = Sim::new(terms.max_holders, terms.lease);
+    sim.lock.spec.max_hold_seconds = terms.max_hold;
+    sim.lock.spec.lock_delay_seconds = terms.lock_delay;
+    if let Some(window) = terms.first_runnable {
+        sim.lock.spec.queue = Some(QueueOrder::FirstRunnable);
+        sim.lock.spec.max_overtake_seconds = Some(window);
+    }
     for step in steps {
         match step {
             Step::Create {
@@ -391,28 +417,28 @@ fn plain(name: u8, owned: bool) -> Step {
 #[tokio::test(start_paused = true)]
 async fn regression_an_owned_claim_reaches_its_maximum_hold() {
     let steps = vec![plain(0, true), Step::Advance(1), Step::Advance(2)];
-    run_steps(1, 2, Some(3), None, steps).await;
+    run_steps(Terms::fifo(1, 2, Some(3), None), steps).await;
 }
 
 /// `maxHolders` lowered from 2 to 1 under two holders.
 #[tokio::test(start_paused = true)]
 async fn regression_max_holders_lowered_under_two_holders() {
     let steps = vec![plain(0, false), plain(1, false), Step::SetMaxHolders(1)];
-    run_steps(2, 2, None, None, steps).await;
+    run_steps(Terms::fifo(2, 2, None, None), steps).await;
 }
 
 /// `maxHolders` raised from 1 to 2, then a second claim.
 #[tokio::test(start_paused = true)]
 async fn regression_max_holders_raised_then_a_second_claim() {
     let steps = vec![plain(0, false), Step::SetMaxHolders(2), plain(1, false)];
-    run_steps(1, 2, None, None, steps).await;
+    run_steps(Terms::fifo(1, 2, None, None), steps).await;
 }
 
 /// A lease running out (7 s) on a lock with a 4 s lock-delay, then a new claim.
 #[tokio::test(start_paused = true)]
 async fn regression_a_claim_after_an_expiry_on_a_lock_with_a_lock_delay() {
     let steps = vec![plain(4, false), Step::Advance(11), plain(0, false)];
-    run_steps(1, 7, None, Some(4), steps).await;
+    run_steps(Terms::fifo(1, 7, None, Some(4)), steps).await;
 }
 
 /// A shared holder past its lease, an exclusive claim and a higher-priority claim behind it,
@@ -434,7 +460,7 @@ async fn regression_max_holders_raised_under_an_expired_shared_holder() {
         Step::SetMaxHolders(2),
         Step::Delete(3),
     ];
-    run_steps(1, 2, None, None, steps).await;
+    run_steps(Terms::fifo(1, 2, None, None), steps).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -467,6 +493,87 @@ async fn a_waiting_exclusive_claim_holds_back_later_shared_ones() {
     sim.release("writer");
     sim.settle().await;
     assert_eq!(sim.phase("reader-3"), Some(ClaimPhase::Held));
+}
+
+/// A claim asking for `mode`.
+fn in_mode(mode: ClaimMode) -> LockClaimSpec {
+    LockClaimSpec {
+        mode: Some(mode),
+        ..Sim::claim_spec(None, None)
+    }
+}
+
+/// A `queue: FirstRunnable` lock of 3 holders, 60 s leases, passed for at most `window` s.
+fn first_runnable(window: i64) -> Sim {
+    let mut sim = Sim::new(3, 60);
+    sim.lock.spec.queue = Some(QueueOrder::FirstRunnable);
+    sim.lock.spec.max_overtake_seconds = Some(window);
+    sim
+}
+
+#[tokio::test(start_paused = true)]
+async fn first_runnable_lets_readers_pass_a_waiting_writer_within_its_window_only() {
+    let mut sim = first_runnable(10);
+    sim.create("reader-1", in_mode(ClaimMode::Shared));
+    sim.settle().await;
+    sim.advance(Duration::from_secs(1)).await;
+    sim.create("writer", in_mode(ClaimMode::Exclusive));
+    sim.advance(Duration::from_secs(1)).await;
+    sim.create("reader-2", in_mode(ClaimMode::Shared));
+    sim.settle().await;
+    // Under FIFO reader-2 would wait behind the writer (`a_waiting_exclusive_claim_holds_…`).
+    assert_phase(&sim, "reader-2", ClaimPhase::Held, "it passes the writer");
+    assert_eq!(sim.position("writer"), Some(1));
+
+    // Ten seconds after the writer's creation nobody passes it: the lock drains for it.
+    sim.advance(Duration::from_secs(9)).await;
+    sim.create("reader-3", in_mode(ClaimMode::Shared));
+    sim.settle().await;
+    assert_phase(
+        &sim,
+        "reader-3",
+        ClaimPhase::Pending,
+        "the writer's window closed",
+    );
+    assert_eq!(sim.position("reader-3"), Some(2));
+    sim.release("reader-1");
+    sim.release("reader-2");
+    sim.settle().await;
+    assert_phase(&sim, "writer", ClaimPhase::Held, "the readers drained");
+    sim.release("writer");
+    sim.settle().await;
+    assert_phase(&sim, "reader-3", ClaimPhase::Held, "after the writer");
+}
+
+/// The control of the property test's first-runnable check: a state in which a claim was
+/// passed after its window closed is caught (here the window is shortened under it).
+#[tokio::test(start_paused = true)]
+async fn a_claim_passed_after_its_window_is_caught_by_the_invariants() {
+    let mut sim = first_runnable(10);
+    sim.create("reader-1", in_mode(ClaimMode::Shared));
+    sim.settle().await;
+    sim.create("writer", in_mode(ClaimMode::Exclusive));
+    sim.advance(Duration::from_secs(5)).await;
+    sim.create("reader-2", in_mode(ClaimMode::Shared));
+    sim.settle().await;
+    assert_phase(
+        &sim,
+        "reader-2",
+        ClaimPhase::Held,
+        "within the writer's window",
+    );
+    sim.lock.spec.max_overtake_seconds = Some(2);
+    let caught = std::panic::AssertUnwindSafe(sim.check_invariants())
+        .catch_unwind()
+        .await;
+    let message = caught
+        .err()
+        .and_then(|panic| panic.downcast::<String>().ok())
+        .expect("the checker fails");
+    assert!(
+        message.contains("writer waits although it is ahead of holder reader-2"),
+        "{message}"
+    );
 }
 
 fn when_busy(policy: BusyPolicy, group: Option<&str>) -> LockClaimSpec {

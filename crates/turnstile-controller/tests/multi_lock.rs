@@ -20,7 +20,7 @@ use proptest::prelude::*;
 
 use turnstile_api::{
     BackendKind, ClaimPhase, DistributedLock, DistributedLockSpec, LockClaim, LockClaimSpec,
-    LockClaimStatus,
+    LockClaimStatus, QueueOrder,
 };
 use turnstile_controller::arrivals::Arrivals;
 use turnstile_controller::core::{BackendView, ClaimView, LockInput, LockView, LEASE_CUT};
@@ -61,7 +61,11 @@ fn step() -> impl Strategy<Value = Step> {
 
 /// Runs `steps`, then lets every holder go once granted until nobody waits.
 async fn run(max_holders: &[i32], steps: &[Step]) {
-    let mut world = World::new(max_holders);
+    run_in(World::new(max_holders), steps).await;
+}
+
+/// [`run`] in `world`.
+async fn run_in(mut world: World, steps: &[Step]) {
     for step in steps {
         match step {
             Step::Create(locks) => {
@@ -132,6 +136,18 @@ proptest! {
         steps in prop::collection::vec(step(), 1..60),
     ) {
         paused_runtime().block_on(run(&max_holders, &steps));
+    }
+
+    /// The same on `queue: FirstRunnable` locks: all or nothing, never over `maxHolders`,
+    /// tokens rising, a waiting claim passed only within its window, and no deadlock nor
+    /// starvation (the drain grants everyone).
+    #[test]
+    fn first_runnable_multi_lock_claims_are_all_or_nothing_and_never_starve(
+        max_holders in prop::collection::vec(1i32..3, LOCKS.len()),
+        window in 1i64..8,
+        steps in prop::collection::vec(step(), 1..60),
+    ) {
+        paused_runtime().block_on(run_in(World::first_runnable(&max_holders, window), &steps));
     }
 }
 
@@ -262,6 +278,71 @@ fn a_claim_waiting_for_a_busy_lock_holds_nothing_and_keeps_the_other_idle() {
             world.check().await;
         }
         assert_eq!(phase(&world.claims[&both]), ClaimPhase::Held);
+    });
+}
+
+/// The head-of-line scenario of the README: lock b is held for 20 s, a claim on `[a, b]` heads
+/// lock a's queue, and a one-second job on lock a arrives every second. Returns how many of
+/// those seconds lock a was held, and whether the claim on both got them afterwards.
+async fn lock_a_busy_seconds(mut world: World) -> (u32, bool) {
+    let on_b = world.create(&["b"]);
+    world.pass("b", true).await;
+    let both = world.create(&["a", "b"]);
+    let mut busy = 0;
+    for _ in 0..20 {
+        world.create(&["a"]);
+        for lock in ["a", "b", "a"] {
+            world.pass(lock, true).await;
+            world.check().await;
+        }
+        let holders_of_a: Vec<String> = world
+            .claims
+            .iter()
+            .filter(|(_, claim)| claim.spec.locks() == ["a"] && phase(claim) == ClaimPhase::Held)
+            .map(|(name, _)| name.clone())
+            .collect();
+        busy += u32::from(!holders_of_a.is_empty());
+        for name in holders_of_a {
+            world.release(&name);
+        }
+        world.advance(Duration::from_secs(1)).await;
+    }
+    // b frees and the jobs on a stop coming: the claim on both is granted in turn.
+    world.release(&on_b);
+    for _ in 0..25 {
+        for lock in ["a", "b"] {
+            world.pass(lock, true).await;
+            world.check().await;
+        }
+        let holders_of_a: Vec<String> = world
+            .claims
+            .iter()
+            .filter(|(name, claim)| **name != both && phase(claim) == ClaimPhase::Held)
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in holders_of_a {
+            world.release(&name);
+        }
+        world.advance(Duration::from_secs(1)).await;
+    }
+    (busy, phase(&world.claims[&both]) == ClaimPhase::Held)
+}
+
+#[test]
+fn first_runnable_keeps_a_lock_busy_while_a_claim_on_several_locks_waits_at_its_head() {
+    paused_runtime().block_on(async {
+        let (fifo, fifo_granted) = lock_a_busy_seconds(World::new(&[1, 1, 1, 1])).await;
+        let (first_runnable, granted) =
+            lock_a_busy_seconds(World::first_runnable(&[1, 1, 1, 1], 60)).await;
+        // Under FIFO lock a idles behind the claim on both; first-runnable lends it out.
+        assert!(
+            first_runnable >= 18 && first_runnable >= 3 * fifo.max(1),
+            "lock a busy {first_runnable} of 20 s first-runnable, {fifo} s FIFO"
+        );
+        assert!(
+            fifo_granted && granted,
+            "the claim on both is granted in the end"
+        );
     });
 }
 

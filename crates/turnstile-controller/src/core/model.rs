@@ -13,9 +13,9 @@ use kube::ResourceExt;
 use turnstile_api::{
     queue_place, BackendKind, BusyPolicy, ClaimMode, ClaimPhase, DistributedLock,
     DistributedLockSpec, DistributedLockStatus, LockClaim, LockClaimSpec, LockClaimStatus,
-    QueuePlace, FINALIZER, FORCE_RELEASED_BY_ANNOTATION, FORCE_RELEASE_ANNOTATION,
+    QueueOrder, QueuePlace, FINALIZER, FORCE_RELEASED_BY_ANNOTATION, FORCE_RELEASE_ANNOTATION,
     MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_HOLDERS, MAX_HOLD_SECONDS, MAX_LEASE_DURATION_SECONDS,
-    MAX_LOCKS_PER_CLAIM, MAX_LOCK_DELAY_SECONDS, MAX_PRIORITY,
+    MAX_LOCKS_PER_CLAIM, MAX_LOCK_DELAY_SECONDS, MAX_OVERTAKE_SECONDS, MAX_PRIORITY,
 };
 use turnstile_lock::{HolderInfo, LockSnapshot};
 
@@ -130,6 +130,11 @@ impl LockView {
                 spec.lock_delay_seconds,
                 0..=MAX_LOCK_DELAY_SECONDS,
             ),
+            outside(
+                "maxOvertakeSeconds",
+                spec.max_overtake_seconds,
+                1..=MAX_OVERTAKE_SECONDS,
+            ),
         ];
         if let Some(problem) = out_of_bounds.into_iter().flatten().next() {
             return Some(problem);
@@ -162,6 +167,14 @@ impl LockView {
             .lock_delay_seconds
             .unwrap_or(0)
             .clamp(0, MAX_LOCK_DELAY_SECONDS)
+    }
+
+    /// Whether a waiting claim created at `created` may still be passed by claims behind it
+    /// that can be granted now: only on a `queue: FirstRunnable` lock, within
+    /// `maxOvertakeSeconds` of its creation.
+    pub fn may_be_passed(&self, created: Seconds, now: Seconds) -> bool {
+        self.spec.queue_order() == QueueOrder::FirstRunnable
+            && now < created.saturating_add(self.spec.max_overtake_seconds())
     }
 
     /// `status.lockedUntil`: no grant before it.

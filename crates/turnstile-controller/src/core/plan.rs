@@ -728,7 +728,11 @@ pub fn plan(input: &LockInput) -> Plan {
         // Admission walks the queue and stops at the first claim that does not fit: shared
         // claims hold together up to maxHolders, an exclusive one alone, and a waiting
         // exclusive claim keeps later shared ones from overtaking it.
+        // On a `FirstRunnable` lock a claim that does not fit blocks nobody while it may
+        // still be passed: claims behind it that fit are granted (each pass walks the whole
+        // queue, so they are found); once its window closes the lock drains for it.
         let max = input.lock.max_holders() as usize;
+        let may_be_passed = |claim: &ClaimView| input.lock.may_be_passed(claim.created, now);
         let (mut holding, mut exclusive, mut blocked) = (held, held_exclusive, false);
         for &slot in &queue {
             let claim = &input.claims[drafts[slot].0];
@@ -752,11 +756,18 @@ pub fn plan(input: &LockInput) -> Plan {
                 } else {
                     ending == 0
                 };
+                if fits && room_now {
+                    admits_for_other_locks.push(claim.name.clone());
+                }
+                if may_be_passed(claim) {
+                    // Its first lock grants it when all its locks are free at once; the slot
+                    // is not kept idle for it meanwhile.
+                    continue;
+                }
                 blocked |= !(fits && room_now);
                 if fits && room_now {
                     holding += 1;
                     exclusive |= !shared;
-                    admits_for_other_locks.push(claim.name.clone());
                 }
                 continue;
             }
@@ -770,7 +781,7 @@ pub fn plan(input: &LockInput) -> Plan {
                 drafts[slot].1 = busy_failure(&mut builder, claim);
                 continue;
             }
-            blocked |= !fits;
+            blocked |= !fits && !may_be_passed(claim);
             if fits {
                 holding += 1;
                 exclusive |= !shared;

@@ -30,6 +30,8 @@ fn lock() -> LockView {
             key: None,
             max_hold_seconds: None,
             lock_delay_seconds: None,
+            queue: None,
+            max_overtake_seconds: None,
         },
         status: DistributedLockStatus::default(),
     }

@@ -70,6 +70,8 @@ impl World {
                         key: None,
                         max_hold_seconds: None,
                         lock_delay_seconds: None,
+                        queue: None,
+                        max_overtake_seconds: None,
                     },
                 );
                 lock.metadata.namespace = Some(NS.to_owned());
@@ -89,6 +91,29 @@ impl World {
             granted: BTreeSet::new(),
             arrivals: Arrivals::default(),
         }
+    }
+
+    /// As [`World::new`], every lock `queue: FirstRunnable` with this `maxOvertakeSeconds`.
+    pub(crate) fn first_runnable(max_holders: &[i32], window: i64) -> Self {
+        let mut world = World::new(max_holders);
+        for lock in world.locks.values_mut() {
+            lock.spec.queue = Some(QueueOrder::FirstRunnable);
+            lock.spec.max_overtake_seconds = Some(window);
+        }
+        world
+    }
+
+    /// Whether `claim` may still be passed on `lock` now (worked out from the spec here, not
+    /// by the core's rule, so that a wrong rule is caught).
+    fn passable(&self, lock: &str, claim: &LockClaim) -> bool {
+        let spec = &self.locks[lock].spec;
+        let created = claim
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(0, |at| at.0.as_second());
+        spec.queue == Some(QueueOrder::FirstRunnable)
+            && self.now().as_second() < created + spec.max_overtake_seconds.unwrap_or(300)
     }
 
     /// Four single-holder locks, b held by a claim on b alone (returned with the world).
@@ -250,7 +275,8 @@ impl World {
                 };
                 self.tokens.entry(lock.to_owned()).or_default().push(token);
                 // FIFO: a claim granted while earlier ones on this lock wait leaves room for
-                // each of them (they wait for another of their locks); none is overtaken.
+                // each of them (they wait for another of their locks); none is overtaken, but
+                // on a first-runnable lock, within its window.
                 let on_lock = |other: &&LockClaim| {
                     other.spec.locks().contains(&lock) && other.metadata.name != claim.metadata.name
                 };
@@ -264,6 +290,7 @@ impl World {
                             && phase(other) == ClaimPhase::Pending
                             && other.metadata.deletion_timestamp.is_none()
                             && other.spec.release != Some(true)
+                            && !self.passable(lock, other)
                     })
                     .filter_map(|other| other.metadata.name.clone())
                     .collect();

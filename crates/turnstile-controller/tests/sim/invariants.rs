@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use turnstile_api::reasons;
-use turnstile_api::{BusyPolicy, ClaimPhase, LockClaim};
+use turnstile_api::{BusyPolicy, ClaimPhase, LockClaim, QueueOrder, DEFAULT_MAX_OVERTAKE_SECONDS};
 use turnstile_controller::core::{
     ClaimView, LockView, OwnerState, EXACT_POSITIONS, POSITION_REFRESH_DELAY,
 };
@@ -177,13 +177,38 @@ impl Sim {
             .filter(|c| c.metadata.deletion_timestamp.is_none())
             .collect();
         queued.sort_by_key(|c| order(c));
+        // On a `queue: FirstRunnable` lock a holder may have passed a waiting claim, but only
+        // within that claim's `maxOvertakeSeconds`: the bound on how long anyone is passed.
+        // (Worked out here from the spec, not by the core's own rule, so a wrong rule is caught.)
+        let window = (self.lock.spec.queue == Some(QueueOrder::FirstRunnable)).then(|| {
+            self.lock
+                .spec
+                .max_overtake_seconds
+                .unwrap_or(DEFAULT_MAX_OVERTAKE_SECONDS)
+        });
+        let created = |claim: &LockClaim| {
+            claim
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or(0, |at| at.0.as_second())
+        };
+        let passable_at =
+            |claim: &LockClaim, at: i64| window.is_some_and(|window| at < created(claim) + window);
         for holder in &held {
             let holder_name = holder.metadata.name.clone().expect("name");
+            let granted_at = holder
+                .status
+                .as_ref()
+                .and_then(|s| s.acquired_at.as_ref())
+                .map_or(i64::MAX, |at| at.0.as_second());
             for waiting in &queued {
                 let waiting_name = waiting.metadata.name.clone().expect("name");
                 let existed = self.created_seq[&waiting_name] < self.granted_seq[&holder_name];
                 assert!(
-                    !(existed && order(waiting) < order(holder)),
+                    !(existed
+                        && order(waiting) < order(holder)
+                        && !passable_at(waiting, granted_at)),
                     "{waiting_name} waits although it is ahead of holder {holder_name}"
                 );
             }
@@ -282,13 +307,30 @@ impl Sim {
                 .iter()
                 .any(|c| c.type_ == "Ready" && c.status == "True")
         });
-        if let Some(head) = queued.first().filter(|_| !delayed && served) {
-            let fits = if shared(head) {
+        let fits = |claim: &LockClaim| {
+            if shared(claim) {
                 !held_exclusive && held.len() < max
             } else {
                 held.is_empty()
-            };
-            assert!(!fits, "the head of the queue fits but waits");
+            }
+        };
+        if let Some(head) = queued.first().filter(|_| !delayed && served) {
+            assert!(!fits(head), "the head of the queue fits but waits");
+        }
+        // First-runnable: nobody that fits waits, unless a claim ahead of it may no longer be
+        // passed (the lock drains for that one).
+        if !delayed && served {
+            let now = self.now().as_second();
+            for (place, claim) in queued.iter().enumerate() {
+                if !queued[..place].iter().all(|ahead| passable_at(ahead, now)) {
+                    break;
+                }
+                assert!(
+                    !fits(claim),
+                    "{} fits and may pass every claim ahead of it, but waits",
+                    claim.metadata.name.as_deref().unwrap_or_default()
+                );
+            }
         }
 
         // A claim whose spec cannot be served has failed with `InvalidSpec`: it never holds

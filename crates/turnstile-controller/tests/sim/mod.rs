@@ -227,6 +227,8 @@ impl Sim {
                 key: None,
                 max_hold_seconds: None,
                 lock_delay_seconds: None,
+                queue: None,
+                max_overtake_seconds: None,
             },
         );
         lock.metadata.namespace = Some(NS.to_owned());
