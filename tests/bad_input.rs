@@ -51,6 +51,10 @@ fn claim(name: &str, spec: &str) -> String {
     format!("apiVersion: turnstile.dev/v1alpha1\nkind: LockClaim\nmetadata:\n  name: {name}\nspec:\n{spec}\n---\n")
 }
 
+fn template(name: &str, spec: &str) -> String {
+    format!("apiVersion: turnstile.dev/v1alpha1\nkind: LockTemplate\nmetadata:\n  name: {name}\nspec:\n{spec}\n---\n")
+}
+
 fn long(n: usize) -> String {
     "a".repeat(n)
 }
@@ -221,6 +225,21 @@ fn corpus() -> Vec<Row> {
             "both lockName and lockNames",
             claim("c-both", "  lockName: good\n  lockNames: [good, spare]"),
             "set exactly one of lockName and lockNames",
+        ),
+        rejected(
+            "a template pattern with * inside",
+            template("t-star", "  names: [\"a*b\"]\n  lock: {}"),
+            "a name pattern may hold * only at its end",
+        ),
+        rejected(
+            "a template naming nothing",
+            template("t-empty", "  names: []\n  lock: {}"),
+            "spec.names in body should have at least 1 items",
+        ),
+        rejected(
+            "a template's lock spec out of bounds",
+            template("t-bounds", "  names: [x]\n  lock:\n    maxHolders: 0"),
+            "spec.lock.maxHolders in body should be greater than or equal to 1",
         ),
         rejected(
             "maxOvertakeSeconds on a FIFO lock",

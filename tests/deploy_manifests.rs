@@ -64,6 +64,7 @@ fn the_base_renders_every_part_into_the_turnstile_namespace() {
         ("Namespace", NAMESPACE),
         ("CustomResourceDefinition", "distributedlocks.turnstile.dev"),
         ("CustomResourceDefinition", "lockclaims.turnstile.dev"),
+        ("CustomResourceDefinition", "locktemplates.turnstile.dev"),
         ("ServiceAccount", SERVICE_ACCOUNT),
         ("ClusterRole", "turnstile-controller"),
         ("ClusterRoleBinding", "turnstile-controller"),
@@ -71,6 +72,7 @@ fn the_base_renders_every_part_into_the_turnstile_namespace() {
         ("RoleBinding", "turnstile-leader-election"),
         ("ClusterRole", "turnstile-edit"),
         ("ClusterRole", "turnstile-view"),
+        ("ClusterRole", "turnstile-admin"),
         ("Deployment", CONTROLLER),
         ("Service", "turnstile-controller-metrics"),
         ("NetworkPolicy", CONTROLLER),
@@ -403,12 +405,14 @@ fn the_controller_cluster_role_grants_exactly_what_the_controller_uses() {
     assert!(granted.iter().all(|(.., names)| names.is_empty()));
     const READ: &[&str] = &["get", "list", "watch"];
     let expected = triples(&[
-        // Watched and cached; finalizers and status are merge-patched.
+        // Watched and cached; finalizers and status are merge-patched; made from a
+        // LockTemplate on first use and deleted when unused.
         (
             "turnstile.dev",
             "distributedlocks",
-            &["get", "list", "watch", "patch"],
+            &["get", "list", "watch", "create", "patch", "delete"],
         ),
+        ("turnstile.dev", "locktemplates", READ),
         // Gated Jobs get their claim from the controller.
         (
             "turnstile.dev",
@@ -435,9 +439,12 @@ fn the_controller_cluster_role_grants_exactly_what_the_controller_uses() {
     for (group, resource, verb, _) in &granted {
         let what = format!("{group}/{resource} {verb}");
         assert!(!DANGEROUS_VERBS.contains(&verb.as_str()), "{what}");
+        // The one thing it deletes: a lock it made from a LockTemplate, once unused.
         assert!(
-            !matches!(verb.as_str(), "delete" | "deletecollection"),
-            "the controller never deletes: {what}"
+            verb != "deletecollection"
+                && (verb != "delete"
+                    || (group == "turnstile.dev" && resource == "distributedlocks")),
+            "the controller deletes nothing but the unused locks it made: {what}"
         );
         assert_ne!(
             resource, "secrets",
@@ -452,7 +459,8 @@ fn the_controller_cluster_role_grants_exactly_what_the_controller_uses() {
             assert!(
                 matches!(
                     (group.as_str(), resource.as_str()),
-                    ("events.k8s.io", "events") | ("turnstile.dev", "lockclaims")
+                    ("events.k8s.io", "events")
+                        | ("turnstile.dev", "lockclaims" | "distributedlocks")
                 ),
                 "cluster-wide create: {what}"
             );
@@ -556,6 +564,36 @@ fn edit_and_view_users_get_locks_and_claims_through_aggregated_roles() {
             assert!(view.contains(&triple), "view lacks {resource} {verb}");
         }
     }
+    // LockTemplates pick backends and limits for the locks made from them: admin writes them,
+    // edit (who may create claims) and view only read them.
+    let template = |verb: &str| {
+        (
+            "turnstile.dev".to_string(),
+            "locktemplates".to_string(),
+            verb.to_string(),
+        )
+    };
+    for verb in ["create", "update", "patch", "delete"] {
+        assert!(
+            admin.contains(&template(verb)),
+            "admin lacks locktemplates {verb}"
+        );
+    }
+    let edit_only: Vec<_> = aggregated("aggregate-to-edit")
+        .into_iter()
+        .flat_map(|role| unnamed(&grants(role)))
+        .filter(|(_, resource, verb)| {
+            resource == "locktemplates" && WRITE_VERBS.contains(&verb.as_str())
+        })
+        .collect();
+    assert!(
+        edit_only.is_empty(),
+        "edit may write templates: {edit_only:?}"
+    );
+    assert!(
+        view.contains(&template("list")),
+        "view lacks locktemplates list"
+    );
     for (group, resource, verb) in view {
         assert!(
             !WRITE_VERBS.contains(&verb.as_str()),

@@ -282,6 +282,8 @@ enum Flow {
     /// (`a_namespace_torn_down_gets_no_status_writes`); without it the controller still
     /// grants, and a teardown costs what it did before.
     WatchNamespaces,
+    /// A claim's missing lock is made from a `LockTemplate`.
+    MakeFromTemplate,
 }
 
 /// The flow that needs the rule on `resource` (the rule's first resource).
@@ -291,6 +293,7 @@ fn flow_needing(resource: &str) -> Flow {
         "jobs" => Flow::ReleaseJob,
         "events" => Flow::Announce,
         "namespaces" => Flow::WatchNamespaces,
+        "locktemplates" => Flow::MakeFromTemplate,
         _ => Flow::Grant,
     }
 }
@@ -320,7 +323,7 @@ async fn every_rule_of_the_installed_role_is_needed_by_a_named_flow() {
     let rules = role["rules"].as_array().expect("rules").clone();
     assert_eq!(
         rules.len(),
-        7,
+        8,
         "the test names a flow for each rule: {rules:?}"
     );
     for (index, rule) in rules.iter().enumerate() {
@@ -377,6 +380,12 @@ async fn every_rule_of_the_installed_role_is_needed_by_a_named_flow() {
             Flow::Grant | Flow::Announce | Flow::WatchNamespaces => {
                 env.apply_claim("a", "db", "")
             }
+            Flow::MakeFromTemplate => {
+                env.apply(
+                    "apiVersion: turnstile.dev/v1alpha1\nkind: LockTemplate\nmetadata:\n  name: made\nspec:\n  names: [\"made-*\"]\n  lock: {}\n",
+                );
+                env.apply_claim("a", "made-1", "");
+            }
             Flow::UngatePod => env.apply(&format!(
                 "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  labels: {{{}: db}}\nspec:\n  schedulingGates: [{{name: {}}}]\n  containers: [{{name: main, image: busybox}}]\n",
                 turnstile_api::LOCK_LABEL, turnstile_api::SCHEDULING_GATE
@@ -423,6 +432,14 @@ async fn every_rule_of_the_installed_role_is_needed_by_a_named_flow() {
             Flow::WatchNamespaces => {
                 // Optional: refused, the controller goes on granting.
                 env.wait_phase("a", ClaimPhase::Held).await;
+            }
+            Flow::MakeFromTemplate => {
+                env.wait_claim("a", |claim| {
+                    e2e_support::reason_of(claim).as_deref() == Some("LockNotFound")
+                })
+                .await;
+                let made = env.locks().get_opt("made-1").await.expect("get lock");
+                assert!(made.is_none(), "rule {index}: made without it");
             }
             Flow::ReleaseJob => {
                 let jobs: Api<Job> = Api::namespaced(env.client.clone(), &env.namespace);

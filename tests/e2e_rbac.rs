@@ -155,6 +155,14 @@ async fn the_deployed_rbac_grants_every_call_the_controller_makes() {
     env.apply_claim("orphan", "missing", "");
     env.wait_claim("orphan", |claim| claim.status.is_some())
         .await;
+    // A lock made from a template on first use, deleted once unused for a second.
+    env.apply(
+        "apiVersion: turnstile.dev/v1alpha1\nkind: LockTemplate\nmetadata:\n  name: made\nspec:\n  names: [\"made-*\"]\n  lock: {}\n  deleteAfterUnusedSeconds: 1\n",
+    );
+    env.apply_claim("on-made", "made-1", "");
+    env.wait_phase("on-made", ClaimPhase::Held).await;
+    env.delete_claim("on-made").await;
+    env.wait_lock_gone("made-1").await;
     controller.stop().await;
 
     let log = requests_of(&env.server().request_log(), ACTOR);
@@ -171,6 +179,9 @@ async fn the_deployed_rbac_grants_every_call_the_controller_makes() {
         ("turnstile.dev", "lockclaims/status", "patch"),
         ("turnstile.dev", "distributedlocks/status", "patch"),
         ("turnstile.dev", "lockclaims", "create"),
+        ("turnstile.dev", "distributedlocks", "create"),
+        ("turnstile.dev", "distributedlocks", "delete"),
+        ("turnstile.dev", "locktemplates", "watch"),
         ("events.k8s.io", "events", "create"),
         ("coordination.k8s.io", "leases", "update"),
         ("", "pods", "watch"),

@@ -3,7 +3,7 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use super::{DistributedLock, LockClaim};
+use super::{DistributedLock, LockClaim, LockTemplate};
 
 /// Rendering the CRDs as YAML failed.
 #[derive(Debug, thiserror::Error)]
@@ -14,9 +14,13 @@ pub struct CrdRenderError {
     source: serde_yaml::Error,
 }
 
-/// Both CustomResourceDefinitions, `DistributedLock` first.
+/// Every CustomResourceDefinition, `DistributedLock` first.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![DistributedLock::crd(), LockClaim::crd()]
+    vec![
+        DistributedLock::crd(),
+        LockClaim::crd(),
+        LockTemplate::crd(),
+    ]
 }
 
 /// One CRD as a YAML document (what `crds/<plural>.turnstile.dev.yaml` holds).
@@ -27,7 +31,7 @@ pub fn crd_yaml(crd: &CustomResourceDefinition) -> Result<String, CrdRenderError
     })
 }
 
-/// Both CRDs as one multi-document YAML stream: exactly what `turnstile crds` prints and the
+/// Every CRD as one multi-document YAML stream: exactly what `turnstile crds` prints and the
 /// concatenation of the committed `crds/*.yaml` files (in [`crds`] order).
 pub fn crds_yaml() -> Result<String, CrdRenderError> {
     let mut out = String::new();

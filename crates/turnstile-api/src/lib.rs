@@ -1,4 +1,5 @@
-//! The custom resources: `DistributedLock` and `LockClaim` in `turnstile.dev/v1alpha1`.
+//! The custom resources: `DistributedLock`, `LockClaim` and `LockTemplate` in
+//! `turnstile.dev/v1alpha1`.
 //!
 //! The names, fields, phases and printer columns here are the user-facing contract (the
 //! README's "Status fields" and the generated `crds/`, which `tests/crds.rs` pins): scripts
@@ -7,6 +8,7 @@
 mod claim;
 mod crds;
 mod lock;
+mod template;
 pub mod vocabulary;
 
 pub use claim::{
@@ -18,13 +20,17 @@ pub use lock::{
     holder_summary, BackendKind, DistributedLock, DistributedLockSpec, DistributedLockStatus,
     LockHolder, PastGrant, QueueOrder, HOLDER_SUMMARY_NAMES, LOCK_HISTORY_LEN,
 };
+pub use template::{
+    template_for, unused_lock_deadline, LockTemplate, LockTemplateSpec, MAX_TEMPLATE_NAMES,
+};
 pub use vocabulary::{
     event_reasons, gate_event_reasons, object_event_reasons, reasons,
     DEFAULT_LEASE_DURATION_SECONDS, DEFAULT_MAX_OVERTAKE_SECONDS, FINALIZER,
     FORCE_RELEASED_BY_ANNOTATION, FORCE_RELEASE_ANNOTATION, HELD_CONDITION, LOCKS_ANNOTATION,
     LOCK_ANNOTATION, LOCK_LABEL, MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_HOLDERS, MAX_HOLD_SECONDS,
     MAX_LEASE_DURATION_SECONDS, MAX_LOCKS_PER_CLAIM, MAX_LOCK_DELAY_SECONDS, MAX_OVERTAKE_SECONDS,
-    MAX_PRIORITY, READY_CONDITION, SCHEDULING_GATE, TOKEN_ANNOTATION,
+    MAX_PRIORITY, MAX_UNUSED_LOCK_SECONDS, READY_CONDITION, SCHEDULING_GATE, TEMPLATE_LABEL,
+    TOKEN_ANNOTATION, UNUSED_LOCK_SECONDS_ANNOTATION,
 };
 
 /// The API group of both custom resources.

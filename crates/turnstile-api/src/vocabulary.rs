@@ -143,6 +143,13 @@ pub const MAX_LOCK_DELAY_SECONDS: i64 = 86_400;
 pub const DEFAULT_MAX_OVERTAKE_SECONDS: i64 = 300;
 /// The longest `maxOvertakeSeconds` the schema accepts (one day), in seconds.
 pub const MAX_OVERTAKE_SECONDS: i64 = 86_400;
+/// The label on a lock made from a `LockTemplate`: the template's name.
+pub const TEMPLATE_LABEL: &str = "turnstile.dev/template";
+/// The annotation on a lock made from a `LockTemplate` with `deleteAfterUnusedSeconds`: the
+/// controller deletes the lock once it has had no claim for this many seconds.
+pub const UNUSED_LOCK_SECONDS_ANNOTATION: &str = "turnstile.dev/delete-after-unused-seconds";
+/// The longest `deleteAfterUnusedSeconds` the schema accepts (one year), in seconds.
+pub const MAX_UNUSED_LOCK_SECONDS: i64 = 31_536_000;
 /// The bound of a claim's `priority`, either way (higher is served first).
 pub const MAX_PRIORITY: i32 = 1_000_000;
 /// The most locks one claim may name in `lockNames` (each grant costs a backend call per lock).

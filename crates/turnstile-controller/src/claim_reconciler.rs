@@ -1,6 +1,6 @@
-//! The reconciler of claims whose `DistributedLock` does not exist: they wait with a reason
-//! (and are granted by the lock's reconciler once it appears), time out, or lose the grant of
-//! a lock that was deleted. Claims of existing locks are left to the lock's reconciler, which
+//! The reconciler of claims whose `DistributedLock` does not exist: a template makes it
+//! (`templates`), or they wait with a reason (and are granted by the lock's reconciler once it
+//! appears), time out, or lose the grant of a lock that was deleted. Claims of existing locks are left to the lock's reconciler, which
 //! sees the whole queue.
 
 use std::sync::Arc;
@@ -14,6 +14,7 @@ use super::context::{cache_filled, Context};
 use super::core::{decide_orphan, ClaimChange, ClaimView, FinalizerChange};
 use super::error::ControllerError;
 use super::events::publish;
+use super::templates::make_missing_locks;
 use super::writer::{PassWrites, Write};
 use crate::metrics::{ControllerKind, ReconcileErrorKind};
 use turnstile_api::LockClaim;
@@ -33,6 +34,11 @@ async fn reconcile_orphan(claim: &LockClaim, ctx: &Context) -> Result<Action, Co
     // A claim must not be judged an orphan before the lock cache has been filled.
     cache_filled(&ctx.locks).await;
     let namespace = claim.namespace().unwrap_or_default();
+    // A missing lock a template makes is made (nothing new goes into a namespace being
+    // deleted); the new lock's pass takes the claim from there.
+    if !ctx.namespace_terminating(&namespace) && make_missing_locks(ctx, claim).await? {
+        return Ok(Action::await_change());
+    }
     // A claim on several locks is its first lock's to decide while that lock exists (the
     // first lock's pass reports a missing other lock).
     let first_lock = claim.spec.locks().first().map(|lock| (*lock).to_owned());

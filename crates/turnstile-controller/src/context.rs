@@ -22,7 +22,7 @@ use crate::metrics::Metrics;
 use crate::own_writes::OwnWrites;
 use crate::owners::OwnerCaches;
 use crate::writer::ApiWriter;
-use turnstile_api::{DistributedLock, LockClaim};
+use turnstile_api::{DistributedLock, LockClaim, LockTemplate};
 
 /// First retry delay after a failed pass or an unavailable backend.
 const BACKOFF_BASE: Duration = Duration::from_millis(500);
@@ -122,6 +122,8 @@ pub struct Context {
     pub position_refreshes: WriteBudget,
     /// The namespaces' metadata, to tell the ones being deleted (`None`: not watched).
     pub namespaces: Option<Store<PartialObjectMeta<Namespace>>>,
+    /// The `LockTemplate`s, for locks made on first use (`None`: not watched).
+    pub templates: Option<Store<LockTemplate>>,
     failures: Mutex<HashMap<String, u32>>,
 }
 
@@ -152,6 +154,7 @@ impl Context {
             wakes,
             position_refreshes: WriteBudget::new(POSITION_REFRESHES_PER_SECOND),
             namespaces: None,
+            templates: None,
             failures: Mutex::new(HashMap::new()),
         }
     }
@@ -171,6 +174,12 @@ impl Context {
     /// Tells namespaces being deleted from the watch's cache of their metadata.
     pub fn with_namespaces(mut self, namespaces: Store<PartialObjectMeta<Namespace>>) -> Self {
         self.namespaces = Some(namespaces);
+        self
+    }
+
+    /// Makes missing locks from these templates (see [`crate::templates`]).
+    pub fn with_templates(mut self, templates: Store<LockTemplate>) -> Self {
+        self.templates = Some(templates);
         self
     }
 

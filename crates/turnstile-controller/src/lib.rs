@@ -5,6 +5,7 @@
 //!   calls on the lock engine → fold → writes), the code the tests' simulation runs too.
 //! - [`multi_lock`]: claims on several locks, granted all at once by their first lock's pass.
 //! - [`claim_reconciler`]: claims whose lock does not exist.
+//! - [`templates`]: locks made on first use from a `LockTemplate`, and deleted once unused.
 //! - [`claim_index`]: the claim cache's names by lock and by owner (no whole-cache scans).
 //! - [`arrivals`]: when each claim arrived, in the watch's order: the queue order after
 //!   priority.
@@ -44,6 +45,7 @@ pub mod owner_watch;
 pub mod owners;
 pub mod patch;
 pub mod runtime;
+pub mod templates;
 pub mod tolerant_watch;
 pub mod writer;
 

@@ -24,6 +24,7 @@ use super::error::{describe, ControllerError};
 use super::events::publish;
 use super::multi_lock::{self, FirstLock, MemberGrants, OtherLock};
 use super::owners::fill_owner_states;
+use super::templates;
 use super::writer::{ApiStore, PassStore, PassWriter};
 use crate::metrics::{
     BackendOperation, ControllerKind, LockLostCause, Metrics, ReconcileErrorKind,
@@ -273,12 +274,21 @@ async fn reconcile_inner(
             .wake(ObjectRef::new(claim.first_lock()).within(&input.lock.namespace));
     }
 
+    // A lock made from a template goes once unused for its lifetime.
+    let in_use = input
+        .claims
+        .iter()
+        .any(|claim| !claim.phase().is_terminal());
+    let unused_due = templates::unused_lock_due(ctx, lock, in_use, input.now).await?;
+    let requeue_after = unused_due.map_or(decision.requeue_after, |due| {
+        due.min(decision.requeue_after)
+    });
     Ok(match &decision.backend_failure {
-        Some(_) => Action::requeue(ctx.backoff(&pass_key).min(decision.requeue_after)),
+        Some(_) => Action::requeue(ctx.backoff(&pass_key).min(requeue_after)),
         None => {
             // Also forgets API failures: the error policy counts them under the same key.
             ctx.reset_backoff(&pass_key);
-            Action::requeue(decision.requeue_after)
+            Action::requeue(requeue_after)
         }
     })
 }

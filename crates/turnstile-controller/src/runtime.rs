@@ -44,10 +44,11 @@ use super::gate::{run_gate, BlockedSaid, GateContext};
 use super::lock_reconciler::{lock_error_policy, reconcile_lock};
 use super::owner_watch::{owner_trigger, FINISHED_PODS};
 use super::owners::OwnerCaches;
+use super::templates::claims_waiting_in;
 use super::tolerant_watch::{tolerant_watcher, InvalidObjects};
 use crate::leader::{self, LeaderConfig};
 use crate::metrics::{self, Metrics, Readiness};
-use turnstile_api::{BackendKind, DistributedLock, LockClaim, LOCK_ANNOTATION};
+use turnstile_api::{BackendKind, DistributedLock, LockClaim, LockTemplate, LOCK_ANNOTATION};
 
 /// Name the controller reports Events under.
 pub const CONTROLLER_NAME: &str = "turnstile";
@@ -398,6 +399,17 @@ async fn run_controllers(
     .modify(trim)
     .reflect(namespace_writer);
 
+    // LockTemplates: a change wakes the claims of its namespace waiting for a missing lock.
+    let (template_store, template_writer) = reflector::store::<LockTemplate>();
+    let template_events = watcher(
+        api::<LockTemplate>(client, namespace),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(trim)
+    .reflect(template_writer)
+    .applied_objects();
+
     let (lock_store, lock_writer) = reflector::store::<DistributedLock>();
     let lock_events =
         tolerant_watcher::<DistributedLock>(client, namespace, watcher::Config::default(), invalid)
@@ -471,7 +483,8 @@ async fn run_controllers(
             jobs: job_store.clone(),
             finished_pods: finished_pod_store,
         })
-        .with_namespaces(namespace_store),
+        .with_namespaces(namespace_store)
+        .with_templates(template_store),
     );
     let gate_ctx = Arc::new(GateContext {
         client: client.clone(),
@@ -498,6 +511,10 @@ async fn run_controllers(
         raised(&stop_rx),
     );
     let claim_controller = Controller::for_shared_stream(claims_for_orphans, claim_store.clone())
+        .watches_stream(template_events, {
+            let (claims, locks) = (claim_store.clone(), ctx.locks.clone());
+            move |template: LockTemplate| claims_waiting_in(&template, &claims, &locks)
+        })
         .with_config(runtime_config)
         .graceful_shutdown_on(raised(&stop_rx));
 
