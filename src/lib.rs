@@ -22,6 +22,7 @@ pub mod oneshot;
 pub mod queue;
 pub mod release;
 pub mod run;
+pub mod telemetry;
 pub mod wait;
 
 /// The README's Rust examples, compiled (and, where they need no server, run) as doctests.

@@ -7,8 +7,11 @@ use std::time::Duration;
 use turnstile_api::BackendKind;
 use turnstile_controller::leader::LeaderConfig;
 
+use opentelemetry_sdk::trace::SdkTracerProvider;
 use turnstile_controller::backends::{EtcdSettings, MongoSettings, RedisTlsFiles};
 use turnstile_controller::{run, ControllerConfig, EventPolicy};
+
+use crate::telemetry;
 
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -112,6 +115,12 @@ pub struct RunArgs {
     /// `turnstile_events_skipped_total`. 0: no limit.
     #[arg(long, env = "TURNSTILE_EVENTS_PER_SECOND", default_value_t = EventPolicy::default().normal_per_second)]
     pub events_per_second: u32,
+    /// Send OpenTelemetry traces over OTLP/gRPC to this endpoint (`http://collector:4317`):
+    /// a span for each claim's wait and one for its hold (a claim's `turnstile.dev/traceparent`
+    /// annotation makes them children of the workload's span), and the controller's passes.
+    /// Off by default.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// The Events `turnstile run` publishes (`--events`).
@@ -123,15 +132,22 @@ pub enum EventLevel {
     Warnings,
 }
 
-fn init_logging(format: LogFormat) {
+fn init_logging(format: LogFormat, traces: Option<&SdkTracerProvider>) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    // A subscriber installed earlier (tests, embedding) wins.
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+    let lines = match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer().boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer().json().boxed(),
     };
+    let registry = tracing_subscriber::registry()
+        .with(filter)
+        .with(lines)
+        .with(traces.map(telemetry::layer));
+    // A subscriber installed earlier (tests, embedding) wins.
+    let _ = registry.try_init();
 }
 
 /// Completes on SIGINT or SIGTERM.
@@ -174,7 +190,12 @@ fn with_replica_acks(url: String, acks: Option<u32>, timeout: Option<Duration>) 
 
 /// Runs `turnstile run` until SIGINT/SIGTERM.
 pub async fn run_command(args: RunArgs) -> anyhow::Result<()> {
-    init_logging(args.log_format);
+    let tracer_provider = args
+        .otlp_endpoint
+        .as_deref()
+        .map(telemetry::tracer_provider)
+        .transpose()?;
+    init_logging(args.log_format, tracer_provider.as_ref());
     // Checked before anything starts.
     let redis_tls = RedisTlsFiles::new(
         args.redis_ca_file,
@@ -219,8 +240,13 @@ pub async fn run_command(args: RunArgs) -> anyhow::Result<()> {
             normal: args.events == EventLevel::All,
             normal_per_second: args.events_per_second,
         },
+        tracer_provider: tracer_provider.clone(),
     };
-    run(client, config, termination()).await?;
+    let ran = run(client, config, termination()).await;
+    if let Some(provider) = tracer_provider {
+        telemetry::shutdown(provider).await;
+    }
+    ran?;
     Ok(())
 }
 

@@ -143,6 +143,9 @@ pub const MAX_LOCK_DELAY_SECONDS: i64 = 86_400;
 pub const DEFAULT_MAX_OVERTAKE_SECONDS: i64 = 300;
 /// The longest `maxOvertakeSeconds` the schema accepts (one day), in seconds.
 pub const MAX_OVERTAKE_SECONDS: i64 = 86_400;
+/// The annotation on a claim naming the workload's span (a W3C `traceparent`): the claim's
+/// wait and hold spans become its children (`turnstile run --otlp-endpoint`).
+pub const TRACEPARENT_ANNOTATION: &str = "turnstile.dev/traceparent";
 /// The label on a lock made from a `LockTemplate`: the template's name.
 pub const TEMPLATE_LABEL: &str = "turnstile.dev/template";
 /// The annotation on a lock made from a `LockTemplate` with `deleteAfterUnusedSeconds`: the

@@ -21,6 +21,7 @@ use crate::lock_wakes::LockWakes;
 use crate::metrics::Metrics;
 use crate::own_writes::OwnWrites;
 use crate::owners::OwnerCaches;
+use crate::traces::ClaimTraces;
 use crate::writer::ApiWriter;
 use turnstile_api::{DistributedLock, LockClaim, LockTemplate};
 
@@ -124,6 +125,8 @@ pub struct Context {
     pub namespaces: Option<Store<PartialObjectMeta<Namespace>>>,
     /// The `LockTemplate`s, for locks made on first use (`None`: not watched).
     pub templates: Option<Store<LockTemplate>>,
+    /// The claims' OpenTelemetry spans (`None`: not traced).
+    pub traces: Option<ClaimTraces>,
     failures: Mutex<HashMap<String, u32>>,
 }
 
@@ -155,6 +158,7 @@ impl Context {
             position_refreshes: WriteBudget::new(POSITION_REFRESHES_PER_SECOND),
             namespaces: None,
             templates: None,
+            traces: None,
             failures: Mutex::new(HashMap::new()),
         }
     }
@@ -174,6 +178,12 @@ impl Context {
     /// Tells namespaces being deleted from the watch's cache of their metadata.
     pub fn with_namespaces(mut self, namespaces: Store<PartialObjectMeta<Namespace>>) -> Self {
         self.namespaces = Some(namespaces);
+        self
+    }
+
+    /// Records the claims' spans (see [`crate::traces`]).
+    pub fn with_traces(mut self, traces: Option<ClaimTraces>) -> Self {
+        self.traces = traces;
         self
     }
 

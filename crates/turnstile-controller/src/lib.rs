@@ -6,6 +6,7 @@
 //! - [`multi_lock`]: claims on several locks, granted all at once by their first lock's pass.
 //! - [`claim_reconciler`]: claims whose lock does not exist.
 //! - [`templates`]: locks made on first use from a `LockTemplate`, and deleted once unused.
+//! - [`traces`]: OpenTelemetry spans of each claim's wait and hold (opt-in).
 //! - [`claim_index`]: the claim cache's names by lock and by owner (no whole-cache scans).
 //! - [`arrivals`]: when each claim arrived, in the watch's order: the queue order after
 //!   priority.
@@ -47,6 +48,7 @@ pub mod patch;
 pub mod runtime;
 pub mod templates;
 pub mod tolerant_watch;
+pub mod traces;
 pub mod writer;
 
 // The schema's `maxHolders` bound and the engine's limit are one value: the resources do not

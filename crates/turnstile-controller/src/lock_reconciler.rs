@@ -17,14 +17,15 @@ use super::backends::BackendLookupError;
 use super::context::{cache_filled, Context};
 use super::core::{
     fold, plan, BackendOp, BackendView, CallTerms, ClaimView, Decision, EventSubject,
-    ExecutionGate, GrantEnd, LockInput, LockView, Observation, OpOutcome, Plan, PlannedOp,
-    LEASE_CUT,
+    ExecutionGate, FinalizerChange, GrantEnd, LockInput, LockView, Observation, OpOutcome, Plan,
+    PlannedOp, LEASE_CUT,
 };
 use super::error::{describe, ControllerError};
 use super::events::publish;
 use super::multi_lock::{self, FirstLock, MemberGrants, OtherLock};
 use super::owners::fill_owner_states;
 use super::templates;
+use super::traces::SpanLock;
 use super::writer::{ApiStore, PassStore, PassWriter};
 use crate::metrics::{
     BackendOperation, ControllerKind, LockLostCause, Metrics, ReconcileErrorKind,
@@ -231,6 +232,7 @@ async fn reconcile_inner(
         // The statuses already written changed for good (the next pass sees them as they are
         // now): their Events would never be planned again, so they go out before the retry.
         let written = std::mem::take(&mut pass.statuses_written);
+        record_spans(ctx, &objects, &input, &decision, kind, Some(&written));
         publish_events(ctx, lock, &objects, &input, &decision, Some(&written)).await;
         return Err(error);
     }
@@ -263,6 +265,7 @@ async fn reconcile_inner(
             .record_error(ReconcileErrorKind::Backend);
     }
     record_observations(&ctx.metrics, kind, &decision.observations);
+    record_spans(ctx, &objects, &input, &decision, kind, None);
     publish_events(ctx, lock, &objects, &input, &decision, None).await;
     // Claims on several locks that this one now admits: their first lock may grant them. A
     // lock being deleted ends such claims' grants: their first lock's pass does that.
@@ -440,6 +443,43 @@ fn record_observations(metrics: &Metrics, backend: BackendKind, observations: &[
                 ),
             },
             Observation::Failed => metrics.grants.record_claim_failed(backend),
+        }
+    }
+}
+
+/// Records the spans of the claims whose status the pass wrote (with `only`, just those named
+/// there) or whose finalizer it removed (see [`crate::traces`]).
+fn record_spans(
+    ctx: &Context,
+    objects: &HashMap<String, Arc<LockClaim>>,
+    input: &LockInput,
+    decision: &Decision,
+    backend: BackendKind,
+    only: Option<&HashSet<String>>,
+) {
+    let Some(traces) = &ctx.traces else {
+        return;
+    };
+    let lock = SpanLock {
+        namespace: &input.lock.namespace,
+        name: &input.lock.name,
+        backend: backend.as_str(),
+    };
+    for change in &decision.claims {
+        let Some(claim) = objects.get(&change.name) else {
+            continue;
+        };
+        match &change.status {
+            Some(status) if only.is_none_or(|only| only.contains(&change.name)) => {
+                traces.record(lock, claim, Some(status), input.now);
+            }
+            None if only.is_none()
+                && change.finalizer == FinalizerChange::Remove
+                && claim.metadata.deletion_timestamp.is_some() =>
+            {
+                traces.record(lock, claim, None, input.now);
+            }
+            _ => {}
         }
     }
 }

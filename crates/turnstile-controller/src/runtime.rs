@@ -46,8 +46,10 @@ use super::owner_watch::{owner_trigger, FINISHED_PODS};
 use super::owners::OwnerCaches;
 use super::templates::claims_waiting_in;
 use super::tolerant_watch::{tolerant_watcher, InvalidObjects};
+use super::traces::ClaimTraces;
 use crate::leader::{self, LeaderConfig};
 use crate::metrics::{self, Metrics, Readiness};
+use opentelemetry_sdk::trace::SdkTracerProvider;
 use turnstile_api::{BackendKind, DistributedLock, LockClaim, LockTemplate, LOCK_ANNOTATION};
 
 /// Name the controller reports Events under.
@@ -90,6 +92,9 @@ pub struct ControllerConfig {
     pub leader_election: Option<LeaderConfig>,
     /// Which `Normal` Events to publish, and how many a second.
     pub events: EventPolicy,
+    /// Where the claims' spans go (`--otlp-endpoint`); `None`: not traced. The caller shuts it
+    /// down (flushing what is left) after [`run`].
+    pub tracer_provider: Option<SdkTracerProvider>,
 }
 
 impl Default for ControllerConfig {
@@ -105,6 +110,7 @@ impl Default for ControllerConfig {
             instance: None,
             leader_election: None,
             events: EventPolicy::default(),
+            tracer_provider: None,
         }
     }
 }
@@ -484,7 +490,8 @@ async fn run_controllers(
             finished_pods: finished_pod_store,
         })
         .with_namespaces(namespace_store)
-        .with_templates(template_store),
+        .with_templates(template_store)
+        .with_traces(config.tracer_provider.as_ref().map(ClaimTraces::new)),
     );
     let gate_ctx = Arc::new(GateContext {
         client: client.clone(),

@@ -91,6 +91,22 @@ mod tests {
     }
 
     #[test]
+    fn a_jobs_traceparent_goes_on_its_claim() {
+        let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let traced = job(
+            json!({LOCK_ANNOTATION: "db", turnstile_api::TRACEPARENT_ANNOTATION: traceparent}),
+            true,
+        );
+        let claim = claim_for(&traced, "migrate-db", &["db".to_owned()]);
+        assert_eq!(
+            claim.metadata.annotations.unwrap_or_default()[turnstile_api::TRACEPARENT_ANNOTATION],
+            traceparent
+        );
+        let untraced = claim_for(&gated(true), "migrate-db", &["db".to_owned()]);
+        assert!(untraced.metadata.annotations.is_none());
+    }
+
+    #[test]
     fn the_locks_annotation_gives_a_job_one_claim_on_all_its_locks() {
         let job = job(
             json!({LOCK_ANNOTATION: "db", LOCKS_ANNOTATION: "db,cache"}),

@@ -47,6 +47,7 @@ use super::writer::{ApiWriter, Created, Write};
 use crate::metrics::{ControllerKind, Metrics};
 use turnstile_api::{
     gate_event_reasons, ClaimPhase, LockClaim, LockClaimSpec, LOCKS_ANNOTATION, TOKEN_ANNOTATION,
+    TRACEPARENT_ANNOTATION,
 };
 
 /// How long a name may be (DNS-1123 subdomain).
@@ -291,6 +292,12 @@ pub fn claim_for<W: Gated>(workload: &W, claim: &str, locks: &[String]) -> LockC
         // finalizer already guarantees the backend release.
         block_owner_deletion: None,
     }]);
+    // The workload's trace context, if it names one: the claim's spans join its trace.
+    if let Some(traceparent) = workload.annotations().get(TRACEPARENT_ANNOTATION) {
+        object
+            .annotations_mut()
+            .insert(TRACEPARENT_ANNOTATION.to_owned(), traceparent.clone());
+    }
     object
 }
 
