@@ -116,34 +116,38 @@ fn the_base_renders_every_part_into_the_turnstile_namespace() {
 #[test]
 fn the_deployed_crds_are_the_generated_ones() {
     let generated = repo().join("crds");
-    let copies = repo().join("deploy").join("crds");
     let yaml_files = |dir: &Path| -> BTreeSet<String> {
         file_names(dir)
             .into_iter()
             .filter(|name| name.ends_with(".yaml"))
             .collect()
     };
-    if std::env::var_os("TURNSTILE_BLESS_CRDS").is_some() {
-        for name in yaml_files(&copies) {
-            std::fs::remove_file(copies.join(name)).expect("remove a stale copy");
-        }
-        for name in yaml_files(&generated) {
-            std::fs::copy(generated.join(&name), copies.join(&name)).expect("copy a CRD");
-        }
-    }
     let names = yaml_files(&generated);
-    assert_eq!(
-        yaml_files(&copies),
-        names,
-        "deploy/crds/ must copy crds/; refresh with TURNSTILE_BLESS_CRDS=1 cargo test -p turnstile --test deploy_manifests"
-    );
-    for name in &names {
-        let original = std::fs::read_to_string(generated.join(name)).expect("read crds/");
-        let copy = std::fs::read_to_string(copies.join(name)).expect("read deploy/crds/");
-        assert!(
-            original == copy,
-            "deploy/crds/{name} differs from crds/{name}; refresh with TURNSTILE_BLESS_CRDS=1 cargo test -p turnstile --test deploy_manifests"
+    // kustomize and Helm both refuse files outside their directory: each keeps copies.
+    for copies in ["deploy/crds", "charts/turnstile/files/crds"] {
+        let dir = repo().join(copies);
+        if std::env::var_os("TURNSTILE_BLESS_CRDS").is_some() {
+            std::fs::create_dir_all(&dir).expect("create the copies' folder");
+            for name in yaml_files(&dir) {
+                std::fs::remove_file(dir.join(name)).expect("remove a stale copy");
+            }
+            for name in &names {
+                std::fs::copy(generated.join(name), dir.join(name)).expect("copy a CRD");
+            }
+        }
+        assert_eq!(
+            yaml_files(&dir),
+            names,
+            "{copies}/ must copy crds/; refresh with TURNSTILE_BLESS_CRDS=1 cargo test -p turnstile --test deploy_manifests"
         );
+        for name in &names {
+            let original = std::fs::read_to_string(generated.join(name)).expect("read crds/");
+            let copy = std::fs::read_to_string(dir.join(name)).expect("read a copy");
+            assert!(
+                original == copy,
+                "{copies}/{name} differs from crds/{name}; refresh with TURNSTILE_BLESS_CRDS=1 cargo test -p turnstile --test deploy_manifests"
+            );
+        }
     }
     // Every copy is installed by the base.
     let kustomization =

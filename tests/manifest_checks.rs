@@ -1,5 +1,7 @@
 //! The manifests checked by the tools the ecosystem trusts: `deploy/` rendered by the kubectl
-//! on PATH (the base alone, with each component, and with all of them) and `examples/`,
+//! on PATH (the base alone, with each component, and with all of them), the Helm chart
+//! rendered by `helm template` (default values, and `ci/all-toggles-values.yaml`) and
+//! `examples/`,
 //!
 //! - validated with `kubernetes-validate --strict` against the Kubernetes OpenAPI schemas of
 //!   the oldest and the newest version the README's "Supported Kubernetes versions" line names
@@ -33,8 +35,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use deploy_support::{
-    file_names, kind_of, kustomize_text, name_of, objects, render_base,
-    render_text_with_components, repo,
+    file_names, helm_template_text, kind_of, kustomize_text, name_of, objects, render_base,
+    render_text_with_components, repo, ALL_TOGGLES,
 };
 use readme::readme_line;
 use scratch::{scratch, scratch_file};
@@ -92,6 +94,9 @@ fn renderings(dir: &Path) -> Vec<(String, PathBuf, Vec<Value>)> {
     }
     let all: Vec<&str> = components.iter().map(String::as_str).collect();
     add("base+all", render_text_with_components(&all));
+    // The Helm chart, with its default values and with every toggle on.
+    add("helm-default", helm_template_text(&[]));
+    add("helm-all-toggles", helm_template_text(&[ALL_TOGGLES]));
     out
 }
 

@@ -168,3 +168,42 @@ pub fn grants(role: &Value) -> Vec<Grant> {
     }
     out
 }
+
+/// The helm built from its Go module (`scripts/helm.sh`), if it is built.
+pub fn helm() -> Option<PathBuf> {
+    let output = Command::new("bash")
+        .arg(repo().join("scripts/helm.sh"))
+        .arg("bin")
+        .output()
+        .expect("run scripts/helm.sh");
+    let path = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    path.is_file().then_some(path)
+}
+
+/// The helm binary; panics (naming how to build it) when it is not built.
+pub fn helm_or_panic() -> PathBuf {
+    helm().expect("helm is not built: bash scripts/helm.sh build (.ci/install does it)")
+}
+
+/// `helm template turnstile charts/turnstile -n turnstile-system` with the values files
+/// `values`, as helm prints it.
+pub fn helm_template_text(values: &[&str]) -> String {
+    let mut command = Command::new(helm_or_panic());
+    command
+        .args(["template", "turnstile"])
+        .arg(repo().join("charts/turnstile"))
+        .args(["--namespace", "turnstile-system"]);
+    for file in values {
+        command.arg("-f").arg(repo().join(file));
+    }
+    let output = command.output().expect("run helm template");
+    assert!(
+        output.status.success(),
+        "helm template failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("UTF-8 manifests")
+}
+
+/// The chart's values file with every toggle on.
+pub const ALL_TOGGLES: &str = "charts/turnstile/ci/all-toggles-values.yaml";
