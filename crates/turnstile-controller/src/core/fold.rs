@@ -1,14 +1,13 @@
 //! Step two of a pass: fold the backend's answers into the claims' and the lock's statuses
-//! (built here, so that the same facts always give the same status), the Events to emit and
-//! when to look again.
+//! (the claims' built by `status`, so that the same facts always give the same status), the
+//! Events to emit and when to look again.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use turnstile_api::{
-    reasons, ClaimPhase, ClaimedLock, DistributedLockStatus, LockClaimStatus, LockHolder,
-    PastGrant, HELD_CONDITION, LOCK_HISTORY_LEN, READY_CONDITION,
+    reasons, ClaimPhase, DistributedLockStatus, LockClaimStatus, LockHolder, PastGrant,
+    LOCK_HISTORY_LEN, READY_CONDITION,
 };
 
 use super::busy::fails_when_busy;
@@ -23,6 +22,9 @@ use super::queue::{
     positions_refresh_at, refresh_stale_positions, shown_position, EXACT_POSITIONS,
 };
 use super::report::{claim_events, holder_deleted, observations_for};
+use super::status::{
+    conditions_status, held_status, pending_status, set_condition, terminal_status,
+};
 
 /// Look at every lock at least this often, even when nothing happens (heals missed events).
 pub const RESYNC_INTERVAL: Duration = Duration::from_secs(300);
@@ -135,7 +137,7 @@ impl Folder<'_> {
         if claim.owner_state == OwnerState::Alive {
             let lease = claim.lease_seconds(&self.input.lock);
             // Not before the next whole second: a renewal never changes within one.
-            let due = super::plan::owner_renewal_due(expiry, lease).max(self.now + 1);
+            let due = super::expiry::owner_renewal_due(expiry, lease).max(self.now + 1);
             self.wake_at(due);
         }
     }
@@ -166,7 +168,7 @@ impl Folder<'_> {
     }
 
     fn recorded_expiry(&self, claim: &ClaimView) -> Seconds {
-        super::plan::recorded_expiry(self.input, claim)
+        super::expiry::recorded_expiry(self.input, claim)
     }
 
     fn note_failure(&mut self, outcome: &OpOutcome) {
@@ -213,7 +215,7 @@ impl Folder<'_> {
             Intent::KeepHeld => {
                 // A pending renewal is only recorded once the backend extends the grant, but
                 // the claim is not expired before the renewed expiry.
-                let (expiry, _) = super::plan::held_expiry(self.input, claim, &self.plan.mode);
+                let (expiry, _) = super::expiry::held_expiry(self.input, claim, &self.plan.mode);
                 self.wake_at(expiry);
                 self.held_until(claim, self.recorded_expiry(claim))
             }
@@ -689,181 +691,4 @@ fn with_history(history: &[PastGrant], ended: Vec<PastGrant>) -> Vec<PastGrant> 
     let extra = history.len().saturating_sub(LOCK_HISTORY_LEN);
     history.drain(..extra);
     history
-}
-
-fn conditions_status(ready: bool) -> &'static str {
-    if ready {
-        "True"
-    } else {
-        "False"
-    }
-}
-
-// The statuses a fold writes, built here so that the same facts always give the same status
-// (the second pass over unchanged state must write nothing).
-
-/// Sets condition `type_` in `conditions` (keeping the others), moving `lastTransitionTime`
-/// only when the condition's status flips.
-fn set_condition(
-    conditions: &[Condition],
-    type_: &str,
-    status: bool,
-    reason: &str,
-    message: &str,
-    generation: Option<i64>,
-    now: Seconds,
-) -> Vec<Condition> {
-    let status = if status { "True" } else { "False" };
-    let mut out: Vec<Condition> = conditions.to_vec();
-    let transition = conditions
-        .iter()
-        .find(|condition| condition.type_ == type_)
-        .filter(|condition| condition.status == status)
-        .map(|condition| condition.last_transition_time.clone())
-        .unwrap_or_else(|| time_at(now));
-    let condition = Condition {
-        type_: type_.to_owned(),
-        status: status.to_owned(),
-        reason: reason.to_owned(),
-        message: message.to_owned(),
-        last_transition_time: transition,
-        observed_generation: generation,
-    };
-    match out.iter_mut().find(|c| c.type_ == type_) {
-        Some(existing) => *existing = condition,
-        None => out.push(condition),
-    }
-    out
-}
-
-/// A claim's status in `phase` with the fields every phase shares filled in: `reason`,
-/// `message`, the `Held` condition, `observedGeneration` and `arrivedAt`.
-fn with_common(
-    claim: &ClaimView,
-    mut status: LockClaimStatus,
-    reason: &str,
-    message: String,
-    now: Seconds,
-) -> LockClaimStatus {
-    let held = status.phase == Some(ClaimPhase::Held);
-    status.conditions = set_condition(
-        &claim.status.conditions,
-        HELD_CONDITION,
-        held,
-        reason,
-        &message,
-        claim.generation,
-        now,
-    );
-    status.reason = Some(reason.to_owned());
-    status.message = Some(message);
-    status.observed_generation = claim.generation;
-    // The claim's place in the queue, kept for good once written.
-    status.arrived_at = claim.status.arrived_at.clone();
-    status
-}
-
-/// Waiting in the queue (`position` is `None` when there is no queue: the lock is missing).
-pub(super) fn pending_status(
-    claim: &ClaimView,
-    position: Option<i32>,
-    reason: &str,
-    message: String,
-    now: Seconds,
-) -> LockClaimStatus {
-    let status = LockClaimStatus {
-        phase: Some(ClaimPhase::Pending),
-        position,
-        holder_identity: Some(claim.holder_identity()),
-        ..LockClaimStatus::default()
-    };
-    with_common(claim, status, reason, message, now)
-}
-
-/// Holding the lock.
-fn held_status(
-    claim: &ClaimView,
-    holder_identity: String,
-    fencing_token: u64,
-    acquired_at: Seconds,
-    expires_at: Seconds,
-    message: String,
-    now: Seconds,
-) -> LockClaimStatus {
-    let status = LockClaimStatus {
-        phase: Some(ClaimPhase::Held),
-        holder_identity: Some(holder_identity),
-        fencing_token: i64::try_from(fencing_token).ok(),
-        acquired_at: Some(time_at(acquired_at)),
-        expires_at: Some(time_at(expires_at)),
-        locks: lock_grants(claim, fencing_token, expires_at),
-        ..LockClaimStatus::default()
-    };
-    with_common(
-        claim,
-        status,
-        turnstile_api::reasons::ACQUIRED,
-        message,
-        now,
-    )
-}
-
-/// `status.locks` of a claim on several locks held until `expires_at`: its first lock's grant
-/// (`fencing_token`) and each other lock's, as the pass found or made them (empty for a claim
-/// on one lock).
-fn lock_grants(claim: &ClaimView, fencing_token: u64, expires_at: Seconds) -> Vec<ClaimedLock> {
-    if !claim.is_multi_lock() {
-        return Vec::new();
-    }
-    let first = (claim.first_lock(), Some(fencing_token));
-    let others = claim
-        .members
-        .iter()
-        .map(|member| (member.name.as_str(), member.fencing_token));
-    std::iter::once(first)
-        .chain(others)
-        .filter_map(|(lock, token)| {
-            Some(ClaimedLock {
-                lock_name: lock.to_owned(),
-                fencing_token: i64::try_from(token?).ok()?,
-                expires_at: Some(time_at(expires_at)),
-            })
-        })
-        .collect()
-}
-
-/// Ended in a terminal phase: the grant's record (holder, token, acquiredAt) stays, the
-/// queue position and the lease expiry go.
-pub(super) fn terminal_status(
-    claim: &ClaimView,
-    phase: ClaimPhase,
-    reason: &str,
-    message: String,
-    released_at: Option<Seconds>,
-    now: Seconds,
-) -> LockClaimStatus {
-    let old = &claim.status;
-    let status = LockClaimStatus {
-        phase: Some(phase),
-        position: None,
-        holder_identity: old
-            .holder_identity
-            .clone()
-            .or_else(|| Some(claim.holder_identity())),
-        fencing_token: old.fencing_token,
-        acquired_at: old.acquired_at.clone(),
-        expires_at: None,
-        released_at: released_at.map(time_at),
-        // Each lock's token stays on record; no lease runs any more.
-        locks: old
-            .locks
-            .iter()
-            .map(|entry| ClaimedLock {
-                expires_at: None,
-                ..entry.clone()
-            })
-            .collect(),
-        ..LockClaimStatus::default()
-    };
-    with_common(claim, status, reason, message, now)
 }

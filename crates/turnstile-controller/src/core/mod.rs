@@ -18,6 +18,7 @@
 
 mod busy;
 mod decision;
+mod expiry;
 mod fold;
 mod model;
 mod ops;
@@ -25,6 +26,7 @@ mod orphan;
 mod plan;
 mod queue;
 mod report;
+mod status;
 
 #[cfg(test)]
 mod tests;

@@ -8,8 +8,9 @@ use k8s_openapi::jiff::Timestamp;
 use turnstile_api::{event_reasons, reasons};
 
 use super::decision::{EventSeverity, EventSubject, PlannedEvent};
-use super::fold::{pending_status, terminal_status, RESYNC_INTERVAL};
+use super::fold::RESYNC_INTERVAL;
 use super::model::ClaimView;
+use super::status::{pending_status, terminal_status};
 use turnstile_api::{ClaimPhase, LockClaimStatus};
 
 /// What to do with a claim whose lock is missing.

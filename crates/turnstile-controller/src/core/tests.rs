@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
+use super::expiry::effective_expiry;
 use super::model::{time_at, BackendView, ClaimView, LockInput, LockView};
 use super::ops::{AcquirePurpose, BackendOp, ExecutionGate, OpOutcome};
-use super::plan::effective_expiry;
 use turnstile_api::{
     BackendKind, ClaimPhase, DistributedLockSpec, DistributedLockStatus, LockClaimSpec,
     LockClaimStatus,
