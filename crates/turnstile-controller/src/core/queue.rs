@@ -149,4 +149,29 @@ mod tests {
         ];
         assert_eq!(names(&claims), ["c", "z", "a", "b", "0"]);
     }
+
+    #[test]
+    fn behind_the_head_the_most_out_of_date_positions_are_refreshed_first() {
+        let shown = |position: i32| LockClaimStatus {
+            position: Some(position),
+            ..LockClaimStatus::default()
+        };
+        // (shown, exact): the head's place 2, then places 5, 10, 4 and 20 behind it.
+        let mut statuses = vec![
+            (0, Some(shown(3))),
+            (1, Some(shown(10))),
+            (2, Some(shown(12))),
+            (3, Some(shown(9))),
+            (4, Some(shown(30))),
+        ];
+        let stale = [(0, 2), (1, 5), (2, 10), (3, 4), (4, 20)];
+        refresh_stale_positions(&mut statuses, &stale);
+        let positions: Vec<i32> = statuses
+            .iter()
+            .map(|(_, status)| status.as_ref().and_then(|s| s.position).expect("position"))
+            .collect();
+        // The head always; behind it the two shown furthest out of proportion: 9 for 4
+        // (2.25×) and 10 for 5 (2×), not 30 for 20 (further off, but 1.5×) nor 12 for 10.
+        assert_eq!(positions, [2, 5, 12, 4, 30]);
+    }
 }

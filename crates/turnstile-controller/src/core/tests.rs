@@ -174,3 +174,57 @@ fn reattach_raises_the_floor_just_below_the_recorded_token_then_to_the_high_wate
     assert!(matches!(ops[2], BackendOp::RaiseFloor { floor: 9 }));
     assert_eq!(ops.len(), 3);
 }
+
+/// A pending claim of group `g` with `policy`, arrived at `T0 + seconds`.
+fn grouped_claim(name: &str, seconds: i64, policy: turnstile_api::BusyPolicy) -> ClaimView {
+    let mut claim = held_claim(T0 + 10, None);
+    claim.name = name.to_owned();
+    claim.uid = format!("uid-{name}");
+    claim.spec.group = Some("g".to_owned());
+    claim.spec.when_busy = Some(policy);
+    claim.status = LockClaimStatus {
+        phase: Some(ClaimPhase::Pending),
+        arrived_at: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+            Timestamp::from_second(T0 + seconds).expect("time"),
+        )),
+        ..LockClaimStatus::default()
+    };
+    claim
+}
+
+#[test]
+fn only_a_live_newer_claim_of_the_group_replaces_and_says_by_whom() {
+    use turnstile_api::BusyPolicy::{ReplacePending, Wait};
+    let older = grouped_claim("older", 0, Wait);
+    let newer = grouped_claim("newer", 1, ReplacePending);
+    let mut input = input_at(T0 + 2, older.clone());
+    input.claims.push(newer.clone());
+    let replaced = super::busy::replacements(&input);
+    let replacement = &replaced[&0];
+    assert_eq!(replaced.len(), 1, "only the older one");
+    assert_eq!(
+        replacement.message(false),
+        "replaced by claim newer of group g (whenBusy: ReplacePending)"
+    );
+    assert_eq!(
+        replacement.message(true),
+        "cancelled by claim newer of group g (whenBusy: ReplacePending)"
+    );
+
+    // A newer claim being deleted, ended, or on several locks replaces nobody.
+    let mut deleted = newer.clone();
+    deleted.deleting = true;
+    let mut ended = newer.clone();
+    ended.status.phase = Some(ClaimPhase::Failed);
+    let mut several = newer.clone();
+    several.locks = vec!["db".to_owned(), "cache".to_owned()];
+    for gone in [deleted, ended, several] {
+        let mut input = input_at(T0 + 2, older.clone());
+        input.claims.push(gone.clone());
+        assert!(
+            super::busy::replacements(&input).is_empty(),
+            "{:?} replaced a claim",
+            (gone.deleting, gone.status.phase, gone.locks)
+        );
+    }
+}

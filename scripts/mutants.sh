@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Mutation testing with cargo-mutants (crates.io; `cargo install cargo-mutants --locked`): how
+# many deliberate bugs in the code that decides grants, tokens and releases the tests catch. A
+# measurement job, not part of CI: a file of the core takes 10-30 minutes on 2 cores.
+#
+#   bash scripts/mutants.sh core FILE...    mutants of these files of the controller's core,
+#                                           judged by its unit tests and the simulation's
+#                                           (core_semantics, controller_core, multi_lock)
+#   bash scripts/mutants.sh engine FILE...  mutants of these files of turnstile-lock, judged by
+#                                           its unit tests and the conformance suite
+#
+# Results go to mutants.out/ under $TURNSTILE_MUTANTS_OUT (default /tmp/turnstile-mutants);
+# the README's "Mutation testing" table records each run.
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+out=${TURNSTILE_MUTANTS_OUT:-/tmp/turnstile-mutants}
+scope=${1:-}
+shift || true
+if [ "$#" -eq 0 ]; then
+  echo "usage: $0 core|engine FILE..." >&2
+  exit 2
+fi
+files=()
+for file in "$@"; do
+  files+=(-f "$file")
+done
+# Incremental builds: every mutant rebuilds one crate.
+export CARGO_INCREMENTAL=1 CARGO_PROFILE_DEV_DEBUG=line-tables-only
+cd "$repo"
+case "$scope" in
+  core)
+    exec cargo mutants -p turnstile-controller "${files[@]}" --output "$out" --timeout 240 \
+      --test-workspace=false -- --lib --test core_semantics --test controller_core --test multi_lock
+    ;;
+  engine)
+    exec cargo mutants -p turnstile-lock "${files[@]}" --output "$out" --timeout 240 \
+      --test-workspace=false -- --lib --test conformance
+    ;;
+  *)
+    echo "usage: $0 core|engine FILE..." >&2
+    exit 2
+    ;;
+esac
