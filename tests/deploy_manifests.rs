@@ -644,6 +644,16 @@ fn the_mongo_and_etcd_components_wire_the_url_from_the_users_secret() {
         assert!(objects
             .iter()
             .all(|o| kind_of(o) != "Secret" && !name_of(o).contains(component)));
+        // The controller may reach the server: its port is open in the NetworkPolicy.
+        let port = if component == "etcd" { 2379 } else { 27017 };
+        let policy = find(&objects, "NetworkPolicy", "turnstile-controller");
+        let open = policy["spec"]["egress"]
+            .as_array()
+            .expect("egress")
+            .iter()
+            .flat_map(|rule| rule["ports"].as_array().cloned().unwrap_or_default())
+            .any(|open| open["port"] == port);
+        assert!(open, "{component}: egress to port {port}");
     }
 }
 

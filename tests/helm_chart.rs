@@ -185,14 +185,15 @@ fn every_toggle_lands_where_the_values_file_says() {
         "platform"
     );
     let policy = find(&rendered, "NetworkPolicy", "turnstile-controller");
-    assert!(
-        policy["spec"]["egress"][2]["ports"]
-            .as_array()
-            .expect("ports")
-            .iter()
-            .any(|port| port["port"] == 2379),
-        "the extra egress port"
-    );
+    let ports = policy["spec"]["egress"][2]["ports"]
+        .as_array()
+        .expect("ports");
+    for port in [2379, 7000] {
+        assert!(
+            ports.iter().any(|open| open["port"] == port),
+            "egress port {port} (etcd's, as etcd.urlSecret is set; the extra one)"
+        );
+    }
     for (kind, name) in [
         ("ServiceMonitor", "turnstile-controller"),
         ("PrometheusRule", "turnstile-controller"),
