@@ -1,7 +1,7 @@
 //! `LockTemplate`: locks created on first use. A claim naming a missing lock whose name a
 //! template of its namespace matches gets that lock, with the template's spec.
 
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::{CustomResource, KubeSchema, ResourceExt};
 use serde::{Deserialize, Serialize};
 
@@ -138,12 +138,10 @@ pub fn unused_lock_deadline(lock: &DistributedLock) -> Option<Timestamp> {
         .map(|at| at.0);
     let since = last_end.map_or(created, |end| end.max(created));
     since
-        .checked_add(jiff_seconds(seconds.min(MAX_UNUSED_LOCK_SECONDS)))
+        .checked_add(SignedDuration::from_secs(
+            seconds.min(MAX_UNUSED_LOCK_SECONDS),
+        ))
         .ok()
-}
-
-fn jiff_seconds(seconds: i64) -> k8s_openapi::jiff::SignedDuration {
-    k8s_openapi::jiff::SignedDuration::from_secs(seconds)
 }
 
 #[cfg(test)]

@@ -10,12 +10,12 @@
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
 
 use super::context::Context;
 use super::error::ControllerError;
+use super::writer::Created;
 use turnstile_api::{template_for, unused_lock_deadline, DistributedLock, LockClaim, LockTemplate};
 
 /// Makes the locks `claim` names that do not exist and a template of its namespace matches.
@@ -33,49 +33,41 @@ pub async fn make_missing_locks(ctx: &Context, claim: &LockClaim) -> Result<bool
         return Ok(false);
     }
     let namespace = claim.namespace().unwrap_or_default();
+    // Every claim event comes here: the template cache is read only for a lock that is missing.
+    let missing: Vec<&str> = claim
+        .spec
+        .locks()
+        .into_iter()
+        .filter(|name| !ctx.lock_exists(&namespace, name))
+        .collect();
+    if missing.is_empty() {
+        return Ok(false);
+    }
     let in_namespace: Vec<_> = templates
         .state()
         .into_iter()
         .filter(|template| template.namespace().as_deref() == Some(namespace.as_str()))
         .collect();
-    if in_namespace.is_empty() {
-        return Ok(false);
-    }
     let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &namespace);
+    let writer = ctx.writer();
     let mut made = false;
-    for name in claim.spec.locks() {
-        if ctx.lock_exists(&namespace, name) {
-            continue;
-        }
+    for name in missing {
         let Some(template) = template_for(in_namespace.iter().map(AsRef::as_ref), name) else {
             continue;
         };
-        if !ctx.leadership.is_open() {
-            return Err(ControllerError::NotLeader {
-                action: format!("making lock {name}"),
-            });
-        }
-        let lock = template.lock_named(&namespace, name);
-        match api.create(&PostParams::default(), &lock).await {
-            Ok(_) => {
-                tracing::info!(
-                    namespace,
-                    lock = name,
-                    template = template.name_any(),
-                    claim = claim.name_any(),
-                    "made lock from template on first use"
-                );
-            }
+        match writer
+            .create(&api, &template.lock_named(&namespace, name))
+            .await?
+        {
+            Created::New(_) => tracing::info!(
+                namespace,
+                lock = name,
+                template = template.name_any(),
+                claim = claim.name_any(),
+                "made lock from template on first use"
+            ),
             // Made meanwhile (another claim's pass, a user): it exists, which is all we want.
-            Err(kube::Error::Api(status)) if status.code == 409 => {
-                tracing::debug!(namespace, lock = name, "lock already made");
-            }
-            Err(source) => {
-                return Err(ControllerError::kube(
-                    "making a lock from a template",
-                    source,
-                ))
-            }
+            Created::AlreadyExists => tracing::debug!(namespace, lock = name, "lock already made"),
         }
         made = true;
     }
@@ -101,31 +93,21 @@ pub async fn unused_lock_due(
         let wait = Duration::try_from(deadline.duration_since(now)).unwrap_or(Duration::ZERO);
         return Ok(Some(wait + Duration::from_secs(1)));
     }
-    if !ctx.leadership.is_open() {
+    let writer = ctx.writer();
+    if !writer.may_write() {
         return Ok(None);
     }
     let namespace = lock.namespace().unwrap_or_default();
     let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &namespace);
     // Only the lock this pass judged: a lock made again since is a new object.
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: lock.uid(),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    match api.delete(&lock.name_any(), &params).await {
-        Ok(_) => {
-            tracing::info!(
-                namespace,
-                lock = lock.name_any(),
-                "deleted unused lock made from a template"
-            );
-            Ok(None)
-        }
-        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(None),
-        Err(source) => Err(ControllerError::kube("deleting an unused lock", source)),
+    if writer.delete(&api, lock).await? {
+        tracing::info!(
+            namespace,
+            lock = lock.name_any(),
+            "deleted unused lock made from a template"
+        );
     }
+    Ok(None)
 }
 
 /// The claims a template change may concern: those of its namespace waiting for a lock that

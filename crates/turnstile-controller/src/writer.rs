@@ -12,7 +12,7 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::sync::Arc;
 
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -187,6 +187,28 @@ impl ApiWriter {
         match api.create(&PostParams::default(), object).await {
             Ok(created) => Ok(Created::New(created)),
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(Created::AlreadyExists),
+            Err(source) => Err(ControllerError::kube(action, source)),
+        }
+    }
+
+    /// Deletes `object` through `api`, only that very object (its uid): one gone already, or
+    /// made again since under the same name, is left alone and reported as `false`.
+    pub async fn delete<K>(&self, api: &Api<K>, object: &K) -> Result<bool, ControllerError>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+    {
+        let action = format!("deleting {} {}", K::kind(&()), object.name_any());
+        self.leadership.check(&action)?;
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: object.uid(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&object.name_any(), &params).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(false),
             Err(source) => Err(ControllerError::kube(action, source)),
         }
     }

@@ -7,6 +7,7 @@ use turnstile_api::{ClaimPhase, ClaimedLock, LockClaimStatus, HELD_CONDITION};
 
 use super::model::{time_at, ClaimView, Seconds};
 
+/// A condition's `status` for `ready`.
 pub(super) fn conditions_status(ready: bool) -> &'static str {
     if ready {
         "True"
@@ -29,7 +30,7 @@ pub(super) fn set_condition(
     generation: Option<i64>,
     now: Seconds,
 ) -> Vec<Condition> {
-    let status = if status { "True" } else { "False" };
+    let status = conditions_status(status);
     let mut out: Vec<Condition> = conditions.to_vec();
     let transition = conditions
         .iter()
