@@ -64,35 +64,39 @@ impl ClaimTraces {
         let old = claim.status.clone().unwrap_or_default();
         let old_phase = old.phase.unwrap_or_default();
         let parent = parent_of(claim);
-        let attributes = |status: &LockClaimStatus| {
+        let attributes = |token: Option<i64>, reason: Option<&str>| {
             let mut attributes = vec![
                 KeyValue::new("k8s.namespace.name", lock.namespace.to_owned()),
                 KeyValue::new("turnstile.lock", lock.name.to_owned()),
                 KeyValue::new("turnstile.claim", claim.name_any()),
                 KeyValue::new("turnstile.backend", lock.backend.to_owned()),
             ];
-            if let Some(token) = status.fencing_token {
+            if let Some(token) = token {
                 attributes.push(KeyValue::new("turnstile.fencing_token", token));
             }
-            if let Some(reason) = &status.reason {
-                attributes.push(KeyValue::new("turnstile.reason", reason.clone()));
+            if let Some(reason) = reason {
+                attributes.push(KeyValue::new("turnstile.reason", reason.to_owned()));
             }
             attributes
         };
+        // Where a wait starts: the arrival its status records, else the claim's creation.
+        let arrival = |status: &LockClaimStatus| {
+            status.arrived_at.as_ref().map(|at| at.0).or(claim
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|at| at.0))
+        };
+        let acquired = old.acquired_at.as_ref().map_or(now, |at| at.0);
         match new {
             Some(new) if old_phase != ClaimPhase::Held && new.phase == Some(ClaimPhase::Held) => {
-                let arrived = new.arrived_at.as_ref().map(|at| at.0).or(claim
-                    .metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .map(|at| at.0));
                 let granted = new.acquired_at.as_ref().map_or(now, |at| at.0);
                 self.span(
                     WAIT_SPAN,
                     &parent,
-                    arrived.unwrap_or(granted),
+                    arrival(new).unwrap_or(granted),
                     granted,
-                    attributes(new),
+                    attributes(new.fencing_token, new.reason.as_deref()),
                     None,
                 );
             }
@@ -101,38 +105,26 @@ impl ClaimTraces {
                     && new.phase.is_some_and(ClaimPhase::is_terminal) =>
             {
                 // It never got the lock (timed out, busy, superseded...).
-                let arrived = old
-                    .arrived_at
-                    .as_ref()
-                    .map(|at| at.0)
-                    .or(claim.metadata.creation_timestamp.as_ref().map(|at| at.0))
-                    .unwrap_or(now);
                 let ended = new.released_at.as_ref().map_or(now, |at| at.0);
                 let why = new.reason.clone().unwrap_or_default();
                 self.span(
                     WAIT_SPAN,
                     &parent,
-                    arrived,
+                    arrival(&old).unwrap_or(now),
                     ended,
-                    attributes(new),
+                    attributes(new.fencing_token, new.reason.as_deref()),
                     Some(why),
                 );
             }
             Some(new) if old_phase == ClaimPhase::Held && new.phase != Some(ClaimPhase::Held) => {
-                let acquired = old.acquired_at.as_ref().map_or(now, |at| at.0);
+                // The grant's token, whatever the new status keeps of it.
                 let ended = new.released_at.as_ref().map_or(now, |at| at.0);
-                let mut attributes = attributes(new);
-                attributes.retain(|kv| kv.key.as_str() != "turnstile.fencing_token");
-                if let Some(token) = old.fencing_token {
-                    attributes.push(KeyValue::new("turnstile.fencing_token", token));
-                }
+                let attributes = attributes(old.fencing_token, new.reason.as_deref());
                 self.span(HOLD_SPAN, &parent, acquired, ended, attributes, None);
             }
             None if old_phase == ClaimPhase::Held => {
                 // A deleted holder: its grant ends as it goes.
-                let acquired = old.acquired_at.as_ref().map_or(now, |at| at.0);
-                let mut attributes = attributes(&old);
-                attributes.push(KeyValue::new("turnstile.reason", "ClaimDeleted"));
+                let attributes = attributes(old.fencing_token, Some("ClaimDeleted"));
                 self.span(HOLD_SPAN, &parent, acquired, now, attributes, None);
             }
             _ => {}
