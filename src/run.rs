@@ -1,5 +1,6 @@
 //! `turnstile run`: its flags, logging set-up and signal handling around [`turnstile_controller::run`].
 
+use std::io::IsTerminal as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -139,7 +140,10 @@ fn init_logging(format: LogFormat, traces: Option<&SdkTracerProvider>) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let lines = match format {
-        LogFormat::Text => tracing_subscriber::fmt::layer().boxed(),
+        // Colours only on a terminal: a file or a log collector would keep the codes as text.
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(std::io::stdout().is_terminal())
+            .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer().json().boxed(),
     };
     let registry = tracing_subscriber::registry()

@@ -3,7 +3,8 @@
 //! real `redis-server` and the MongoDB test server), against the fake API server. A lock on
 //! each backend gets its claim granted, and the grant is in that backend under the
 //! documented names: the env vars work as their flags do. `--metrics-addr` serves the probes
-//! and the metrics; `--log-format json` writes JSON lines.
+//! and the metrics; `--log-format json` writes JSON lines, and text logs to a pipe carry no
+//! colour codes.
 //!
 //! Also through the binary: `--namespace` scopes the watch (and a claim that does not decode
 //! is one WARN line naming it), without it every namespace is served; the TLS files come from
@@ -384,4 +385,23 @@ async fn serves_mongo_locks_from_a_mongodb_srv_url() {
     assert!(token_of(&b) > token_of(&a), "{a:?} {b:?}");
     srv.assert_srv_looked_up();
     stop(controller).await;
+}
+
+/// Text logs written to a file or a pipe carry no terminal colour codes (a log collector or
+/// `turnstile run > controller.log` would keep them as garbage); the grant's line is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_logs_to_a_pipe_carry_no_colour_codes() {
+    let env = Env::new().await;
+    env.apply_lock("db", "leaseDurationSeconds: 300");
+    env.apply_claim("mine", "db", "");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_turnstile"));
+    command
+        .args(["run", "--namespace", &env.namespace])
+        .env("RUST_LOG", "info")
+        .env("KUBECONFIG", &env.kubeconfig);
+    let controller = spawn_captured(&mut command, Stdio::null(), "turnstile run");
+    env.wait_phase("mine", ClaimPhase::Held).await;
+    let (logs, _) = stop(controller).await;
+    assert!(logs.contains("claim is Held"), "{logs}");
+    assert!(!logs.contains('\u{1b}'), "colour codes in: {logs}");
 }
