@@ -29,3 +29,8 @@ pub mod wait;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The docs site's lock engine page's Rust examples, as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/src/engine.md")]
+pub struct EngineDocsDoctests;

@@ -19,8 +19,8 @@ use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use e2e_support::child::{finish_within, spawn_captured};
+use e2e_support::docs::docs_page;
 use e2e_support::output::{one_line_exit, stderr, stdout};
-use e2e_support::readme::readme_text;
 use e2e_support::roles::{example_role, verbs};
 use e2e_support::tls_front::tls_front;
 use e2e_support::{namespace_with_a_claim, write_unreachable_kubeconfig};
@@ -463,34 +463,40 @@ fn numeric_codes<'a>(cells: impl Iterator<Item = &'a str>) -> BTreeSet<u8> {
         .collect()
 }
 
-/// Each command's `--help` ends with its exit codes, and the README lists the very same codes
-/// for it: `wait` and `lock` in their `| exit | meaning |` tables, `queue` in its "Exit codes:"
+/// Each command's `--help` ends with its exit codes, and its docs page lists the very same
+/// codes: `wait` and `lock` in their `| exit | meaning |` tables, `queue` in its "Exit codes:"
 /// line. (The help lists are made from the code's constants.)
 #[test]
-fn each_commands_help_and_the_readme_list_the_same_exit_codes() {
-    let readme = readme_text();
-    let tables: Vec<BTreeSet<u8>> = readme
-        .split("| exit | meaning |\n|---|---|\n")
-        .skip(1)
-        .map(|table| {
-            let rows = table.lines().take_while(|line| line.starts_with('|'));
-            numeric_codes(rows.map(|row| row.split('|').nth(1).unwrap_or_default()))
-        })
-        .collect();
-    let queue_line = readme
+fn each_commands_help_and_its_docs_page_list_the_same_exit_codes() {
+    // The first `| exit | meaning |` table of a page.
+    let table = |page: &str| -> BTreeSet<u8> {
+        let text = docs_page(page);
+        let table = text
+            .split("| exit | meaning |\n|---|---|\n")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{page} has no exit code table"));
+        let rows = table.lines().take_while(|line| line.starts_with('|'));
+        numeric_codes(rows.map(|row| row.split('|').nth(1).unwrap_or_default()))
+    };
+    let tables = [
+        table("how-to/turnstile-wait.md"),
+        table("how-to/turnstile-lock.md"),
+    ];
+    let operating = docs_page("how-to/operating.md");
+    let queue_line = operating
         .split("- Exit codes: ")
         .nth(1)
         .and_then(|rest| rest.split(" (one `turnstile:` line").next())
-        .expect("README: the queue's exit codes");
+        .expect("how-to/operating.md: the queue's exit codes");
     let queue_codes = numeric_codes(
         queue_line
             .split(';')
             .map(|entry| entry.split_whitespace().next().unwrap_or_default()),
     );
-    for (command, readme_codes) in [
-        ("wait", tables.first()),
-        ("lock", tables.get(1)),
-        ("queue", Some(&queue_codes)),
+    for (command, docs_codes) in [
+        ("wait", &tables[0]),
+        ("lock", &tables[1]),
+        ("queue", &queue_codes),
     ] {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_turnstile"))
             .args([command, "--help"])
@@ -511,9 +517,8 @@ fn each_commands_help_and_the_readme_list_the_same_exit_codes() {
         );
         assert!(help_codes.len() >= 3, "{command}: {help_codes:?} in {help}");
         assert_eq!(
-            Some(&help_codes),
-            readme_codes,
-            "{command}: --help and the README's exit codes differ"
+            &help_codes, docs_codes,
+            "{command}: --help and the docs' exit codes differ"
         );
     }
 }

@@ -25,8 +25,8 @@
 //! passes, except under `CI=true`, where it fails.
 
 mod deploy_support;
-#[path = "e2e_support/readme.rs"]
-mod readme;
+#[path = "e2e_support/docs.rs"]
+mod docs;
 #[path = "e2e_support/scratch.rs"]
 mod scratch;
 
@@ -38,7 +38,7 @@ use deploy_support::{
     file_names, helm_template_text, kind_of, kustomize_text, name_of, objects, render_base,
     render_text_with_components, repo, ALL_TOGGLES,
 };
-use readme::readme_line;
+use docs::docs_line;
 use scratch::{scratch, scratch_file};
 use serde_json::Value;
 
@@ -47,10 +47,10 @@ fn tool(name: &str, test: &str) -> Option<PathBuf> {
     test_servers::tool_or_skip(name, test, "PyPI; `bash .ci/install` installs it")
 }
 
-/// The oldest and newest supported Kubernetes versions, from the README's line
+/// The oldest and newest supported Kubernetes versions, from the install guide's line
 /// "Supported Kubernetes versions: **1.X to 1.Y**".
 fn supported_versions() -> (String, String) {
-    let line = readme_line("Supported Kubernetes versions:");
+    let line = docs_line("how-to/install.md", "Supported Kubernetes versions:");
     let range = line
         .split("**")
         .nth(1)

@@ -38,7 +38,7 @@ fn the_plane_knob_is_fake_by_default_real_on_request_and_a_bad_value_is_named() 
 }
 
 #[test]
-fn the_knobs_default_to_the_readmes_sizes_and_a_bad_value_is_named() {
+fn the_knobs_default_to_the_documented_sizes_and_a_bad_value_is_named() {
     let defaults = Knobs::read(|_| None, Knobs::DEFAULT).expect("no knob set");
     assert_eq!(
         defaults,
@@ -49,8 +49,11 @@ fn the_knobs_default_to_the_readmes_sizes_and_a_bad_value_is_named() {
             idle_seconds: 60
         }
     );
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
+    let readme = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/src/development/scale.md"
+    ))
+    .expect("docs/src/development/scale.md");
     let readme = readme.split_whitespace().collect::<Vec<_>>().join(" ");
     for (knob, default) in [
         ("TURNSTILE_BENCH_LOCKS", "1000"),
@@ -62,7 +65,7 @@ fn the_knobs_default_to_the_readmes_sizes_and_a_bad_value_is_named() {
         let said_default = format!("`{knob}` (default {default}");
         assert!(
             readme.contains(&said) || readme.contains(&said_default),
-            "the README gives {knob} a default other than {default}"
+            "the scale page gives {knob} a default other than {default}"
         );
     }
 

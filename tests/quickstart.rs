@@ -12,6 +12,8 @@
 //!   `export KUBECONFIG=` line, leaves both processes serving after it exits, and `stop` ends
 //!   them by PID.
 
+#[path = "e2e_support/docs.rs"]
+mod docs;
 #[path = "e2e_support/json.rs"]
 mod json;
 #[path = "e2e_support/output.rs"]
@@ -556,6 +558,21 @@ fn playground_ends_on_a_held_lock_and_stops_by_pid() {
         out.contains("not Kubernetes"),
         "says what it is not:\n{out}"
     );
+    // What "Getting started" shows the script print (its first console block), with the
+    // page's example folder for this run's.
+    let blocks = docs::console_blocks(&docs::docs_page("getting-started.md"));
+    let shown = &blocks.first().expect("a console block").steps;
+    assert_eq!(shown[0].command, "bash scripts/quickstart.sh");
+    assert!(shown[2]
+        .command
+        .starts_with("bash scripts/quickstart.sh stop"));
+    let as_on_the_page = out.replace(
+        &playground.state().display().to_string(),
+        "/home/me/turnstile/.quickstart",
+    );
+    if let Err(diff) = docs::output_matches(&shown[0].expected, &as_on_the_page) {
+        panic!("getting-started.md shows another output of the script:\n{diff}");
+    }
 
     // Both processes outlive the script, and the API answers through the printed kubeconfig.
     let pids = playground.pids();

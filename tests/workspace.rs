@@ -3,19 +3,19 @@
 //! what `cargo package` would publish. The builds use a target folder of their own
 //! (`target/workspace-check`), since the suite's own build folder is locked while it runs.
 
+#[path = "e2e_support/docs.rs"]
+mod docs;
 #[path = "e2e_support/json.rs"]
 mod json;
 #[path = "e2e_support/output.rs"]
 mod output;
-#[path = "e2e_support/readme.rs"]
-mod readme;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use docs::{readme_line, readme_text};
 use json::strings_of;
 use output::succeeded;
-use readme::{readme_line, readme_text};
 
 fn workspace() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -321,13 +321,14 @@ fn under_ci_a_test_missing_its_tool_or_server_fails_and_otherwise_skips() {
     }
 }
 
-/// Every `path.rs::name` the promise ledger (`tests/PROMISES.md`) gives as a promise's test
+/// Every `path.rs::name` the promise ledger (`docs/src/development/promises.md`) gives as a promise's test
 /// names a file that exists and defines that test (or item), every row is `tested`, and the
 /// count line at its top is the count of its rows: a renamed or deleted test, or a row added
 /// untested, makes the ledger wrong, and this says where.
 #[test]
 fn the_promise_ledger_names_tests_that_exist_and_counts_its_rows() {
-    let ledger = std::fs::read_to_string(workspace().join("tests/PROMISES.md")).expect("ledger");
+    let ledger = std::fs::read_to_string(workspace().join("docs/src/development/promises.md"))
+        .expect("ledger");
     let rows: Vec<&str> = ledger
         .lines()
         .filter(|line| line.starts_with("| "))

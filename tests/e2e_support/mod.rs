@@ -9,6 +9,7 @@
 pub mod actor;
 pub mod child;
 pub mod dns;
+pub mod docs;
 mod flows;
 pub mod jobs;
 pub mod json;
@@ -18,7 +19,6 @@ pub mod monitor;
 pub mod output;
 pub mod plane;
 pub mod pods;
-pub mod readme;
 pub mod roles;
 pub mod scrape;
 pub mod scratch;
