@@ -3,8 +3,9 @@
 //! with every toggle on; with the default values it renders exactly the kustomize base in
 //! `deploy/` (object by object, Helm's own labels and the CRDs' keep annotation aside), so the
 //! two cannot drift; every toggle lands where it says; and on a real control plane
-//! `helm install` → a claim granted by a controller running with the chart's ServiceAccount,
-//! `helm upgrade` keeps the held lock and its token, `helm uninstall` keeps the CRDs. The
+//! `helm install` of the previous chart version → a claim granted by a controller running with
+//! the chart's ServiceAccount, `helm upgrade` to this chart keeps the held lock and its token,
+//! `helm uninstall` keeps the CRDs and a new `helm install` adopts them. The
 //! rendered chart also passes kubernetes-validate and checkov (`tests/manifest_checks.rs`).
 
 mod deploy_support;
@@ -18,6 +19,23 @@ use deploy_support::{
     strings, ALL_TOGGLES,
 };
 use serde_json::Value;
+
+/// The previous chart version, packaged (`helm package` of `charts/turnstile` at 0.1.0).
+const PREVIOUS_CHART: &str = "tests/helm_chart/turnstile-0.1.0.tgz";
+/// Its version, as `helm list` shows it.
+const PREVIOUS_VERSION: &str = "turnstile-0.1.0";
+
+/// This chart's version (`Chart.yaml`).
+fn chart_version() -> String {
+    let chart =
+        std::fs::read_to_string(repo().join("charts/turnstile/Chart.yaml")).expect("Chart.yaml");
+    chart
+        .lines()
+        .find_map(|line| line.strip_prefix("version: "))
+        .expect("a version line")
+        .trim()
+        .to_owned()
+}
 
 /// Runs helm with `args`; panics with its output when it fails.
 fn helm(args: &[&str]) -> String {
@@ -275,7 +293,8 @@ async fn wait_claim(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn helm_install_grants_a_claim_upgrade_keeps_it_and_uninstall_keeps_the_crds() {
+async fn the_previous_chart_grants_a_claim_an_upgrade_to_this_one_keeps_it_and_uninstall_keeps_the_crds(
+) {
     use e2e_support::plane::{client_for, kubectl_ok, own_plane, with_token};
     use e2e_support::{phase_of, position_of, token_of};
     use turnstile_api::{ClaimPhase, LockClaim};
@@ -286,7 +305,7 @@ async fn helm_install_grants_a_claim_upgrade_keeps_it_and_uninstall_keeps_the_cr
     // (a fresh cluster has none: they go, and Helm installs them).
     let Some(plane) = own_plane().await else {
         test_servers::skip_or_fail(
-            "helm_install_grants_a_claim_upgrade_keeps_it_and_uninstall_keeps_the_crds",
+            "the_previous_chart_grants_a_claim_an_upgrade_to_this_one_keeps_it_and_uninstall_keeps_the_crds",
             "it needs a real control plane",
             test_servers::under_ci(),
         );
@@ -302,13 +321,21 @@ async fn helm_install_grants_a_claim_upgrade_keeps_it_and_uninstall_keeps_the_cr
     delete.extend(crds);
     kubectl_ok(Some(&admin), &delete);
 
+    // The previous chart version, as it was packaged (`helm package` of the chart at 0.1.0);
+    // the upgrade goes from it to this one, as a user's would.
     let chart = repo().join("charts/turnstile").display().to_string();
+    let previous = repo().join(PREVIOUS_CHART).display().to_string();
+    assert_ne!(
+        format!("turnstile-{}", chart_version()),
+        PREVIOUS_VERSION,
+        "the chart changed since its previous version: raise its version"
+    );
     let installed = helm_on(
         &admin,
         &[
             "install",
             "turnstile",
-            &chart,
+            &previous,
             "-n",
             "turnstile-system",
             "--create-namespace",
@@ -316,6 +343,12 @@ async fn helm_install_grants_a_claim_upgrade_keeps_it_and_uninstall_keeps_the_cr
     )
     .await;
     assert!(installed.contains("STATUS: deployed"), "{installed}");
+    assert!(
+        helm_on(&admin, &["list", "-n", "turnstile-system"])
+            .await
+            .contains(PREVIOUS_VERSION),
+        "the previous version is installed"
+    );
     let mut wait = vec!["wait", "--for=condition=Established", "--timeout=60s"];
     wait.extend(crds);
     kubectl_ok(Some(&admin), &wait);
@@ -370,8 +403,9 @@ async fn helm_install_grants_a_claim_upgrade_keeps_it_and_uninstall_keeps_the_cr
     let held = wait_claim(&claims, "held", |c| phase_of(c) == Some(ClaimPhase::Held)).await;
     assert_eq!(token_of(&held), Some(1));
 
-    // An upgrade (new values; the same objects) keeps the lock held, with its token, and the
-    // controller keeps its rights: the next claim is granted after the release.
+    // The upgrade to this chart (and new values) keeps the lock held, with its token, and the
+    // controller keeps its rights under this chart's RBAC: the next claim is granted after the
+    // release.
     let upgraded = helm_on(
         &admin,
         &[
@@ -386,6 +420,11 @@ async fn helm_install_grants_a_claim_upgrade_keeps_it_and_uninstall_keeps_the_cr
     )
     .await;
     assert!(upgraded.contains("REVISION: 2"), "{upgraded}");
+    let listed = helm_on(&admin, &["list", "-n", "turnstile-system"]).await;
+    assert!(
+        listed.contains(&format!("turnstile-{}", chart_version())),
+        "{listed}"
+    );
     let still = claims.get("held").await.expect("get claim");
     assert_eq!(phase_of(&still), Some(ClaimPhase::Held));
     assert_eq!(token_of(&still), Some(1));
@@ -427,5 +466,15 @@ async fn helm_install_grants_a_claim_upgrade_keeps_it_and_uninstall_keeps_the_cr
     }
     let kept = claims.get("next").await.expect("the claim stays");
     assert_eq!(phase_of(&kept), Some(ClaimPhase::Held));
+
+    // Installing again adopts the CRDs uninstall kept; the objects are untouched.
+    let again = helm_on(
+        &admin,
+        &["install", "turnstile", &chart, "-n", "turnstile-system"],
+    )
+    .await;
+    assert!(again.contains("STATUS: deployed"), "{again}");
+    let kept = claims.get("next").await.expect("the claim stays");
+    assert_eq!(token_of(&kept), Some(2));
     drop(plane);
 }
