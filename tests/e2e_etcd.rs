@@ -191,6 +191,9 @@ impl TwoClusterMonitor {
         let task = tokio::spawn(async move {
             let (mut samples, mut over, mut tokens) = (0, 0, Vec::<i64>::new());
             loop {
+                // Asked to stop: one more sample, taken after the ask, so that what the test
+                // saw before it asked (the last grant) is in the report.
+                let stopping = stopped.try_recv().is_ok();
                 let mut holders = Vec::new();
                 for api in &apis {
                     if let Ok(list) = api.list(&Default::default()).await {
@@ -206,7 +209,7 @@ impl TwoClusterMonitor {
                         tokens.push(token);
                     }
                 }
-                if stopped.try_recv().is_ok() {
+                if stopping {
                     return (samples, over, tokens);
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;

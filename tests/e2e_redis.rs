@@ -37,6 +37,8 @@ async fn queue_of_three_on_redis() -> (RedisServer, Env, HolderMonitor) {
     let env = controller_and_db_on_redis(server.url(), "leaseDurationSeconds: 300").await;
     env.queue_of_three("db").await;
     let monitor = HolderMonitor::start(&env, "db", 1);
+    // The first holder's grant is in the report before a test ends it.
+    monitor.wait_seen(1).await;
     (server, env, monitor)
 }
 
@@ -367,6 +369,7 @@ async fn the_end_of_a_long_outage_wakes_the_waiting_lock_at_once() {
     let down = Instant::now();
     env.delete_claim("a").await;
     env.wait_ready("db", "False").await;
+    // Time: the outage lasts OUTAGE, whatever the controller does meanwhile.
     tokio::time::sleep(OUTAGE.saturating_sub(down.elapsed())).await;
     assert!(
         env.claims().get_opt("a").await.expect("get a").is_some(),
