@@ -153,8 +153,20 @@ async fn leftovers(
     for claim in delete_everything(env).await {
         left.push(("(any)".to_owned(), format!("claim {claim} never went away")));
     }
-    // The last pass of each lock writes its status; give it a moment.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The last pass of each lock writes its status: wait until every lock shows nobody, or
+    // until the wait runs out (then the checks below say which lock still shows whom).
+    let deadline = Instant::now() + e2e_support::WAIT;
+    while Instant::now() < deadline {
+        let mut shown = 0;
+        for lock in &plan.locks {
+            let status = env.locks().get(lock.name).await.ok().and_then(|l| l.status);
+            shown += status.map_or(0, |s| s.holders.len() + usize::from(s.waiting > 0));
+        }
+        if shown == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let redis_backend = RedisBackend::connect(RedisBackendConfig::new(redis.url())).await;
     let mongo_backend = match mongo {
         Some(server) => Some(

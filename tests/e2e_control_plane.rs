@@ -559,6 +559,7 @@ async fn a_namespace_torn_down_gets_no_status_writes() {
     let settle_deadline = Instant::now() + WAIT;
     let mut seen = controller_lines();
     loop {
+        // Time: a second without new audit lines is the sign the set-up's writes settled.
         tokio::time::sleep(Duration::from_secs(1)).await;
         let now = controller_lines();
         if now == seen {

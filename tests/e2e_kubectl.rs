@@ -152,6 +152,7 @@ async fn apply_get_and_wait(mut env: Env) {
 
     // The README's renewal, release and Events, as the commands it shows. (A renewal in the
     // second of the grant moves no whole-second expiry, so it is no news: wait one out.)
+    // Time: a renewal in the second of the grant moves no whole-second expiry.
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     let patch_b =
@@ -159,6 +160,7 @@ async fn apply_get_and_wait(mut env: Env) {
     patch_b(&format!(r#"{{"spec":{{"renewTime":"{now}"}}}}"#));
     env.wait_event("b", "Renewed").await;
     // A second renewal is the same Event said again: its count rises, no second Event.
+    // Time: a renewal in the same second moves no whole-second expiry.
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     patch_b(&format!(r#"{{"spec":{{"renewTime":"{now}"}}}}"#));
@@ -205,10 +207,11 @@ async fn an_idle_controller_writes_nothing() {
         lock.status.as_ref().is_some_and(|s| s.waiting == 2)
     })
     .await;
-    // Let the passes triggered by the controller's own writes run out.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The passes the set-up's writes caused have run (a pass after them has).
+    env.after_a_pass_over(&["db-migrations"]).await;
     let before = env.lock_and_claim_writes();
     let requests_before = env.server().request_log().len();
+    // Time: the test is that an idle controller writes nothing over a while.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let after = env.lock_and_claim_writes();
     assert_eq!(

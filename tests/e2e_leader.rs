@@ -28,6 +28,28 @@ use turnstile_controller::metrics::Metrics;
 use turnstile_controller::ControllerConfig;
 use turnstile_lock::Backend;
 
+/// Waits until the leader-election Lease in the test's namespace names `identity` as holder.
+async fn wait_for_lease_holder(env: &Env, identity: &str) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases: kube::Api<Lease> = kube::Api::namespaced(env.client.clone(), &env.namespace);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let holder = leases
+            .get_opt(turnstile_controller::leader::DEFAULT_LEASE_NAME)
+            .await
+            .expect("get the Lease")
+            .and_then(|lease| lease.spec?.holder_identity);
+        if holder.as_deref() == Some(identity) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{identity} never held the Lease: {holder:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn replica(env: &Env, identity: &str) -> ControllerConfig {
     ControllerConfig {
         instance: Some(identity.to_owned()),
@@ -58,8 +80,8 @@ async fn standby_takes_over_without_double_grants() {
         metrics_addr: Some(leader_metrics),
         ..replica(&env, "replica-1")
     });
-    // Let replica-1 win the Lease before replica-2 starts.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // replica-1 holds the Lease before replica-2 starts.
+    wait_for_lease_holder(&env, "replica-1").await;
     let standby_metrics = free_addr();
     let second = env.spawn_controller(ControllerConfig {
         metrics_addr: Some(standby_metrics),
@@ -308,6 +330,8 @@ async fn a_replica_that_loses_the_lease_stops_granting() {
     env.apply(
         "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: gated\n  annotations:\n    turnstile.dev/lock: free\nspec:\n  suspend: true\n  template:\n    spec:\n      restartPolicy: Never\n      containers:\n        - name: job\n          image: busybox:1.36\n",
     );
+    // Time: nothing can show that a replica without the Lease chose not to act; a leader acts
+    // within a second, so three seconds without a write from it is the test.
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     let log = env.server().request_log();

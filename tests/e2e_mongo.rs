@@ -44,7 +44,7 @@ fn skipped(what: &str, made: std::io::Result<()>) -> bool {
         !test_servers::under_ci(),
         "under CI the {what} test must run: {error}"
     );
-    println!("skipped the {what}: {error}");
+    test_servers::record_skip(&format!("the {what}"), &error.to_string());
     true
 }
 

@@ -101,9 +101,9 @@ async fn a_claim_on_several_locks_waits_at_the_head_and_nobody_overtakes_it() {
         reason_of(claim).as_deref() == Some("Queued")
     })
     .await;
-    // A while later, lock a is still free for `both` (nobody overtook it) and `both` holds
-    // nothing anywhere.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // After further passes over both locks, lock a is still free for `both` (nobody overtook
+    // it) and `both` holds nothing anywhere.
+    env.after_a_pass_over(&["a", "b"]).await;
     let both = env.claim("both").await;
     assert_eq!(phase_of(&both), Some(ClaimPhase::Pending));
     let message = both
@@ -242,8 +242,9 @@ async fn a_gated_job_with_the_locks_annotation_runs_holding_all_its_locks() {
         owners.iter().map(|o| o.kind.as_str()).collect::<Vec<_>>(),
         ["Job"]
     );
-    // Lock db is free, but cache is not: the Job stays suspended, and db is not taken.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Lock db is free, but cache is not: after further passes over both, the Job stays
+    // suspended, and db is not taken.
+    env.after_a_pass_over(&["cache", "db"]).await;
     assert!(is_suspended(&jobs(&env).get("report").await.expect("job")));
     let db = env.lock("db").await.status.unwrap_or_default();
     assert!(db.holders.is_empty(), "it holds nothing while it waits");

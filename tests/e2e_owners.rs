@@ -21,10 +21,11 @@ use turnstile_api::ClaimPhase;
 /// room for a loaded CI machine.
 const HANDOFF: Duration = Duration::from_secs(15);
 
-/// Lets the passes that the setup's own writes cause run out, so that what follows is
-/// noticed because of the owner, not by a pass that happened to be on its way.
-async fn settle() {
-    tokio::time::sleep(Duration::from_secs(2)).await;
+/// Waits for a pass over lock `db` after the setup (a positive sign, see
+/// `Env::after_a_pass_over`), so that what follows is noticed because of the owner, not by a
+/// pass of the setup's that happened to be on its way.
+async fn settle(env: &Env) {
+    env.after_a_pass_over(&["db"]).await;
 }
 
 /// Asserts that `since` is less than [`HANDOFF`] ago.
@@ -75,6 +76,7 @@ async fn a_running_pod_keeps_its_claim_and_finishing_releases_it() {
     let (_, first) = pod_holds_with_one_waiting(&env, "worker-1", "leaseDurationSeconds: 3").await;
 
     // Over three leases go by without anyone touching spec.renewTime.
+    // Time: three leases go by: the controller must renew the running Pod's claim meanwhile.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let renewed = env.claim("worker-1-db").await;
     assert_eq!(phase_of(&renewed), Some(ClaimPhase::Held));
@@ -116,7 +118,7 @@ async fn a_finished_job_releases_its_claim(condition: &str) {
     });
     job_owning_a_claim(&env, job, "migrate-db", "db").await;
     env.wait_phase("migrate-db", ClaimPhase::Held).await;
-    settle().await;
+    settle(&env).await;
 
     finish_job(&env, "migrate", condition).await;
     let finished = Instant::now();
@@ -162,7 +164,7 @@ async fn a_failed_pod_hands_the_lock_on_long_before_its_lease_ends() {
     let (_, first) =
         pod_holds_with_one_waiting(&env, "worker-3", "leaseDurationSeconds: 300").await;
 
-    settle().await;
+    settle(&env).await;
     set_pod_phase(&env, "worker-3", "Failed").await;
     let failed = Instant::now();
     let next = env.wait_phase("next", ClaimPhase::Held).await;
@@ -220,12 +222,12 @@ async fn pod_owned_waiters_cost_no_api_lookup_per_pass() {
     env.wait_phase("worker-00-db", ClaimPhase::Held).await;
     let last = format!("worker-{WAITERS:02}-db");
     env.wait_claim(&last, |c| position_of(c).is_some()).await;
-    settle().await;
+    settle(&env).await;
 
     let start = env.server().request_log().len();
     set_pod_phase(&env, "worker-00", "Succeeded").await;
     env.wait_phase("worker-01-db", ClaimPhase::Held).await;
-    settle().await;
+    settle(&env).await;
     let pod_gets = env.server().request_log()[start..]
         .iter()
         .filter(|r| r.resource == "pods" && r.verb == "get")
@@ -262,13 +264,14 @@ async fn an_orphaning_pod_delete_seen_before_the_claims_change_keeps_the_grant()
         .delay_watch_events("lockclaims", Duration::from_millis(1500));
     env.start_default_controller();
     let (_, held) = pod_holds_with_one_waiting(&env, "worker-5", "leaseDurationSeconds: 20").await;
-    settle().await;
+    settle(&env).await;
     delete_pod(&env, "worker-5", &DeleteParams::orphan()).await;
     // Wakes the lock's pass while the claim's change is still on its way.
     annotate(&env.locks(), "db", "test/wake", "1").await;
-    // Long after the claim's change has arrived: the plain claim still holds the same grant
-    // (its lease runs on); nothing was released on the stale view and taken again.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Once a pass has seen the claim's change (the marker's event comes after it, through the
+    // same delayed watch): the plain claim still holds the same grant (its lease runs on);
+    // nothing was released on the stale view and taken again.
+    env.after_a_pass_over(&["db"]).await;
     let claim = env.claim("worker-5-db").await;
     assert!(claim
         .metadata

@@ -349,7 +349,8 @@ async fn the_locks_annotation_gates_a_pod_on_all_its_locks() {
         claim.spec.lock_names,
         Some(vec!["cache".to_owned(), "db".to_owned()])
     );
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // After further passes over both locks the claim still waits, and the Pod stays gated.
+    env.after_a_pass_over(&["cache", "db"]).await;
     assert!(
         is_gated(&pods(&env).get("web-m").await.expect("pod")),
         "gated while db is held by someone else"
@@ -461,6 +462,9 @@ async fn a_gated_job_adopts_a_claim_of_its_name_and_is_let_go_once() {
     controller.stop().await;
     let restarted = env.spawn_controller_with(controller_client(), ControllerConfig::default());
     env.wait_ready("db", "True").await;
+    // Time: the lock's Ready shows the restarted controller's caches synced, but nothing can
+    // show that its gate chose not to write to the Job; it acts within a second, so two
+    // seconds without a write is the test.
     tokio::time::sleep(Duration::from_secs(2)).await;
     restarted.stop().await;
     let job_writes = requests_of(&env.server().request_log(), "controller")

@@ -161,7 +161,7 @@ async fn a_lock_that_does_not_decode_keeps_its_holder_stops_no_other_lock_and_is
         claim.status.as_ref().and_then(|s| s.phase) == Some(ClaimPhase::Pending)
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    env.after_a_pass_over(&["db"]).await;
     let holder = env.claim("holder").await;
     let status = holder.status.expect("status");
     assert_eq!(status.phase, Some(ClaimPhase::Held), "{status:?}");

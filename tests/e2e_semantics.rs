@@ -81,6 +81,7 @@ async fn expiry_hands_on_and_renewal_keeps_the_lock() {
     let held_at = Timestamp::now();
     while Timestamp::now().duration_since(held_at).as_secs() < 7 {
         env.renew("b").await;
+        // Time: b renews once a second, over two leases.
         tokio::time::sleep(Duration::from_secs(1)).await;
         let b = env.claim("b").await;
         assert_eq!(
@@ -96,7 +97,7 @@ async fn expiry_hands_on_and_renewal_keeps_the_lock() {
     assert!(token_of(&c) > token_of(&b));
     // Expired is terminal: a late renewal changes nothing.
     env.renew("a").await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    env.after_a_pass_over(&["db"]).await;
     assert_eq!(phase_of(&env.claim("a").await), Some(ClaimPhase::Expired));
     env.stop_controller().await;
 }

@@ -44,6 +44,7 @@ async fn concurrent_claims_never_exceed_max_holders_nor_reuse_tokens() {
                     assert!(attempts < 20, "create {name}: {error}");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
+                // Time: random holding times are the stress.
                 tokio::time::sleep(Duration::from_millis(rng.random_range(50..400))).await;
                 // Some holders release, some renew, some are deleted, some just expire.
                 let patch = match rng.random_range(0..4) {

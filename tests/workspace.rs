@@ -147,7 +147,7 @@ fn ci_runs_the_readmes_test_command_and_nothing_else() {
 fn ci_install_leaves_every_tool_on_path_and_no_prometheus_running() {
     const TEST: &str = "ci_install_leaves_every_tool_on_path_and_no_prometheus_running";
     if !test_servers::under_ci() {
-        println!("skipped {TEST}: it checks a machine `.ci/install` set up (CI=true)");
+        test_servers::record_skip(TEST, "it checks a machine `.ci/install` set up (CI=true)");
         return;
     }
     for tool in [
@@ -280,6 +280,8 @@ fn under_ci_a_test_missing_its_tool_or_server_fails_and_otherwise_skips() {
         ("e2e_mongo", "fifo_handover_with_increasing_tokens_on_mongo"),
     ];
     let empty = tempfile::tempdir().expect("an empty directory for PATH");
+    // The children's skips go to a log of this test's, not the run's (they are on purpose).
+    let skips = tempfile::tempdir().expect("a folder for the children's skip log");
     for (binary, test) in cases {
         let Some(path) = sibling_test_binary(binary) else {
             test_servers::skip_or_fail(
@@ -294,6 +296,7 @@ fn under_ci_a_test_missing_its_tool_or_server_fails_and_otherwise_skips() {
             command
                 .args([test, "--exact", "--nocapture", "--test-threads=1"])
                 .env("PATH", empty.path())
+                .env("CARGO_TARGET_DIR", skips.path())
                 .env_remove("MONGODB_URI")
                 .env_remove("TURNSTILE_MONGO_SERVER")
                 .env_remove("TURNSTILE_E2E_KUBECONFIG");
@@ -313,6 +316,12 @@ fn under_ci_a_test_missing_its_tool_or_server_fails_and_otherwise_skips() {
             "{binary}::{test} said why: {said}"
         );
         assert!(said.contains("1 passed"), "{binary}::{test} ran: {said}");
+        let listed =
+            std::fs::read_to_string(skips.path().join("test-skips.log")).unwrap_or_default();
+        assert!(
+            listed.contains(&format!("skipped {test}")) || listed.contains("skipped ("),
+            "{binary}::{test}'s skip is listed in the skip log: {listed}"
+        );
         for ci in ["true", "1"] {
             let (passed, said) = run(Some(ci));
             assert!(!passed, "{binary}::{test} passed under CI={ci}: {said}");
@@ -414,5 +423,86 @@ fn every_path_architecture_md_names_exists() {
     assert!(
         readme.contains("(ARCHITECTURE.md)"),
         "the README links the page"
+    );
+}
+
+/// The `.rs` files under `dir`, recursively.
+fn rust_files_under(dir: &Path, files: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            rust_files_under(&path, files);
+        } else if path.extension().is_some_and(|extension| extension == "rs") {
+            files.push(path);
+        }
+    }
+}
+
+/// Whether a test's `sleep(…)` line is a short poll (a literal under a second), which needs no
+/// reason: it only paces a loop that waits for a sign.
+fn is_short_poll(line: &str) -> bool {
+    line.split("from_millis(")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|millis| millis.replace('_', "").parse::<u64>().ok())
+        .is_some_and(|millis| millis < 1000)
+}
+
+/// A test that sleeps and then asserts "nothing changed" passes against a controller that is
+/// merely slow or stuck. So every sleep in the tests of a second or more (or of a computed
+/// length) says, in a `// Time:` comment just above it, why time itself must pass there (a
+/// lease running out, a fault's length, an idle window); waits for the controller use a
+/// positive sign instead (`Env::after_a_pass_over`, a status, an Event).
+#[test]
+fn every_long_sleep_in_the_tests_says_why_time_must_pass() {
+    let mut files = Vec::new();
+    rust_files_under(&workspace().join("tests"), &mut files);
+    for crate_dir in std::fs::read_dir(workspace().join("crates"))
+        .expect("crates/")
+        .flatten()
+    {
+        rust_files_under(&crate_dir.path().join("tests"), &mut files);
+    }
+    assert!(
+        files.len() > 50,
+        "read the test tree: {} files",
+        files.len()
+    );
+    let mut unexplained = Vec::new();
+    let mut explained = 0;
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("read a test file");
+        let lines: Vec<&str> = text.lines().collect();
+        for (index, line) in lines.iter().enumerate() {
+            let code = line.trim_start();
+            if !code.contains("sleep(") || code.starts_with("//") || code.contains("fn ") {
+                continue;
+            }
+            if is_short_poll(code) {
+                continue;
+            }
+            let reason = lines[index.saturating_sub(3)..index]
+                .iter()
+                .any(|above| above.trim_start().starts_with("// Time:"));
+            if reason {
+                explained += 1;
+            } else {
+                unexplained.push(format!(
+                    "{}:{}: {code}",
+                    file.strip_prefix(workspace()).unwrap_or(file).display(),
+                    index + 1
+                ));
+            }
+        }
+    }
+    assert!(explained >= 20, "found {explained} explained sleeps");
+    assert!(
+        unexplained.is_empty(),
+        "sleeps without a `// Time:` reason (wait for a positive sign instead, or say why time \
+         must pass):\n{}",
+        unexplained.join("\n")
     );
 }

@@ -97,6 +97,7 @@ impl Targets<'_> {
             if Instant::now() + fault.gap >= until {
                 break;
             }
+            // Time: the schedule's gap between faults.
             tokio::time::sleep(fault.gap).await;
             self.apply(&fault).await;
         }
@@ -145,10 +146,12 @@ impl Targets<'_> {
                     return;
                 };
                 blocking(|| replica.stop(signal));
+                // Time: the fault lasts `down` (a replica stopped).
                 tokio::time::sleep(down).await;
                 replica.start();
                 if leading && signal == Signal::SIGKILL {
                     // Let a leader be elected before anything else goes wrong.
+                    // Time: a new leader takes the Lease over before the next fault.
                     tokio::time::sleep(LEADER_TAKEOVER).await;
                 }
             }
@@ -184,10 +187,12 @@ impl Targets<'_> {
                         delay.as_millis()
                     ),
                 );
+                // Time: the fault lasts `length` (API watch events delayed).
                 tokio::time::sleep(length).await;
             }
             "Redis restarted (data lost)" => {
                 blocking(|| self.redis.down());
+                // Time: the fault lasts `down` (Redis gone, its data lost).
                 tokio::time::sleep(down).await;
                 blocking(|| self.redis.up());
                 self.log(kind, format!("down {} ms", down.as_millis()));
@@ -199,11 +204,13 @@ impl Targets<'_> {
             "Redis CLIENT PAUSE" => {
                 let ms = down.as_millis().to_string();
                 let answer = blocking(|| self.redis.cli(&["CLIENT", "PAUSE", &ms, "ALL"]));
+                // Time: the fault lasts `down` (Redis paused).
                 tokio::time::sleep(down).await;
                 self.log(kind, format!("{ms} ms: {}", answer.trim()));
             }
             "Redis SIGSTOP then SIGCONT" => {
                 self.redis.signal(Signal::SIGSTOP);
+                // Time: the fault lasts `down` (Redis stopped by SIGSTOP).
                 tokio::time::sleep(down).await;
                 self.redis.signal(Signal::SIGCONT);
                 self.log(kind, format!("stopped {} ms", down.as_millis()));

@@ -133,6 +133,7 @@ impl Workload {
                 break;
             }
             self.job(&choices).await;
+            // Time: the workload's pace, a gap between one worker's claims.
             tokio::time::sleep(Duration::from_millis(choices.gap_ms)).await;
         }
     }
@@ -173,8 +174,10 @@ impl Workload {
                 kind: "worker paused past its lease".into(),
                 detail: format!("{claim} sleeps {sleep} ms without renewing"),
             });
+            // Time: the fault is a holder paused past its lease.
             tokio::time::sleep(Duration::from_millis(sleep)).await;
         } else {
+            // Time: the holder works for its hold time before it releases.
             tokio::time::sleep(Duration::from_millis(choices.hold_ms)).await;
         }
         if let (Some(register), Some(read)) = (&self.register, read) {
@@ -254,6 +257,7 @@ impl Workload {
         let every = Duration::from_millis((self.lease_seconds * 1000 / 3) as u64);
         tokio::spawn(async move {
             loop {
+                // Time: a holder renews every third of its lease: the cadence is the behaviour.
                 tokio::time::sleep(every).await;
                 let stamp = k8s_openapi::jiff::Timestamp::now().to_string();
                 let patch = json!({"spec": {"renewTime": stamp}});

@@ -212,6 +212,7 @@ pub(crate) async fn finished(child: tokio::process::Child) -> (Option<i32>, Stri
 
 /// The init container is still running `for_how_long` from now (it waits for the lock).
 pub(crate) async fn still_waiting(child: &mut tokio::process::Child, for_how_long: Duration) {
+    // Time: the init container must still be waiting after this long.
     tokio::time::sleep(for_how_long).await;
     assert!(
         child.try_wait().expect("try_wait").is_none(),

@@ -23,7 +23,7 @@ pub mod roles;
 pub mod scrape;
 pub mod scratch;
 pub mod tls_front;
-mod waits;
+pub mod waits;
 
 pub use monitor::HolderMonitor;
 pub use waits::wait_object;

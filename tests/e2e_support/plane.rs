@@ -50,7 +50,12 @@ pub async fn real_plane() -> Option<PathBuf> {
         Ok(kubeconfig) => Some(kubeconfig),
         Err(Unavailable::Skip(why)) => {
             static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| println!("on the fake API server (the instant fallback): {why}"));
+            SAID.call_once(|| {
+                test_servers::record_skip(
+                    "(the real control plane)",
+                    &format!("the e2e tests of this binary ran on the fake API server: {why}"),
+                );
+            });
             None
         }
         Err(Unavailable::Fail(error)) => panic!("the real control plane is needed: {error}"),

@@ -3,7 +3,39 @@
 
 use super::*;
 
+/// The name prefix of [`Env::after_a_pass_over`]'s marker claims.
+pub const MARKER_PREFIX: &str = "marker-";
+
+/// Whether `claim` is one of [`Env::after_a_pass_over`]'s marker claims (a test that counts
+/// claims leaves them out).
+pub fn is_marker(claim: &LockClaim) -> bool {
+    claim
+        .metadata
+        .name
+        .as_deref()
+        .is_some_and(|name| name.starts_with(MARKER_PREFIX))
+}
+
 impl Env {
+    /// Returns once the controller has run a pass over each of `locks` since this call: the
+    /// positive sign a test waits for before it asserts that nothing changed (a bare sleep
+    /// would pass against a controller that is merely slow or stuck).
+    ///
+    /// The sign is a marker claim, created withdrawn (`spec.release: true`: it never queues,
+    /// holds, or moves anyone's position), which only a pass over its lock ends (`Released`,
+    /// reason `Withdrawn`); that pass read every change to the lock's claims made before the
+    /// marker, since one watch delivers a kind's changes in the order they were made.
+    pub async fn after_a_pass_over(&self, locks: &[&str]) {
+        for lock in locks {
+            let marker = format!("marker-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+            self.apply_claim(&marker, lock, "release: true");
+            self.wait_claim(&marker, |claim| {
+                reason_of(claim).as_deref() == Some(turnstile_api::reasons::WITHDRAWN)
+            })
+            .await;
+        }
+    }
+
     /// Waits until claim `name` satisfies `done`; panics with its last state after [`WAIT`].
     pub async fn wait_claim(&self, name: &str, done: impl Fn(&LockClaim) -> bool) -> LockClaim {
         wait_object(self.claims(), name, done).await
@@ -162,6 +194,7 @@ impl Env {
         let deadline = Instant::now() + WAIT;
         let mut last = self.event_said(name, reason).await;
         loop {
+            // Time: the count staying the same for `quiet` is what settled means.
             tokio::time::sleep(quiet).await;
             let now = self.event_said(name, reason).await;
             if now == last {

@@ -42,4 +42,6 @@ pub use self::process::{free_port, shared_instance, wait_until, ServerProcess};
 pub use self::redis::{RedisOptions, RedisServer, TlsClientAuth, TlsFiles};
 pub use self::redis_cluster::{ClusterNode, RedisCluster};
 pub use self::redis_sentinel::{RedisSentinel, MASTER_NAME as SENTINEL_MASTER_NAME};
-pub use self::tools::{env_path, output_with_stdin, skip_or_fail, tool_or_skip, under_ci};
+pub use self::tools::{
+    env_path, output_with_stdin, record_skip, skip_log, skip_or_fail, tool_or_skip, under_ci,
+};

@@ -122,7 +122,7 @@ fn or_skip<T>(result: Result<T, Unavailable>) -> Option<T> {
     match result {
         Ok(value) => Some(value),
         Err(Unavailable::Skip(reason)) => {
-            println!("skipped: {reason}");
+            crate::record_skip("(a MongoDB test)", &reason);
             None
         }
         Err(Unavailable::Fail(error)) => panic!("MongoDB test server unavailable: {error}"),

@@ -4,7 +4,7 @@
 
 use std::ffi::OsString;
 use std::io::{self, Write as _};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 /// Whether the tests run under CI (`CI=true` or `CI=1`): there a test must not pass by
@@ -56,11 +56,50 @@ fn find_on_path(name: &str, path: Option<OsString>) -> Option<PathBuf> {
 /// # Panics
 /// When `ci` is true.
 pub fn skip_or_fail(test: &str, why: &str, ci: bool) {
+    skip_or_fail_logged(test, why, ci, &skip_log());
+}
+
+/// [`skip_or_fail`], listing the skip in the log at `log`.
+fn skip_or_fail_logged(test: &str, why: &str, ci: bool, log: &Path) {
     assert!(
         !ci,
         "{test}: {why} (under CI a test must not pass by skipping)"
     );
     println!("skipped {test}: {why}");
+    append_skip(log, test, why);
+}
+
+/// Where the skips of test runs are listed: `test-skips.log` in the build folder
+/// (`CARGO_TARGET_DIR`, else the workspace's `target/`).
+pub fn skip_log() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"))
+        .join("test-skips.log")
+}
+
+/// Says that `test` skipped, and why: one `skipped {test}: {why}` line on the test's output
+/// (shown with `--nocapture`) and the same line, with the time, appended to [`skip_log`], so
+/// that after a run `cat target/test-skips.log` lists every skip (remove the file first to see
+/// one run's). Only outside CI: under CI a test that cannot run fails ([`skip_or_fail`]).
+pub fn record_skip(test: &str, why: &str) {
+    println!("skipped {test}: {why}");
+    append_skip(&skip_log(), test, why);
+}
+
+/// Appends one skip line to the log at `path`.
+fn append_skip(path: &Path, test: &str, why: &str) {
+    let seconds = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs());
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path);
+    if let Ok(mut log) = log {
+        // One write per line, so lines of tests running at once do not interleave.
+        let _ = log.write_all(format!("{seconds} skipped {test}: {why}\n").as_bytes());
+    }
 }
 
 /// Runs `command` with `stdin` written to its standard input and its standard output and
@@ -84,6 +123,20 @@ pub fn output_with_stdin(command: &mut Command, stdin: &str) -> io::Result<Outpu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_skip_is_listed_in_the_skip_log() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("test-skips.log");
+        append_skip(&path, "one", "no server");
+        append_skip(&path, "two", "no tool");
+        let log = std::fs::read_to_string(&path).expect("the skip log");
+        let lines: Vec<&str> = log.lines().collect();
+        assert_eq!(lines.len(), 2, "{log}");
+        assert!(lines[0].ends_with(" skipped one: no server"), "{log}");
+        assert!(lines[1].ends_with(" skipped two: no tool"), "{log}");
+        assert!(skip_log().ends_with("test-skips.log"));
+    }
 
     #[test]
     fn ci_is_true_or_1() {
@@ -131,13 +184,22 @@ mod tests {
     }
 
     #[test]
-    fn outside_ci_a_missing_tool_skips() {
-        skip_or_fail("some_test", "sometool is not on PATH", false);
+    fn outside_ci_a_missing_tool_skips_and_is_listed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("test-skips.log");
+        skip_or_fail_logged("some_test", "sometool is not on PATH", false, &log);
+        let listed = std::fs::read_to_string(&log).expect("the skip log");
+        assert!(
+            listed.ends_with(" skipped some_test: sometool is not on PATH\n"),
+            "{listed}"
+        );
     }
 
     #[test]
     #[should_panic(expected = "under CI a test must not pass by skipping")]
     fn under_ci_a_missing_tool_fails_the_test() {
-        skip_or_fail("some_test", "sometool is not on PATH", true);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("test-skips.log");
+        skip_or_fail_logged("some_test", "sometool is not on PATH", true, &log);
     }
 }

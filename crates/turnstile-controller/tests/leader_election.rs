@@ -81,6 +81,7 @@ async fn leader_and_standby(
 ) -> (FakeApiServer, Candidate, Candidate) {
     let (server, leader) = server_with_leader(leader).await;
     let standby = start(&server, standby);
+    // Time: the standby observes `periods` renewal periods.
     tokio::time::sleep(RETRY_PERIOD * periods).await;
     (server, leader, standby)
 }
@@ -231,6 +232,7 @@ async fn a_crashed_leader_is_replaced_after_its_lease_ran_out_not_before() {
     wait_until("the first candidate leads", || *crashed.is_leader.borrow()).await;
     let standby = start(&server, "standby");
     // Let the standby observe a few renewals.
+    // Time: the standby observes a few renewals (their period is the subject).
     tokio::time::sleep(RETRY_PERIOD * 4).await;
     assert!(!standby.elector.is_leader());
 

@@ -214,10 +214,14 @@ async fn the_database_is_the_urls_else_turnstile_and_the_collection_turnstile_lo
     } else if let Some(own) = own_server(MongoFlavor::ReplicaSet).await {
         Some(own)
     } else {
-        println!(
-            "skipped: MONGODB_URI {} has a path or options of its own, and no server of the \
-             test's own can start here",
-            shared.uri()
+        test_servers::skip_or_fail(
+            "the_database_is_the_urls_else_turnstile_and_the_collection_turnstile_locks",
+            &format!(
+                "MONGODB_URI {} has a path or options of its own, and no server of the test's \
+                 own can start here",
+                shared.uri()
+            ),
+            test_servers::under_ci(),
         );
         return;
     };

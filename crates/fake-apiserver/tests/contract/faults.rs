@@ -102,6 +102,7 @@ async fn a_slow_spell_slows_every_request_down_until_it_ends() {
         api.get("w").await.unwrap();
         assert!(started.elapsed() >= delay, "{:?}", started.elapsed());
     }
+    // Time: the spell of delays is a time: wait it out.
     tokio::time::sleep(length.saturating_sub(spell.elapsed())).await;
     let started = std::time::Instant::now();
     api.get("w").await.unwrap();

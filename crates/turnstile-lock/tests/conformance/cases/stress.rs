@@ -145,6 +145,7 @@ async fn stress(
                     stall_every.is_some_and(|every| (task * rounds + round).is_multiple_of(every));
                 if stall {
                     referee.stalled.fetch_add(1, Ordering::SeqCst);
+                    // Time: the holder stalls past its lease: the stall is the fault.
                     tokio::time::sleep(ttl * 2).await;
                     // The holder must learn it lost the lock, every way it can ask.
                     let told = lock.is_lost()
