@@ -4,14 +4,14 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use super::expiry::effective_expiry;
+use super::expiry::{backend_lease_outlasts, effective_expiry, recorded_expiry};
 use super::model::{time_at, BackendView, ClaimView, LockInput, LockView};
 use super::ops::{AcquirePurpose, BackendOp, ExecutionGate, OpOutcome};
 use turnstile_api::{
     BackendKind, ClaimPhase, DistributedLockSpec, DistributedLockStatus, LockClaimSpec,
     LockClaimStatus,
 };
-use turnstile_lock::LockSnapshot;
+use turnstile_lock::{HolderInfo, LockSnapshot, ShareMode};
 
 const T0: i64 = 1_900_000_000;
 
@@ -227,4 +227,71 @@ fn only_a_live_newer_claim_of_the_group_replaces_and_says_by_whom() {
             (gone.deleting, gone.status.phase, gone.locks)
         );
     }
+}
+
+/// [`input_at`] with the backend holding claim `a`'s grant for `expires_in` more.
+fn input_with_backend_lease(now: i64, claim: ClaimView, expires_in: Duration) -> LockInput {
+    let mut input = input_at(now, claim);
+    input.backend = BackendView::Ready {
+        backend: BackendKind::Memory,
+        snapshot: LockSnapshot {
+            holders: vec![HolderInfo {
+                owner: "uid-a".to_owned(),
+                fencing_token: 1,
+                expires_in,
+                share: ShareMode::Exclusive,
+            }],
+            ..LockSnapshot::default()
+        },
+    };
+    input
+}
+
+const GRACE: Duration = super::model::BACKEND_LEASE_GRACE;
+
+#[test]
+fn the_backend_outlasts_a_lease_by_more_than_the_grace_and_a_second_counting_the_overdue() {
+    let now = T0 + 100;
+    // Ten seconds overdue, and the backend holds 3 s more: 13 s past the recorded end is
+    // more than the grace and a second.
+    let input = input_with_backend_lease(
+        now,
+        held_claim(now - 10, None),
+        GRACE - Duration::from_secs(2),
+    );
+    assert!(backend_lease_outlasts(&input, &input.claims[0], now - 10));
+    // Exactly the grace and a second: not more.
+    let input =
+        input_with_backend_lease(now, held_claim(now, None), GRACE + Duration::from_secs(1));
+    assert!(!backend_lease_outlasts(&input, &input.claims[0], now));
+}
+
+#[test]
+fn a_renewal_the_backend_took_whose_status_write_was_lost_is_recovered() {
+    let now = T0 + 100;
+    // The status says the lease ended 3 s ago (or ends this very second), but the backend
+    // holds the grant 20 s more than the grace: the lease the backend implies is the one.
+    for recorded in [now - 3, now] {
+        let input = input_with_backend_lease(
+            now,
+            held_claim(recorded, None),
+            GRACE + Duration::from_secs(20),
+        );
+        assert_eq!(
+            recorded_expiry(&input, &input.claims[0]),
+            now + 20,
+            "recorded {recorded}"
+        );
+    }
+}
+
+#[test]
+fn a_recorded_lease_still_running_is_kept_whatever_the_backend_holds() {
+    let now = T0 + 100;
+    let input = input_with_backend_lease(
+        now,
+        held_claim(now + 10, None),
+        GRACE + Duration::from_secs(60),
+    );
+    assert_eq!(recorded_expiry(&input, &input.claims[0]), now + 10);
 }
