@@ -295,3 +295,59 @@ fn a_recorded_lease_still_running_is_kept_whatever_the_backend_holds() {
     );
     assert_eq!(recorded_expiry(&input, &input.claims[0]), now + 10);
 }
+
+/// Claim `a` on `db`, waiting, with no status reason yet.
+fn waiting_claim() -> ClaimView {
+    ClaimView {
+        status: LockClaimStatus {
+            phase: Some(ClaimPhase::Pending),
+            ..LockClaimStatus::default()
+        },
+        ..held_claim(T0, None)
+    }
+}
+
+#[test]
+fn a_claim_whose_lock_is_missing_waits_saying_so_and_looks_again_at_its_deadline() {
+    let mut claim = waiting_claim();
+    claim.spec.acquire_timeout_seconds = Some(30);
+    let now = Timestamp::from_second(T0 + 10).expect("time");
+    let decision = super::decide_orphan(&claim, now);
+    let status = decision.status.expect("a status");
+    assert_eq!(status.phase, Some(ClaimPhase::Pending));
+    assert_eq!(status.reason.as_deref(), Some("LockNotFound"));
+    assert_eq!(
+        status.message.as_deref(),
+        Some("DistributedLock db does not exist")
+    );
+    // Its acquire timeout ends in 20 s: it is looked at again then, not at the resync.
+    assert_eq!(
+        decision.requeue_after,
+        Duration::from_secs(20) + Duration::from_millis(50)
+    );
+    let reasons: Vec<&str> = decision.events.iter().map(|e| e.reason).collect();
+    assert_eq!(reasons, ["LockNotFound"]);
+    assert!(!decision.remove_finalizer);
+}
+
+#[test]
+fn a_holder_whose_lock_was_deleted_loses_the_grant_and_a_deleting_waiter_is_let_go() {
+    let now = Timestamp::from_second(T0 + 5).expect("time");
+    let decision = super::decide_orphan(&held_claim(T0 + 10, None), now);
+    let status = decision.status.expect("a status");
+    assert_eq!(status.phase, Some(ClaimPhase::Expired));
+    assert_eq!(status.reason.as_deref(), Some("LockDeleted"));
+    let reasons: Vec<&str> = decision.events.iter().map(|e| e.reason).collect();
+    assert_eq!(reasons, ["LockLost"]);
+    assert!(decision.remove_finalizer);
+
+    // A waiter being deleted: no status to write, its finalizer goes.
+    let deleting = ClaimView {
+        deleting: true,
+        ..waiting_claim()
+    };
+    let decision = super::decide_orphan(&deleting, now);
+    assert_eq!(decision.status, None);
+    assert!(decision.events.is_empty());
+    assert!(decision.remove_finalizer);
+}
