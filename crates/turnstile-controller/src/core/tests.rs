@@ -351,3 +351,46 @@ fn a_holder_whose_lock_was_deleted_loses_the_grant_and_a_deleting_waiter_is_let_
     assert!(decision.events.is_empty());
     assert!(decision.remove_finalizer);
 }
+
+#[test]
+fn a_claim_whose_lock_is_missing_times_out_or_is_withdrawn_with_its_event() {
+    // Past its acquire timeout: Failed, with a Failed Warning.
+    let mut late = waiting_claim();
+    late.spec.acquire_timeout_seconds = Some(5);
+    let decision = super::decide_orphan(&late, Timestamp::from_second(T0 + 6).expect("time"));
+    let status = decision.status.expect("a status");
+    assert_eq!(
+        (status.phase, status.reason.as_deref()),
+        (Some(ClaimPhase::Failed), Some("AcquireTimeout"))
+    );
+    let reasons: Vec<&str> = decision.events.iter().map(|e| e.reason).collect();
+    assert_eq!(reasons, ["Failed"]);
+
+    // Withdrawn: Released, with a Released Event.
+    let mut withdrawn = waiting_claim();
+    withdrawn.spec.release = Some(true);
+    let decision = super::decide_orphan(&withdrawn, Timestamp::from_second(T0).expect("time"));
+    let status = decision.status.expect("a status");
+    assert_eq!(
+        (status.phase, status.reason.as_deref()),
+        (Some(ClaimPhase::Released), Some("Withdrawn"))
+    );
+    let reasons: Vec<&str> = decision.events.iter().map(|e| e.reason).collect();
+    assert_eq!(reasons, ["Released"]);
+}
+
+#[test]
+fn a_claim_already_told_its_lock_is_missing_is_not_told_again() {
+    let now = Timestamp::from_second(T0 + 1).expect("time");
+    let first = super::decide_orphan(&waiting_claim(), now);
+    // Its status as written, then a new generation of its spec: the status changes (the
+    // observed generation), the Event is not said again.
+    let told = ClaimView {
+        generation: Some(2),
+        status: first.status.expect("a status"),
+        ..waiting_claim()
+    };
+    let decision = super::decide_orphan(&told, now);
+    assert!(decision.status.is_some(), "the new generation is recorded");
+    assert!(decision.events.is_empty(), "{:?}", decision.events);
+}
