@@ -10,7 +10,7 @@
 #                                           its unit tests and the conformance suite
 #
 # Results go to mutants.out/ under $TURNSTILE_MUTANTS_OUT (default /tmp/turnstile-mutants);
-# the README's "Mutation testing" table records each run.
+# docs/src/development/mutation-testing.md records each run.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
