@@ -1,8 +1,9 @@
-//! `turnstile queue LOCK`: who holds a DistributedLock and who waits for it, in the order
-//! the controller will grant it.
+//! `turnstile queue LOCK`: who holds a DistributedLock (or, with `--cluster`, a
+//! ClusterDistributedLock) and who waits for it, in the order the controller will grant it.
 //!
 //! ```text
 //! turnstile queue db-migrations [-n NS] [-o wide|json]
+//! turnstile queue db-migrations --cluster   # a ClusterDistributedLock: claims of every namespace
 //! kubectl turnstile queue db-migrations      # the same, as a kubectl plugin
 //! ```
 //!
@@ -16,13 +17,15 @@
 use std::fmt::Write as _;
 
 use kube::api::ListParams;
-use kube::ResourceExt;
+use kube::{Api, ResourceExt};
 use serde::Serialize;
 
 use crate::exit_codes::queue as exit_code;
-use crate::oneshot::{existing_lock, init_logging, namespace_apis, Outcome};
+use crate::oneshot::{client_in_namespace, existing_lock, init_logging, namespace_apis, Outcome};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
+use turnstile_api::{
+    queue_place, reasons, ClaimPhase, ClusterDistributedLock, DistributedLock, LockClaim, PastGrant,
+};
 
 /// Unix seconds.
 pub type Seconds = i64;
@@ -47,8 +50,12 @@ pub struct QueueArgs {
     /// The DistributedLock.
     pub lock: String,
     /// Namespace of the lock; default: the kubeconfig's.
-    #[arg(long, short = 'n')]
+    #[arg(long, short = 'n', conflicts_with = "cluster")]
     pub namespace: Option<String>,
+    /// LOCK is a ClusterDistributedLock: its claims come from every namespace it takes
+    /// (shown as NAMESPACE/CLAIM).
+    #[arg(long)]
+    pub cluster: bool,
     /// Output format: wide or json (default: a table).
     #[arg(long, short = 'o', value_enum)]
     pub output: Option<OutputFormat>,
@@ -58,9 +65,11 @@ pub struct QueueArgs {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct QueueView {
+    /// `DistributedLock` or `ClusterDistributedLock`.
+    pub kind: String,
     /// The lock's name.
     pub lock: String,
-    /// The lock's namespace.
+    /// The lock's namespace (empty for a `ClusterDistributedLock`).
     pub namespace: String,
     /// `spec.backend`, or `default` (the controller's `--default-backend`).
     pub backend: String,
@@ -76,7 +85,7 @@ pub struct QueueView {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Holder {
-    /// The claim's name.
+    /// The claim's name (`namespace/name` on a `ClusterDistributedLock`).
     pub claim: String,
     /// The grant's fencing token.
     pub fencing_token: Option<i64>,
@@ -100,7 +109,7 @@ pub struct Holder {
 pub struct Waiter {
     /// 1-based place in grant order.
     pub position: usize,
-    /// The claim's name.
+    /// The claim's name (`namespace/name` on a `ClusterDistributedLock`).
     pub claim: String,
     /// Who will hold the grant (`spec.holderIdentity`, else the owner's name, else the claim's).
     pub holder_identity: String,
@@ -121,15 +130,66 @@ pub struct Waiter {
 /// ones that are neither being deleted nor withdrawn (`spec.release`), in the controller's
 /// grant order ([`LockClaim::queue_place`]).
 pub fn queue_view(lock: &DistributedLock, claims: &[LockClaim], now: Seconds) -> QueueView {
+    queue_view_of(lock, false, claims, now)
+}
+
+/// [`queue_view`] of the ClusterDistributedLock `lock`: its claims, from every namespace, are
+/// named `namespace/name` (as in the lock's status); those its `namespaceSelector` does not
+/// take are in no queue.
+pub fn cluster_queue_view(
+    lock: &ClusterDistributedLock,
+    claims: &[LockClaim],
+    now: Seconds,
+) -> QueueView {
+    let mut as_lock = DistributedLock::new(&lock.name_any(), lock.spec.lock.clone());
+    as_lock.status = lock.status.clone();
+    queue_view_of(&as_lock, true, claims, now)
+}
+
+fn queue_view_of(
+    lock: &DistributedLock,
+    cluster: bool,
+    claims: &[LockClaim],
+    now: Seconds,
+) -> QueueView {
     let name = lock.name_any();
-    let mut ours: Vec<&LockClaim> = claims
+    // A claim's name as the controller's pass names it (see its `claim_key`).
+    let claim_name = |claim: &LockClaim| match cluster {
+        true => format!(
+            "{}/{}",
+            claim.namespace().unwrap_or_default(),
+            claim.name_any()
+        ),
+        false => claim.name_any(),
+    };
+    let mut ours: Vec<(String, &LockClaim)> = claims
         .iter()
+        .filter(|claim| claim.spec.claims_cluster_lock() == cluster)
         .filter(|claim| claim.spec.locks().contains(&name.as_str()))
+        .filter(|claim| {
+            claim
+                .status
+                .as_ref()
+                .and_then(|status| status.reason.as_deref())
+                != Some(reasons::NAMESPACE_NOT_ALLOWED)
+        })
+        .map(|claim| (claim_name(claim), claim))
         .collect();
-    ours.sort_by(|a, b| a.queue_place().cmp(&b.queue_place()));
+    ours.sort_by(|(a_name, a), (b_name, b)| {
+        let place = |name, claim: &LockClaim| {
+            let status = claim.status.as_ref();
+            queue_place(
+                claim.spec.priority,
+                status.and_then(|status| status.arrived_at.as_ref()),
+                claim.creation_timestamp().as_ref(),
+                name,
+            )
+        };
+        place(a_name, a).cmp(&place(b_name, b))
+    });
     let mut holders = Vec::new();
     let mut waiters = Vec::new();
-    for claim in ours {
+    for (claim_name, claim) in ours {
         let status = claim.status.clone().unwrap_or_default();
         let deleting = claim.metadata.deletion_timestamp.is_some();
         let owner = owner_of(claim);
@@ -138,7 +198,7 @@ pub fn queue_view(lock: &DistributedLock, claims: &[LockClaim], now: Seconds) ->
                 let acquired = status.acquired_at.as_ref().map(seconds_of);
                 let expires = status.expires_at.as_ref().map(seconds_of);
                 holders.push(Holder {
-                    claim: claim.name_any(),
+                    claim: claim_name,
                     fencing_token: claim.fencing_token_on(&name),
                     holder_identity: status
                         .holder_identity
@@ -155,7 +215,7 @@ pub fn queue_view(lock: &DistributedLock, claims: &[LockClaim], now: Seconds) ->
                 let created = claim.creation_timestamp();
                 waiters.push(Waiter {
                     position: waiters.len() + 1,
-                    claim: claim.name_any(),
+                    claim: claim_name,
                     holder_identity: claim.holder_identity(),
                     owner,
                     created_at: created.as_ref().map(|t| t.0.to_string()),
@@ -172,6 +232,11 @@ pub fn queue_view(lock: &DistributedLock, claims: &[LockClaim], now: Seconds) ->
     // Holders in the order they were granted: by fencing token (the queue order breaks ties).
     holders.sort_by_key(|holder| holder.fencing_token.unwrap_or(i64::MAX));
     QueueView {
+        kind: match cluster {
+            true => "ClusterDistributedLock",
+            false => "DistributedLock",
+        }
+        .to_owned(),
         lock: name,
         namespace: lock.namespace().unwrap_or_default(),
         backend: lock
@@ -247,10 +312,13 @@ fn or_dash(value: Option<impl ToString>) -> String {
 /// adds the times as RFC 3339, the holder identity of waiters, and the controller's own
 /// position and reason.
 pub fn render_table(view: &QueueView, wide: bool) -> String {
+    let lock = match view.namespace.as_str() {
+        "" => view.lock.clone(),
+        namespace => format!("{namespace}/{}", view.lock),
+    };
     let mut out = format!(
-        "DistributedLock {}/{} (backend {}, maxHolders {}): {} holding, {} waiting\n\nHOLDERS\n",
-        view.namespace,
-        view.lock,
+        "{} {lock} (backend {}, maxHolders {}): {} holding, {} waiting\n\nHOLDERS\n",
+        view.kind,
         view.backend,
         view.max_holders,
         view.holders.len(),
@@ -323,45 +391,75 @@ pub fn render_table(view: &QueueView, wide: bool) -> String {
     out
 }
 
-/// Runs `turnstile queue` and says how it ended.
-pub async fn queue_command(args: QueueArgs) -> Outcome {
-    init_logging();
-    let (namespace, locks, claims) =
-        match namespace_apis(args.namespace.as_deref(), exit_code::ERROR).await {
-            Ok(apis) => apis,
-            Err(outcome) => return outcome,
+/// The lock's queue and its ended grants (`status.history`) as `turnstile queue` reads them;
+/// on failure the outcome to end with.
+async fn read_queue(args: &QueueArgs) -> Result<(QueueView, Vec<PastGrant>), Outcome> {
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    if args.cluster {
+        let (client, _) = client_in_namespace(None, exit_code::ERROR).await?;
+        let lock = match Api::<ClusterDistributedLock>::all(client.clone())
+            .get_opt(&args.lock)
+            .await
+        {
+            Ok(Some(lock)) => lock,
+            Ok(None) => {
+                return Err(Outcome::with_reason(
+                    exit_code::LOCK_NOT_FOUND,
+                    format!("ClusterDistributedLock {} does not exist", args.lock),
+                ))
+            }
+            Err(error) => {
+                return Err(Outcome::cannot(
+                    exit_code::ERROR,
+                    format!("read ClusterDistributedLock {}", args.lock),
+                    &error,
+                ))
+            }
         };
-    let found = existing_lock(
+        let claims = list_claims(&Api::all(client), "every namespace").await?;
+        let history = lock.status.clone().unwrap_or_default().history;
+        return Ok((cluster_queue_view(&lock, &claims, now), history));
+    }
+    let (namespace, locks, claims) =
+        namespace_apis(args.namespace.as_deref(), exit_code::ERROR).await?;
+    let lock = existing_lock(
         &locks,
         &args.lock,
         &namespace,
         exit_code::ERROR,
         exit_code::LOCK_NOT_FOUND,
-    );
-    let lock = match found.await {
-        Ok(lock) => lock,
+    )
+    .await?;
+    let claims = list_claims(&claims, &format!("namespace {namespace}")).await?;
+    let history = lock.status.clone().unwrap_or_default().history;
+    Ok((queue_view(&lock, &claims, now), history))
+}
+
+/// Every claim `claims` lists, filtered by the caller: a field selector on spec.lockName needs
+/// the CRD's selectableFields, which older API servers ignore.
+async fn list_claims(claims: &Api<LockClaim>, where_: &str) -> Result<Vec<LockClaim>, Outcome> {
+    match claims.list(&ListParams::default()).await {
+        Ok(list) => Ok(list.items),
+        Err(error) => Err(Outcome::cannot(
+            exit_code::ERROR,
+            format!("list LockClaims in {where_}"),
+            &error,
+        )),
+    }
+}
+
+/// Runs `turnstile queue` and says how it ended.
+pub async fn queue_command(args: QueueArgs) -> Outcome {
+    init_logging();
+    let (view, history) = match read_queue(&args).await {
+        Ok(read) => read,
         Err(outcome) => return outcome,
     };
-    // Every claim of the namespace, filtered here: a field selector on spec.lockName needs
-    // the CRD's selectableFields, which older API servers ignore.
-    let claims = match claims.list(&ListParams::default()).await {
-        Ok(list) => list.items,
-        Err(error) => {
-            return Outcome::cannot(
-                exit_code::ERROR,
-                format!("list LockClaims in namespace {namespace}"),
-                &error,
-            )
-        }
-    };
-    let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    let view = queue_view(&lock, &claims, now);
     let text = match args.output {
         None => render_table(&view, false),
         Some(OutputFormat::Wide) => {
             // The grants that ended, as `turnstile history` lists them.
-            let history = lock.status.as_ref().map_or(&[][..], |s| &s.history[..]);
-            let ended = match crate::history::render_table(history) {
+            let ended = match crate::history::render_table(&history) {
                 table if table.is_empty() => "(none)\n".to_owned(),
                 table => table,
             };
@@ -412,6 +510,84 @@ mod tests {
 
     const T0: &str = "2026-01-01T00:00:00Z";
     const T1: &str = "2026-01-01T00:00:01Z";
+
+    #[test]
+    fn a_cluster_locks_queue_spans_namespaces_and_leaves_out_the_claims_it_does_not_take() {
+        let now = 1_767_225_660; // 2026-01-01T00:01:00Z
+        let cluster_lock: ClusterDistributedLock = serde_json::from_value(json!({
+            "apiVersion": "turnstile.dev/v1alpha1", "kind": "ClusterDistributedLock",
+            "metadata": {"name": "pool"},
+            "spec": {"namespaceSelector": {}, "lock": {"backend": "memory"}}
+        }))
+        .expect("cluster lock");
+        let on_cluster_lock =
+            |namespace: &str, name: &str, arrived: &str, status: serde_json::Value| {
+                let mut claim = claim(name, T0, status);
+                claim.metadata.namespace = Some(namespace.to_owned());
+                claim.spec.lock_kind = Some(turnstile_api::LockKind::ClusterDistributedLock);
+                if let Some(status) = claim.status.as_mut() {
+                    status.arrived_at =
+                        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                            arrived.parse().expect("time"),
+                        ));
+                }
+                claim
+            };
+        let claims = [
+            on_cluster_lock(
+                "web",
+                "second",
+                "2026-01-01T00:00:00.2Z",
+                json!({"phase": "Pending"}),
+            ),
+            on_cluster_lock(
+                "pay",
+                "first",
+                "2026-01-01T00:00:00.1Z",
+                json!({"phase": "Pending"}),
+            ),
+            on_cluster_lock(
+                "other",
+                "refused",
+                "2026-01-01T00:00:00.0Z",
+                json!({"phase": "Pending", "reason": "NamespaceNotAllowed"}),
+            ),
+            on_cluster_lock(
+                "pay",
+                "holder",
+                "2026-01-01T00:00:00.0Z",
+                json!({"phase": "Held", "fencingToken": 3}),
+            ),
+            // The namespaced lock of the same name is another lock.
+            claim("namespaced", T0, json!({"phase": "Pending"})),
+        ];
+        let view = cluster_queue_view(&cluster_lock, &claims, now);
+        let waiters: Vec<_> = view.waiters.iter().map(|w| w.claim.as_str()).collect();
+        assert_eq!(
+            waiters,
+            ["pay/first", "web/second"],
+            "arrival order across namespaces"
+        );
+        assert_eq!(view.holders[0].claim, "pay/holder");
+        assert_eq!(
+            (view.kind.as_str(), view.namespace.as_str()),
+            ("ClusterDistributedLock", "")
+        );
+        assert!(
+            render_table(&view, false).starts_with("ClusterDistributedLock pool (backend memory")
+        );
+        let namespaced = queue_view(&lock(1), &claims, now);
+        let waiters: Vec<_> = namespaced
+            .waiters
+            .iter()
+            .map(|w| w.claim.as_str())
+            .collect();
+        assert_eq!(
+            waiters,
+            ["namespaced"],
+            "a namespaced lock's queue has no cluster lock's claim"
+        );
+    }
 
     #[test]
     fn waiters_come_in_grant_order_creation_second_then_name() {

@@ -115,6 +115,44 @@ fn both_kinds_are_namespaced_in_the_locks_category_with_short_names() {
 }
 
 #[test]
+fn the_cluster_lock_is_cluster_scoped_in_the_locks_category_with_a_required_selector() {
+    let crd = crd_json("clusterdistributedlocks");
+    assert_eq!(crd["spec"]["scope"], "Cluster");
+    assert_eq!(crd["spec"]["names"]["kind"], "ClusterDistributedLock");
+    assert_eq!(
+        crd["spec"]["names"]["shortNames"],
+        serde_json::json!(["cdlock"])
+    );
+    assert_eq!(
+        crd["spec"]["names"]["categories"],
+        serde_json::json!(["locks"])
+    );
+    let version = &crd["spec"]["versions"][0];
+    assert_eq!(version["subresources"]["status"], serde_json::json!({}));
+    let spec = spec_properties("clusterdistributedlocks");
+    assert_eq!(spec["required"], serde_json::json!(["namespaceSelector"]));
+    // The lock's own spec is a DistributedLock's, rules and bounds included.
+    let lock = &spec["properties"]["lock"];
+    let namespaced = spec_properties("distributedlocks");
+    assert_eq!(lock["properties"], namespaced["properties"]);
+    assert_eq!(
+        lock["x-kubernetes-validations"],
+        namespaced["x-kubernetes-validations"]
+    );
+    assert_eq!(
+        column_names_and_types(&crd),
+        pairs(&[
+            ("Backend", "string"),
+            ("Holders", "string"),
+            ("Token", "integer"),
+            ("Waiting", "integer"),
+            ("Expires", "string"),
+            ("Age", "date"),
+        ])
+    );
+}
+
+#[test]
 fn lock_printer_columns_follow_the_design() {
     let crd = crd_json("distributedlocks");
     assert_eq!(
@@ -235,7 +273,13 @@ fn claim_spec_bounds_and_required_lock_name() {
             "!has(self.whenBusy) || self.whenBusy == 'Wait' || !has(self.lockNames)",
             "has(self.whenBusy) == has(oldSelf.whenBusy)",
             "has(self.group) == has(oldSelf.group)",
+            "!has(self.lockKind) || self.lockKind == 'DistributedLock' || has(self.lockName)",
+            "has(self.lockKind) == has(oldSelf.lockKind)",
         ]
+    );
+    assert_eq!(
+        props_enum(&spec, "lockKind"),
+        serde_json::json!(["DistributedLock", "ClusterDistributedLock"])
     );
     assert_eq!(
         props_enum(&spec, "whenBusy"),

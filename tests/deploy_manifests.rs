@@ -65,6 +65,10 @@ fn the_base_renders_every_part_into_the_turnstile_namespace() {
         ("CustomResourceDefinition", "distributedlocks.turnstile.dev"),
         ("CustomResourceDefinition", "lockclaims.turnstile.dev"),
         ("CustomResourceDefinition", "locktemplates.turnstile.dev"),
+        (
+            "CustomResourceDefinition",
+            "clusterdistributedlocks.turnstile.dev",
+        ),
         ("ServiceAccount", SERVICE_ACCOUNT),
         ("ClusterRole", "turnstile-controller"),
         ("ClusterRoleBinding", "turnstile-controller"),
@@ -417,6 +421,17 @@ fn the_controller_cluster_role_grants_exactly_what_the_controller_uses() {
             &["get", "list", "watch", "create", "patch", "delete"],
         ),
         ("turnstile.dev", "locktemplates", READ),
+        // Served as locks are, but never made or deleted: they are the cluster admins'.
+        (
+            "turnstile.dev",
+            "clusterdistributedlocks",
+            &["get", "list", "watch", "patch"],
+        ),
+        (
+            "turnstile.dev",
+            "clusterdistributedlocks/status",
+            &["patch"],
+        ),
         // Gated Jobs get their claim from the controller.
         (
             "turnstile.dev",

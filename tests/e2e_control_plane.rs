@@ -284,6 +284,8 @@ enum Flow {
     WatchNamespaces,
     /// A claim's missing lock is made from a `LockTemplate`.
     MakeFromTemplate,
+    /// A claim on a `ClusterDistributedLock` is granted (by a controller of all namespaces).
+    GrantClusterLock,
 }
 
 /// The flow that needs the rule on `resource` (the rule's first resource).
@@ -294,6 +296,7 @@ fn flow_needing(resource: &str) -> Flow {
         "events" => Flow::Announce,
         "namespaces" => Flow::WatchNamespaces,
         "locktemplates" => Flow::MakeFromTemplate,
+        "clusterdistributedlocks" => Flow::GrantClusterLock,
         _ => Flow::Grant,
     }
 }
@@ -323,7 +326,7 @@ async fn every_rule_of_the_installed_role_is_needed_by_a_named_flow() {
     let rules = role["rules"].as_array().expect("rules").clone();
     assert_eq!(
         rules.len(),
-        8,
+        9,
         "the test names a flow for each rule: {rules:?}"
     );
     for (index, rule) in rules.iter().enumerate() {
@@ -373,7 +376,11 @@ async fn every_rule_of_the_installed_role_is_needed_by_a_named_flow() {
         )
         .expect("write kubeconfig");
         env.controller_client = e2e_support::plane::client_for(kubeconfig.path()).await;
-        env.start_default_controller();
+        match flow {
+            // The plane is this test's own: the controller may watch every namespace.
+            Flow::GrantClusterLock => env.start_controller_of_all_namespaces(),
+            _ => env.start_default_controller(),
+        }
 
         env.apply_lock("db", "leaseDurationSeconds: 300");
         match flow {
@@ -385,6 +392,17 @@ async fn every_rule_of_the_installed_role_is_needed_by_a_named_flow() {
                     "apiVersion: turnstile.dev/v1alpha1\nkind: LockTemplate\nmetadata:\n  name: made\nspec:\n  names: [\"made-*\"]\n  lock: {}\n",
                 );
                 env.apply_claim("a", "made-1", "");
+            }
+            Flow::GrantClusterLock => {
+                env.apply(&format!(
+                    "apiVersion: turnstile.dev/v1alpha1\nkind: ClusterDistributedLock\nmetadata:\n  name: {}-shared\nspec:\n  namespaceSelector: {{}}\n",
+                    env.namespace
+                ));
+                env.apply_claim(
+                    "a",
+                    &format!("{}-shared", env.namespace),
+                    "lockKind: ClusterDistributedLock",
+                );
             }
             Flow::UngatePod => env.apply(&format!(
                 "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  labels: {{{}: db}}\nspec:\n  schedulingGates: [{{name: {}}}]\n  containers: [{{name: main, image: busybox}}]\n",
@@ -404,7 +422,7 @@ async fn every_rule_of_the_installed_role_is_needed_by_a_named_flow() {
 
         // The controller tried and was refused; its flow has not happened.
         match flow {
-            Flow::Grant => assert_ne!(
+            Flow::Grant | Flow::GrantClusterLock => assert_ne!(
                 e2e_support::phase_of(&env.claim("a").await),
                 Some(ClaimPhase::Held),
                 "rule {index}: granted without it"

@@ -1,7 +1,8 @@
 //! The deployed RBAC covers every call the controller makes. Representative flows run
 //! against the fake API server (locks, claims and their status, finalizers, Events, the
 //! leader Lease, claims owned by a Pod and a Job, a gated Job and a gated Pod, an orphan
-//! claim, an expiry);
+//! claim, an expiry, a lock made from a template, a cluster lock), the controller watching
+//! every namespace as `deploy/` runs it;
 //! the controller has a client of its own whose requests are tagged, so the fake's request
 //! log tells them from the test's. Every request it made must be granted by the rendered
 //! `deploy/` ClusterRole or, for the Lease, the namespaced leader-election Role (with its
@@ -71,7 +72,8 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deployed_rbac_grants_every_call_the_controller_makes() {
     let env = Env::fake_only("its request log lists every call the controller made").await;
-    let controller = env.spawn_controller_with(
+    // Of all namespaces, as `deploy/` runs it: it serves ClusterDistributedLocks too.
+    let controller = env.spawn_controller_of_all_namespaces_with(
         tagged_client(env.server(), ACTOR),
         ControllerConfig {
             instance: Some("rbac-replica".to_owned()),
@@ -163,6 +165,14 @@ async fn the_deployed_rbac_grants_every_call_the_controller_makes() {
     env.wait_phase("on-made", ClaimPhase::Held).await;
     env.delete_claim("on-made").await;
     env.wait_lock_gone("made-1").await;
+    // A ClusterDistributedLock: granted, and released through the claim's finalizer.
+    env.apply(
+        "apiVersion: turnstile.dev/v1alpha1\nkind: ClusterDistributedLock\nmetadata:\n  name: shared\nspec:\n  namespaceSelector: {}\n",
+    );
+    env.apply_claim("on-shared", "shared", "lockKind: ClusterDistributedLock");
+    env.wait_phase("on-shared", ClaimPhase::Held).await;
+    env.delete_claim("on-shared").await;
+    env.wait_gone("on-shared").await;
     controller.stop().await;
 
     let log = requests_of(&env.server().request_log(), ACTOR);
@@ -182,6 +192,9 @@ async fn the_deployed_rbac_grants_every_call_the_controller_makes() {
         ("turnstile.dev", "distributedlocks", "create"),
         ("turnstile.dev", "distributedlocks", "delete"),
         ("turnstile.dev", "locktemplates", "watch"),
+        ("turnstile.dev", "clusterdistributedlocks", "watch"),
+        ("turnstile.dev", "clusterdistributedlocks", "patch"),
+        ("turnstile.dev", "clusterdistributedlocks/status", "patch"),
         ("events.k8s.io", "events", "create"),
         ("coordination.k8s.io", "leases", "update"),
         ("", "pods", "watch"),

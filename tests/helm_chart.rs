@@ -316,6 +316,7 @@ async fn the_previous_chart_grants_a_claim_an_upgrade_to_this_one_keeps_it_and_u
         "crd/distributedlocks.turnstile.dev",
         "crd/lockclaims.turnstile.dev",
         "crd/locktemplates.turnstile.dev",
+        "crd/clusterdistributedlocks.turnstile.dev",
     ];
     let mut delete = vec!["delete", "--wait"];
     delete.extend(crds);

@@ -356,8 +356,36 @@ impl Env {
 
     /// Starts the controller in this process, watching the test's namespace.
     pub fn start_controller(&mut self, config: ControllerConfig) {
-        assert!(self.controller.is_none(), "controller already running");
         let config = self.scoped(config);
+        self.start_controller_as_configured(config);
+    }
+
+    /// Starts the default controller watching every namespace, as `deploy/` installs it (so it
+    /// serves `ClusterDistributedLock`s too). Only on an API server of the test's own
+    /// ([`Env::alone`], a fake): on a shared plane it would serve every other test's namespaces.
+    pub fn start_controller_of_all_namespaces(&mut self) {
+        self.start_controller_as_configured(ControllerConfig::default());
+    }
+
+    /// [`Env::spawn_controller_with`], the controller watching every namespace (see
+    /// [`Env::start_controller_of_all_namespaces`]).
+    pub fn spawn_controller_of_all_namespaces_with(
+        &self,
+        client: Client,
+        config: ControllerConfig,
+    ) -> RunningController {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            run(client, config, async {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        RunningController { stop, task }
+    }
+
+    fn start_controller_as_configured(&mut self, config: ControllerConfig) {
+        assert!(self.controller.is_none(), "controller already running");
         let (stop, stopped) = oneshot::channel::<()>();
         let client = self.controller_client.clone();
         let task = tokio::spawn(async move {
@@ -382,15 +410,7 @@ impl Env {
         client: Client,
         config: ControllerConfig,
     ) -> RunningController {
-        let config = self.scoped(config);
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            run(client, config, async {
-                let _ = stopped.await;
-            })
-            .await
-        });
-        RunningController { stop, task }
+        self.spawn_controller_of_all_namespaces_with(client, self.scoped(config))
     }
 
     /// Starts the controller with the default configuration (memory backend).

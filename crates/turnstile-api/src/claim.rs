@@ -11,7 +11,8 @@ use crate::vocabulary::{
     MAX_PRIORITY,
 };
 
-/// A request for a `DistributedLock` in the same namespace. Claims are granted by `priority`
+/// A request for a `DistributedLock` in the same namespace (or, with `lockKind`, for a
+/// `ClusterDistributedLock`). Claims are granted by `priority`
 /// (higher first), then in order of arrival (`status.arrivedAt`, else `creationTimestamp`),
 /// then name; the status records the grant and its fencing token.
 // clippy reads the repeated `type_` keys of separate `printcolumn(...)` groups as duplicates.
@@ -101,9 +102,16 @@ use crate::vocabulary::{
         .message("whenBusy is immutable"),
     validation = Rule::new("has(self.group) == has(oldSelf.group)")
         .message("group is immutable"),
+    validation = Rule::new(
+        "!has(self.lockKind) || self.lockKind == 'DistributedLock' || has(self.lockName)"
+    )
+    .message("lockKind ClusterDistributedLock takes one lock, in lockName (not lockNames)"),
+    validation = Rule::new("has(self.lockKind) == has(oldSelf.lockKind)")
+        .message("lockKind is immutable"),
 )]
 pub struct LockClaimSpec {
-    /// The `DistributedLock` in the same namespace this claim asks for; immutable. Empty (and
+    /// The `DistributedLock` in the same namespace this claim asks for (with `lockKind:
+    /// ClusterDistributedLock`, the cluster lock of that name); immutable. Empty (and
     /// omitted) when the claim names several locks in `lockNames`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(min = 1, max = 253))]
@@ -160,6 +168,34 @@ pub struct LockClaimSpec {
     #[schemars(length(min = 1, max = 253))]
     #[x_kube(validation = Rule::new("self == oldSelf").message("group is immutable"))]
     pub group: Option<String>,
+    /// Which kind of lock `lockName` names: `DistributedLock` (the default), in the claim's
+    /// namespace; or `ClusterDistributedLock`, cluster-scoped, which takes claims from the
+    /// namespaces its `namespaceSelector` selects. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("lockKind is immutable"))]
+    pub lock_kind: Option<LockKind>,
+}
+
+/// The kind of lock a claim names (`spec.lockKind`).
+#[derive(
+    Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash, Default, schemars::JsonSchema,
+)]
+pub enum LockKind {
+    /// A `DistributedLock` in the claim's namespace.
+    #[default]
+    DistributedLock,
+    /// A cluster-scoped `ClusterDistributedLock`.
+    ClusterDistributedLock,
+}
+
+impl LockKind {
+    /// The kind's name, as in `spec.lockKind`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::DistributedLock => "DistributedLock",
+            Self::ClusterDistributedLock => "ClusterDistributedLock",
+        }
+    }
 }
 
 /// What a claim does when its lock cannot be granted at once (`spec.whenBusy`).
@@ -338,7 +374,21 @@ impl LockClaimSpec {
             mode: None,
             when_busy: None,
             group: None,
+            lock_kind: None,
         }
+    }
+
+    /// A claim on the `ClusterDistributedLock` `lock`, every option left to its default.
+    pub fn for_cluster_lock(lock: impl Into<String>) -> Self {
+        Self {
+            lock_kind: Some(LockKind::ClusterDistributedLock),
+            ..Self::for_lock(lock)
+        }
+    }
+
+    /// Whether the claim names a `ClusterDistributedLock` (`lockKind`).
+    pub fn claims_cluster_lock(&self) -> bool {
+        self.lock_kind == Some(LockKind::ClusterDistributedLock)
     }
 
     /// A claim on all of `locks` at once, every option left to its default.

@@ -3,7 +3,7 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use super::{DistributedLock, LockClaim, LockTemplate};
+use super::{ClusterDistributedLock, DistributedLock, LockClaim, LockTemplate};
 
 /// Rendering the CRDs as YAML failed.
 #[derive(Debug, thiserror::Error)]
@@ -20,6 +20,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         DistributedLock::crd(),
         LockClaim::crd(),
         LockTemplate::crd(),
+        ClusterDistributedLock::crd(),
     ]
 }
 

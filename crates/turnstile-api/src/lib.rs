@@ -1,11 +1,12 @@
-//! The custom resources: `DistributedLock`, `LockClaim` and `LockTemplate` in
-//! `turnstile.dev/v1alpha1`.
+//! The custom resources: `DistributedLock`, `ClusterDistributedLock`, `LockClaim` and
+//! `LockTemplate` in `turnstile.dev/v1alpha1`.
 //!
 //! The names, fields, phases and printer columns here are the user-facing contract (the
 //! README's "Status fields" and the generated `crds/`, which `tests/crds.rs` pins): scripts
 //! and `kubectl` sessions depend on them, so change them only together with those.
 
 mod claim;
+mod cluster_lock;
 mod crds;
 mod lock;
 mod template;
@@ -13,8 +14,9 @@ pub mod vocabulary;
 
 pub use claim::{
     arrival_key, arrival_micros, holder_identity, queue_place, BusyPolicy, ClaimMode, ClaimPhase,
-    ClaimedLock, LockClaim, LockClaimSpec, LockClaimStatus, Micros, QueuePlace,
+    ClaimedLock, LockClaim, LockClaimSpec, LockClaimStatus, LockKind, Micros, QueuePlace,
 };
+pub use cluster_lock::{ClusterDistributedLock, ClusterDistributedLockSpec};
 pub use crds::{crd_yaml, crds, crds_yaml, CrdRenderError};
 pub use lock::{
     holder_summary, BackendKind, DistributedLock, DistributedLockSpec, DistributedLockStatus,

@@ -89,7 +89,8 @@ pub struct DistributedLockSpec {
     pub max_holders: i32,
     /// Optional backend key, for sharing the lock with non-Kubernetes users of the same
     /// backend. The controller always prefixes it with the namespace
-    /// (`<namespace>/<key>`, default `<namespace>/<name>`), so tenants cannot collide.
+    /// (`<namespace>/<key>`, default `<namespace>/<name>`; a `ClusterDistributedLock`'s with
+    /// `/`), so tenants cannot collide.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub key: Option<String>,
@@ -116,6 +117,22 @@ pub struct DistributedLockSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = MAX_OVERTAKE_SECONDS))]
     pub max_overtake_seconds: Option<i64>,
+}
+
+impl Default for DistributedLockSpec {
+    /// A mutex on the controller's default backend with the default lease: what `{}` means.
+    fn default() -> Self {
+        Self {
+            backend: None,
+            lease_duration_seconds: DEFAULT_LEASE_DURATION_SECONDS,
+            max_holders: 1,
+            key: None,
+            max_hold_seconds: None,
+            lock_delay_seconds: None,
+            queue: None,
+            max_overtake_seconds: None,
+        }
+    }
 }
 
 /// The order a lock grants its claims in (`spec.queue`): `Fifo` (the default) strictly in queue

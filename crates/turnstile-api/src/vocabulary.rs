@@ -41,6 +41,9 @@ pub mod reasons {
     pub const FORCE_RELEASED: &str = "ForceReleased";
     /// The lock does not exist (yet).
     pub const LOCK_NOT_FOUND: &str = "LockNotFound";
+    /// The claim names a `ClusterDistributedLock` whose `namespaceSelector` does not select
+    /// the claim's namespace.
+    pub const NAMESPACE_NOT_ALLOWED: &str = "NamespaceNotAllowed";
     /// `acquireTimeoutSeconds` passed before the claim was granted.
     pub const ACQUIRE_TIMEOUT: &str = "AcquireTimeout";
     /// The claim's spec is out of bounds.
@@ -71,6 +74,9 @@ pub mod event_reasons {
     pub const FAILED: &str = "Failed";
     /// Waiting for a lock that does not exist (a Warning, once per wait).
     pub const LOCK_NOT_FOUND: &str = "LockNotFound";
+    /// Waiting for a `ClusterDistributedLock` that does not take claims from the claim's
+    /// namespace (a Warning, once per wait).
+    pub const NAMESPACE_NOT_ALLOWED: &str = "NamespaceNotAllowed";
 }
 
 /// Event reasons on objects the controller cannot read.

@@ -23,30 +23,47 @@ use kube::{Resource, ResourceExt};
 
 use super::arrivals::Arrivals;
 use super::core::{WorkloadKind, WorkloadOwner};
-use turnstile_api::{DistributedLock, LockClaim};
+use turnstile_api::LockClaim;
 
-/// `(namespace, lock name)`.
-type LockKey = (String, String);
+/// `(namespace, lock name)`; the namespace is empty for a `ClusterDistributedLock`.
+pub type LockKey = (String, String);
 /// `(namespace, claim name)`.
 type ClaimKey = (String, String);
 
+/// The keys of the locks `claim` names, in the claim's namespace (`namespace`) or, for a
+/// `ClusterDistributedLock`, with an empty namespace.
+fn lock_keys(claim: &LockClaim, namespace: &str) -> Vec<LockKey> {
+    let scope = if claim.spec.claims_cluster_lock() {
+        ""
+    } else {
+        namespace
+    };
+    claim
+        .spec
+        .locks()
+        .into_iter()
+        .map(|lock| (scope.to_owned(), lock.to_owned()))
+        .collect()
+}
+
 #[derive(Debug, Default)]
 struct Names {
-    by_lock: HashMap<LockKey, BTreeSet<String>>,
+    by_lock: HashMap<LockKey, BTreeSet<ClaimKey>>,
     by_owner: HashMap<String, BTreeSet<ClaimKey>>,
 }
 
 impl Names {
     /// Whether the claim is here already (under its first lock: each claim is under all).
     fn contains(&self, claim: &LockClaim) -> bool {
-        let (Some(namespace), Some(lock)) =
-            (claim.namespace(), claim.spec.locks().first().copied())
-        else {
+        let Some(namespace) = claim.namespace() else {
+            return false;
+        };
+        let Some(first) = lock_keys(claim, &namespace).into_iter().next() else {
             return false;
         };
         self.by_lock
-            .get(&(namespace, lock.to_owned()))
-            .is_some_and(|names| names.contains(&claim.name_any()))
+            .get(&first)
+            .is_some_and(|claims| claims.contains(&(namespace, claim.name_any())))
     }
 
     fn insert(&mut self, claim: &LockClaim) {
@@ -61,11 +78,11 @@ impl Names {
         }
         // `spec.lockName` and `spec.lockNames` are immutable: a claim never moves between
         // locks. A claim on several locks is in each one's queue.
-        for lock in claim.spec.locks() {
+        for key in lock_keys(claim, &namespace) {
             self.by_lock
-                .entry((namespace.clone(), lock.to_owned()))
+                .entry(key)
                 .or_default()
-                .insert(name.clone());
+                .insert((namespace.clone(), name.clone()));
         }
     }
 
@@ -73,11 +90,10 @@ impl Names {
         let (Some(namespace), name) = (claim.namespace(), claim.name_any()) else {
             return;
         };
-        for lock in claim.spec.locks() {
-            let key = (namespace.clone(), lock.to_owned());
-            if let Some(names) = self.by_lock.get_mut(&key) {
-                names.remove(&name);
-                if names.is_empty() {
+        for key in lock_keys(claim, &namespace) {
+            if let Some(claims) = self.by_lock.get_mut(&key) {
+                claims.remove(&(namespace.clone(), name.clone()));
+                if claims.is_empty() {
                     self.by_lock.remove(&key);
                 }
             }
@@ -174,7 +190,8 @@ impl ClaimIndex {
         self.read().arrivals.of(claim.metadata.uid.as_deref()?)
     }
 
-    /// The cached claims of lock `name` in `namespace`.
+    /// The cached claims of lock `name` in `namespace` (empty: of the `ClusterDistributedLock`
+    /// `name`, from every namespace).
     pub fn claims_of_lock(
         &self,
         store: &Store<LockClaim>,
@@ -182,30 +199,30 @@ impl ClaimIndex {
         name: &str,
     ) -> Vec<Arc<LockClaim>> {
         let key = (namespace.to_owned(), name.to_owned());
-        let names: Vec<String> = match self.read().current.by_lock.get(&key) {
-            Some(names) => names.iter().cloned().collect(),
+        let claims: Vec<ClaimKey> = match self.read().current.by_lock.get(&key) {
+            Some(claims) => claims.iter().cloned().collect(),
             None => return Vec::new(),
         };
-        names
+        claims
             .iter()
-            .filter_map(|claim| store.get(&ObjectRef::new(claim).within(namespace)))
+            .filter_map(|(namespace, claim)| store.get(&ObjectRef::new(claim).within(namespace)))
             .collect()
     }
 
     /// The locks of the live (non-terminal) claims owned by the object `kind` with `uid` in
-    /// `namespace`, each once.
+    /// `namespace`, each once, as [`LockKey`]s (a cluster lock's with an empty namespace).
     pub fn locks_of_owner(
         &self,
         store: &Store<LockClaim>,
         kind: WorkloadKind,
         namespace: &str,
         uid: &str,
-    ) -> Vec<ObjectRef<DistributedLock>> {
+    ) -> Vec<LockKey> {
         let claims: Vec<ClaimKey> = match self.read().current.by_owner.get(uid) {
             Some(claims) => claims.iter().cloned().collect(),
             None => return Vec::new(),
         };
-        let locks: BTreeSet<String> = claims
+        let locks: BTreeSet<LockKey> = claims
             .iter()
             .filter(|(claim_namespace, _)| claim_namespace == namespace)
             .filter_map(|(_, claim)| store.get(&ObjectRef::new(claim).within(namespace)))
@@ -221,12 +238,9 @@ impl ClaimIndex {
                     .is_some_and(|owner| owner.kind == kind && owner.uid == uid)
             })
             // The first lock decides about a claim on several locks (its owner included).
-            .filter_map(|claim| claim.spec.locks().first().map(|lock| (*lock).to_owned()))
+            .filter_map(|claim| lock_keys(&claim, namespace).into_iter().next())
             .collect();
-        locks
-            .into_iter()
-            .map(|lock| ObjectRef::new(&lock).within(namespace))
-            .collect()
+        locks.into_iter().collect()
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Index> {
@@ -322,5 +336,41 @@ mod tests {
         assert!(index
             .claims_of_lock(&store, "other-ns", "lock-7")
             .is_empty());
+    }
+
+    #[test]
+    fn a_cluster_locks_claims_from_every_namespace_are_its_own_and_no_namespaced_locks() {
+        let mut writer = Writer::default();
+        let store = writer.as_reader();
+        let index = ClaimIndex::new();
+        for (namespace, name) in [("pay", "a"), ("web", "b")] {
+            let mut on_cluster_lock = LockClaim::new(name, LockClaimSpec::for_cluster_lock("db"));
+            on_cluster_lock.metadata.namespace = Some(namespace.to_owned());
+            feed(&index, &mut writer, watcher::Event::Apply(on_cluster_lock));
+        }
+        feed(
+            &index,
+            &mut writer,
+            watcher::Event::Apply(claim("namespaced")),
+        );
+        let mut cluster: Vec<(String, String)> = index
+            .claims_of_lock(&store, "", "db")
+            .iter()
+            .map(|claim| (claim.namespace().unwrap_or_default(), claim.name_any()))
+            .collect();
+        cluster.sort();
+        assert_eq!(
+            cluster,
+            [
+                ("pay".to_owned(), "a".to_owned()),
+                ("web".to_owned(), "b".to_owned())
+            ]
+        );
+        assert_eq!(
+            names(&index, &store),
+            ["namespaced"],
+            "the namespaced lock db's own"
+        );
+        assert!(index.claims_of_lock(&store, "pay", "db").is_empty());
     }
 }

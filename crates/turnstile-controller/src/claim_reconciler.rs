@@ -1,7 +1,9 @@
 //! The reconciler of claims whose `DistributedLock` does not exist: a template makes it
 //! (`templates`), or they wait with a reason (and are granted by the lock's reconciler once it
-//! appears), time out, or lose the grant of a lock that was deleted. Claims of existing locks are left to the lock's reconciler, which
-//! sees the whole queue.
+//! appears), time out, or lose the grant of a lock that was deleted. Claims on a
+//! `ClusterDistributedLock` that does not take their namespace wait here too
+//! (`cluster_locks`). Claims of existing locks are left to the lock's reconciler, which sees
+//! the whole queue.
 
 use std::sync::Arc;
 
@@ -11,7 +13,8 @@ use kube::{Api, Resource, ResourceExt};
 
 use super::context::{cache_filled, Context};
 
-use super::core::{decide_orphan, ClaimChange, ClaimView, FinalizerChange};
+use super::cluster_locks::{self, Admission};
+use super::core::{decide_unserved, ClaimChange, ClaimView, FinalizerChange, Unserved};
 use super::error::ControllerError;
 use super::events::publish;
 use super::templates::make_missing_locks;
@@ -30,21 +33,43 @@ pub async fn reconcile_claim(
     result
 }
 
-async fn reconcile_orphan(claim: &LockClaim, ctx: &Context) -> Result<Action, ControllerError> {
-    // A claim must not be judged an orphan before the lock cache has been filled.
-    cache_filled(&ctx.locks).await;
+/// Why no lock's pass decides about `claim`; `None` when one does.
+async fn unserved(ctx: &Context, claim: &LockClaim) -> Result<Option<Unserved>, ControllerError> {
     let namespace = claim.namespace().unwrap_or_default();
+    if claim.spec.claims_cluster_lock() {
+        if let Some(locks) = &ctx.cluster_locks {
+            cache_filled(locks).await;
+        }
+        if let Some(namespaces) = &ctx.namespaces {
+            cache_filled(namespaces).await;
+        }
+        return Ok(match cluster_locks::admission(ctx, claim) {
+            Admission::Admitted => None,
+            Admission::LockMissing => Some(Unserved::LockMissing),
+            Admission::NotAllowed(why) => Some(Unserved::NamespaceNotAllowed(why)),
+        });
+    }
     // A missing lock a template makes is made (nothing new goes into a namespace being
     // deleted); the new lock's pass takes the claim from there.
     if !ctx.namespace_terminating(&namespace) && make_missing_locks(ctx, claim).await? {
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     // A claim on several locks is its first lock's to decide while that lock exists (the
     // first lock's pass reports a missing other lock).
     let first_lock = claim.spec.locks().first().map(|lock| (*lock).to_owned());
     if ctx.lock_exists(&namespace, first_lock.as_deref().unwrap_or_default()) {
-        return Ok(Action::await_change());
+        return Ok(None);
     }
+    Ok(Some(Unserved::LockMissing))
+}
+
+async fn reconcile_orphan(claim: &LockClaim, ctx: &Context) -> Result<Action, ControllerError> {
+    // A claim must not be judged an orphan before the lock cache has been filled.
+    cache_filled(&ctx.locks).await;
+    let namespace = claim.namespace().unwrap_or_default();
+    let Some(why) = unserved(ctx, claim).await? else {
+        return Ok(Action::await_change());
+    };
     if ctx.namespace_terminating(&namespace) && claim.metadata.deletion_timestamp.is_none() {
         // It goes with its namespace: nothing to write until the namespace controller marks
         // it for deletion (that event brings it back here, to remove the finalizer).
@@ -57,7 +82,7 @@ async fn reconcile_orphan(claim: &LockClaim, ctx: &Context) -> Result<Action, Co
             return Ok(Action::await_change());
         }
     };
-    let decision = decide_orphan(&view, Timestamp::now());
+    let decision = decide_unserved(&view, &why, Timestamp::now());
     let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
     let writer = ctx.writer();
     let name = claim.name_any();
@@ -71,7 +96,7 @@ async fn reconcile_orphan(claim: &LockClaim, ctx: &Context) -> Result<Action, Co
         }
     }
     if decision.remove_finalizer {
-        let mut writes = PassWrites::new([claim]);
+        let mut writes = PassWrites::new([(&name, claim)]);
         let removal = ClaimChange {
             name: name.clone(),
             status: None,

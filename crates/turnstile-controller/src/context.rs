@@ -23,7 +23,7 @@ use crate::own_writes::OwnWrites;
 use crate::owners::OwnerCaches;
 use crate::traces::ClaimTraces;
 use crate::writer::ApiWriter;
-use turnstile_api::{DistributedLock, LockClaim, LockTemplate};
+use turnstile_api::{ClusterDistributedLock, DistributedLock, LockClaim, LockTemplate};
 
 /// First retry delay after a failed pass or an unavailable backend.
 const BACKOFF_BASE: Duration = Duration::from_millis(500);
@@ -125,6 +125,8 @@ pub struct Context {
     pub namespaces: Option<Store<PartialObjectMeta<Namespace>>>,
     /// The `LockTemplate`s, for locks made on first use (`None`: not watched).
     pub templates: Option<Store<LockTemplate>>,
+    /// The `ClusterDistributedLock`s (`None`: not served, as by a controller of one namespace).
+    pub cluster_locks: Option<Store<ClusterDistributedLock>>,
     /// The claims' OpenTelemetry spans (`None`: not traced).
     pub traces: Option<ClaimTraces>,
     failures: Mutex<HashMap<String, u32>>,
@@ -158,6 +160,7 @@ impl Context {
             position_refreshes: WriteBudget::new(POSITION_REFRESHES_PER_SECOND),
             namespaces: None,
             templates: None,
+            cluster_locks: None,
             traces: None,
             failures: Mutex::new(HashMap::new()),
         }
@@ -184,6 +187,12 @@ impl Context {
     /// Records the claims' spans (see [`crate::traces`]).
     pub fn with_traces(mut self, traces: Option<ClaimTraces>) -> Self {
         self.traces = traces;
+        self
+    }
+
+    /// Serves these `ClusterDistributedLock`s (see [`crate::cluster_locks`]).
+    pub fn with_cluster_locks(mut self, cluster_locks: Store<ClusterDistributedLock>) -> Self {
+        self.cluster_locks = Some(cluster_locks);
         self
     }
 

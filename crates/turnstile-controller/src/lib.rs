@@ -4,7 +4,9 @@
 //! - [`lock_reconciler`]: one pass over a `DistributedLock` and all its claims (plan → backend
 //!   calls on the lock engine → fold → writes), the code the tests' simulation runs too.
 //! - [`multi_lock`]: claims on several locks, granted all at once by their first lock's pass.
-//! - [`claim_reconciler`]: claims whose lock does not exist.
+//! - [`cluster_locks`]: `ClusterDistributedLock`s: the same pass over one lock whose claims
+//!   come from the namespaces it selects.
+//! - [`claim_reconciler`]: claims whose lock does not exist (or does not take them).
 //! - [`templates`]: locks made on first use from a `LockTemplate`, and deleted once unused.
 //! - [`traces`]: OpenTelemetry spans of each claim's wait and hold (opt-in).
 //! - [`claim_index`]: the claim cache's names by lock and by owner (no whole-cache scans).
@@ -31,6 +33,7 @@ pub mod backends;
 pub mod budget;
 pub mod claim_index;
 pub mod claim_reconciler;
+pub mod cluster_locks;
 pub mod context;
 pub mod core;
 pub mod error;

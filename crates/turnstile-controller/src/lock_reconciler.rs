@@ -14,11 +14,12 @@ use kube::{Resource, ResourceExt};
 use tracing::Instrument;
 
 use super::backends::BackendLookupError;
+use super::cluster_locks;
 use super::context::{cache_filled, Context};
 use super::core::{
-    fold, plan, BackendOp, BackendView, CallTerms, ClaimView, Decision, EventSubject,
-    ExecutionGate, FinalizerChange, GrantEnd, LockInput, LockView, Observation, OpOutcome, Plan,
-    PlannedOp, LEASE_CUT,
+    claim_address, claim_key, fold, plan, BackendOp, BackendView, CallTerms, ClaimView, Decision,
+    EventSubject, ExecutionGate, FinalizerChange, GrantEnd, LockInput, LockView, Observation,
+    OpOutcome, Plan, PlannedOp, LEASE_CUT,
 };
 use super::error::{describe, ControllerError};
 use super::events::publish;
@@ -30,30 +31,51 @@ use super::writer::{ApiStore, PassStore, PassWriter};
 use crate::metrics::{
     BackendOperation, ControllerKind, LockLostCause, Metrics, ReconcileErrorKind,
 };
-use turnstile_api::{BackendKind, DistributedLock, LockClaim};
+use k8s_openapi::api::core::v1::ObjectReference;
+use turnstile_api::{BackendKind, ClusterDistributedLock, DistributedLock, LockClaim};
 use turnstile_lock::{AcquireMode, AcquireOutcome, AcquireRequest, Backend, LockError, ShareMode};
 
-/// The claims of `lock` in the cache, with their objects by name (read through the index: a
-/// pass costs its own claims, not the whole cache).
-fn claims_of(ctx: &Context, lock: &LockView) -> HashMap<String, Arc<LockClaim>> {
+/// The claims of `lock` in the cache, with their objects by name in the pass ([`claim_key`];
+/// read through the index: a pass costs its own claims, not the whole cache). A
+/// `ClusterDistributedLock`'s are those it admits (see `cluster_locks`).
+fn claims_of(
+    ctx: &Context,
+    lock: &LockView,
+    cluster: Option<&ClusterDistributedLock>,
+) -> HashMap<String, Arc<LockClaim>> {
     ctx.claim_index
         .claims_of_lock(&ctx.claims, &lock.namespace, &lock.name)
         .into_iter()
-        .map(|claim| (claim.name_any(), claim))
+        .filter(|claim| {
+            cluster.is_none_or(|cluster| cluster_locks::admits(ctx, cluster, claim).is_ok())
+        })
+        .map(|claim| {
+            let namespace = claim.namespace().unwrap_or_default();
+            (
+                claim_key(&lock.namespace, &namespace, &claim.name_any()),
+                claim,
+            )
+        })
         .collect()
 }
 
-/// The claims' views, each seen from lock `lock` with its arrival (incomplete objects are
-/// skipped).
+/// The claims' views, each seen from lock `lock` with its arrival, named as in `objects`
+/// (incomplete objects are skipped).
 fn claim_views(
     ctx: &Context,
     objects: &HashMap<String, Arc<LockClaim>>,
     lock: &str,
 ) -> Vec<ClaimView> {
     objects
-        .values()
-        .filter_map(|claim| match ClaimView::for_lock(claim, lock) {
-            Ok(view) => Some(view.observed_arrival(ctx.claim_index.arrival(claim))),
+        .iter()
+        .filter_map(|(name, claim)| match ClaimView::for_lock(claim, lock) {
+            Ok(view) => Some(
+                ClaimView {
+                    name: name.clone(),
+                    ..view
+                }
+                .observed_arrival(ctx.claim_index.arrival(claim)),
+            ),
             Err(error) => {
                 tracing::warn!(%error, "ignoring incomplete claim");
                 None
@@ -118,7 +140,7 @@ async fn other_locks(
             continue;
         };
         let view = lock_view(ctx, &object);
-        let claims = claim_views(ctx, &claims_of(ctx, &view), &name);
+        let claims = claim_views(ctx, &claims_of(ctx, &view, None), &name);
         let (backend_view, backend) = backend_of(ctx, &view).await;
         let other = OtherLock {
             lock: view,
@@ -139,23 +161,49 @@ pub async fn reconcile_lock(
     let mut timer = ctx.metrics.reconciles.start(ControllerKind::Lock);
     let view = lock_view(&ctx, &lock);
     let span = tracing::info_span!("reconcile", namespace = %view.namespace, lock = %view.name);
-    let result = reconcile_inner(&lock, view, &ctx).instrument(span).await;
+    let result = reconcile_inner(&lock, None, view, &ctx)
+        .instrument(span)
+        .await;
     timer.set_failed(result.is_err());
     result
 }
 
-async fn reconcile_inner(
+/// The last pass's writes the caches do not show yet (see `own_writes`).
+fn own_writes_pending(
+    ctx: &Context,
+    view: &LockView,
+    cluster: Option<&ClusterDistributedLock>,
+) -> Option<std::time::Duration> {
+    let Some(cluster) = cluster else {
+        return ctx
+            .own_writes
+            .pending(&view.namespace, &view.name, &ctx.locks, &ctx.claims);
+    };
+    ctx.own_writes.pending_in_caches(
+        &view.namespace,
+        &view.name,
+        || cluster_locks::cached_version(ctx, &cluster.name_any()),
+        |key| {
+            let (namespace, name) = claim_address(&view.namespace, key);
+            ctx.claims
+                .get(&ObjectRef::new(name).within(namespace))
+                .and_then(|claim| claim.resource_version())
+        },
+    )
+}
+
+/// One pass over `lock`: a `DistributedLock`, or the `cluster` lock as a namespaceless one
+/// (see `cluster_locks`).
+pub(crate) async fn reconcile_inner(
     lock: &DistributedLock,
+    cluster: Option<&ClusterDistributedLock>,
     view: LockView,
     ctx: &Context,
 ) -> Result<Action, ControllerError> {
     // A pass over a half-filled cache would miss claims.
     cache_filled(&ctx.claims).await;
     let pass_key = pass_key(&view);
-    if let Some(wait) = ctx
-        .own_writes
-        .pending(&view.namespace, &view.name, &ctx.locks, &ctx.claims)
-    {
+    if let Some(wait) = own_writes_pending(ctx, &view, cluster) {
         // The events of the last pass's writes are on their way and will wake this lock.
         tracing::trace!(
             ?wait,
@@ -163,7 +211,7 @@ async fn reconcile_inner(
         );
         return Ok(Action::requeue(wait));
     }
-    let objects = claims_of(ctx, &view);
+    let objects = claims_of(ctx, &view, cluster);
     let mut claims = claim_views(ctx, &objects, &view.name);
 
     fill_owner_states(
@@ -200,11 +248,11 @@ async fn reconcile_inner(
         backend: backend_view,
         may_refresh_positions: ctx.position_refreshes.has_token(),
     };
-    let mut pass = PassWriter::new(
-        ApiStore::new(ctx.writer(), ctx.client.clone(), &input.lock.namespace),
-        lock,
-        &objects,
-    );
+    let store = match cluster {
+        None => ApiStore::new(ctx.writer(), ctx.client.clone(), &input.lock.namespace),
+        Some(_) => ApiStore::for_cluster_lock(ctx.writer(), ctx.client.clone()),
+    };
+    let mut pass = PassWriter::new(store, lock, &objects);
     let engine = backend.as_deref().map(|backend| Engine {
         backend,
         key: &backend_key,
@@ -233,7 +281,8 @@ async fn reconcile_inner(
         // now): their Events would never be planned again, so they go out before the retry.
         let written = std::mem::take(&mut pass.statuses_written);
         record_spans(ctx, &objects, &input, &decision, kind, Some(&written));
-        publish_events(ctx, lock, &objects, &input, &decision, Some(&written)).await;
+        let regarding = regarding(lock, cluster);
+        publish_events(ctx, &regarding, &objects, &input, &decision, Some(&written)).await;
         return Err(error);
     }
 
@@ -250,14 +299,18 @@ async fn reconcile_inner(
             u64::try_from(waiting).unwrap_or(0),
         );
     }
-    let lock_ref = ObjectRef::from_obj(lock);
     let backend_failed = decision.backend_failure.is_some()
         || matches!(input.backend, BackendView::Unavailable { .. });
-    if backend_failed {
-        // Retried with backoff, or sooner: when the backend answers again (`backend_outages`).
-        ctx.outages.failed(kind, lock_ref);
-    } else if backend.is_some() {
-        ctx.outages.succeeded(kind, &lock_ref);
+    // A cluster lock is retried with backoff only: the outage wake-ups name `DistributedLock`s.
+    if cluster.is_none() {
+        let lock_ref = ObjectRef::from_obj(lock);
+        if backend_failed {
+            // Retried with backoff, or sooner: when the backend answers again
+            // (`backend_outages`).
+            ctx.outages.failed(kind, lock_ref);
+        } else if backend.is_some() {
+            ctx.outages.succeeded(kind, &lock_ref);
+        }
     }
     if decision.backend_failure.is_some() {
         ctx.metrics
@@ -266,7 +319,15 @@ async fn reconcile_inner(
     }
     record_observations(&ctx.metrics, kind, &decision.observations);
     record_spans(ctx, &objects, &input, &decision, kind, None);
-    publish_events(ctx, lock, &objects, &input, &decision, None).await;
+    publish_events(
+        ctx,
+        &regarding(lock, cluster),
+        &objects,
+        &input,
+        &decision,
+        None,
+    )
+    .await;
     // Claims on several locks that this one now admits: their first lock may grant them. A
     // lock being deleted ends such claims' grants: their first lock's pass does that.
     for claim in input.claims.iter().filter(|claim| {
@@ -282,7 +343,10 @@ async fn reconcile_inner(
         .claims
         .iter()
         .any(|claim| !claim.phase().is_terminal());
-    let unused_due = templates::unused_lock_due(ctx, lock, in_use, input.now).await?;
+    let unused_due = match cluster {
+        None => templates::unused_lock_due(ctx, lock, in_use, input.now).await?,
+        Some(_) => None,
+    };
     let requeue_after = unused_due.map_or(decision.requeue_after, |due| {
         due.min(decision.requeue_after)
     });
@@ -365,7 +429,8 @@ pub async fn run_pass<S: PassStore>(
 }
 
 /// The key of one lock's passes in [`Context`]'s backoff, in the passes and in the error
-/// policy alike. (Not the backend key: two locks may share one.)
+/// policy alike. (Not the backend key: two locks may share one.) A cluster lock's has no
+/// namespace: `lock//<name>`.
 fn pass_key(lock: &LockView) -> String {
     format!("lock/{}/{}", lock.namespace, lock.name)
 }
@@ -376,7 +441,11 @@ pub fn lock_error_policy(
     error: &ControllerError,
     ctx: Arc<Context>,
 ) -> Action {
-    let view = LockView::from_resource(&lock);
+    pass_error_policy(&LockView::from_resource(&lock), error, &ctx)
+}
+
+/// [`lock_error_policy`] for the lock `view`, whichever its kind.
+pub(crate) fn pass_error_policy(view: &LockView, error: &ControllerError, ctx: &Context) -> Action {
     if error.is_not_leader() {
         // The controllers are stopping; the next leader takes the lock from here.
         tracing::info!(namespace = %view.namespace, lock = %view.name, %error, "pass stopped");
@@ -386,7 +455,7 @@ pub fn lock_error_policy(
         ControllerError::Kube { .. } => ReconcileErrorKind::Api,
         _ => ReconcileErrorKind::Other,
     });
-    let key = pass_key(&view);
+    let key = pass_key(view);
     let delay = ctx.retry_delay(&key, error);
     error.log_failed_pass(&key, delay);
     Action::requeue(delay)
@@ -484,10 +553,19 @@ fn record_spans(
     }
 }
 
-/// Publishes the pass's Events; with `only`, just those about the claims named there.
+/// The object Events about the lock are about: the cluster lock, else the `DistributedLock`.
+fn regarding(lock: &DistributedLock, cluster: Option<&ClusterDistributedLock>) -> ObjectReference {
+    match cluster {
+        Some(cluster) => cluster.object_ref(&()),
+        None => lock.object_ref(&()),
+    }
+}
+
+/// Publishes the pass's Events (those about the lock regarding `lock`); with `only`, just
+/// those about the claims named there.
 async fn publish_events(
     ctx: &Context,
-    lock: &DistributedLock,
+    lock: &ObjectReference,
     objects: &HashMap<String, Arc<LockClaim>>,
     input: &LockInput,
     decision: &Decision,
@@ -508,7 +586,7 @@ async fn publish_events(
             {
                 continue;
             }
-            EventSubject::Lock | EventSubject::LockFor(_) => lock.object_ref(&()),
+            EventSubject::Lock | EventSubject::LockFor(_) => lock.clone(),
             EventSubject::Claim(name) => match objects.get(name) {
                 Some(claim) => claim.object_ref(&()),
                 None => continue,

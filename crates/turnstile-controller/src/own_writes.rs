@@ -76,6 +76,31 @@ impl OwnWrites {
         locks: &Store<DistributedLock>,
         claims: &Store<LockClaim>,
     ) -> Option<Duration> {
+        self.pending_in_caches(
+            namespace,
+            lock_name,
+            || {
+                locks
+                    .get(&ObjectRef::new(lock_name).within(namespace))
+                    .and_then(|lock| lock.resource_version())
+            },
+            |name| {
+                claims
+                    .get(&ObjectRef::new(name).within(namespace))
+                    .and_then(|claim| claim.resource_version())
+            },
+        )
+    }
+
+    /// [`OwnWrites::pending`] for any lock, reading the cached resourceVersions of the lock
+    /// and of a claim (by its name in the pass) through `cached_lock` and `cached_claim`.
+    pub fn pending_in_caches(
+        &self,
+        namespace: &str,
+        lock_name: &str,
+        cached_lock: impl FnOnce() -> Option<String>,
+        cached_claim: impl Fn(&str) -> Option<String>,
+    ) -> Option<Duration> {
         let key = (namespace.to_owned(), lock_name.to_owned());
         let mut by_lock = self.by_lock.lock().unwrap_or_else(|p| p.into_inner());
         let written = by_lock.get(&key)?;
@@ -84,16 +109,12 @@ impl OwnWrites {
         let behind = |cached: Option<String>, wrote: &String| {
             cached.is_some_and(|version| !shows(&version, wrote))
         };
-        let lock_behind = written.lock.as_ref().is_some_and(|wrote| {
-            let cached = locks
-                .get(&ObjectRef::new(lock_name).within(namespace))
-                .and_then(|lock| lock.resource_version());
-            behind(cached, wrote)
-        });
+        let lock_behind = written
+            .lock
+            .as_ref()
+            .is_some_and(|wrote| behind(cached_lock(), wrote));
         let claims_behind = written.claims.iter().any(|(name, wrote)| {
-            let cached = claims
-                .get(&ObjectRef::new(name).within(namespace))
-                .and_then(|claim| claim.resource_version());
+            let cached = cached_claim(name);
             if wrote == GONE {
                 cached.is_some()
             } else {

@@ -23,9 +23,9 @@ use std::sync::Arc;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::Resource;
 
-use super::claim_index::ClaimIndex;
+use super::claim_index::{ClaimIndex, LockKey};
 use super::core::WorkloadKind;
-use turnstile_api::{DistributedLock, LockClaim};
+use turnstile_api::{ClusterDistributedLock, DistributedLock, LockClaim};
 
 /// The field selector of the Pod watch: Pods that succeeded or failed.
 pub const FINISHED_PODS: &str = "status.phase!=Pending,status.phase!=Running,status.phase!=Unknown";
@@ -37,6 +37,44 @@ pub fn owner_trigger<K>(
     index: ClaimIndex,
     kind: WorkloadKind,
 ) -> impl Fn(Arc<K>) -> Vec<ObjectRef<DistributedLock>> + Send + Sync + 'static
+where
+    K: Resource,
+{
+    let owned_locks = owned_lock_keys(claims, index, kind);
+    move |object: Arc<K>| {
+        owned_locks(object)
+            .into_iter()
+            .filter(|(namespace, _)| !namespace.is_empty())
+            .map(|(namespace, lock)| ObjectRef::new(&lock).within(&namespace))
+            .collect()
+    }
+}
+
+/// [`owner_trigger`] for the `ClusterDistributedLock`s of the claims a Pod or Job owns.
+pub fn cluster_owner_trigger<K>(
+    claims: Store<LockClaim>,
+    index: ClaimIndex,
+    kind: WorkloadKind,
+) -> impl Fn(Arc<K>) -> Vec<ObjectRef<ClusterDistributedLock>> + Send + Sync + 'static
+where
+    K: Resource,
+{
+    let owned_locks = owned_lock_keys(claims, index, kind);
+    move |object: Arc<K>| {
+        owned_locks(object)
+            .into_iter()
+            .filter(|(namespace, _)| namespace.is_empty())
+            .map(|(_, lock)| ObjectRef::new(&lock))
+            .collect()
+    }
+}
+
+/// An event about a Pod or Job (`kind`) → the keys of the locks of the claims it owns.
+fn owned_lock_keys<K>(
+    claims: Store<LockClaim>,
+    index: ClaimIndex,
+    kind: WorkloadKind,
+) -> impl Fn(Arc<K>) -> Vec<LockKey> + Send + Sync + 'static
 where
     K: Resource,
 {
@@ -99,8 +137,8 @@ mod tests {
         (writer.as_reader(), index)
     }
 
-    fn names(refs: Vec<ObjectRef<DistributedLock>>) -> Vec<String> {
-        refs.into_iter().map(|r| r.name).collect()
+    fn names(keys: Vec<LockKey>) -> Vec<String> {
+        keys.into_iter().map(|(_, name)| name).collect()
     }
 
     #[test]
@@ -127,5 +165,26 @@ mod tests {
         assert!(index
             .locks_of_owner(&claims, WorkloadKind::Pod, "ns", "nobody")
             .is_empty());
+    }
+
+    #[test]
+    fn an_owner_wakes_its_cluster_locks_through_the_cluster_lock_controller_only() {
+        let mut on_cluster_lock = claim("g", "migrate", "Pod", "p1", "Held");
+        on_cluster_lock.spec.lock_kind = Some(turnstile_api::LockKind::ClusterDistributedLock);
+        let (claims, index) = cache(vec![claim("a", "db", "Pod", "p1", "Held"), on_cluster_lock]);
+        let pod: Arc<k8s_openapi::api::core::v1::Pod> = Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "namespace": "ns", "uid": "p1"}
+            }))
+            .expect("pod"),
+        );
+        let namespaced =
+            owner_trigger(claims.clone(), index.clone(), WorkloadKind::Pod)(pod.clone());
+        assert_eq!(namespaced, vec![ObjectRef::new("db").within("ns")]);
+        let cluster = cluster_owner_trigger(claims, index, WorkloadKind::Pod)(pod);
+        assert_eq!(
+            cluster,
+            vec![ObjectRef::<ClusterDistributedLock>::new("migrate")]
+        );
     }
 }

@@ -16,7 +16,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client};
 
 use super::context::cache_filled;
-use super::core::{ClaimView, OwnerState, WorkloadKind, WorkloadOwner};
+use super::core::{claim_address, ClaimView, OwnerState, WorkloadKind, WorkloadOwner};
 use futures::FutureExt;
 use turnstile_api::{ClaimPhase, LockClaim};
 
@@ -123,12 +123,12 @@ fn job_state(job: &Job, owner: &WorkloadOwner) -> OwnerState {
 /// Owner lookups one pass makes at once.
 const CONCURRENT_LOOKUPS: usize = 8;
 
-/// Fills in the owner state of every live claim that has a Pod or Job owner: from `caches`
-/// where they tell (see the module docs), else from the API.
+/// Fills in the owner state of every live claim of a lock in `lock_namespace` that has a Pod
+/// or Job owner: from `caches` where they tell (see the module docs), else from the API.
 pub async fn fill_owner_states(
     client: &Client,
     caches: Option<&OwnerCaches>,
-    namespace: &str,
+    lock_namespace: &str,
     claims: &mut [ClaimView],
 ) {
     if let Some(caches) = caches {
@@ -140,17 +140,26 @@ pub async fn fill_owner_states(
         if claim.deleting || claim.phase().is_terminal() {
             return None;
         }
+        // A cluster lock's claims come from several namespaces (see `claim_key`).
+        let (namespace, name) = {
+            let (namespace, name) = claim_address(lock_namespace, &claim.name);
+            (namespace.to_owned(), name.to_owned())
+        };
         let held = claim.phase() == ClaimPhase::Held;
-        match caches.and_then(|caches| caches.state(namespace, &owner, held)) {
-            Some(OwnerState::Gone) => Some(confirm_gone(client, namespace, claim, owner).boxed()),
+        match caches.and_then(|caches| caches.state(&namespace, &owner, held)) {
+            Some(OwnerState::Gone) => Some(
+                async move { confirm_gone(client, &namespace, &name, claim, owner).await }.boxed(),
+            ),
             Some(state) => {
                 claim.owner_state = state;
                 None
             }
             None => Some(
                 async move {
-                    match owner_state(client, namespace, &owner).await {
-                        OwnerState::Gone => confirm_gone(client, namespace, claim, owner).await,
+                    match owner_state(client, &namespace, &owner).await {
+                        OwnerState::Gone => {
+                            confirm_gone(client, &namespace, &name, claim, owner).await
+                        }
                         state => claim.owner_state = state,
                     }
                 }
@@ -177,11 +186,12 @@ pub async fn fill_owner_states(
 async fn confirm_gone(
     client: &Client,
     namespace: &str,
+    name: &str,
     claim: &mut ClaimView,
     owner: WorkloadOwner,
 ) {
     let fresh = Api::<LockClaim>::namespaced(client.clone(), namespace)
-        .get_opt(&claim.name)
+        .get_opt(name)
         .await;
     claim.owner_state = match fresh {
         // A claim already gone from the API goes with its owner.

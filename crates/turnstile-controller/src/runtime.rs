@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::core::PartialObjectMeta;
@@ -35,6 +35,7 @@ use super::backend_outages;
 use super::backends::{Backends, EtcdSettings, MongoSettings, RedisTlsFiles};
 use super::claim_index::ClaimIndex;
 use super::claim_reconciler::{claim_error_policy, reconcile_claim};
+use super::cluster_locks::{self, cluster_lock_error_policy, reconcile_cluster_lock};
 use super::context::{cache_filled, Context, LeadershipGate};
 use super::core::WorkloadKind;
 use super::error::ControllerError;
@@ -42,7 +43,7 @@ use super::events::{EventPolicy, EventPublisher};
 use super::gate::pod::{phase_only, trim_gated_pod, GATED_PODS};
 use super::gate::{run_gate, BlockedSaid, GateContext};
 use super::lock_reconciler::{lock_error_policy, reconcile_lock};
-use super::owner_watch::{owner_trigger, FINISHED_PODS};
+use super::owner_watch::{cluster_owner_trigger, owner_trigger, FINISHED_PODS};
 use super::owners::OwnerCaches;
 use super::templates::claims_waiting_in;
 use super::tolerant_watch::{tolerant_watcher, InvalidObjects};
@@ -50,7 +51,9 @@ use super::traces::ClaimTraces;
 use crate::leader::{self, LeaderConfig};
 use crate::metrics::{self, Metrics, Readiness};
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use turnstile_api::{BackendKind, DistributedLock, LockClaim, LockTemplate, LOCK_ANNOTATION};
+use turnstile_api::{
+    BackendKind, ClusterDistributedLock, DistributedLock, LockClaim, LockTemplate, LOCK_ANNOTATION,
+};
 
 /// Name the controller reports Events under.
 pub const CONTROLLER_NAME: &str = "turnstile";
@@ -331,6 +334,8 @@ async fn run_controllers(
     let claims_for_orphans = subscribe(&claim_writer);
     let claims_for_job_gate = subscribe(&claim_writer);
     let claims_for_pod_gate = subscribe(&claim_writer);
+    let serves_cluster_locks = namespace.is_none();
+    let claims_for_cluster_locks = serves_cluster_locks.then(|| subscribe(&claim_writer));
     let claim_index = ClaimIndex::new();
     let claim_watch = {
         let index = claim_index.clone();
@@ -353,6 +358,7 @@ async fn run_controllers(
     let (job_store, job_writer) = reflector::store_shared::<Job>(SHARED_BUFFER);
     let jobs_for_owners = subscribe(&job_writer);
     let jobs_for_gate = subscribe(&job_writer);
+    let jobs_for_cluster_locks = serves_cluster_locks.then(|| subscribe(&job_writer));
     // Only the Pods marked for gating (a label selector): most Pods cost nothing.
     let (gated_pod_store, gated_pod_writer) = reflector::store_shared::<Pod>(SHARED_BUFFER);
     let gated_pods_for_gate = subscribe(&gated_pod_writer);
@@ -391,7 +397,12 @@ async fn run_controllers(
 
     // Namespaces, metadata only: one being deleted takes its locks and claims with it, and
     // they get no status writes on the way out (`Context::namespace_terminating`).
-    let (namespace_store, namespace_writer) = reflector::store::<PartialObjectMeta<Namespace>>();
+    let (namespace_store, namespace_writer) =
+        reflector::store_shared::<PartialObjectMeta<Namespace>>(SHARED_BUFFER);
+    // `ClusterDistributedLock`s are served by a controller of all namespaces only (see
+    // `cluster_locks`): their passes and their claims' are woken by Namespace events too.
+    let namespaces_for_cluster =
+        serves_cluster_locks.then(|| (subscribe(&namespace_writer), subscribe(&namespace_writer)));
     let namespace_watch = watcher(
         Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
         match namespace {
@@ -403,7 +414,7 @@ async fn run_controllers(
     )
     .default_backoff()
     .modify(trim)
-    .reflect(namespace_writer);
+    .reflect_shared(namespace_writer);
 
     // LockTemplates: a change wakes the claims of its namespace waiting for a missing lock.
     let (template_store, template_writer) = reflector::store::<LockTemplate>();
@@ -415,6 +426,24 @@ async fn run_controllers(
     .modify(trim)
     .reflect(template_writer)
     .applied_objects();
+
+    // ClusterDistributedLocks: one watch for their controller and the claims' (which decide
+    // about the claims a cluster lock does not take).
+    let (cluster_lock_store, cluster_lock_writer) =
+        reflector::store_shared::<ClusterDistributedLock>(SHARED_BUFFER);
+    let cluster_locks_for_claims = serves_cluster_locks.then(|| subscribe(&cluster_lock_writer));
+    let cluster_locks_for_locks = serves_cluster_locks.then(|| subscribe(&cluster_lock_writer));
+    let cluster_lock_watch = serves_cluster_locks.then(|| {
+        tolerant_watcher::<ClusterDistributedLock>(
+            client,
+            None,
+            watcher::Config::default(),
+            invalid.clone(),
+        )
+        .default_backoff()
+        .modify(trim)
+        .reflect_shared(cluster_lock_writer)
+    });
 
     let (lock_store, lock_writer) = reflector::store::<DistributedLock>();
     let lock_events =
@@ -430,7 +459,17 @@ async fn run_controllers(
     // waits until the cache shows all of them (`own_writes`).
     let runtime_config = ControllerRuntimeConfig::default().concurrency(MAX_CONCURRENT_PASSES);
     // Finished Pods are cached for the owner states (`owners`), trimmed to their phase.
-    let (finished_pod_store, finished_pod_writer) = reflector::store::<Pod>();
+    let (finished_pod_store, finished_pod_writer) = reflector::store_shared::<Pod>(SHARED_BUFFER);
+    let finished_pods_for_locks = subscribe(&finished_pod_writer);
+    let finished_pods_for_cluster_locks =
+        serves_cluster_locks.then(|| subscribe(&finished_pod_writer));
+    let finished_pod_watch = watcher(
+        api::<Pod>(client, namespace),
+        watcher::Config::default().fields(FINISHED_PODS),
+    )
+    .default_backoff()
+    .modify(trim_pod)
+    .reflect_shared(finished_pod_writer);
     let lock_controller = Controller::for_stream(lock_events, lock_store.clone())
         // A claim on several locks wakes each of them.
         .watches_shared_stream(claims_for_locks, |claim: Arc<LockClaim>| {
@@ -443,23 +482,9 @@ async fn run_controllers(
                 .collect::<Vec<_>>()
         })
         // A claim owner's finish or deletion wakes its locks at once (see `owner_watch`).
-        .watches_stream(
-            watcher(
-                api::<Pod>(client, namespace),
-                watcher::Config::default().fields(FINISHED_PODS),
-            )
-            .default_backoff()
-            .modify(trim_pod)
-            .reflect(finished_pod_writer)
-            .touched_objects(),
-            {
-                let trigger = owner_trigger::<Pod>(
-                    claim_store.clone(),
-                    claim_index.clone(),
-                    WorkloadKind::Pod,
-                );
-                move |pod: Pod| trigger(Arc::new(pod))
-            },
+        .watches_shared_stream(
+            finished_pods_for_locks,
+            owner_trigger::<Pod>(claim_store.clone(), claim_index.clone(), WorkloadKind::Pod),
         )
         .watches_shared_stream(
             jobs_for_owners,
@@ -468,31 +493,34 @@ async fn run_controllers(
         .with_config(runtime_config.clone())
         .graceful_shutdown_on(raised(&stop_rx));
 
-    let ctx = Arc::new(
-        Context::new(
-            client.clone(),
-            lock_store.clone(),
-            claim_store.clone(),
-            claim_index,
-            Backends::with_redis_tls(
-                config.default_backend,
-                config.redis_url.clone(),
-                Ok(config.redis_tls.clone()),
-            )
-            .with_mongo(config.mongo.clone())
-            .with_etcd(config.etcd.clone()),
-            events,
-            metrics.clone(),
+    let ctx = Context::new(
+        client.clone(),
+        lock_store.clone(),
+        claim_store.clone(),
+        claim_index,
+        Backends::with_redis_tls(
+            config.default_backend,
+            config.redis_url.clone(),
+            Ok(config.redis_tls.clone()),
         )
-        .with_leadership(leadership)
-        .with_owner_caches(OwnerCaches {
-            jobs: job_store.clone(),
-            finished_pods: finished_pod_store,
-        })
-        .with_namespaces(namespace_store)
-        .with_templates(template_store)
-        .with_traces(config.tracer_provider.as_ref().map(ClaimTraces::new)),
-    );
+        .with_mongo(config.mongo.clone())
+        .with_etcd(config.etcd.clone()),
+        events,
+        metrics.clone(),
+    )
+    .with_leadership(leadership)
+    .with_owner_caches(OwnerCaches {
+        jobs: job_store.clone(),
+        finished_pods: finished_pod_store,
+    })
+    .with_namespaces(namespace_store)
+    .with_templates(template_store)
+    .with_traces(config.tracer_provider.as_ref().map(ClaimTraces::new));
+    let ctx = Arc::new(if serves_cluster_locks {
+        ctx.with_cluster_locks(cluster_lock_store.clone())
+    } else {
+        ctx
+    });
     let gate_ctx = Arc::new(GateContext {
         client: client.clone(),
         claims: claim_store.clone(),
@@ -521,9 +549,43 @@ async fn run_controllers(
         .watches_stream(template_events, {
             let (claims, locks) = (claim_store.clone(), ctx.locks.clone());
             move |template: LockTemplate| claims_waiting_in(&template, &claims, &locks)
-        })
-        .with_config(runtime_config)
-        .graceful_shutdown_on(raised(&stop_rx));
+        });
+    // A cluster lock's claims are decided again when it or a namespace's labels change.
+    let claim_controller = match (cluster_locks_for_claims, &namespaces_for_cluster) {
+        (Some(cluster_locks), Some((_, namespaces))) => claim_controller
+            .watches_shared_stream(
+                cluster_locks,
+                cluster_locks::claims_of_lock(claim_store.clone(), ctx.claim_index.clone()),
+            )
+            .watches_shared_stream(
+                namespaces.clone(),
+                cluster_locks::claims_in_namespace(claim_store.clone()),
+            ),
+        _ => claim_controller,
+    }
+    .with_config(runtime_config.clone())
+    .graceful_shutdown_on(raised(&stop_rx));
+    let cluster_locks_done = match (
+        cluster_locks_for_locks,
+        claims_for_cluster_locks,
+        namespaces_for_cluster,
+        jobs_for_cluster_locks,
+        finished_pods_for_cluster_locks,
+    ) {
+        (Some(locks), Some(claims), Some((namespaces, _)), Some(jobs), Some(finished_pods)) => {
+            let feeds = ClusterLockFeeds {
+                store: cluster_lock_store,
+                locks,
+                claims,
+                namespaces,
+                jobs,
+                finished_pods,
+            };
+            run_cluster_lock_controller(feeds, ctx.clone(), runtime_config, raised(&stop_rx))
+                .boxed()
+        }
+        _ => futures::future::ready(()).boxed(),
+    };
 
     readiness.set_ready(false);
     let synced = {
@@ -565,12 +627,15 @@ async fn run_controllers(
                 tracing::debug!(%error, "claim controller");
             }
         });
-    let controllers = futures::future::join5(
-        locks_done,
-        claims_done,
-        job_gate_done,
-        pod_gate_done,
-        probe_done,
+    let controllers = futures::future::join(
+        futures::future::join5(
+            locks_done,
+            claims_done,
+            job_gate_done,
+            pod_gate_done,
+            probe_done,
+        ),
+        cluster_locks_done,
     );
     let grace_over = {
         let stopped = raised(&stop_rx);
@@ -585,12 +650,60 @@ async fn run_controllers(
         () = drive(job_watch, "job") => {}
         () = drive(gated_pod_watch, "gated pod") => {}
         () = drive(namespace_watch, "namespace") => {}
+        () = drive(finished_pod_watch, "finished pod") => {}
+        () = async {
+            match cluster_lock_watch {
+                Some(watch) => drive(watch, "cluster lock").await,
+                None => futures::future::pending().await,
+            }
+        } => {}
         () = grace_over => {
             tracing::warn!(grace_s = SHUTDOWN_GRACE.as_secs(), "passes still in flight after the shutdown grace: abandoned");
         }
     }
     synced.abort();
     relay.abort();
+}
+
+/// What wakes the `ClusterDistributedLock` controller: its own watch, its claims, their
+/// owners (Jobs, finished Pods) and the Namespaces, each a consumer of a shared watch.
+struct ClusterLockFeeds {
+    store: reflector::Store<ClusterDistributedLock>,
+    locks: reflector::ReflectHandle<ClusterDistributedLock>,
+    claims: reflector::ReflectHandle<LockClaim>,
+    namespaces: reflector::ReflectHandle<PartialObjectMeta<Namespace>>,
+    jobs: reflector::ReflectHandle<Job>,
+    finished_pods: reflector::ReflectHandle<Pod>,
+}
+
+/// Runs the `ClusterDistributedLock` controller (see `cluster_locks`) until `stop`.
+async fn run_cluster_lock_controller(
+    feeds: ClusterLockFeeds,
+    ctx: Arc<Context>,
+    config: ControllerRuntimeConfig,
+    stop: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let (claims, index) = (ctx.claims.clone(), ctx.claim_index.clone());
+    Controller::for_shared_stream(feeds.locks, feeds.store.clone())
+        .watches_shared_stream(feeds.claims, cluster_locks::lock_of_claim)
+        .watches_shared_stream(feeds.namespaces, cluster_locks::every_lock(feeds.store))
+        .watches_shared_stream(
+            feeds.jobs,
+            cluster_owner_trigger::<Job>(claims.clone(), index.clone(), WorkloadKind::Job),
+        )
+        .watches_shared_stream(
+            feeds.finished_pods,
+            cluster_owner_trigger::<Pod>(claims, index, WorkloadKind::Pod),
+        )
+        .with_config(config)
+        .graceful_shutdown_on(stop)
+        .run(reconcile_cluster_lock, cluster_lock_error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "cluster lock controller");
+            }
+        })
+        .await;
 }
 
 #[cfg(test)]

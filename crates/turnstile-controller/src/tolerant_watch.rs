@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::{Stream, TryStreamExt};
 use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::watcher;
@@ -24,7 +24,8 @@ use super::context::LeadershipGate;
 use super::events::{EventPublisher, Repeats};
 use crate::metrics::Metrics;
 use turnstile_api::{
-    object_event_reasons, DistributedLock, DistributedLockSpec, LockClaim, LockClaimSpec,
+    object_event_reasons, ClusterDistributedLock, ClusterDistributedLockSpec, DistributedLock,
+    DistributedLockSpec, LockClaim, LockClaimSpec,
 };
 
 /// A kind whose deletions must reach the cache even when the deleted object no longer decodes:
@@ -44,17 +45,19 @@ impl Placeholder for LockClaim {
 
 impl Placeholder for DistributedLock {
     fn placeholder(metadata: ObjectMeta) -> Self {
-        let spec = DistributedLockSpec {
-            backend: None,
-            lease_duration_seconds: turnstile_api::DEFAULT_LEASE_DURATION_SECONDS,
-            max_holders: 1,
-            key: None,
-            max_hold_seconds: None,
-            lock_delay_seconds: None,
-            queue: None,
-            max_overtake_seconds: None,
+        let mut lock = DistributedLock::new("", DistributedLockSpec::default());
+        lock.metadata = metadata;
+        lock
+    }
+}
+
+impl Placeholder for ClusterDistributedLock {
+    fn placeholder(metadata: ObjectMeta) -> Self {
+        let spec = ClusterDistributedLockSpec {
+            namespace_selector: LabelSelector::default(),
+            lock: DistributedLockSpec::default(),
         };
-        let mut lock = DistributedLock::new("", spec);
+        let mut lock = ClusterDistributedLock::new("", spec);
         lock.metadata = metadata;
         lock
     }

@@ -19,11 +19,13 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::context::LeadershipGate;
-use crate::core::{ClaimChange, Decision, FinalizerChange, LockInput};
+use crate::core::{claim_address, ClaimChange, Decision, FinalizerChange, LockInput};
 use crate::error::ControllerError;
 use crate::own_writes::GONE;
 use crate::patch::merge_diff;
-use turnstile_api::{DistributedLock, LockClaim, LockClaimStatus, FINALIZER};
+use turnstile_api::{
+    ClusterDistributedLock, DistributedLock, LockClaim, LockClaimStatus, FINALIZER,
+};
 
 /// The part of an object a [`Write`] changes, which picks the endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,14 +243,15 @@ pub struct PassWrites {
 }
 
 impl PassWrites {
-    /// Starts from the claims as the pass read them.
-    pub fn new<'a>(claims: impl IntoIterator<Item = &'a LockClaim>) -> Self {
+    /// Starts from the claims as the pass read them, each by its name in the pass (see
+    /// [`claim_key`](crate::core::claim_key)).
+    pub fn new<'a>(claims: impl IntoIterator<Item = (&'a String, &'a LockClaim)>) -> Self {
         Self {
             finalizers: claims
                 .into_iter()
-                .filter_map(|claim| {
-                    let name = claim.metadata.name.clone()?;
-                    Some((name, claim.metadata.finalizers.clone().unwrap_or_default()))
+                .map(|(name, claim)| {
+                    let finalizers = claim.metadata.finalizers.clone().unwrap_or_default();
+                    (name.clone(), finalizers)
                 })
                 .collect(),
         }
@@ -362,8 +365,17 @@ pub trait PassStore: Send {
 /// patch → error with context).
 pub struct ApiStore {
     api: ApiWriter,
-    claims: Api<LockClaim>,
-    locks: Api<DistributedLock>,
+    client: Client,
+    /// The lock's namespace; empty for a `ClusterDistributedLock`, whose claims are named
+    /// `namespace/name` in its pass (see [`claim_address`]).
+    namespace: String,
+    locks: LockApi,
+}
+
+/// Where a pass's lock is written.
+enum LockApi {
+    Namespaced(Api<DistributedLock>),
+    Cluster(Api<ClusterDistributedLock>),
 }
 
 impl ApiStore {
@@ -371,8 +383,19 @@ impl ApiStore {
     pub fn new(api: ApiWriter, client: Client, namespace: &str) -> Self {
         Self {
             api,
-            claims: Api::namespaced(client.clone(), namespace),
-            locks: Api::namespaced(client, namespace),
+            locks: LockApi::Namespaced(Api::namespaced(client.clone(), namespace)),
+            client,
+            namespace: namespace.to_owned(),
+        }
+    }
+
+    /// Writes through `api` to a `ClusterDistributedLock` and its claims, in any namespace.
+    pub fn for_cluster_lock(api: ApiWriter, client: Client) -> Self {
+        Self {
+            api,
+            locks: LockApi::Cluster(Api::all(client.clone())),
+            client,
+            namespace: String::new(),
         }
     }
 }
@@ -383,15 +406,27 @@ impl PassStore for ApiStore {
         PassWrite { target, write }: &PassWrite,
         resource_version: Option<&str>,
     ) -> Result<Option<String>, ControllerError> {
-        Ok(match target {
-            Target::Claim => self
+        Ok(match (target, &self.locks) {
+            (Target::Claim, _) => {
+                let (namespace, name) = claim_address(&self.namespace, &write.name);
+                let claims: Api<LockClaim> = Api::namespaced(self.client.clone(), namespace);
+                let write = Write {
+                    name: name.to_owned(),
+                    ..write.clone()
+                };
+                self.api
+                    .apply(&claims, &write, resource_version)
+                    .await?
+                    .resource_version()
+            }
+            (Target::Lock, LockApi::Namespaced(locks)) => self
                 .api
-                .apply(&self.claims, write, resource_version)
+                .apply(locks, write, resource_version)
                 .await?
                 .resource_version(),
-            Target::Lock => self
+            (Target::Lock, LockApi::Cluster(locks)) => self
                 .api
-                .apply(&self.locks, write, resource_version)
+                .apply(locks, write, resource_version)
                 .await?
                 .resource_version(),
         })
@@ -427,7 +462,7 @@ impl<'a, S: PassStore> PassWriter<'a, S> {
             store,
             lock,
             claims,
-            writes: PassWrites::new(claims.values().map(Arc::as_ref)),
+            writes: PassWrites::new(claims.iter().map(|(name, claim)| (name, claim.as_ref()))),
             versions: claims
                 .iter()
                 .map(|(name, claim)| (name.clone(), claim.resource_version()))
@@ -610,7 +645,8 @@ mod tests {
     #[test]
     fn finalizer_writes_keep_other_finalizers_and_follow_earlier_writes() {
         let claims = [claim("a", &["other"]), claim("b", &[FINALIZER])];
-        let mut writes = PassWrites::new(&claims);
+        let names = ["a".to_owned(), "b".to_owned()];
+        let mut writes = PassWrites::new(names.iter().zip(&claims));
         let added = writes.add_finalizers(&["a".to_owned(), "b".to_owned()]);
         assert_eq!(added.len(), 1, "b has it already: {added:?}");
         assert_eq!(

@@ -10,7 +10,7 @@
 //! 3. [`fold`]: turn the outcomes into the claims' and the lock's statuses, Events, metrics
 //!    observations and the requeue time ([`Decision`]: module `decision`).
 //!
-//! Claims whose lock does not exist are decided by [`decide_orphan`].
+//! Claims whose lock does not exist (or does not take them) are decided by [`decide_unserved`].
 //!
 //! Invariants (unit- and property-tested): never more than `maxHolders` claims `Held`;
 //! grants in FIFO order (arrival, see `queue`); fencing tokens strictly increasing;
@@ -37,13 +37,14 @@ pub use decision::{
 };
 pub use fold::{fold, RESYNC_INTERVAL};
 pub use model::{
-    seconds_of, time_at, BackendView, ClaimView, IncompleteClaim, LockInput, LockView, MemberLock,
-    OwnerState, Seconds, WorkloadKind, WorkloadOwner, BACKEND_LEASE_GRACE,
+    claim_address, claim_key, seconds_of, time_at, BackendView, ClaimView, IncompleteClaim,
+    LockInput, LockView, MemberLock, OwnerState, Seconds, WorkloadKind, WorkloadOwner,
+    BACKEND_LEASE_GRACE,
 };
 pub use ops::{
     AcquirePurpose, BackendOp, CallTerms, ExecutionGate, OpOutcome, PlannedOp, LEASE_CUT,
 };
-pub use orphan::{decide_orphan, OrphanDecision};
+pub use orphan::{decide_orphan, decide_unserved, OrphanDecision, Unserved};
 pub use plan::{plan, Plan};
 pub use queue::{
     queue_order, EXACT_POSITIONS, POSITION_REFRESHES_PER_PASS, POSITION_REFRESH_DELAY,

@@ -64,6 +64,27 @@ pub struct LockView {
     pub status: DistributedLockStatus,
 }
 
+/// A claim's name in the pass of a lock of `lock_namespace`: its own name; on a
+/// `ClusterDistributedLock` (no namespace), whose claims come from several namespaces,
+/// `namespace/name` (a name holds no `/`, so the two parts are told apart).
+pub fn claim_key(lock_namespace: &str, claim_namespace: &str, name: &str) -> String {
+    if lock_namespace.is_empty() {
+        format!("{claim_namespace}/{name}")
+    } else {
+        name.to_owned()
+    }
+}
+
+/// Where the claim named `key` in the pass of a lock of `lock_namespace` lives:
+/// `(namespace, name)` (the inverse of [`claim_key`]).
+pub fn claim_address<'a>(lock_namespace: &'a str, key: &'a str) -> (&'a str, &'a str) {
+    if lock_namespace.is_empty() {
+        key.split_once('/').unwrap_or(("", key))
+    } else {
+        (lock_namespace, key)
+    }
+}
+
 impl LockView {
     /// Takes the parts of a lock object the core needs.
     pub fn from_resource(lock: &DistributedLock) -> Self {

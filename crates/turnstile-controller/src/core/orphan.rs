@@ -34,8 +34,46 @@ pub(super) fn lock_not_found(lock: &str) -> String {
     format!("DistributedLock {lock} does not exist")
 }
 
+/// Why no lock's pass decides about a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unserved {
+    /// The lock does not exist.
+    LockMissing,
+    /// The `ClusterDistributedLock` does not take claims from the claim's namespace; why, for
+    /// people.
+    NamespaceNotAllowed(String),
+}
+
+impl Unserved {
+    /// The reason of the claim's status and of its Warning Event while it waits.
+    fn reason(&self) -> &'static str {
+        match self {
+            Self::LockMissing => reasons::LOCK_NOT_FOUND,
+            Self::NamespaceNotAllowed(_) => reasons::NAMESPACE_NOT_ALLOWED,
+        }
+    }
+
+    /// Why the claim waits, for people.
+    fn message(&self, claim: &ClaimView) -> String {
+        let lock = claim.first_lock();
+        match self {
+            Self::LockMissing if claim.spec.claims_cluster_lock() => {
+                format!("ClusterDistributedLock {lock} does not exist")
+            }
+            Self::LockMissing => lock_not_found(lock),
+            Self::NamespaceNotAllowed(why) => why.clone(),
+        }
+    }
+}
+
 /// Decides (pure) for a claim whose lock does not exist, at time `now`.
 pub fn decide_orphan(claim: &ClaimView, now: Timestamp) -> OrphanDecision {
+    decide_unserved(claim, &Unserved::LockMissing, now)
+}
+
+/// Decides (pure) for a claim no lock's pass decides about (`why`), at time `now`: it waits
+/// with the reason, times out, or loses a grant the lock no longer backs.
+pub fn decide_unserved(claim: &ClaimView, why: &Unserved, now: Timestamp) -> OrphanDecision {
     let now_s = now.as_second();
     let phase = claim.phase();
     let mut requeue_after = RESYNC_INTERVAL;
@@ -78,8 +116,9 @@ pub fn decide_orphan(claim: &ClaimView, now: Timestamp) -> OrphanDecision {
             ClaimPhase::Failed,
             reasons::ACQUIRE_TIMEOUT,
             format!(
-                "not granted within acquireTimeoutSeconds ({}s): lock {lock} does not exist",
-                claim.spec.acquire_timeout_seconds.unwrap_or_default()
+                "not granted within acquireTimeoutSeconds ({}s): {}",
+                claim.spec.acquire_timeout_seconds.unwrap_or_default(),
+                why.message(claim)
             ),
             None,
             now_s,
@@ -93,8 +132,8 @@ pub fn decide_orphan(claim: &ClaimView, now: Timestamp) -> OrphanDecision {
         Some(pending_status(
             claim,
             None,
-            reasons::LOCK_NOT_FOUND,
-            lock_not_found(lock),
+            why.reason(),
+            why.message(claim),
             now_s,
         ))
     };
@@ -122,18 +161,18 @@ pub fn decide_orphan(claim: &ClaimView, now: Timestamp) -> OrphanDecision {
                 reason: event_reasons::RELEASED,
                 note,
             }),
-            // A claim for a lock that does not exist (a typo, another namespace) says so
-            // where people look, once per wait.
-            ClaimPhase::Pending
-                if claim.status.reason.as_deref() != Some(reasons::LOCK_NOT_FOUND) =>
-            {
-                events.push(PlannedEvent {
+            // A claim for a lock that does not exist (a typo, another namespace) or does not
+            // take it says so where people look, once per wait.
+            ClaimPhase::Pending if claim.status.reason.as_deref() != Some(why.reason()) => events
+                .push(PlannedEvent {
                     subject,
                     severity: EventSeverity::Warning,
-                    reason: event_reasons::LOCK_NOT_FOUND,
+                    reason: match why {
+                        Unserved::LockMissing => event_reasons::LOCK_NOT_FOUND,
+                        Unserved::NamespaceNotAllowed(_) => event_reasons::NAMESPACE_NOT_ALLOWED,
+                    },
                     note,
-                })
-            }
+                }),
             _ => {}
         }
     }

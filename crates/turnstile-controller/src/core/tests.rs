@@ -394,3 +394,63 @@ fn a_claim_already_told_its_lock_is_missing_is_not_told_again() {
     assert!(decision.status.is_some(), "the new generation is recorded");
     assert!(decision.events.is_empty(), "{:?}", decision.events);
 }
+
+#[test]
+fn a_claim_a_cluster_lock_does_not_take_waits_saying_why_once_and_times_out_saying_it_too() {
+    let why = super::Unserved::NamespaceNotAllowed("not this namespace".to_owned());
+    let mut claim = waiting_claim();
+    claim.spec = LockClaimSpec::for_cluster_lock("db");
+    let now = Timestamp::from_second(T0 + 1).expect("time");
+    let first = super::decide_unserved(&claim, &why, now);
+    let status = first.status.expect("a status");
+    assert_eq!(
+        (
+            status.phase,
+            status.reason.as_deref(),
+            status.message.as_deref()
+        ),
+        (
+            Some(ClaimPhase::Pending),
+            Some("NamespaceNotAllowed"),
+            Some("not this namespace")
+        )
+    );
+    let reasons: Vec<&str> = first.events.iter().map(|e| e.reason).collect();
+    assert_eq!(reasons, ["NamespaceNotAllowed"]);
+
+    // Told once: a new generation writes its status, not the Event again.
+    let told = ClaimView {
+        generation: Some(2),
+        status,
+        ..claim.clone()
+    };
+    let again = super::decide_unserved(&told, &why, now);
+    assert!(
+        again.status.is_some() && again.events.is_empty(),
+        "{again:?}"
+    );
+    // Told its lock is missing after that (the lock deleted): a new Event says so.
+    let missing = super::decide_unserved(&told, &super::Unserved::LockMissing, now);
+    let status = missing.status.expect("a status");
+    assert_eq!(
+        status.message.as_deref(),
+        Some("ClusterDistributedLock db does not exist")
+    );
+    let reasons: Vec<&str> = missing.events.iter().map(|e| e.reason).collect();
+    assert_eq!(reasons, ["LockNotFound"]);
+
+    // Past its acquire timeout: Failed, and the message says why it was never granted.
+    claim.spec.acquire_timeout_seconds = Some(5);
+    let late = super::decide_unserved(&claim, &why, Timestamp::from_second(T0 + 6).expect("time"));
+    let status = late.status.expect("a status");
+    assert_eq!(
+        (status.phase, status.reason.as_deref()),
+        (Some(ClaimPhase::Failed), Some("AcquireTimeout"))
+    );
+    assert!(
+        status
+            .message
+            .is_some_and(|message| message.ends_with("not this namespace")),
+        "the timeout names the refusal"
+    );
+}
