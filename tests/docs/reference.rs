@@ -14,7 +14,7 @@ const GENERATED: &str =
 /// `docs/src/reference/crds.md`: one section per kind, a table of its fields.
 pub fn crd_page() -> String {
     let mut page = format!(
-        "# Custom resources\n\n{GENERATED}\n\nEvery field of the three kinds, from the schema \
+        "# Custom resources\n\n{GENERATED}\n\nEvery field of each kind, from the schema \
          the API server validates with (`turnstile crds` prints it). Types, bounds, defaults and \
          enums are the schema's; the rules after each table are its CEL rules, checked on every \
          write. What the status fields mean in practice: [Status, phases and reasons](status.md).\n"

@@ -261,7 +261,7 @@ pub const LOCK_HISTORY_LEN: usize = 10;
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PastGrant {
-    /// The name of the claim that held it.
+    /// The name of the claim that held it (`namespace/name` on a `ClusterDistributedLock`).
     pub claim: String,
     /// Who held it (the claim's `status.holderIdentity`).
     pub holder_identity: String,
@@ -306,7 +306,7 @@ pub fn holder_summary(holders: &[LockHolder]) -> Option<String> {
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LockHolder {
-    /// The name of the granted `LockClaim`.
+    /// The name of the granted `LockClaim` (`namespace/name` on a `ClusterDistributedLock`).
     pub claim: String,
     /// Who holds the grant (the claim's `status.holderIdentity`).
     pub holder_identity: String,
