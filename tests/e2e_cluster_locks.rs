@@ -11,8 +11,9 @@
 mod e2e_support;
 
 use std::path::Path;
-use std::process::Command;
+use tokio::process::Command;
 
+use e2e_support::pods::create_pod;
 use e2e_support::waits::wait_object;
 use e2e_support::{phase_of, position_of, reason_of, token_of, Env};
 use k8s_openapi::api::core::v1::Namespace;
@@ -95,12 +96,20 @@ async fn event_reasons_in(env: &Env, namespace: &str, name: &str) -> Vec<String>
         .collect()
 }
 
-fn turnstile_queue(env: &Env, lock: &str) -> String {
-    let output = Command::new(Path::new(env!("CARGO_BIN_EXE_turnstile")))
-        .args(["queue", lock, "--cluster", "-o", "wide"])
+/// `turnstile ARGS` with only `KUBECONFIG` pointing at the test's API server (not blocking
+/// the runtime the controller runs on).
+async fn turnstile(env: &Env, args: &[&str]) -> std::process::Output {
+    Command::new(Path::new(env!("CARGO_BIN_EXE_turnstile")))
+        .args(args)
         .env("KUBECONFIG", &env.kubeconfig)
+        .env_remove("POD_NAMESPACE")
         .output()
-        .expect("run turnstile queue");
+        .await
+        .expect("run turnstile")
+}
+
+async fn turnstile_queue(env: &Env, lock: &str) -> String {
+    let output = turnstile(env, &["queue", lock, "--cluster", "-o", "wide"]).await;
     assert!(
         output.status.success(),
         "turnstile queue --cluster failed: {}",
@@ -130,6 +139,14 @@ async fn one_lock_for_the_namespaces_it_selects_in_one_fair_queue() {
     assert_eq!(
         early.status.and_then(|status| status.message).as_deref(),
         Some("ClusterDistributedLock not-yet does not exist")
+    );
+    // `turnstile wait` on it looks for the cluster lock, not a namespace's lock.
+    let waited = turnstile(&env, &["wait", "early", "-n", &pay, "--timeout", "30s"]).await;
+    let stderr = String::from_utf8_lossy(&waited.stderr);
+    assert_eq!(waited.status.code(), Some(6), "{stderr}");
+    assert!(
+        stderr.contains("ClusterDistributedLock not-yet does not exist"),
+        "{stderr}"
     );
 
     // One queue across the selected namespaces, in arrival order.
@@ -180,7 +197,7 @@ async fn one_lock_for_the_namespaces_it_selects_in_one_fair_queue() {
             && listed.contains(&format!("{pay}/first")),
         "{listed}"
     );
-    let queue = turnstile_queue(&env, LOCK);
+    let queue = turnstile_queue(&env, LOCK).await;
     assert!(
         queue.starts_with(&format!("ClusterDistributedLock {LOCK} ")),
         "{queue}"
@@ -215,6 +232,7 @@ async fn one_lock_for_the_namespaces_it_selects_in_one_fair_queue() {
     let admitted = wait_phase_in(&env, &other, "refused", ClaimPhase::Held).await;
     let token = token_of(&admitted).expect("token");
     assert!(token > last_token, "{token} after {last_token}");
+    last_token = token;
 
     // A holder keeps its grant when its namespace stops being selected. The positive sign that
     // the lock's pass came after the label's removal: a later claim queued behind the holder.
@@ -226,7 +244,104 @@ async fn one_lock_for_the_namespaces_it_selects_in_one_fair_queue() {
     assert_eq!(token_of(&kept), Some(token));
     delete_in(&env, &other, "refused").await;
     let later = wait_phase_in(&env, &pay, "later", ClaimPhase::Held).await;
-    assert!(token_of(&later) > Some(token));
+    let token = token_of(&later).expect("token");
+    assert!(token > last_token);
+    delete_in(&env, &pay, "later").await;
+
+    // `turnstile lock --cluster`: the command runs holding the cluster lock, with the next
+    // token, and its claim goes with it.
+    let ran = turnstile(
+        &env,
+        &[
+            "lock",
+            "--lock",
+            LOCK,
+            "--cluster",
+            "-n",
+            &pay_too,
+            "--",
+            "sh",
+            "-c",
+            "echo token=$TURNSTILE_FENCING_TOKEN",
+        ],
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&ran.stdout);
+    assert!(
+        ran.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    let ran_with: i64 = stdout
+        .trim()
+        .strip_prefix("token=")
+        .and_then(|token| token.parse().ok())
+        .unwrap_or_else(|| panic!("a token: {stdout}"));
+    assert!(ran_with > token, "{ran_with} after {token}");
+    let left = claims_in(&env, &pay_too)
+        .list(&Default::default())
+        .await
+        .expect("list");
+    assert!(
+        left.items
+            .iter()
+            .all(|claim| claim.metadata.deletion_timestamp.is_some()),
+        "no claim left behind: {:?}",
+        left.items
+            .iter()
+            .map(|claim| claim.metadata.name.clone())
+            .collect::<Vec<_>>()
+    );
+    // A missing cluster lock is a usage error, before any claim is made.
+    let missing = turnstile(
+        &env,
+        &[
+            "lock",
+            "--lock",
+            "nope",
+            "--cluster",
+            "-n",
+            &pay,
+            "--",
+            "true",
+        ],
+    )
+    .await;
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr)
+        .contains("ClusterDistributedLock nope does not exist"));
+
+    // `turnstile wait --create --cluster`: an init container's claim on the cluster lock, owned
+    // by its Pod (in the test's namespace), held at once (the lock is free).
+    let uid = create_pod(&env, "init").await;
+    let waited = turnstile(
+        &env,
+        &[
+            "wait",
+            "init-db",
+            "--create",
+            "--lock",
+            LOCK,
+            "--cluster",
+            "-n",
+            &pay,
+            "--pod-name",
+            "init",
+            "--pod-uid",
+            &uid,
+            "--timeout",
+            "60s",
+        ],
+    )
+    .await;
+    assert!(
+        waited.status.success(),
+        "{}",
+        String::from_utf8_lossy(&waited.stderr)
+    );
+    let init = claims_in(&env, &pay).get("init-db").await.expect("get");
+    assert!(init.spec.claims_cluster_lock());
+    assert!(token_of(&init) > Some(ran_with));
 
     // The schema: a cluster lock is claimed alone, never among several locks.
     let output = env.kubectl_apply_output(

@@ -350,9 +350,13 @@ async fn the_previous_chart_grants_a_claim_an_upgrade_to_this_one_keeps_it_and_u
             .contains(PREVIOUS_VERSION),
         "the previous version is installed"
     );
-    let mut wait = vec!["wait", "--for=condition=Established", "--timeout=60s"];
-    wait.extend(crds);
-    kubectl_ok(Some(&admin), &wait);
+    // The previous chart's CRDs (this one's brings the ClusterDistributedLock's too).
+    let established = |crds: &[&str]| {
+        let mut wait = vec!["wait", "--for=condition=Established", "--timeout=60s"];
+        wait.extend(crds);
+        kubectl_ok(Some(&admin), &wait);
+    };
+    established(&crds[..3]);
 
     // The controller runs here (no kubelet runs the chart's Pods) as the chart's
     // ServiceAccount, with leader election on the chart's Role in turnstile-system.
@@ -421,6 +425,7 @@ async fn the_previous_chart_grants_a_claim_an_upgrade_to_this_one_keeps_it_and_u
     )
     .await;
     assert!(upgraded.contains("REVISION: 2"), "{upgraded}");
+    established(&crds);
     let listed = helm_on(&admin, &["list", "-n", "turnstile-system"]).await;
     assert!(
         listed.contains(&format!("turnstile-{}", chart_version())),

@@ -34,7 +34,9 @@ use super::{
 use crate::exit_codes;
 use crate::oneshot::{namespace_apis, Outcome};
 use crate::wait::{assess, describe, Verdict};
-use turnstile_api::{reasons, ClaimMode, ClaimPhase, LockClaim, LockClaimSpec};
+use turnstile_api::{
+    reasons, ClaimMode, ClaimPhase, ClusterDistributedLock, LockClaim, LockClaimSpec,
+};
 use turnstile_controller::error;
 
 /// Longest pause between watch retries after errors.
@@ -65,15 +67,32 @@ pub async fn lock_through_claim(args: &LockArgs, signals: &mut TerminationSignal
         )
     };
     // Checked first, so that a typo does not leave a claim behind.
-    match locks.get_opt(lock).await {
-        Ok(Some(_)) => {}
-        Ok(None) => {
+    let (found, kind) = match args.cluster {
+        true => {
+            let cluster_locks: Api<ClusterDistributedLock> = Api::all(locks.into_client());
+            let found = cluster_locks.get_opt(lock).await.map(|lock| lock.is_some());
+            (found, "ClusterDistributedLock")
+        }
+        false => (
+            locks.get_opt(lock).await.map(|lock| lock.is_some()),
+            "DistributedLock",
+        ),
+    };
+    match found {
+        Ok(true) => {}
+        Ok(false) if args.cluster => {
+            return Outcome::with_reason(
+                exit_codes::USAGE,
+                format!("ClusterDistributedLock {lock} does not exist"),
+            )
+        }
+        Ok(false) => {
             return Outcome::with_reason(
                 exit_codes::USAGE,
                 format!("DistributedLock {lock} does not exist in namespace {namespace}"),
             )
         }
-        Err(error) => return unreachable(&format!("read DistributedLock {lock}"), &error),
+        Err(error) => return unreachable(&format!("read {kind} {lock}"), &error),
     }
     let claim = match claims
         .create(&PostParams::default(), &new_claim(lock, args))
@@ -115,7 +134,10 @@ pub async fn lock_through_claim(args: &LockArgs, signals: &mut TerminationSignal
 fn new_claim(lock: &str, args: &LockArgs) -> LockClaim {
     let suffix = uuid::Uuid::new_v4().simple().to_string();
     let name = format!("{}-{}", truncate(lock, 240), &suffix[..8]);
-    let mut spec = LockClaimSpec::for_lock(lock);
+    let mut spec = match args.cluster {
+        true => LockClaimSpec::for_cluster_lock(lock),
+        false => LockClaimSpec::for_lock(lock),
+    };
     spec.lease_duration_seconds =
         Some(i64::try_from(args.ttl.as_secs().max(1)).unwrap_or(i64::MAX));
     spec.priority = (args.priority != 0).then_some(args.priority);

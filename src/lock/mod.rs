@@ -66,8 +66,12 @@ pub struct LockArgs {
     /// created for the command and deleted when it ends (needs only the Kubernetes API).
     #[arg(long, value_name = "NAME", conflicts_with_all = ["max_holders", "max_hold", "lock_delay"])]
     pub lock: Option<String>,
-    /// With --lock: the namespace of the DistributedLock; default: the Pod's (POD_NAMESPACE),
-    /// else the kubeconfig's.
+    /// With --lock: --lock names a ClusterDistributedLock (one lock for the namespaces it
+    /// selects); the claim is made in the namespace below.
+    #[arg(long, requires = "lock")]
+    pub cluster: bool,
+    /// With --lock: the namespace of the DistributedLock (of the claim, with --cluster);
+    /// default: the Pod's (POD_NAMESPACE), else the kubeconfig's.
     #[arg(long, short = 'n', env = "POD_NAMESPACE", requires = "lock")]
     pub namespace: Option<String>,
     /// Lease length; renewed every ttl/3 while the command runs (e.g. 30s, 2m).

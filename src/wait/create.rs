@@ -120,12 +120,29 @@ pub async fn create_or_adopt(
         Err(error) => return Err(error),
     }
     let existing = claims.get(&name).await?;
-    Ok(
-        match check_adoptable(&existing, &wanted.spec.lock_name, pod) {
-            Ok(()) => Created::Existing(existing),
-            Err(conflict) => Created::Conflict(conflict),
-        },
-    )
+    Ok(match adoptable_as(&existing, wanted, pod) {
+        Ok(()) => Created::Existing(existing),
+        Err(conflict) => Created::Conflict(conflict),
+    })
+}
+
+/// [`check_adoptable`] for the claim `wanted` would have been: also on a lock of the same
+/// kind (a namespace's `DistributedLock` and a `ClusterDistributedLock` of one name are two
+/// locks).
+fn adoptable_as(
+    existing: &LockClaim,
+    wanted: &LockClaim,
+    pod: &PodIdentity,
+) -> Result<(), AdoptError> {
+    let kind = |claim: &LockClaim| claim.spec.lock_kind.unwrap_or_default();
+    if kind(existing) != kind(wanted) {
+        return Err(AdoptError::OtherLock {
+            claim: existing.metadata.name.clone().unwrap_or_default(),
+            existing: format!("{} {}", kind(existing).as_str(), existing.spec.lock_name),
+            requested: format!("{} {}", kind(wanted).as_str(), wanted.spec.lock_name),
+        });
+    }
+    check_adoptable(existing, &wanted.spec.lock_name, pod)
 }
 
 #[cfg(test)]
@@ -175,5 +192,18 @@ mod tests {
 
         let other_lock = check_adoptable(&mine, "cache", &pod("u1")).unwrap_err();
         assert!(matches!(other_lock, AdoptError::OtherLock { .. }));
+    }
+
+    #[test]
+    fn a_claim_on_the_other_kind_of_lock_is_not_adopted() {
+        let namespaced = claim_for_pod("c", "ns", "db", &pod("u1"));
+        let mut cluster = namespaced.clone();
+        cluster.spec.lock_kind = Some(turnstile_api::LockKind::ClusterDistributedLock);
+        assert_eq!(adoptable_as(&cluster, &cluster, &pod("u1")), Ok(()));
+        let refused = adoptable_as(&namespaced, &cluster, &pod("u1")).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "LockClaim c already exists for lock \"DistributedLock db\", not \"ClusterDistributedLock db\""
+        );
     }
 }

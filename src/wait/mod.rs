@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use crate::exit_codes::{self, wait as exit_code};
 use crate::lock::WhenBusy;
 use crate::oneshot::{init_logging, namespace_apis, Outcome};
-use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
+use turnstile_api::{ClaimPhase, ClusterDistributedLock, DistributedLock, LockClaim, LockKind};
 use turnstile_controller::error;
 
 pub use self::create::{
@@ -57,6 +57,10 @@ pub struct WaitArgs {
     /// With --create: the DistributedLock the claim asks for.
     #[arg(long, requires = "create", value_name = "NAME")]
     pub lock: Option<String>,
+    /// With --create: --lock names a ClusterDistributedLock (one lock for the namespaces it
+    /// selects) instead of a DistributedLock of the namespace.
+    #[arg(long, requires = "create")]
+    pub cluster: bool,
     /// Give up after this long (e.g. 30s, 10m); default: wait as long as it takes.
     #[arg(long, value_parser = humantime::parse_duration)]
     pub timeout: Option<Duration>,
@@ -158,19 +162,24 @@ async fn wait_for_claim(
             Ok(apis) => apis,
             Err(outcome) => return outcome,
         };
+    let cluster_locks = Api::all(locks.clone().into_client());
     let target = Target {
         claim: &args.claim,
         namespace: &namespace,
         locks: &locks,
+        cluster_locks: &cluster_locks,
     };
 
     let claim = match (owner, args.lock.as_deref()) {
         (Some(pod), Some(lock)) => {
             // Checked first, so that a typo does not leave a claim behind.
-            if let Some(outcome) = target.confirm_lock_missing(lock, false).await {
+            if let Some(outcome) = target.confirm_lock_missing(lock, args.cluster, false).await {
                 return outcome;
             }
             let mut wanted = claim_for_pod(&args.claim, &namespace, lock, pod);
+            if args.cluster {
+                wanted.spec.lock_kind = Some(LockKind::ClusterDistributedLock);
+            }
             if args.when_busy != WhenBusy::Wait {
                 wanted.spec.when_busy = Some(args.when_busy.policy());
             }
@@ -195,7 +204,11 @@ async fn wait_for_claim(
     };
     if owner.is_none() {
         if let Some(outcome) = target
-            .confirm_lock_missing(&claim.spec.lock_name, false)
+            .confirm_lock_missing(
+                &claim.spec.lock_name,
+                claim.spec.claims_cluster_lock(),
+                false,
+            )
             .await
         {
             return outcome;
@@ -245,6 +258,7 @@ struct Target<'a> {
     claim: &'a str,
     namespace: &'a str,
     locks: &'a Api<DistributedLock>,
+    cluster_locks: &'a Api<ClusterDistributedLock>,
 }
 
 impl Target<'_> {
@@ -253,7 +267,11 @@ impl Target<'_> {
         match assess(claim) {
             Verdict::Held { fencing_token } => Some(held(fencing_token, args)),
             Verdict::Waiting => None,
-            Verdict::LockMissing => self.confirm_lock_missing(&claim.spec.lock_name, true).await,
+            Verdict::LockMissing => {
+                let cluster = claim.spec.claims_cluster_lock();
+                self.confirm_lock_missing(&claim.spec.lock_name, cluster, true)
+                    .await
+            }
             Verdict::Ended { phase } => {
                 let code = match phase {
                     ClaimPhase::Failed => exit_code::FAILED,
@@ -274,23 +292,41 @@ impl Target<'_> {
         }
     }
 
-    /// `Some(outcome)` if DistributedLock `lock` does not exist. A lock that exists means wait
-    /// on (the controller's `LockNotFound` may predate it). If the lock cannot be read, the
-    /// claim's status decides: `status_says_missing` is whether it reports `LockNotFound`.
-    async fn confirm_lock_missing(&self, lock: &str, status_says_missing: bool) -> Option<Outcome> {
+    /// `Some(outcome)` if DistributedLock `lock` (with `cluster`, ClusterDistributedLock
+    /// `lock`) does not exist. A lock that exists means wait on (the controller's
+    /// `LockNotFound` may predate it). If the lock cannot be read, the claim's status decides:
+    /// `status_says_missing` is whether it reports `LockNotFound`.
+    async fn confirm_lock_missing(
+        &self,
+        lock: &str,
+        cluster: bool,
+        status_says_missing: bool,
+    ) -> Option<Outcome> {
+        let where_ = match cluster {
+            true => format!("ClusterDistributedLock {lock} does not exist"),
+            false => format!(
+                "DistributedLock {lock} does not exist in namespace {}",
+                self.namespace
+            ),
+        };
         let missing = Outcome::with_reason(
             exit_code::LOCK_NOT_FOUND,
-            format!(
-                "DistributedLock {lock} does not exist in namespace {} (claimed by LockClaim {})",
-                self.namespace, self.claim
-            ),
+            format!("{where_} (claimed by LockClaim {})", self.claim),
         );
         let mut attempts_left = LOCK_CHECK_ATTEMPTS;
         loop {
             attempts_left -= 1;
-            match self.locks.get_opt(lock).await {
-                Ok(Some(_)) => return None,
-                Ok(None) => return Some(missing),
+            let found = match cluster {
+                true => self
+                    .cluster_locks
+                    .get_opt(lock)
+                    .await
+                    .map(|lock| lock.is_some()),
+                false => self.locks.get_opt(lock).await.map(|lock| lock.is_some()),
+            };
+            match found {
+                Ok(true) => return None,
+                Ok(false) => return Some(missing),
                 Err(error) => {
                     let forbidden =
                         matches!(&error, kube::Error::Api(status) if status.is_forbidden());
