@@ -5,8 +5,9 @@
 //! reason `NamespaceNotAllowed` and a Warning Event, queued nowhere, and joins the queue when
 //! its namespace is labelled; tokens rise across every namespace's holders; a holder keeps its
 //! grant when its namespace stops being selected; `kubectl get locks` and
-//! `turnstile queue --cluster` show the lock and the holder's namespace; the schema refuses a
-//! cluster lock on a claim of several locks.
+//! `turnstile queue --cluster` show the lock and the holder's namespace; `turnstile lock` and
+//! `turnstile wait` take it with `--cluster`; the schema refuses a cluster lock on a claim of
+//! several locks; gated Jobs of two namespaces (`turnstile.dev/lock-kind`) run in turn.
 
 mod e2e_support;
 
@@ -16,10 +17,14 @@ use tokio::process::Command;
 use e2e_support::pods::create_pod;
 use e2e_support::waits::wait_object;
 use e2e_support::{phase_of, position_of, reason_of, token_of, Env};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, PostParams};
-use turnstile_api::{ClaimPhase, ClusterDistributedLock, LockClaim, LockClaimSpec};
+use turnstile_api::{
+    ClaimPhase, ClusterDistributedLock, LockClaim, LockClaimSpec, LOCK_ANNOTATION,
+    LOCK_KIND_ANNOTATION, TOKEN_ANNOTATION,
+};
 
 const LOCK: &str = "db-migration";
 
@@ -352,6 +357,78 @@ async fn one_lock_for_the_namespaces_it_selects_in_one_fair_queue() {
     assert!(
         stderr.contains("lockKind ClusterDistributedLock takes one lock"),
         "{stderr}"
+    );
+    env.stop_controller().await;
+}
+
+/// A suspended Job in `namespace` gated on the cluster lock `lock`.
+async fn gated_job(env: &Env, namespace: &str, name: &str, lock: &str) {
+    let job: Job = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "annotations": {
+            LOCK_ANNOTATION: lock,
+            LOCK_KIND_ANNOTATION: "ClusterDistributedLock",
+        }},
+        "spec": {"suspend": true, "template": {"spec": {"restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "busybox"}]}}}
+    }))
+    .expect("job");
+    Api::<Job>::namespaced(env.client.clone(), namespace)
+        .create(&PostParams::default(), &job)
+        .await
+        .expect("create job");
+}
+
+/// The Job `name` in `namespace` once `done` says so.
+async fn wait_job(env: &Env, namespace: &str, name: &str, done: impl Fn(&Job) -> bool) -> Job {
+    wait_object(Api::namespaced(env.client.clone(), namespace), name, done).await
+}
+
+fn job_token(job: &Job) -> Option<i64> {
+    job.metadata
+        .annotations
+        .as_ref()?
+        .get(TOKEN_ANNOTATION)?
+        .parse()
+        .ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gated_jobs_of_two_namespaces_take_one_cluster_lock_in_turn() {
+    let mut env = Env::alone().await;
+    let first_ns = env.namespace.clone();
+    let second_ns = format!("{first_ns}-b");
+    create_namespace(&env, &second_ns, serde_json::json!({})).await;
+    env.apply(
+        "apiVersion: turnstile.dev/v1alpha1\nkind: ClusterDistributedLock\nmetadata:\n  name: deploys\nspec:\n  namespaceSelector: {}\n  lock:\n    leaseDurationSeconds: 300\n",
+    );
+    env.start_controller_of_all_namespaces();
+    let running = |job: &Job| job.spec.as_ref().and_then(|spec| spec.suspend) == Some(false);
+
+    gated_job(&env, &first_ns, "migrate", "deploys").await;
+    let first = wait_job(&env, &first_ns, "migrate", running).await;
+    let first_token = job_token(&first).expect("the token on the Job");
+    let claim = wait_phase_in(&env, &first_ns, "migrate-deploys", ClaimPhase::Held).await;
+    assert!(claim.spec.claims_cluster_lock());
+
+    // The other namespace's Job waits its turn, suspended: its claim is queued behind.
+    gated_job(&env, &second_ns, "migrate", "deploys").await;
+    wait_in(&env, &second_ns, "migrate-deploys", |claim| {
+        position_of(claim) == Some(1)
+    })
+    .await;
+    let waiting = wait_job(&env, &second_ns, "migrate", |_| true).await;
+    assert!(
+        !running(&waiting),
+        "suspended while the other namespace holds"
+    );
+
+    // The first Job's grant ends: the second runs, with a higher token.
+    delete_in(&env, &first_ns, "migrate-deploys").await;
+    let second = wait_job(&env, &second_ns, "migrate", running).await;
+    let second_token = job_token(&second).expect("the token on the Job");
+    assert!(
+        second_token > first_token,
+        "{second_token} after {first_token}"
     );
     env.stop_controller().await;
 }

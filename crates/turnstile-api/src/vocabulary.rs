@@ -120,6 +120,9 @@ pub const SCHEDULING_GATE: &str = "turnstile.dev/lock";
 /// The annotation that makes a gated Job's or Pod's claim one claim on several locks at once
 /// (its value: the locks' names, comma-separated; the marking lock need not be among them).
 pub const LOCKS_ANNOTATION: &str = "turnstile.dev/locks";
+/// On a gated Job or Pod: `ClusterDistributedLock` when its lock (`turnstile.dev/lock`) is a
+/// cluster lock; omitted or `DistributedLock`: a lock of its namespace.
+pub const LOCK_KIND_ANNOTATION: &str = "turnstile.dev/lock-kind";
 /// The annotation where the controller writes the fencing token of a gated workload's claim.
 pub const TOKEN_ANNOTATION: &str = "turnstile.dev/fencing-token";
 /// The annotation that ends a held claim's grant now (its value: why, in words); written by

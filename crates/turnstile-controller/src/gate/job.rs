@@ -128,6 +128,54 @@ mod tests {
     }
 
     #[test]
+    fn the_lock_kind_annotation_gives_a_job_a_claim_on_a_cluster_lock_and_bad_kinds_block_it() {
+        use turnstile_api::LOCK_KIND_ANNOTATION;
+        let on_cluster_lock = job(
+            json!({LOCK_ANNOTATION: "db", LOCK_KIND_ANNOTATION: "ClusterDistributedLock"}),
+            true,
+        );
+        assert!(matches!(
+            decide(&on_cluster_lock, None),
+            GateStep::CreateClaim { .. }
+        ));
+        let mut claim = claim_for(&on_cluster_lock, "migrate-db", &["db".to_owned()]);
+        assert!(claim.spec.claims_cluster_lock());
+        claim.status =
+            serde_json::from_value(json!({"phase": "Held", "fencingToken": 3})).expect("status");
+        assert_eq!(
+            decide(&on_cluster_lock, Some(&claim)),
+            GateStep::Release { token: 3 }
+        );
+        // Its claim is on the namespace's lock db (the annotation came later): another lock.
+        let namespaced = claim_of(&gated(true), json!({"phase": "Pending"}));
+        assert!(matches!(
+            decide(&on_cluster_lock, Some(&namespaced)),
+            GateStep::Blocked { reason } if reason.contains("not a ClusterDistributedLock")
+        ));
+        for (annotations, says) in [
+            (
+                json!({LOCK_ANNOTATION: "db", LOCK_KIND_ANNOTATION: "ClusterDistributedLock",
+                       LOCKS_ANNOTATION: "db,cache"}),
+                "claimed alone",
+            ),
+            (
+                json!({LOCK_ANNOTATION: "db", LOCK_KIND_ANNOTATION: "Cluster"}),
+                "neither DistributedLock nor ClusterDistributedLock",
+            ),
+        ] {
+            assert!(
+                matches!(
+                    decide(&job(annotations.clone(), true), None),
+                    GateStep::Blocked { reason } if reason.contains(says)
+                ),
+                "{annotations}"
+            );
+            // A Job that runs already is not gated at all.
+            assert_eq!(decide(&job(annotations, false), None), GateStep::Nothing);
+        }
+    }
+
+    #[test]
     fn a_job_without_the_annotation_is_ignored() {
         assert_eq!(decide(&job(json!({}), true), None), GateStep::Nothing);
         assert_eq!(

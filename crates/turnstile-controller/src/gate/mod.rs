@@ -46,8 +46,8 @@ use super::events::{EventPublisher, Repeats};
 use super::writer::{ApiWriter, Created, Write};
 use crate::metrics::{ControllerKind, Metrics};
 use turnstile_api::{
-    gate_event_reasons, ClaimPhase, LockClaim, LockClaimSpec, LOCKS_ANNOTATION, TOKEN_ANNOTATION,
-    TRACEPARENT_ANNOTATION,
+    gate_event_reasons, ClaimPhase, LockClaim, LockClaimSpec, LockKind, LOCKS_ANNOTATION,
+    LOCK_KIND_ANNOTATION, TOKEN_ANNOTATION, TRACEPARENT_ANNOTATION,
 };
 
 /// How long a name may be (DNS-1123 subdomain).
@@ -158,6 +158,27 @@ pub fn gate_locks<W: Gated>(workload: &W, lock: &str) -> Vec<String> {
     locks
 }
 
+/// The kind of lock a gated workload names (`turnstile.dev/lock-kind`: `ClusterDistributedLock`,
+/// or `DistributedLock`, the default), for its `locks`; else why it cannot be gated.
+pub fn gate_lock_kind<W: Gated>(workload: &W, locks: &[String]) -> Result<LockKind, String> {
+    let kind = workload
+        .annotations()
+        .get(LOCK_KIND_ANNOTATION)
+        .map(|kind| kind.trim());
+    match kind {
+        None | Some("" | "DistributedLock") => Ok(LockKind::DistributedLock),
+        Some("ClusterDistributedLock") if locks.len() == 1 => Ok(LockKind::ClusterDistributedLock),
+        Some("ClusterDistributedLock") => Err(format!(
+            "a ClusterDistributedLock is claimed alone: {LOCK_KIND_ANNOTATION} does not go with \
+             {LOCKS_ANNOTATION}"
+        )),
+        Some(other) => Err(format!(
+            "annotation {LOCK_KIND_ANNOTATION}: {other:?} is neither DistributedLock nor \
+             ClusterDistributedLock"
+        )),
+    }
+}
+
 /// The claim name of a gated workload: `<name>-<lock>` (its marking lock).
 pub fn claim_name(workload: &str, lock: &str) -> String {
     format!("{workload}-{lock}")
@@ -173,6 +194,11 @@ pub fn decide<W: Gated>(workload: &W, claim: Option<&LockClaim>) -> GateStep {
         return GateStep::Nothing;
     }
     let name = claim_name(&workload.name_any(), lock);
+    let kind = match gate_lock_kind(workload, &gate_locks(workload, lock)) {
+        Ok(kind) => kind,
+        Err(reason) if workload.held_back() => return GateStep::Blocked { reason },
+        Err(_) => return GateStep::Nothing,
+    };
     let Some(claim) = claim else {
         // Only a workload still held back can be; one that runs already is not gated.
         if !workload.held_back() {
@@ -221,6 +247,15 @@ pub fn decide<W: Gated>(workload: &W, claim: Option<&LockClaim>) -> GateStep {
         };
     }
     let wanted = gate_locks(workload, lock);
+    if claim.spec.lock_kind.unwrap_or_default() != kind {
+        return GateStep::Blocked {
+            reason: format!(
+                "claim {name} asks for a {}, not a {}",
+                claim.spec.lock_kind.unwrap_or_default().as_str(),
+                kind.as_str()
+            ),
+        };
+    }
     if claim.spec.locks() != wanted {
         return GateStep::Blocked {
             reason: format!(
@@ -277,6 +312,9 @@ fn describe_locks<S: AsRef<str>>(locks: &[S]) -> String {
 /// from the start: its grant takes one write.
 pub fn claim_for<W: Gated>(workload: &W, claim: &str, locks: &[String]) -> LockClaim {
     let spec = match locks {
+        [lock] if gate_lock_kind(workload, locks) == Ok(LockKind::ClusterDistributedLock) => {
+            LockClaimSpec::for_cluster_lock(lock.clone())
+        }
         [lock] => LockClaimSpec::for_lock(lock.clone()),
         several => LockClaimSpec::for_locks(several.iter().cloned()),
     };
