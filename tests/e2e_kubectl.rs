@@ -207,8 +207,26 @@ async fn an_idle_controller_writes_nothing() {
         lock.status.as_ref().is_some_and(|s| s.waiting == 2)
     })
     .await;
-    // The passes the set-up's writes caused have run (a pass after them has).
+    // The passes the set-up's writes caused have run (a pass after them has), and so has the
+    // Event that pass publishes after its writes (the marker's `Released`): otherwise it may
+    // land in the idle window.
     env.after_a_pass_over(&["db-migrations"]).await;
+    let marker_told = |event: &k8s_openapi::api::events::v1::Event| {
+        event.reason.as_deref() == Some("Released")
+            && event
+                .regarding
+                .as_ref()
+                .and_then(|regarding| regarding.name.as_deref())
+                .is_some_and(|name| name.starts_with(e2e_support::waits::MARKER_PREFIX))
+    };
+    let deadline = tokio::time::Instant::now() + e2e_support::WAIT;
+    while !env.events().await.iter().any(marker_told) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the marker's Released Event never came"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let before = env.lock_and_claim_writes();
     let requests_before = env.server().request_log().len();
     // Time: the test is that an idle controller writes nothing over a while.
