@@ -370,3 +370,54 @@ async fn busy_policies_fail_replace_the_waiting_and_cancel_the_running() {
     );
     env.stop_controller().await;
 }
+
+/// A suspended Job gated on `lock`, with the extra annotations `annotations` (`key: value`
+/// lines).
+fn gated_job(env: &Env, name: &str, lock: &str, annotations: &str) {
+    let annotations: String = annotations
+        .lines()
+        .map(|line| format!("    {}\n", line.trim()))
+        .collect();
+    env.apply(&format!(
+        "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: {name}\n  annotations:\n    turnstile.dev/lock: {lock}\n{annotations}spec:\n  suspend: true\n  template:\n    spec:\n      restartPolicy: Never\n      containers: [{{name: main, image: busybox}}]\n"
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gated_jobs_take_their_busy_policy_and_group_from_annotations() {
+    let mut env = Env::started().await;
+    env.apply_lock("deploy", "leaseDurationSeconds: 300");
+    env.hold("holder", "deploy", "").await;
+
+    // Skip if busy: the Job's claim fails at once, and the Job stays suspended, saying why.
+    gated_job(&env, "check", "deploy", "turnstile.dev/when-busy: Fail");
+    let check = env.wait_phase("check-deploy", ClaimPhase::Failed).await;
+    assert_eq!(reason_of(&check).as_deref(), Some("LockBusy"));
+    env.wait_event("check", "GateBlocked").await;
+
+    // The newest run of a group replaces the waiting one.
+    let replacing = "turnstile.dev/when-busy: ReplacePending\nturnstile.dev/group: prod";
+    gated_job(&env, "deploy-a", "deploy", replacing);
+    env.wait_claim("deploy-a-deploy", |claim| position_of(claim) == Some(1))
+        .await;
+    gated_job(&env, "deploy-b", "deploy", replacing);
+    let replaced = env.wait_phase("deploy-a-deploy", ClaimPhase::Failed).await;
+    assert_eq!(reason_of(&replaced).as_deref(), Some("Superseded"));
+    let newest = env
+        .wait_claim("deploy-b-deploy", |claim| position_of(claim) == Some(1))
+        .await;
+    assert_eq!(newest.spec.group.as_deref(), Some("prod"));
+    env.wait_event("deploy-a", "GateBlocked").await;
+
+    // A replacing policy without a group: no claim (the schema would refuse it), and the Job
+    // says why.
+    gated_job(
+        &env,
+        "lonely",
+        "deploy",
+        "turnstile.dev/when-busy: CancelInProgress",
+    );
+    env.wait_event("lonely", "GateBlocked").await;
+    assert!(env.claim_opt("lonely-deploy").await.is_none());
+    env.stop_controller().await;
+}

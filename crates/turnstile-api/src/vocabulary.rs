@@ -123,6 +123,12 @@ pub const LOCKS_ANNOTATION: &str = "turnstile.dev/locks";
 /// On a gated Job or Pod: `ClusterDistributedLock` when its lock (`turnstile.dev/lock`) is a
 /// cluster lock; omitted or `DistributedLock`: a lock of its namespace.
 pub const LOCK_KIND_ANNOTATION: &str = "turnstile.dev/lock-kind";
+/// On a gated Job or Pod: its claim's `spec.whenBusy` (`Wait`, `Fail`, `ReplacePending`,
+/// `CancelInProgress`).
+pub const WHEN_BUSY_ANNOTATION: &str = "turnstile.dev/when-busy";
+/// On a gated Job or Pod: its claim's `spec.group` (the concurrency group a replacing
+/// `turnstile.dev/when-busy` replaces within).
+pub const GROUP_ANNOTATION: &str = "turnstile.dev/group";
 /// The annotation where the controller writes the fencing token of a gated workload's claim.
 pub const TOKEN_ANNOTATION: &str = "turnstile.dev/fencing-token";
 /// The annotation that ends a held claim's grant now (its value: why, in words); written by

@@ -169,16 +169,7 @@ mod tests {
     fn the_next_pass_waits_until_the_cache_shows_every_write_of_the_last() {
         let (locks, mut lock_writer) = reflector::store::<DistributedLock>();
         let (claims, mut claim_writer) = reflector::store::<LockClaim>();
-        let spec = DistributedLockSpec {
-            backend: None,
-            lease_duration_seconds: 30,
-            max_holders: 1,
-            key: None,
-            max_hold_seconds: None,
-            lock_delay_seconds: None,
-            queue: None,
-            max_overtake_seconds: None,
-        };
+        let spec = DistributedLockSpec::default();
         let lock = |version| at_version(DistributedLock::new("db", spec.clone()), version);
         let claim =
             |version| at_version(LockClaim::new("a", LockClaimSpec::for_lock("db")), version);

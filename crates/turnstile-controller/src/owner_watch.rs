@@ -40,14 +40,9 @@ pub fn owner_trigger<K>(
 where
     K: Resource,
 {
-    let owned_locks = owned_lock_keys(claims, index, kind);
-    move |object: Arc<K>| {
-        owned_locks(object)
-            .into_iter()
-            .filter(|(namespace, _)| !namespace.is_empty())
-            .map(|(namespace, lock)| ObjectRef::new(&lock).within(&namespace))
-            .collect()
-    }
+    owned_locks(claims, index, kind, |(namespace, lock)| {
+        (!namespace.is_empty()).then(|| ObjectRef::new(&lock).within(&namespace))
+    })
 }
 
 /// [`owner_trigger`] for the `ClusterDistributedLock`s of the claims a Pod or Job owns.
@@ -59,42 +54,42 @@ pub fn cluster_owner_trigger<K>(
 where
     K: Resource,
 {
-    let owned_locks = owned_lock_keys(claims, index, kind);
-    move |object: Arc<K>| {
-        owned_locks(object)
-            .into_iter()
-            .filter(|(namespace, _)| namespace.is_empty())
-            .map(|(_, lock)| ObjectRef::new(&lock))
-            .collect()
-    }
+    owned_locks(claims, index, kind, |(namespace, lock)| {
+        namespace.is_empty().then(|| ObjectRef::new(&lock))
+    })
 }
 
-/// An event about a Pod or Job (`kind`) → the keys of the locks of the claims it owns.
-fn owned_lock_keys<K>(
+/// An event about a Pod or Job (`kind`) → the locks of the claims it owns that `pick` takes
+/// (a cluster lock's key has no namespace).
+fn owned_locks<K, L>(
     claims: Store<LockClaim>,
     index: ClaimIndex,
     kind: WorkloadKind,
-) -> impl Fn(Arc<K>) -> Vec<LockKey> + Send + Sync + 'static
+    pick: fn(LockKey) -> Option<ObjectRef<L>>,
+) -> impl Fn(Arc<K>) -> Vec<ObjectRef<L>> + Send + Sync + 'static
 where
     K: Resource,
+    L: Resource<DynamicType = ()> + 'static,
 {
     move |object: Arc<K>| {
         let meta = object.meta();
-        match (meta.namespace.as_deref(), meta.uid.as_deref()) {
-            (Some(namespace), Some(uid)) => {
-                let locks = index.locks_of_owner(&claims, kind, namespace, uid);
-                if !locks.is_empty() {
-                    tracing::debug!(
-                        namespace,
-                        owner = meta.name.as_deref().unwrap_or(""),
-                        locks = locks.len(),
-                        "claim owner changed; reconciling its locks"
-                    );
-                }
-                locks
-            }
-            _ => Vec::new(),
+        let (Some(namespace), Some(uid)) = (meta.namespace.as_deref(), meta.uid.as_deref()) else {
+            return Vec::new();
+        };
+        let locks: Vec<ObjectRef<L>> = index
+            .locks_of_owner(&claims, kind, namespace, uid)
+            .into_iter()
+            .filter_map(pick)
+            .collect();
+        if !locks.is_empty() {
+            tracing::debug!(
+                namespace,
+                owner = meta.name.as_deref().unwrap_or(""),
+                locks = locks.len(),
+                "claim owner changed; reconciling its locks"
+            );
         }
+        locks
     }
 }
 

@@ -24,14 +24,8 @@ fn lock() -> LockView {
         namespace_terminating: false,
         has_finalizer: true,
         spec: DistributedLockSpec {
-            backend: None,
             lease_duration_seconds: 10,
-            max_holders: 1,
-            key: None,
-            max_hold_seconds: None,
-            lock_delay_seconds: None,
-            queue: None,
-            max_overtake_seconds: None,
+            ..DistributedLockSpec::default()
         },
         status: DistributedLockStatus::default(),
     }

@@ -176,6 +176,47 @@ mod tests {
     }
 
     #[test]
+    fn busy_policy_annotations_go_on_the_claim_and_bad_pairs_block_the_job() {
+        use turnstile_api::{BusyPolicy, GROUP_ANNOTATION, WHEN_BUSY_ANNOTATION};
+        let replacing = job(
+            json!({LOCK_ANNOTATION: "db", WHEN_BUSY_ANNOTATION: "ReplacePending",
+                   GROUP_ANNOTATION: "prod"}),
+            true,
+        );
+        assert!(matches!(
+            decide(&replacing, None),
+            GateStep::CreateClaim { .. }
+        ));
+        let claim = claim_for(&replacing, "migrate-db", &["db".to_owned()]);
+        assert_eq!(claim.spec.when_busy, Some(BusyPolicy::ReplacePending));
+        assert_eq!(claim.spec.group.as_deref(), Some("prod"));
+        assert_eq!(claim_of(&gated(true), json!(null)).spec.when_busy, None);
+        for (annotations, says) in [
+            (
+                json!({LOCK_ANNOTATION: "db", WHEN_BUSY_ANNOTATION: "CancelInProgress"}),
+                "needs the annotation turnstile.dev/group",
+            ),
+            (
+                json!({LOCK_ANNOTATION: "db", WHEN_BUSY_ANNOTATION: "Skip"}),
+                "none of Wait, Fail",
+            ),
+            (
+                json!({LOCK_ANNOTATION: "db", WHEN_BUSY_ANNOTATION: "Fail",
+                       LOCKS_ANNOTATION: "db,cache"}),
+                "is for one lock",
+            ),
+        ] {
+            assert!(
+                matches!(
+                    decide(&job(annotations.clone(), true), None),
+                    GateStep::Blocked { reason } if reason.contains(says)
+                ),
+                "{annotations}"
+            );
+        }
+    }
+
+    #[test]
     fn a_job_without_the_annotation_is_ignored() {
         assert_eq!(decide(&job(json!({}), true), None), GateStep::Nothing);
         assert_eq!(

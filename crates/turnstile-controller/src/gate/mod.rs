@@ -46,8 +46,9 @@ use super::events::{EventPublisher, Repeats};
 use super::writer::{ApiWriter, Created, Write};
 use crate::metrics::{ControllerKind, Metrics};
 use turnstile_api::{
-    gate_event_reasons, ClaimPhase, LockClaim, LockClaimSpec, LockKind, LOCKS_ANNOTATION,
-    LOCK_KIND_ANNOTATION, TOKEN_ANNOTATION, TRACEPARENT_ANNOTATION,
+    gate_event_reasons, BusyPolicy, ClaimPhase, LockClaim, LockClaimSpec, LockKind,
+    GROUP_ANNOTATION, LOCKS_ANNOTATION, LOCK_KIND_ANNOTATION, TOKEN_ANNOTATION,
+    TRACEPARENT_ANNOTATION, WHEN_BUSY_ANNOTATION,
 };
 
 /// How long a name may be (DNS-1123 subdomain).
@@ -179,6 +180,45 @@ pub fn gate_lock_kind<W: Gated>(workload: &W, locks: &[String]) -> Result<LockKi
     }
 }
 
+/// What a gated workload's claim does when its lock is busy: `turnstile.dev/when-busy` and
+/// `turnstile.dev/group` (the claim's `spec.whenBusy` and `spec.group`, checked as the schema
+/// checks them, so that a bad pair blocks the workload with a reason instead of a claim the
+/// API server refuses); else why it cannot be gated.
+pub fn gate_busy_policy<W: Gated>(
+    workload: &W,
+    locks: &[String],
+) -> Result<(Option<BusyPolicy>, Option<String>), String> {
+    let annotation = |key: &str| {
+        workload
+            .annotations()
+            .get(key)
+            .map(|value| value.trim().to_owned())
+            .filter(|value| !value.is_empty())
+    };
+    let group = annotation(GROUP_ANNOTATION);
+    let Some(policy) = annotation(WHEN_BUSY_ANNOTATION) else {
+        return Ok((None, group));
+    };
+    let policy: BusyPolicy = serde_json::from_value(serde_json::Value::String(policy.clone()))
+        .map_err(|_| {
+            format!(
+                "annotation {WHEN_BUSY_ANNOTATION}: {policy:?} is none of Wait, Fail, \
+                 ReplacePending, CancelInProgress"
+            )
+        })?;
+    if policy != BusyPolicy::Wait && locks.len() > 1 {
+        return Err(format!(
+            "{WHEN_BUSY_ANNOTATION} other than Wait is for one lock, not {LOCKS_ANNOTATION}"
+        ));
+    }
+    if policy.replaces_pending() && group.is_none() {
+        return Err(format!(
+            "{WHEN_BUSY_ANNOTATION}: {policy:?} needs the annotation {GROUP_ANNOTATION}"
+        ));
+    }
+    Ok((Some(policy), group))
+}
+
 /// The claim name of a gated workload: `<name>-<lock>` (its marking lock).
 pub fn claim_name(workload: &str, lock: &str) -> String {
     format!("{workload}-{lock}")
@@ -194,7 +234,10 @@ pub fn decide<W: Gated>(workload: &W, claim: Option<&LockClaim>) -> GateStep {
         return GateStep::Nothing;
     }
     let name = claim_name(&workload.name_any(), lock);
-    let kind = match gate_lock_kind(workload, &gate_locks(workload, lock)) {
+    let locks = gate_locks(workload, lock);
+    let kind = match gate_lock_kind(workload, &locks)
+        .and_then(|kind| gate_busy_policy(workload, &locks).map(|_| kind))
+    {
         Ok(kind) => kind,
         Err(reason) if workload.held_back() => return GateStep::Blocked { reason },
         Err(_) => return GateStep::Nothing,
@@ -311,13 +354,17 @@ fn describe_locks<S: AsRef<str>>(locks: &[S]) -> String {
 /// several locks, one claim on all of them at once. It carries the controller's finalizer
 /// from the start: its grant takes one write.
 pub fn claim_for<W: Gated>(workload: &W, claim: &str, locks: &[String]) -> LockClaim {
-    let spec = match locks {
+    let mut spec = match locks {
         [lock] if gate_lock_kind(workload, locks) == Ok(LockKind::ClusterDistributedLock) => {
             LockClaimSpec::for_cluster_lock(lock.clone())
         }
         [lock] => LockClaimSpec::for_lock(lock.clone()),
         several => LockClaimSpec::for_locks(several.iter().cloned()),
     };
+    if let Ok((when_busy, group)) = gate_busy_policy(workload, locks) {
+        spec.when_busy = when_busy;
+        spec.group = group;
+    }
     let mut object = LockClaim::new(claim, spec).with_release_finalizer();
     object.metadata.namespace = workload.namespace();
     object.metadata.owner_references = Some(vec![OwnerReference {
