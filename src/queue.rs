@@ -141,9 +141,7 @@ pub fn cluster_queue_view(
     claims: &[LockClaim],
     now: Seconds,
 ) -> QueueView {
-    let mut as_lock = DistributedLock::new(&lock.name_any(), lock.spec.lock.clone());
-    as_lock.status = lock.status.clone();
-    queue_view_of(&as_lock, true, claims, now)
+    queue_view_of(&lock.as_namespaceless_lock(), true, claims, now)
 }
 
 fn queue_view_of(

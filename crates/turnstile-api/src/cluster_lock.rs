@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use crate::lock::{DistributedLockSpec, DistributedLockStatus};
+use crate::lock::{DistributedLock, DistributedLockSpec, DistributedLockStatus};
 
 /// A cluster-scoped lock: claims name it with `lockKind: ClusterDistributedLock`, from the
 /// namespaces `namespaceSelector` selects, and queue for it together, in arrival order across
@@ -71,4 +71,16 @@ pub struct ClusterDistributedLockSpec {
     /// backend key is `/<key>` (default `/<name>`): no namespaced lock's key starts with `/`.
     #[serde(default)]
     pub lock: DistributedLockSpec,
+}
+
+impl ClusterDistributedLock {
+    /// The lock as a namespaceless `DistributedLock` (its metadata, `spec.lock`, its status):
+    /// how the controller's pass and `turnstile queue` read it, with the code of every lock.
+    pub fn as_namespaceless_lock(&self) -> DistributedLock {
+        DistributedLock {
+            metadata: self.metadata.clone(),
+            spec: self.spec.lock.clone(),
+            status: self.status.clone(),
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! `ClusterDistributedLock`s: one lock, one queue, claims from several namespaces.
 //!
 //! A cluster lock's pass is a `DistributedLock`'s pass (`lock_reconciler`) over the lock seen
-//! as a namespaceless `DistributedLock` ([`as_pass_lock`]: its `spec.lock`, its status). So
+//! as a namespaceless `DistributedLock` (`ClusterDistributedLock::as_namespaceless_lock`: its `spec.lock`, its status). So
 //! everything a lock does, a cluster lock does, with the same code: fencing, leases, semaphores,
 //! busy policies, history, force-release. Two things differ:
 //!
@@ -35,7 +35,7 @@ use super::core::LockView;
 use super::error::ControllerError;
 use super::lock_reconciler::{pass_error_policy, reconcile_inner};
 use crate::metrics::ControllerKind;
-use turnstile_api::{ClaimPhase, ClusterDistributedLock, DistributedLock, LockClaim};
+use turnstile_api::{ClaimPhase, ClusterDistributedLock, LockClaim};
 
 /// Whether a claim on a cluster lock is in the lock's queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,15 +113,6 @@ pub fn cached_version(ctx: &Context, name: &str) -> Option<String> {
         .and_then(|lock| lock.resource_version())
 }
 
-/// The cluster lock as the namespaceless `DistributedLock` its pass runs on: its metadata, its
-/// `spec.lock` and its status.
-pub fn as_pass_lock(lock: &ClusterDistributedLock) -> DistributedLock {
-    let mut pass_lock = DistributedLock::new(&lock.name_any(), lock.spec.lock.clone());
-    pass_lock.metadata = lock.metadata.clone();
-    pass_lock.status = lock.status.clone();
-    pass_lock
-}
-
 /// Reconciles one cluster lock: the lock pass of `lock_reconciler` on it.
 pub async fn reconcile_cluster_lock(
     lock: Arc<ClusterDistributedLock>,
@@ -132,7 +123,7 @@ pub async fn reconcile_cluster_lock(
         // Admission reads the namespaces' labels.
         cache_filled(namespaces).await;
     }
-    let pass_lock = as_pass_lock(&lock);
+    let pass_lock = lock.as_namespaceless_lock();
     let view = LockView::from_resource(&pass_lock);
     let span = tracing::info_span!("reconcile", cluster_lock = %view.name);
     let result = reconcile_inner(&pass_lock, Some(&lock), view, &ctx)
@@ -148,7 +139,11 @@ pub fn cluster_lock_error_policy(
     error: &ControllerError,
     ctx: Arc<Context>,
 ) -> Action {
-    pass_error_policy(&LockView::from_resource(&as_pass_lock(&lock)), error, &ctx)
+    pass_error_policy(
+        &LockView::from_resource(&lock.as_namespaceless_lock()),
+        error,
+        &ctx,
+    )
 }
 
 /// A mapper for `Controller::watches`: a claim → the cluster lock it names, if it names one.
@@ -268,7 +263,7 @@ mod tests {
     #[test]
     fn the_pass_lock_has_no_namespace_and_a_key_no_namespaced_lock_has() {
         let cluster = lock(LabelSelector::default());
-        let view = LockView::from_resource(&as_pass_lock(&cluster));
+        let view = LockView::from_resource(&cluster.as_namespaceless_lock());
         assert_eq!(view.namespace, "");
         assert_eq!(view.backend_key(), "/migrate");
     }

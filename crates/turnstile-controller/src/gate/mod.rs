@@ -267,16 +267,13 @@ pub fn decide<W: Gated>(workload: &W, claim: Option<&LockClaim>) -> GateStep {
                 return GateStep::WaitForOthers {
                     reason: format!(
                         "waiting for {what} to be removed before claiming {}",
-                        describe_locks(&gate_locks(workload, lock))
+                        describe_locks(&locks)
                     ),
                 }
             }
             None => {}
         }
-        return GateStep::CreateClaim {
-            claim: name,
-            locks: gate_locks(workload, lock),
-        };
+        return GateStep::CreateClaim { claim: name, locks };
     };
     let owned = WorkloadOwner::of(claim.owner_references()).is_some_and(|owner| {
         owner.kind == W::KIND && Some(&owner.uid) == workload.meta().uid.as_ref()
@@ -289,7 +286,6 @@ pub fn decide<W: Gated>(workload: &W, claim: Option<&LockClaim>) -> GateStep {
             ),
         };
     }
-    let wanted = gate_locks(workload, lock);
     if claim.spec.lock_kind.unwrap_or_default() != kind {
         return GateStep::Blocked {
             reason: format!(
@@ -299,12 +295,12 @@ pub fn decide<W: Gated>(workload: &W, claim: Option<&LockClaim>) -> GateStep {
             ),
         };
     }
-    if claim.spec.locks() != wanted {
+    if claim.spec.locks() != locks {
         return GateStep::Blocked {
             reason: format!(
                 "claim {name} asks for {}, not {}",
                 describe_locks(&claim.spec.locks()),
-                describe_locks(&wanted)
+                describe_locks(&locks)
             ),
         };
     }
