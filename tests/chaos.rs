@@ -21,6 +21,8 @@ mod e2e_support;
 mod chaos {
     pub mod checker;
     mod checker_tests;
+    pub mod effects;
+    mod effects_tests;
     pub mod faults;
     pub mod history;
     pub mod processes;
@@ -29,12 +31,14 @@ mod chaos {
     pub mod workers;
 }
 
-use std::sync::atomic::AtomicU64;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chaos::checker::{check, table, Kind, LockUnderTest, Report};
-use chaos::faults::Targets;
+use chaos::effects::{self, Evidence, STALE_WRITE_REFUSED};
+use chaos::faults::{self, Targets};
 use chaos::history::{self, History};
 use chaos::processes::{Redis, Replica};
 use chaos::register::Register;
@@ -55,6 +59,8 @@ const DRAIN: Duration = Duration::from_secs(240);
 const MONGO_DATABASE: &str = "chaos";
 /// Items per page of the fake's paginated lists in a chaos run.
 const CHAOS_LIST_PAGE: usize = 8;
+/// Load without faults after the last one, so that its effect (a grant after it) can show.
+const QUIET: Duration = Duration::from_secs(15);
 
 /// One lock of a run.
 struct LockPlan {
@@ -293,6 +299,7 @@ async fn run(plan: RunPlan) -> (Report, String) {
     );
 
     let until = Instant::now() + Duration::from_secs(plan.seconds);
+    let load_over = Arc::new(AtomicBool::new(false));
     let seq = Arc::new(AtomicU64::new(0));
     let mut workers = Vec::new();
     for (index, lock) in plan
@@ -318,7 +325,9 @@ async fn run(plan: RunPlan) -> (Report, String) {
                 .seed
                 .wrapping_mul(1_000)
                 .wrapping_add((index * 100 + worker) as u64);
-            workers.push(tokio::spawn(workload.clone().run_worker(seed, until)));
+            workers.push(tokio::spawn(
+                workload.clone().run_worker(seed, load_over.clone()),
+            ));
         }
     }
     let mut targets = Targets {
@@ -330,17 +339,46 @@ async fn run(plan: RunPlan) -> (Report, String) {
         mongo,
         history: history.clone(),
     };
-    if plan.faults {
-        targets.run_schedule(plan.seed, until).await;
-    }
+    let applied = if plan.faults {
+        let applied = targets.run_schedule(plan.seed, until).await;
+        // Time: load without faults, so the last fault's effect can show.
+        tokio::time::sleep(QUIET).await;
+        applied
+    } else {
+        // Time: the run's load time.
+        tokio::time::sleep_until(until.into()).await;
+        Vec::new()
+    };
+    load_over.store(true, Ordering::SeqCst);
     let drain = tokio::time::timeout(DRAIN, futures::future::join_all(workers)).await;
     assert!(drain.is_ok(), "the workers did not finish within {DRAIN:?}");
     let left = leftovers(&env, &plan, &targets.redis, targets.mongo.as_ref()).await;
     watch.abort();
     targets.stop_replicas();
-    let report = check(&history.entries(), &locks, &left);
+    let entries = history.entries();
+    let mut report = check(&entries, &locks, &left);
+    let backends: BTreeMap<String, &'static str> = plan
+        .locks
+        .iter()
+        .map(|lock| (lock.name.to_owned(), lock.backend))
+        .collect();
+    let requests = env.server().request_log();
+    let evidence = Evidence {
+        entries: &entries,
+        requests: &requests,
+        backends: &backends,
+    };
+    if plan.faults {
+        report.expected_faults = faults::kinds(targets.mongo.is_some());
+        report.expected_faults.insert(chaos::workers::PAUSED);
+    }
+    report.effects = effects::of_schedule(&applied, &evidence);
+    for outcome in &report.effects {
+        println!("chaos fault effect: {}: {:?}", outcome.kind, outcome.shown);
+    }
+    report.effects.extend(effects::of_pauses(&evidence));
     let mut out = table(&report, plan.seed, plan.seconds, plan.title);
-    if !report.violations.is_empty() {
+    if !report.violations.is_empty() || !report.ineffective().is_empty() {
         for replica in &targets.replicas {
             out.push_str(&format!(
                 "\n--- last lines of {}:\n{}\n",
@@ -400,6 +438,29 @@ async fn chaos_run_has_no_violations() {
         report.violations.is_empty(),
         "the checker found violations:\n{out}"
     );
+    // Every fault kind fired and did what it is there for; none skipped.
+    assert!(report.expected_faults.len() > 10, "{out}");
+    for kind in &report.expected_faults {
+        assert!(
+            report.effective(kind) > 0,
+            "fault {kind:?} never fired with its effect:\n{out}"
+        );
+    }
+    assert_eq!(
+        report.ineffective(),
+        Vec::<String>::new(),
+        "faults without their effect:\n{out}"
+    );
+    let refused = report.effects.iter().filter(|outcome| {
+        outcome
+            .shown
+            .as_ref()
+            .is_ok_and(|shown| shown.ends_with(STALE_WRITE_REFUSED))
+    });
+    assert!(
+        refused.count() > 0,
+        "no paused holder's stale write was refused (a later holder must have written first):\n{out}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -424,5 +485,13 @@ async fn unfenced_control_reports_lost_updates() {
     assert!(
         report.count(Kind::LostUpdate) > 0,
         "an unfenced register with holders paused past their lease must lose updates:\n{out}"
+    );
+    // The fault effects' check fails too: a paused holder's stale write got through.
+    assert!(
+        report
+            .ineffective()
+            .iter()
+            .any(|fault| fault.contains("stale write") && fault.contains("accepted")),
+        "the unfenced register accepted stale writes; the fault effects must say so:\n{out}"
     );
 }

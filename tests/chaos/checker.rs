@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use turnstile_api::ClaimPhase;
 
+use super::effects::Outcome;
 use super::history::{floor_second, Ending, Entry, Event, Millis};
 
 /// For a claim with no recorded arrival (created while no controller watched): how long it
@@ -79,6 +80,10 @@ pub struct Report {
     pub operations: BTreeMap<&'static str, usize>,
     /// Faults by kind.
     pub faults: BTreeMap<String, usize>,
+    /// The fault kinds the run was to apply, each at least once (filled in by the run).
+    pub expected_faults: BTreeSet<&'static str>,
+    /// What each fault was seen to do (filled in by the run, from `effects`).
+    pub effects: Vec<Outcome>,
     pub violations: Vec<Violation>,
 }
 
@@ -86,6 +91,25 @@ impl Report {
     /// Violations of `kind`.
     pub fn count(&self, kind: Kind) -> usize {
         self.violations.iter().filter(|v| v.kind == kind).count()
+    }
+
+    /// The faults that showed no effect (or did not fire), one line each.
+    pub fn ineffective(&self) -> Vec<String> {
+        self.effects
+            .iter()
+            .filter_map(|outcome| {
+                let why = outcome.shown.as_ref().err()?;
+                Some(format!("{}: {why}", outcome.kind))
+            })
+            .collect()
+    }
+
+    /// How many faults of `kind` showed their effect.
+    pub fn effective(&self, kind: &str) -> usize {
+        self.effects
+            .iter()
+            .filter(|outcome| outcome.kind == kind && outcome.shown.is_ok())
+            .count()
     }
 }
 
@@ -472,7 +496,10 @@ pub fn table(report: &Report, seed: u64, seconds: u64, title: &str) -> String {
     let faults: usize = report.faults.values().sum();
     out.push_str(&format!("| **faults** | **{faults}** |\n"));
     for (kind, count) in &report.faults {
-        out.push_str(&format!("| fault: {kind} | {count} |\n"));
+        let shown = report.effective(kind);
+        out.push_str(&format!(
+            "| fault: {kind} | {count} ({shown} effect shown) |\n"
+        ));
     }
     out.push_str(&format!(
         "| **violations** | **{}** |\n",
@@ -492,6 +519,9 @@ pub fn table(report: &Report, seed: u64, seconds: u64, title: &str) -> String {
             violation.lock,
             violation.detail
         ));
+    }
+    for fault in report.ineffective().iter().take(20) {
+        out.push_str(&format!("\n- fault without effect: {fault}"));
     }
     out.push_str(&format!(
         "\n\nreproduce the schedule: TURNSTILE_CHAOS_SEED={seed}\n"

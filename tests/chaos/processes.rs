@@ -13,6 +13,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use test_servers::{free_port, wait_until, ServerProcess};
 
+use super::history::Millis;
+
 /// The Lease the replicas elect a leader on.
 const LEADER_LEASE: &str = "turnstile-controller";
 
@@ -109,16 +111,12 @@ impl Drop for Replica {
     }
 }
 
-/// The identity the leader Lease names, if any.
-pub async fn leader(client: &Client, namespace: &str) -> Option<String> {
+/// The identity the leader Lease names and when it was last renewed, if it names one.
+pub async fn leader_lease(client: &Client, namespace: &str) -> Option<(String, Millis)> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
-    leases
-        .get_opt(LEADER_LEASE)
-        .await
-        .ok()
-        .flatten()
-        .and_then(|lease| lease.spec)
-        .and_then(|spec| spec.holder_identity)
+    let spec = leases.get_opt(LEADER_LEASE).await.ok()??.spec?;
+    let holder = spec.holder_identity.filter(|holder| !holder.is_empty())?;
+    Some((holder, spec.renew_time?.0.as_millisecond()))
 }
 
 /// A `redis-server` on a fixed 127.0.0.1 port (kept across restarts), no persistence.
@@ -171,11 +169,11 @@ impl Redis {
         }
     }
 
-    /// SIGSTOP or SIGCONT.
-    pub fn signal(&self, signal: Signal) {
-        if let Some(process) = &self.process {
-            let _ = kill(Pid::from_raw(process.pid() as i32), signal);
-        }
+    /// Sends SIGSTOP or SIGCONT to the running server.
+    pub fn signal(&self, signal: Signal) -> Result<(), String> {
+        let process = self.process.as_ref().ok_or("redis-server is not running")?;
+        kill(Pid::from_raw(process.pid() as i32), signal)
+            .map_err(|error| format!("{signal} to redis-server: {error}"))
     }
 
     /// Runs `redis-cli -p PORT ARGS`; its output ("" when it could not run).

@@ -1,7 +1,7 @@
 //! The seed alone decides the fault schedule and every worker's choices: drawn twice from one
 //! seed they are equal, from another seed they are not.
 
-use super::faults::{schedule, Fault};
+use super::faults::{kinds, schedule, Fault, KINDS};
 use super::workers::{choices, Choices};
 
 const DRAWS: usize = 500;
@@ -49,4 +49,18 @@ fn one_seed_draws_one_set_of_worker_choices() {
             .all(|job| job.hold_ms > 3_000),
         "a pause outlasts the lease"
     );
+}
+
+#[test]
+fn every_kind_comes_once_a_round() {
+    for seed in [1, 429_000, 7_777_777] {
+        for with_mongo in [true, false] {
+            let drawn = faults(seed, with_mongo);
+            for round in drawn.chunks(KINDS.len()).take(3) {
+                let seen: std::collections::BTreeSet<&str> =
+                    round.iter().map(|fault| fault.kind).collect();
+                assert_eq!(seen, kinds(with_mongo), "seed {seed}, mongo {with_mongo}");
+            }
+        }
+    }
 }

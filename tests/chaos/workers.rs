@@ -6,7 +6,7 @@
 //! write (a paused process), which the fenced register must refuse once a later holder used it.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -124,12 +124,21 @@ pub fn choices(
     })
 }
 
+/// The fault a worker plays on itself: a holder paused past its lease (a stopped process).
+pub const PAUSED: &str = "worker paused past its lease";
+
+/// The claim of a [`PAUSED`] fault's detail.
+pub fn paused_claim(detail: &str) -> Option<&str> {
+    detail.split_once(" sleeps ").map(|(claim, _)| claim)
+}
+
 impl Workload {
-    /// Runs jobs one after another until `until`.
-    pub async fn run_worker(self, seed: u64, until: Instant) {
+    /// Runs jobs one after another until the load is `over` (the run ends it once its
+    /// faults are done: their number, not a clock, decides).
+    pub async fn run_worker(self, seed: u64, over: Arc<AtomicBool>) {
         let lease_ms = (self.lease_seconds * 1000) as u64;
         for choices in choices(seed, self.pod_share, self.pause_share, lease_ms) {
-            if Instant::now() >= until {
+            if over.load(Ordering::SeqCst) {
                 break;
             }
             self.job(&choices).await;
@@ -171,7 +180,7 @@ impl Workload {
             }
             let sleep = choices.hold_ms;
             self.history.record(Event::Fault {
-                kind: "worker paused past its lease".into(),
+                kind: PAUSED.into(),
                 detail: format!("{claim} sleeps {sleep} ms without renewing"),
             });
             // Time: the fault is a holder paused past its lease.
