@@ -10,6 +10,7 @@ mod json;
 #[path = "e2e_support/output.rs"]
 mod output;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -505,4 +506,133 @@ fn every_long_sleep_in_the_tests_says_why_time_must_pass() {
          must pass):\n{}",
         unexplained.join("\n")
     );
+}
+
+/// The modules a controller source file names: the first segment after `crate::`, and after
+/// `super::` where `super` is the crate (`counts_super`), including every name of a
+/// `{…}` group. Comment lines are left out (a doc link is no import), as is the `cfg(test)`
+/// part.
+fn modules_named(text: &str, counts_super: bool) -> BTreeSet<String> {
+    let code: String = text
+        .split("#[cfg(test)]")
+        .next()
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut named = BTreeSet::new();
+    let prefixes: &[&str] = if counts_super {
+        &["crate::", "super::"]
+    } else {
+        &["crate::"]
+    };
+    for prefix in prefixes {
+        for (at, _) in code.match_indices(prefix) {
+            let rest = &code[at + prefix.len()..];
+            let mut names = Vec::new();
+            if let Some(group) = rest.strip_prefix('{') {
+                // The top-level names of the group.
+                let (mut depth, mut current) = (0, String::new());
+                for ch in group.chars() {
+                    match ch {
+                        '{' => depth += 1,
+                        '}' if depth == 0 => break,
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => names.push(std::mem::take(&mut current)),
+                        _ if depth == 0 => current.push(ch),
+                        _ => {}
+                    }
+                }
+                names.push(current);
+            } else {
+                names.push(rest.to_owned());
+            }
+            for name in names {
+                let name: String = name
+                    .trim()
+                    .chars()
+                    .take_while(|ch| ch.is_ascii_lowercase() || *ch == '_')
+                    .collect();
+                if !name.is_empty() && name != "self" {
+                    named.insert(name);
+                }
+            }
+        }
+    }
+    named
+}
+
+/// The controller's modules (`src/X.rs` or `src/X/…`) import one another in one direction:
+/// no module is imported, directly or around a loop, by a module it imports. (The wiring,
+/// `context.rs`, holds handles of many modules; they take the handles they need, not it.)
+#[test]
+fn the_controllers_modules_import_one_another_in_one_direction() {
+    let src = workspace().join("crates/turnstile-controller/src");
+    let mut files = Vec::new();
+    rust_files_under(&src, &mut files);
+    let mut imports: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in &files {
+        let relative = file.strip_prefix(&src).expect("under src");
+        let parts: Vec<String> = relative
+            .components()
+            .map(|part| part.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        let module = parts[0].trim_end_matches(".rs").to_owned();
+        if module == "lib" {
+            continue;
+        }
+        let top_level = parts.len() == 1 || parts[1] == "mod.rs";
+        let text = std::fs::read_to_string(file).expect("source");
+        let named = modules_named(&text, top_level);
+        let entry = imports.entry(module.clone()).or_default();
+        entry.extend(named.into_iter().filter(|name| *name != module));
+    }
+    let modules: BTreeSet<String> = imports.keys().cloned().collect();
+    for named in imports.values_mut() {
+        named.retain(|name| modules.contains(name));
+    }
+    // The graph was read: the pass's modules are in it with their known imports.
+    assert!(modules.len() > 20, "{modules:?}");
+    for (from, to) in [
+        ("lock_reconciler", "multi_lock"),
+        ("multi_lock", "backend_call"),
+        ("runtime", "context"),
+        ("writer", "leader"),
+    ] {
+        assert!(imports[from].contains(to), "{from} → {to}: {imports:?}");
+    }
+    // Depth-first search for a loop, printing the first one found.
+    fn visit<'a>(
+        module: &'a str,
+        imports: &'a BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<&'a str>,
+        done: &mut BTreeSet<&'a str>,
+    ) -> Option<Vec<&'a str>> {
+        if let Some(at) = path.iter().position(|on| *on == module) {
+            let mut cycle = path[at..].to_vec();
+            cycle.push(module);
+            return Some(cycle);
+        }
+        if !done.insert(module) {
+            return None;
+        }
+        path.push(module);
+        for next in &imports[module] {
+            if let Some(cycle) = visit(next, imports, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut done = BTreeSet::new();
+    for module in &modules {
+        let cycle = visit(module, &imports, &mut Vec::new(), &mut done);
+        assert!(
+            cycle.is_none(),
+            "an import loop: {}",
+            cycle.unwrap_or_default().join(" → ")
+        );
+    }
 }

@@ -9,12 +9,12 @@
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use kube::runtime::reflector::ObjectRef;
 
-use crate::context::Context;
+use crate::backends::Backends;
 use crate::lock_wakes::LockWakes;
 use turnstile_api::{BackendKind, DistributedLock};
 
@@ -130,8 +130,7 @@ impl BackendOutages {
 
 /// Asks each backend that has waiting locks, every [`PROBE_INTERVAL`], whether it is back,
 /// until `stop` completes.
-pub async fn probe(ctx: Arc<Context>, stop: impl Future<Output = ()>) {
-    let (outages, backends) = (&ctx.outages, &ctx.backends);
+pub async fn probe(outages: &BackendOutages, backends: &Backends, stop: impl Future<Output = ()>) {
     let probing = async {
         let mut ticks = tokio::time::interval(PROBE_INTERVAL);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -11,7 +11,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 
-use super::context::{cache_filled, Context};
+use super::caches::cache_filled;
+use super::context::Context;
 
 use super::cluster_locks::{self, Admission};
 use super::core::{decide_unserved, ClaimChange, ClaimView, FinalizerChange, Unserved};

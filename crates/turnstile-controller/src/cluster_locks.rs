@@ -24,17 +24,11 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::core::{PartialObjectMeta, Selector, SelectorExt};
-use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::ResourceExt;
-use tracing::Instrument;
 
 use super::claim_index::ClaimIndex;
-use super::context::{cache_filled, Context};
-use super::core::LockView;
-use super::error::ControllerError;
-use super::lock_reconciler::{pass_error_policy, reconcile_inner};
-use crate::metrics::ControllerKind;
+use super::context::Context;
 use turnstile_api::{ClaimPhase, ClusterDistributedLock, LockClaim};
 
 /// Whether a claim on a cluster lock is in the lock's queue.
@@ -113,39 +107,6 @@ pub fn cached_version(ctx: &Context, name: &str) -> Option<String> {
         .and_then(|lock| lock.resource_version())
 }
 
-/// Reconciles one cluster lock: the lock pass of `lock_reconciler` on it.
-pub async fn reconcile_cluster_lock(
-    lock: Arc<ClusterDistributedLock>,
-    ctx: Arc<Context>,
-) -> Result<Action, ControllerError> {
-    let mut timer = ctx.metrics.reconciles.start(ControllerKind::Lock);
-    if let Some(namespaces) = &ctx.namespaces {
-        // Admission reads the namespaces' labels.
-        cache_filled(namespaces).await;
-    }
-    let pass_lock = lock.as_namespaceless_lock();
-    let view = LockView::from_resource(&pass_lock);
-    let span = tracing::info_span!("reconcile", cluster_lock = %view.name);
-    let result = reconcile_inner(&pass_lock, Some(&lock), view, &ctx)
-        .instrument(span)
-        .await;
-    timer.set_failed(result.is_err());
-    result
-}
-
-/// The retry policy after a failed pass of a cluster lock (that of every lock).
-pub fn cluster_lock_error_policy(
-    lock: Arc<ClusterDistributedLock>,
-    error: &ControllerError,
-    ctx: Arc<Context>,
-) -> Action {
-    pass_error_policy(
-        &LockView::from_resource(&lock.as_namespaceless_lock()),
-        error,
-        &ctx,
-    )
-}
-
 /// A mapper for `Controller::watches`: a claim → the cluster lock it names, if it names one.
 pub fn lock_of_claim(claim: Arc<LockClaim>) -> Option<ObjectRef<ClusterDistributedLock>> {
     claim
@@ -204,6 +165,7 @@ pub fn claims_in_namespace(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::LockView;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
     use turnstile_api::{ClusterDistributedLockSpec, DistributedLockSpec};
 

@@ -1,5 +1,5 @@
 //! What the reconcilers share: the API client, the caches, the backends, Events, metrics,
-//! and the leadership gate every write passes through.
+//! and the leadership gate every write passes through (`leader::LeadershipGate`).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -9,7 +9,6 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::Client;
-use tokio::sync::watch;
 
 use super::backend_outages::BackendOutages;
 use super::backends::Backends;
@@ -17,6 +16,7 @@ use super::budget::WriteBudget;
 use super::error::ControllerError;
 use super::events::EventPublisher;
 use crate::claim_index::ClaimIndex;
+use crate::leader::LeadershipGate;
 use crate::lock_wakes::LockWakes;
 use crate::metrics::Metrics;
 use crate::own_writes::OwnWrites;
@@ -29,65 +29,6 @@ use turnstile_api::{ClusterDistributedLock, DistributedLock, LockClaim, LockTemp
 const BACKOFF_BASE: Duration = Duration::from_millis(500);
 /// Longest retry delay.
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
-/// How often a waiter for a cache re-checks whether it has been filled.
-const CACHE_READY_RECHECK: Duration = Duration::from_millis(100);
-
-/// Waits until `store` has been filled by its watch once (or its writer is gone).
-///
-/// kube-runtime's [`Store::wait_until_ready`] keeps one waker: of several tasks waiting at
-/// once (the readiness probe and the first passes) only the last one polled is woken, the
-/// others would wait forever. Each waiter therefore polls again at a short interval.
-pub async fn cache_filled<K>(store: &Store<K>)
-where
-    K: 'static + Clone + kube::runtime::reflector::Lookup,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    while tokio::time::timeout(CACHE_READY_RECHECK, store.wait_until_ready())
-        .await
-        .is_err()
-    {}
-}
-
-/// Whether this replica may still change anything: checked right before every backend call
-/// and every API write, so a replica that loses the Lease stops granting at that instant,
-/// even in a pass that was already running (the controllers themselves stop a moment later).
-#[derive(Debug, Clone)]
-pub struct LeadershipGate {
-    is_leader: Option<watch::Receiver<bool>>,
-}
-
-impl LeadershipGate {
-    /// A gate that is always open (no leader election: the only replica may always write).
-    pub fn always_open() -> Self {
-        Self { is_leader: None }
-    }
-
-    /// A gate open exactly while `is_leader` holds `true` (the elector's channel).
-    pub fn following(is_leader: watch::Receiver<bool>) -> Self {
-        Self {
-            is_leader: Some(is_leader),
-        }
-    }
-
-    /// Whether writes are allowed right now.
-    pub fn is_open(&self) -> bool {
-        self.is_leader
-            .as_ref()
-            .is_none_or(|is_leader| *is_leader.borrow())
-    }
-
-    /// `Ok` while writes are allowed, else [`ControllerError::NotLeader`] naming `action`.
-    pub fn check(&self, action: &str) -> Result<(), ControllerError> {
-        if self.is_open() {
-            Ok(())
-        } else {
-            Err(ControllerError::NotLeader {
-                action: action.to_owned(),
-            })
-        }
-    }
-}
-
 /// Passes a second that may refresh waiters' positions, over all locks (a refresh writes at
 /// most `EXACT_POSITIONS + POSITION_REFRESHES_PER_PASS` claims): 20, in bursts of 100.
 pub const POSITION_REFRESHES_PER_SECOND: u32 = 20;

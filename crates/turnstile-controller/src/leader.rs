@@ -43,6 +43,48 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, timeout_at, Instant};
 
+use crate::error::ControllerError;
+
+/// Whether this replica may still change anything: checked right before every backend call
+/// and every API write, so a replica that loses the Lease stops granting at that instant,
+/// even in a pass that was already running (the controllers themselves stop a moment later).
+#[derive(Debug, Clone)]
+pub struct LeadershipGate {
+    is_leader: Option<watch::Receiver<bool>>,
+}
+
+impl LeadershipGate {
+    /// A gate that is always open (no leader election: the only replica may always write).
+    pub fn always_open() -> Self {
+        Self { is_leader: None }
+    }
+
+    /// A gate open exactly while `is_leader` holds `true` (the elector's channel).
+    pub fn following(is_leader: watch::Receiver<bool>) -> Self {
+        Self {
+            is_leader: Some(is_leader),
+        }
+    }
+
+    /// Whether writes are allowed right now.
+    pub fn is_open(&self) -> bool {
+        self.is_leader
+            .as_ref()
+            .is_none_or(|is_leader| *is_leader.borrow())
+    }
+
+    /// `Ok` while writes are allowed, else [`ControllerError::NotLeader`] naming `action`.
+    pub fn check(&self, action: &str) -> Result<(), ControllerError> {
+        if self.is_open() {
+            Ok(())
+        } else {
+            Err(ControllerError::NotLeader {
+                action: action.to_owned(),
+            })
+        }
+    }
+}
+
 /// The Lease the controller elects its leader on (the deploy/ RBAC grants exactly this name).
 pub const DEFAULT_LEASE_NAME: &str = "turnstile-controller";
 

@@ -1,11 +1,13 @@
 //! Turnstile's controller: reconcilers that are small I/O shells over a pure decision core.
 //!
 //! - [`core`]: the decisions (who holds, who waits, who is next), with no I/O.
-//! - [`lock_reconciler`]: one pass over a `DistributedLock` and all its claims (plan → backend
-//!   calls on the lock engine → fold → writes), the code the tests' simulation runs too.
+//! - [`lock_reconciler`]: one pass over a `DistributedLock` (or a `ClusterDistributedLock`)
+//!   and all its claims (plan → backend calls on the lock engine → fold → writes), the code
+//!   the tests' simulation runs too.
+//! - [`backend_call`]: one backend call of a pass, the core's operation made on the engine.
 //! - [`multi_lock`]: claims on several locks, granted all at once by their first lock's pass.
-//! - [`cluster_locks`]: `ClusterDistributedLock`s: the same pass over one lock whose claims
-//!   come from the namespaces it selects.
+//! - [`cluster_locks`]: `ClusterDistributedLock`s: which claims from the namespaces it
+//!   selects the lock's pass takes.
 //! - [`claim_reconciler`]: claims whose lock does not exist (or does not take them).
 //! - [`templates`]: locks made on first use from a `LockTemplate`, and deleted once unused.
 //! - [`traces`]: OpenTelemetry spans of each claim's wait and hold (opt-in).
@@ -23,14 +25,18 @@
 //!   pass's writes decided from the core's decision and made through a store (the API server,
 //!   or the tests' simulated one).
 //! - [`tolerant_watch`]: lock and claim watches that skip (and report) objects they cannot read.
-//! - [`runtime`]: the watches, caches and controllers (`turnstile run`).
-//! - [`leader`]: leader election on a `coordination.k8s.io` Lease.
+//! - [`runtime`]: the watches, caches and controllers (`turnstile run`); [`caches`]: waiting
+//!   for a cache's first list.
+//! - [`leader`]: leader election on a `coordination.k8s.io` Lease, and the gate every write
+//!   passes through while this replica leads.
 //! - [`metrics`]: the Prometheus series, and the `/metrics`, `/healthz`, `/readyz` endpoints.
 
 pub mod arrivals;
+pub mod backend_call;
 pub mod backend_outages;
 pub mod backends;
 pub mod budget;
+pub mod caches;
 pub mod claim_index;
 pub mod claim_reconciler;
 pub mod cluster_locks;

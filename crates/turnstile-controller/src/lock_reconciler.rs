@@ -13,13 +13,15 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::Instrument;
 
+use super::backend_call::perform;
 use super::backends::BackendLookupError;
+use super::caches::cache_filled;
 use super::cluster_locks;
-use super::context::{cache_filled, Context};
+use super::context::Context;
 use super::core::{
     claim_address, claim_key, fold, plan, BackendOp, BackendView, CallTerms, ClaimView, Decision,
     EventSubject, ExecutionGate, FinalizerChange, GrantEnd, LockInput, LockView, Observation,
-    OpOutcome, Plan, PlannedOp, LEASE_CUT,
+    OpOutcome, Plan, PlannedOp,
 };
 use super::error::{describe, ControllerError};
 use super::events::publish;
@@ -33,7 +35,7 @@ use crate::metrics::{
 };
 use k8s_openapi::api::core::v1::ObjectReference;
 use turnstile_api::{BackendKind, ClusterDistributedLock, DistributedLock, LockClaim};
-use turnstile_lock::{AcquireMode, AcquireOutcome, AcquireRequest, Backend, LockError, ShareMode};
+use turnstile_lock::Backend;
 
 /// The claims of `lock` in the cache, with their objects by name in the pass ([`claim_key`];
 /// read through the index: a pass costs its own claims, not the whole cache). A
@@ -603,6 +605,39 @@ async fn publish_events(
     }
 }
 
+/// Reconciles one cluster lock: the lock pass of `lock_reconciler` on it.
+pub async fn reconcile_cluster_lock(
+    lock: Arc<ClusterDistributedLock>,
+    ctx: Arc<Context>,
+) -> Result<Action, ControllerError> {
+    let mut timer = ctx.metrics.reconciles.start(ControllerKind::Lock);
+    if let Some(namespaces) = &ctx.namespaces {
+        // Admission reads the namespaces' labels.
+        cache_filled(namespaces).await;
+    }
+    let pass_lock = lock.as_namespaceless_lock();
+    let view = LockView::from_resource(&pass_lock);
+    let span = tracing::info_span!("reconcile", cluster_lock = %view.name);
+    let result = reconcile_inner(&pass_lock, Some(&lock), view, &ctx)
+        .instrument(span)
+        .await;
+    timer.set_failed(result.is_err());
+    result
+}
+
+/// The retry policy after a failed pass of a cluster lock (that of every lock).
+pub fn cluster_lock_error_policy(
+    lock: Arc<ClusterDistributedLock>,
+    error: &ControllerError,
+    ctx: Arc<Context>,
+) -> Action {
+    pass_error_policy(
+        &LockView::from_resource(&lock.as_namespaceless_lock()),
+        error,
+        &ctx,
+    )
+}
+
 /// Performs `ops` in order on `backend` for the lock `key` (a semaphore of `max_holders`),
 /// honouring the [`ExecutionGate`]: nothing runs after a failure, no grant runs after a
 /// refused grant. Returns one outcome per op.
@@ -672,54 +707,6 @@ pub async fn execute_following(
         outcomes.push(outcome);
     }
     outcomes
-}
-
-/// One backend call of a pass.
-pub(crate) async fn perform(
-    backend: &dyn Backend,
-    key: &str,
-    terms: CallTerms,
-    op: &BackendOp,
-) -> Result<OpOutcome, LockError> {
-    Ok(match op {
-        BackendOp::RaiseFloor { floor } => OpOutcome::FloorRaised {
-            counter: backend.raise_fencing_floor(key, *floor).await?,
-        },
-        BackendOp::Acquire {
-            owner, ttl, shared, ..
-        } => {
-            let request = AcquireRequest {
-                share: if *shared {
-                    ShareMode::Shared
-                } else {
-                    ShareMode::Exclusive
-                },
-                lock_delay: terms.lock_delay,
-                ..AcquireRequest::new(key, owner, *ttl, terms.max_holders, AcquireMode::Try, *ttl)
-            };
-            match backend.acquire(&request).await? {
-                AcquireOutcome::Granted {
-                    fencing_token,
-                    already_held,
-                    ..
-                } => OpOutcome::Granted {
-                    fencing_token,
-                    already_held,
-                },
-                AcquireOutcome::Busy { retry_after }
-                | AcquireOutcome::Waiting { retry_after, .. } => OpOutcome::Busy { retry_after },
-            }
-        }
-        BackendOp::Extend { owner, ttl } => OpOutcome::Extended {
-            still_held: backend.extend(key, owner, *ttl).await?.is_some(),
-        },
-        BackendOp::Release { owner, involuntary } if *involuntary => OpOutcome::Released {
-            was_held: backend.extend(key, owner, LEASE_CUT).await?.is_some(),
-        },
-        BackendOp::Release { owner, .. } => OpOutcome::Released {
-            was_held: backend.release(key, owner, terms.max_holders).await?,
-        },
-    })
 }
 
 #[cfg(test)]

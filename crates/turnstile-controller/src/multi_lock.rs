@@ -30,7 +30,7 @@ use crate::core::{
     LockInput, LockView, MemberLock, OpOutcome, Seconds,
 };
 use crate::error::describe;
-use crate::lock_reconciler::perform;
+use crate::backend_call::perform;
 use turnstile_api::{ClaimPhase, LockClaimStatus};
 use turnstile_lock::Backend;
 

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client};
 
-use super::context::cache_filled;
+use super::caches::cache_filled;
 use super::core::{claim_address, ClaimView, OwnerState, WorkloadKind, WorkloadOwner};
 use futures::FutureExt;
 use turnstile_api::{ClaimPhase, LockClaim};

@@ -33,16 +33,20 @@ use tokio::sync::watch;
 
 use super::backend_outages;
 use super::backends::{Backends, EtcdSettings, MongoSettings, RedisTlsFiles};
+use super::caches::cache_filled;
 use super::claim_index::ClaimIndex;
 use super::claim_reconciler::{claim_error_policy, reconcile_claim};
-use super::cluster_locks::{self, cluster_lock_error_policy, reconcile_cluster_lock};
-use super::context::{cache_filled, Context, LeadershipGate};
+use super::cluster_locks;
+use super::context::Context;
 use super::core::WorkloadKind;
 use super::error::ControllerError;
 use super::events::{EventPolicy, EventPublisher};
 use super::gate::pod::{phase_only, trim_gated_pod, GATED_PODS};
 use super::gate::{run_gate, BlockedSaid, GateContext};
-use super::lock_reconciler::{lock_error_policy, reconcile_lock};
+use super::leader::LeadershipGate;
+use super::lock_reconciler::{
+    cluster_lock_error_policy, lock_error_policy, reconcile_cluster_lock, reconcile_lock,
+};
 use super::owner_watch::{cluster_owner_trigger, owner_trigger, FINISHED_PODS};
 use super::owners::OwnerCaches;
 use super::templates::claims_waiting_in;
@@ -612,7 +616,11 @@ async fn run_controllers(
         Some(wakes) => lock_controller.reconcile_on(wakes),
         None => lock_controller,
     };
-    let probe_done = backend_outages::probe(ctx.clone(), raised(&stop_rx));
+    let probe_ctx = ctx.clone();
+    let probe_stop = raised(&stop_rx);
+    let probe_done = async move {
+        backend_outages::probe(&probe_ctx.outages, &probe_ctx.backends, probe_stop).await;
+    };
     let locks_done = lock_controller
         .run(reconcile_lock, lock_error_policy, ctx.clone())
         .for_each(|result| async move {

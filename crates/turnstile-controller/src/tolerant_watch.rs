@@ -20,8 +20,8 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use super::context::LeadershipGate;
 use super::events::{EventPublisher, Repeats};
+use super::leader::LeadershipGate;
 use crate::metrics::Metrics;
 use turnstile_api::{
     object_event_reasons, ClusterDistributedLock, ClusterDistributedLockSpec, DistributedLock,

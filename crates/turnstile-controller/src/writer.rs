@@ -18,9 +18,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::context::LeadershipGate;
 use crate::core::{claim_address, ClaimChange, Decision, FinalizerChange, LockInput};
 use crate::error::ControllerError;
+use crate::leader::LeadershipGate;
 use crate::own_writes::GONE;
 use crate::patch::merge_diff;
 use turnstile_api::{

@@ -39,10 +39,10 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use super::claim_index::ClaimIndex;
-use super::context::LeadershipGate;
 use super::core::{WorkloadKind, WorkloadOwner};
 use super::error::ControllerError;
 use super::events::{EventPublisher, Repeats};
+use super::leader::LeadershipGate;
 use super::writer::{ApiWriter, Created, Write};
 use crate::metrics::{ControllerKind, Metrics};
 use turnstile_api::{
