@@ -5,8 +5,8 @@
 use std::io::{IsTerminal, Write};
 
 use kube::Api;
+use turnstile_api::error_chain;
 use turnstile_api::{DistributedLock, LockClaim};
-use turnstile_controller::error;
 
 /// How a one-shot command ended: the process exit code and, unless it succeeded quietly, one
 /// line for people on stderr.
@@ -38,7 +38,7 @@ impl Outcome {
         doing: impl std::fmt::Display,
         error: &(dyn std::error::Error + 'static),
     ) -> Self {
-        Outcome::with_reason(code, format!("cannot {doing}: {}", error::describe(error)))
+        Outcome::with_reason(code, format!("cannot {doing}: {}", error_chain(error)))
     }
 
     /// Prints the reason, flushes stdout (it may carry the command's result) and exits the

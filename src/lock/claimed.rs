@@ -34,10 +34,10 @@ use super::{
 use crate::exit_codes;
 use crate::oneshot::{namespace_apis, Outcome};
 use crate::wait::{assess, describe, Verdict};
+use turnstile_api::error_chain;
 use turnstile_api::{
     reasons, ClaimMode, ClaimPhase, ClusterDistributedLock, LockClaim, LockClaimSpec,
 };
-use turnstile_controller::error;
 
 /// Longest pause between watch retries after errors.
 const MAX_WATCH_BACKOFF: Duration = Duration::from_secs(5);
@@ -63,7 +63,7 @@ pub async fn lock_through_claim(args: &LockArgs, signals: &mut TerminationSignal
     let unreachable = |what: &str, error: &kube::Error| {
         Outcome::with_reason(
             exit_code::BACKEND_UNAVAILABLE,
-            format!("cannot {what}: {}", error::describe(error)),
+            format!("cannot {what}: {}", error_chain(error)),
         )
     };
     // Checked first, so that a typo does not leave a claim behind.
@@ -121,7 +121,7 @@ pub async fn lock_through_claim(args: &LockArgs, signals: &mut TerminationSignal
         Ok(Ok(_)) => {}
         Ok(Err(kube::Error::Api(status))) if status.code == 404 => {}
         Ok(Err(error)) => {
-            tracing::warn!(claim = %name, error = %error::describe(&error), "could not delete the claim; its lease will run out");
+            tracing::warn!(claim = %name, error = %error_chain(&error), "could not delete the claim; its lease will run out");
         }
         Err(_) => {
             tracing::warn!(claim = %name, timeout_s = DELETE_TIMEOUT.as_secs(), "the claim's deletion did not complete; its lease will run out");
@@ -284,7 +284,7 @@ impl Holding<'_> {
                 signal = signals.recv() => pass_on(&mut command, signal),
                 renewed = &mut renewal => match renewed {
                     Ok(stamped) => lease_ends = stamped + self.args.ttl,
-                    Err(error) => tracing::warn!(claim = %self.name, error = %error::describe(&error), "renewal failed; retrying"),
+                    Err(error) => tracing::warn!(claim = %self.name, error = %error_chain(&error), "renewal failed; retrying"),
                 },
                 _ = renew.tick(), if renewal.is_terminated() => renewal.set(self.renew().fuse()),
                 () = tokio::time::sleep_until(lease_ends) => {
@@ -325,7 +325,7 @@ impl Holding<'_> {
                         Ok(Some(claim)) => seen(&claim),
                         Ok(None) => Seen::Over("was deleted".to_owned()),
                         Err(error) => {
-                            tracing::warn!(error = %error::describe(&error), retry_in_ms = backoff.as_millis() as u64, "claim watch failed; retrying");
+                            tracing::warn!(error = %error_chain(&error), retry_in_ms = backoff.as_millis() as u64, "claim watch failed; retrying");
                             tokio::time::sleep(backoff).await;
                             backoff = (backoff * 2).min(MAX_WATCH_BACKOFF);
                             continue;

@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use crate::exit_codes::{self, lock as exit_code};
 use crate::oneshot::{init_logging, Outcome};
+use turnstile_api::error_chain;
 use turnstile_api::BusyPolicy;
-use turnstile_controller::error;
 use turnstile_lock::{Backend, Lock, LockError, Locker, RetryPolicy};
 
 pub use self::backend_url::{BackendUrl, BackendUrlError};
@@ -205,7 +205,7 @@ pub async fn lock_command(args: LockArgs) -> Outcome {
     // would hand the key on at once, cancelling the `--lock-delay` an involuntary end owes.
     if outcome.code != exit_code::LOCK_LOST {
         if let Err(error) = lock.release().await {
-            tracing::warn!(%key, fencing_token = lock.fencing_token(), error = %error::describe(&error), "release failed; the lease will run out");
+            tracing::warn!(%key, fencing_token = lock.fencing_token(), error = %error_chain(&error), "release failed; the lease will run out");
         }
     }
     outcome
@@ -240,7 +240,7 @@ async fn acquire(
         signal = signals.recv() => {
             // Dropping the acquire only schedules its cleanup; the process is about to exit.
             if let Err(error) = backend.release(key, &owner, args.max_holders).await {
-                tracing::warn!(%key, error = %error::describe(&error), "could not leave the lock's queue; the place will age out");
+                tracing::warn!(%key, error = %error_chain(&error), "could not leave the lock's queue; the place will age out");
             }
             return Err(Outcome::with_reason(
                 child::signal_exit_code(signal as i32),

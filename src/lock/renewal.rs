@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use turnstile_controller::error;
+use turnstile_api::error_chain;
 use turnstile_lock::{Lock, LockError};
 
 /// Longest pause between renewal attempts after a backend error (shorter when the lease ends
@@ -36,7 +36,7 @@ impl fmt::Display for Loss {
             } => write!(
                 f,
                 "the lease ran out while renewals failed ({})",
-                error::describe(error)
+                error_chain(error)
             ),
         }
     }
@@ -72,7 +72,7 @@ pub async fn keep_renewed(lock: &Lock, every: Duration) -> Loss {
             }
             Ok(Err(LockError::LockLost { .. })) => return Loss::Taken,
             Ok(Err(error)) => {
-                tracing::warn!(key = lock.key(), fencing_token = lock.fencing_token(), error = %error::describe(&error), "lease renewal failed; retrying");
+                tracing::warn!(key = lock.key(), fencing_token = lock.fencing_token(), error = %error_chain(&error), "lease renewal failed; retrying");
                 last_error = Some(error);
                 next = Instant::now() + retry_pause;
             }

@@ -29,8 +29,8 @@ use tokio::time::Instant;
 use crate::exit_codes::{self, wait as exit_code};
 use crate::lock::WhenBusy;
 use crate::oneshot::{init_logging, namespace_apis, Outcome};
+use turnstile_api::error_chain;
 use turnstile_api::{ClaimPhase, ClusterDistributedLock, DistributedLock, LockClaim, LockKind};
-use turnstile_controller::error;
 
 pub use self::create::{
     check_adoptable, claim_for_pod, create_or_adopt, AdoptError, Created, PodIdentity,
@@ -241,7 +241,7 @@ async fn wait_for_claim(
                 )
             }
             Err(error) => {
-                tracing::warn!(claim = %args.claim, error = %error::describe(&error), retry_in_ms = backoff.as_millis() as u64, "watch failed; retrying");
+                tracing::warn!(claim = %args.claim, error = %error_chain(&error), retry_in_ms = backoff.as_millis() as u64, "watch failed; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_WATCH_BACKOFF);
             }
@@ -331,7 +331,7 @@ impl Target<'_> {
                     let forbidden =
                         matches!(&error, kube::Error::Api(status) if status.is_forbidden());
                     if forbidden || attempts_left == 0 {
-                        tracing::warn!(lock, error = %error::describe(&error), "cannot check that the DistributedLock exists; relying on the claim's status");
+                        tracing::warn!(lock, error = %error_chain(&error), "cannot check that the DistributedLock exists; relying on the claim's status");
                         return status_says_missing.then_some(missing);
                     }
                     tokio::time::sleep(LOCK_CHECK_PAUSE).await;
@@ -357,7 +357,7 @@ impl Target<'_> {
                 "cannot {verb} LockClaim {} in namespace {}: {}",
                 self.claim,
                 self.namespace,
-                error::describe(error)
+                error_chain(error)
             ),
         )
     }

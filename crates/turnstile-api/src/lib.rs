@@ -8,6 +8,7 @@
 mod claim;
 mod cluster_lock;
 mod crds;
+mod error_chain;
 mod lock;
 mod template;
 pub mod vocabulary;
@@ -18,6 +19,7 @@ pub use claim::{
 };
 pub use cluster_lock::{ClusterDistributedLock, ClusterDistributedLockSpec};
 pub use crds::{crd_yaml, crds, crds_yaml, CrdRenderError};
+pub use error_chain::error_chain;
 pub use lock::{
     holder_summary, BackendKind, DistributedLock, DistributedLockSpec, DistributedLockStatus,
     LockHolder, PastGrant, QueueOrder, HOLDER_SUMMARY_NAMES, LOCK_HISTORY_LEN,

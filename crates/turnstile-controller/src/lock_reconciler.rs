@@ -23,7 +23,7 @@ use super::core::{
     EventSubject, ExecutionGate, FinalizerChange, GrantEnd, LockInput, LockView, Observation,
     OpOutcome, Plan, PlannedOp,
 };
-use super::error::{describe, ControllerError};
+use super::error::ControllerError;
 use super::events::publish;
 use super::multi_lock::{self, FirstLock, MemberGrants, OtherLock};
 use super::owners::fill_owner_states;
@@ -34,7 +34,7 @@ use crate::metrics::{
     BackendOperation, ControllerKind, LockLostCause, Metrics, ReconcileErrorKind,
 };
 use k8s_openapi::api::core::v1::ObjectReference;
-use turnstile_api::{BackendKind, ClusterDistributedLock, DistributedLock, LockClaim};
+use turnstile_api::{error_chain, BackendKind, ClusterDistributedLock, DistributedLock, LockClaim};
 use turnstile_lock::Backend;
 
 /// The claims of `lock` in the cache, with their objects by name in the pass ([`claim_key`];
@@ -107,7 +107,7 @@ async fn backend_of(ctx: &Context, lock: &LockView) -> (BackendView, Option<Arc<
             Err(error) => (
                 BackendView::Unavailable {
                     backend: kind,
-                    message: describe(&error),
+                    message: error_chain(&error),
                 },
                 None,
             ),
@@ -118,7 +118,7 @@ async fn backend_of(ctx: &Context, lock: &LockView) -> (BackendView, Option<Arc<
         Err(BackendLookupError::Unavailable(error)) => (
             BackendView::Unavailable {
                 backend: kind,
-                message: describe(&error),
+                message: error_chain(&error),
             },
             None,
         ),
@@ -691,7 +691,7 @@ pub async fn execute_following(
         let outcome = perform(backend, key, terms, &planned.op)
             .await
             .unwrap_or_else(|error| OpOutcome::Failed {
-                message: describe(&error),
+                message: error_chain(&error),
             });
         let outcome = members
             .follow(planned.claim.as_deref(), &planned.op, outcome, first)

@@ -25,13 +25,12 @@ use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 
+use crate::backend_call::perform;
 use crate::core::{
     plan, BackendOp, BackendView, CallTerms, ClaimChange, ClaimView, Decision, FinalizerChange,
     LockInput, LockView, MemberLock, OpOutcome, Seconds,
 };
-use crate::error::describe;
-use crate::backend_call::perform;
-use turnstile_api::{ClaimPhase, LockClaimStatus};
+use turnstile_api::{error_chain, ClaimPhase, LockClaimStatus};
 use turnstile_lock::Backend;
 
 /// Another lock of a claim on several locks, as the first lock's pass read it (a lock that
@@ -95,7 +94,7 @@ impl Part {
         perform(backend.as_ref(), &self.key, self.terms, op)
             .await
             .unwrap_or_else(|error| OpOutcome::Failed {
-                message: describe(&error),
+                message: error_chain(&error),
             })
     }
 

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
+use turnstile_api::error_chain;
 use turnstile_api::reasons;
 use turnstile_api::{
     BackendKind, ClaimPhase, DistributedLock, DistributedLockSpec, LockClaim, LockClaimSpec, Micros,
@@ -26,7 +27,6 @@ use turnstile_controller::core::{
     plan, BackendView, ClaimView, Decision, EventSubject, LockInput, LockView, OpOutcome,
     OwnerState,
 };
-use turnstile_controller::error::describe;
 use turnstile_controller::lock_reconciler::{run_pass, Engine, PassOutcome};
 use turnstile_controller::multi_lock::MemberGrants;
 use turnstile_controller::patch::apply_merge_patch;
@@ -536,7 +536,7 @@ impl Sim {
             Err(error) => (
                 BackendView::Unavailable {
                     backend: BackendKind::Memory,
-                    message: describe(&error),
+                    message: error_chain(&error),
                 },
                 None,
             ),
