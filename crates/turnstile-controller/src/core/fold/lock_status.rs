@@ -1,0 +1,154 @@
+//! Step 3 of the fold: the lock's status — its holders by token, how many wait, the tokens'
+//! high water, the `Ready` condition (with an Event when it changes), the lock-delay and the
+//! history of grants.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use turnstile_api::{
+    reasons, ClaimPhase, DistributedLockStatus, LockClaimStatus, LockHolder, PastGrant,
+    LOCK_HISTORY_LEN, READY_CONDITION,
+};
+
+use super::statuses::Statuses;
+use super::Folder;
+use crate::core::decision::{EventSeverity, EventSubject, PlannedEvent};
+use crate::core::model::time_at;
+use crate::core::ops::OpOutcome;
+use crate::core::plan::LockMode;
+use crate::core::status::{conditions_status, set_condition};
+
+/// The lock's new status, None when it is as it was; `ended` are the grants the pass ends.
+pub(super) fn lock_status(
+    folder: &mut Folder<'_>,
+    statuses: &Statuses,
+    ended: Vec<PastGrant>,
+    events: &mut Vec<PlannedEvent>,
+) -> Option<DistributedLockStatus> {
+    let (input, plan, now) = (folder.input, folder.plan, folder.now);
+    let holders = holders(folder, &statuses.statuses);
+    let conditions = ready_condition(folder, events);
+    if let Some(until) = plan.locked_until.filter(|until| *until > now) {
+        // Wake up when the lock-delay ends, to grant.
+        folder.requeue = folder
+            .requeue
+            .min(Duration::from_secs(u64::try_from(until - now).unwrap_or(0)));
+    }
+    let new_status = DistributedLockStatus {
+        observed_generation: input.lock.generation,
+        holder_summary: turnstile_api::holder_summary(&holders),
+        holders,
+        waiting: statuses.waiting,
+        fencing_token: fencing_token(folder),
+        conditions,
+        // The plan's end already counts the one the status records.
+        locked_until: plan.locked_until.map(time_at),
+        history: with_history(&input.lock.status.history, ended),
+    };
+    (new_status != input.lock.status).then_some(new_status)
+}
+
+/// The claims that hold after the pass, by token.
+fn holders(folder: &Folder<'_>, statuses: &[(usize, Option<LockClaimStatus>)]) -> Vec<LockHolder> {
+    let input = folder.input;
+    let mut holders: Vec<LockHolder> = statuses
+        .iter()
+        .filter_map(|(index, status)| {
+            let claim = &input.claims[*index];
+            let status = status.as_ref().unwrap_or(&claim.status);
+            (status.phase == Some(ClaimPhase::Held) && !claim.deleting).then(|| LockHolder {
+                claim: claim.name.clone(),
+                holder_identity: status.holder_identity.clone().unwrap_or_default(),
+                fencing_token: status.fencing_token.unwrap_or_default(),
+                acquired_at: status.acquired_at.clone(),
+                expires_at: status.expires_at.clone(),
+            })
+        })
+        .collect();
+    holders.sort_by_key(|holder| holder.fencing_token);
+    holders
+}
+
+/// The highest token the lock has issued, as far as the pass knows: its status's, the
+/// plan's, the backend counter's and every token this pass was given.
+fn fencing_token(folder: &Folder<'_>) -> Option<i64> {
+    let (input, plan) = (folder.input, folder.plan);
+    let issued = folder.outcomes.iter().filter_map(|outcome| match outcome {
+        OpOutcome::Granted { fencing_token, .. } => Some(*fencing_token),
+        OpOutcome::FloorRaised { counter } => Some(*counter),
+        _ => None,
+    });
+    let snapshot_counter = input.backend.snapshot().map(|s| s.fencing_token);
+    let high_water = issued
+        .chain(snapshot_counter)
+        .fold(plan.high_water, u64::max);
+    if high_water == 0 {
+        input.lock.status.fencing_token
+    } else {
+        i64::try_from(high_water).ok()
+    }
+}
+
+/// The lock's conditions with `Ready` as the pass found the lock and its backend; an Event
+/// when `Ready` changes.
+fn ready_condition(folder: &Folder<'_>, events: &mut Vec<PlannedEvent>) -> Vec<Condition> {
+    let (input, plan, now) = (folder.input, folder.plan, folder.now);
+    let backend = input.backend.backend();
+    let (ready, reason, message) = match (&plan.mode, &folder.failure) {
+        (LockMode::Blocked { reason, message }, _) => (false, *reason, message.clone()),
+        (_, Some(message)) => (false, reasons::BACKEND_UNAVAILABLE, message.clone()),
+        _ => (
+            true,
+            reasons::BACKEND_READY,
+            format!("served by the {backend} backend"),
+        ),
+    };
+    let conditions = set_condition(
+        &input.lock.status.conditions,
+        READY_CONDITION,
+        ready,
+        reason,
+        &message,
+        input.lock.generation,
+        now,
+    );
+    let old_ready = input
+        .lock
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == READY_CONDITION);
+    let ready_changed =
+        old_ready.is_none_or(|c| c.status != conditions_status(ready) || c.reason != reason);
+    if ready_changed {
+        events.push(PlannedEvent {
+            subject: EventSubject::Lock,
+            severity: if ready {
+                EventSeverity::Normal
+            } else {
+                EventSeverity::Warning
+            },
+            reason,
+            note: message,
+        });
+    }
+    conditions
+}
+
+/// `history` with the grants `ended` appended (a grant already recorded, by a pass whose
+/// claim write was then refused, is not recorded twice), keeping the last
+/// [`LOCK_HISTORY_LEN`].
+fn with_history(history: &[PastGrant], ended: Vec<PastGrant>) -> Vec<PastGrant> {
+    let mut history = history.to_vec();
+    for grant in ended {
+        let recorded = history
+            .iter()
+            .any(|past| past.claim == grant.claim && past.fencing_token == grant.fencing_token);
+        if !recorded {
+            history.push(grant);
+        }
+    }
+    let extra = history.len().saturating_sub(LOCK_HISTORY_LEN);
+    history.drain(..extra);
+    history
+}
