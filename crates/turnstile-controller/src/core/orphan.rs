@@ -74,6 +74,33 @@ pub fn decide_orphan(claim: &ClaimView, now: Timestamp) -> OrphanDecision {
 /// Decides (pure) for a claim no lock's pass decides about (`why`), at time `now`: it waits
 /// with the reason, times out, or loses a grant the lock no longer backs.
 pub fn decide_unserved(claim: &ClaimView, why: &Unserved, now: Timestamp) -> OrphanDecision {
+    let phase = claim.phase();
+    let (new_status, requeue_after) = unserved_status(claim, why, now);
+    let status = new_status.filter(|status| *status != claim.status);
+    let events = status
+        .as_ref()
+        .and_then(|status| unserved_event(claim, why, phase, status))
+        .into_iter()
+        .collect();
+    let ends = claim.deleting
+        || phase.is_terminal()
+        || status
+            .as_ref()
+            .is_some_and(|s| s.phase.is_some_and(ClaimPhase::is_terminal));
+    OrphanDecision {
+        status,
+        remove_finalizer: claim.has_finalizer && ends,
+        events,
+        requeue_after,
+    }
+}
+
+/// The status of a claim no lock serves (None: it stays as it is), and when to look again.
+fn unserved_status(
+    claim: &ClaimView,
+    why: &Unserved,
+    now: Timestamp,
+) -> (Option<LockClaimStatus>, Duration) {
     let now_s = now.as_second();
     let phase = claim.phase();
     let mut requeue_after = RESYNC_INTERVAL;
@@ -137,54 +164,50 @@ pub fn decide_unserved(claim: &ClaimView, why: &Unserved, now: Timestamp) -> Orp
             now_s,
         ))
     };
-    let status = new_status.filter(|status| *status != claim.status);
-    let mut events = Vec::new();
-    if let Some(status) = &status {
-        let note = status.message.clone().unwrap_or_default();
-        let subject = EventSubject::Claim(claim.name.clone());
-        match status.phase.unwrap_or_default() {
-            ClaimPhase::Expired if phase != ClaimPhase::Expired => events.push(PlannedEvent {
+    (new_status, requeue_after)
+}
+
+/// The Event a claim no lock serves gets for its new `status` (`phase`: the one it had).
+fn unserved_event(
+    claim: &ClaimView,
+    why: &Unserved,
+    phase: ClaimPhase,
+    status: &LockClaimStatus,
+) -> Option<PlannedEvent> {
+    let note = status.message.clone().unwrap_or_default();
+    let subject = EventSubject::Claim(claim.name.clone());
+    match status.phase.unwrap_or_default() {
+        ClaimPhase::Expired if phase != ClaimPhase::Expired => Some(PlannedEvent {
+            subject,
+            severity: EventSeverity::Warning,
+            reason: event_reasons::LOCK_LOST,
+            note,
+        }),
+        ClaimPhase::Failed if phase != ClaimPhase::Failed => Some(PlannedEvent {
+            subject,
+            severity: EventSeverity::Warning,
+            reason: event_reasons::FAILED,
+            note,
+        }),
+        ClaimPhase::Released if phase != ClaimPhase::Released => Some(PlannedEvent {
+            subject,
+            severity: EventSeverity::Normal,
+            reason: event_reasons::RELEASED,
+            note,
+        }),
+        // A claim for a lock that does not exist (a typo, another namespace) or does not
+        // take it says so where people look, once per wait.
+        ClaimPhase::Pending if claim.status.reason.as_deref() != Some(why.reason()) => {
+            Some(PlannedEvent {
                 subject,
                 severity: EventSeverity::Warning,
-                reason: event_reasons::LOCK_LOST,
+                reason: match why {
+                    Unserved::LockMissing => event_reasons::LOCK_NOT_FOUND,
+                    Unserved::NamespaceNotAllowed(_) => event_reasons::NAMESPACE_NOT_ALLOWED,
+                },
                 note,
-            }),
-            ClaimPhase::Failed if phase != ClaimPhase::Failed => events.push(PlannedEvent {
-                subject,
-                severity: EventSeverity::Warning,
-                reason: event_reasons::FAILED,
-                note,
-            }),
-            ClaimPhase::Released if phase != ClaimPhase::Released => events.push(PlannedEvent {
-                subject,
-                severity: EventSeverity::Normal,
-                reason: event_reasons::RELEASED,
-                note,
-            }),
-            // A claim for a lock that does not exist (a typo, another namespace) or does not
-            // take it says so where people look, once per wait.
-            ClaimPhase::Pending if claim.status.reason.as_deref() != Some(why.reason()) => events
-                .push(PlannedEvent {
-                    subject,
-                    severity: EventSeverity::Warning,
-                    reason: match why {
-                        Unserved::LockMissing => event_reasons::LOCK_NOT_FOUND,
-                        Unserved::NamespaceNotAllowed(_) => event_reasons::NAMESPACE_NOT_ALLOWED,
-                    },
-                    note,
-                }),
-            _ => {}
+            })
         }
-    }
-    let ends = claim.deleting
-        || phase.is_terminal()
-        || status
-            .as_ref()
-            .is_some_and(|s| s.phase.is_some_and(ClaimPhase::is_terminal));
-    OrphanDecision {
-        status,
-        remove_finalizer: claim.has_finalizer && ends,
-        events,
-        requeue_after,
+        _ => None,
     }
 }

@@ -14,20 +14,31 @@ pub(super) fn claim_events(
     lock_name: &str,
     events: &mut Vec<PlannedEvent>,
 ) {
-    let old = &claim.status;
-    let old_phase = old.phase;
-    let new_phase = new.phase.unwrap_or_default();
-    let subject = EventSubject::Claim(claim.name.clone());
     let message = new.message.clone().unwrap_or_default();
-    let mut push = |severity, reason, note: String| {
+    let lost =
+        new.phase == Some(ClaimPhase::Expired) && claim.status.phase != Some(ClaimPhase::Expired);
+    if lost {
+        lost_events(claim, new, message, events);
+    } else if let Some((severity, reason, note)) = phase_event(claim, new, lock_name, message) {
         events.push(PlannedEvent {
-            subject: subject.clone(),
+            subject: EventSubject::Claim(claim.name.clone()),
             severity,
             reason,
             note,
-        })
-    };
-    match new_phase {
+        });
+    }
+}
+
+/// The one Event a claim's new status says, if any (a grant lost aside: [`lost_events`]).
+fn phase_event(
+    claim: &ClaimView,
+    new: &LockClaimStatus,
+    lock_name: &str,
+    message: String,
+) -> Option<(EventSeverity, &'static str, String)> {
+    let old = &claim.status;
+    let old_phase = old.phase;
+    match new.phase.unwrap_or_default() {
         // A claim on several locks, one of which does not exist: said once per wait, as for
         // a claim whose only lock is missing.
         ClaimPhase::Pending
@@ -35,37 +46,37 @@ pub(super) fn claim_events(
                 && old.reason.as_deref() != Some(reasons::LOCK_NOT_FOUND)
                 && claim.is_multi_lock() =>
         {
-            push(
+            Some((
                 EventSeverity::Warning,
                 event_reasons::LOCK_NOT_FOUND,
                 message,
-            )
+            ))
         }
         ClaimPhase::Pending
             if new.position.is_some() && (old.position.is_none() || old_phase.is_none()) =>
         {
-            push(
+            Some((
                 EventSeverity::Normal,
                 event_reasons::QUEUED,
                 format!(
                     "queued for lock {lock_name} at position {}",
                     new.position.unwrap_or_default()
                 ),
-            );
+            ))
         }
-        ClaimPhase::Held if old_phase != Some(ClaimPhase::Held) => push(
+        ClaimPhase::Held if old_phase != Some(ClaimPhase::Held) => Some((
             EventSeverity::Normal,
             event_reasons::ACQUIRED,
             format!(
                 "acquired lock {lock_name} with fencing token {}",
                 new.fencing_token.unwrap_or_default()
             ),
-        ),
+        )),
         ClaimPhase::Held => {
             let old_expiry = old.expires_at.as_ref().map(seconds_of);
             let new_expiry = new.expires_at.as_ref().map(seconds_of);
-            if new_expiry > old_expiry {
-                push(
+            (new_expiry > old_expiry).then(|| {
+                (
                     EventSeverity::Normal,
                     event_reasons::RENEWED,
                     format!(
@@ -75,39 +86,46 @@ pub(super) fn claim_events(
                             .map(|t| t.0.to_string())
                             .unwrap_or_default()
                     ),
-                );
-            }
+                )
+            })
         }
         ClaimPhase::Released if old_phase != Some(ClaimPhase::Released) => {
-            push(EventSeverity::Normal, event_reasons::RELEASED, message)
-        }
-        ClaimPhase::Expired if old_phase != Some(ClaimPhase::Expired) => {
-            if new.reason.as_deref() == Some(reasons::FORCE_RELEASED) {
-                // Said on the lock too: whoever looks at the lock sees who ended whose grant.
-                events.push(PlannedEvent {
-                    subject: EventSubject::LockFor(claim.name.clone()),
-                    severity: EventSeverity::Warning,
-                    reason: reasons::FORCE_RELEASED,
-                    note: format!(
-                        "{} (claim {}, fencing token {})",
-                        message,
-                        claim.name,
-                        new.fencing_token.unwrap_or_default()
-                    ),
-                });
-            }
-            events.push(PlannedEvent {
-                subject: subject.clone(),
-                severity: EventSeverity::Warning,
-                reason: event_reasons::LOCK_LOST,
-                note: message,
-            });
+            Some((EventSeverity::Normal, event_reasons::RELEASED, message))
         }
         ClaimPhase::Failed if old_phase != Some(ClaimPhase::Failed) => {
-            push(EventSeverity::Warning, event_reasons::FAILED, message)
+            Some((EventSeverity::Warning, event_reasons::FAILED, message))
         }
-        _ => {}
+        _ => None,
     }
+}
+
+/// A grant lost (the claim now `Expired`): a Warning on the claim, and a force-release said
+/// on the lock too, so whoever looks at the lock sees who ended whose grant.
+fn lost_events(
+    claim: &ClaimView,
+    new: &LockClaimStatus,
+    message: String,
+    events: &mut Vec<PlannedEvent>,
+) {
+    if new.reason.as_deref() == Some(reasons::FORCE_RELEASED) {
+        events.push(PlannedEvent {
+            subject: EventSubject::LockFor(claim.name.clone()),
+            severity: EventSeverity::Warning,
+            reason: reasons::FORCE_RELEASED,
+            note: format!(
+                "{} (claim {}, fencing token {})",
+                message,
+                claim.name,
+                new.fencing_token.unwrap_or_default()
+            ),
+        });
+    }
+    events.push(PlannedEvent {
+        subject: EventSubject::Claim(claim.name.clone()),
+        severity: EventSeverity::Warning,
+        reason: event_reasons::LOCK_LOST,
+        note: message,
+    });
 }
 
 /// The metrics' observations of a claim's status change.
