@@ -10,6 +10,8 @@
 //!   selects the lock's pass takes.
 //! - [`claim_reconciler`]: claims whose lock does not exist (or does not take them).
 //! - [`templates`]: locks made on first use from a `LockTemplate`, and deleted once unused.
+//! - [`pass_report`]: what a pass tells the world after its writes: metrics, outage
+//!   wake-ups, spans, Events.
 //! - [`traces`]: OpenTelemetry spans of each claim's wait and hold (opt-in).
 //! - [`claim_index`]: the claim cache's names by lock and by owner (no whole-cache scans).
 //! - [`arrivals`]: when each claim arrived, in the watch's order: the queue order after
@@ -53,6 +55,7 @@ pub mod multi_lock;
 pub mod own_writes;
 pub mod owner_watch;
 pub mod owners;
+pub mod pass_report;
 pub mod patch;
 pub mod runtime;
 pub mod templates;

@@ -4,13 +4,13 @@
 //! metrics, Events, wakes, the requeue. The controller's property tests run the same
 //! [`run_pass`] over a simulated API server.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 use tracing::Instrument;
 
 use super::backend_call::perform;
@@ -19,21 +19,19 @@ use super::caches::cache_filled;
 use super::cluster_locks;
 use super::context::Context;
 use super::core::{
-    claim_address, claim_key, fold, plan, BackendOp, BackendView, CallTerms, ClaimView, Decision,
-    EventSubject, ExecutionGate, FinalizerChange, GrantEnd, LockInput, LockView, Observation,
-    OpOutcome, Plan, PlannedOp,
+    claim_address, claim_key, fold, plan, BackendView, CallTerms, ClaimView, Decision,
+    ExecutionGate, LockInput, LockView, OpOutcome, Plan, PlannedOp,
 };
 use super::error::ControllerError;
-use super::events::publish;
 use super::multi_lock::{self, FirstLock, MemberGrants, OtherLock};
 use super::owners::fill_owner_states;
-use super::templates;
-use super::traces::SpanLock;
-use super::writer::{ApiStore, PassStore, PassWriter};
-use crate::metrics::{
-    BackendOperation, ControllerKind, LockLostCause, Metrics, ReconcileErrorKind,
+use super::pass_report::{
+    publish_events, record_backend_state, record_failed_calls, record_observations, record_spans,
+    regarding,
 };
-use k8s_openapi::api::core::v1::ObjectReference;
+use super::templates;
+use super::writer::{ApiStore, PassStore, PassWriter};
+use crate::metrics::{BackendOperation, ControllerKind, ReconcileErrorKind};
 use turnstile_api::{error_chain, BackendKind, ClusterDistributedLock, DistributedLock, LockClaim};
 use turnstile_lock::Backend;
 
@@ -214,42 +212,13 @@ pub(crate) async fn reconcile_inner(
         return Ok(Action::requeue(wait));
     }
     let objects = claims_of(ctx, &view, cluster);
-    let mut claims = claim_views(ctx, &objects, &view.name);
-
-    fill_owner_states(
-        &ctx.client,
-        ctx.owners.as_ref(),
-        &view.namespace,
-        &mut claims,
-    )
-    .await;
-
-    let kind = view.spec.backend.unwrap_or(ctx.backends.default_kind());
-    let backend_key = view.backend_key();
-    let (backend_view, backend) = backend_of(ctx, &view).await;
-    if let BackendView::Unavailable { message, .. } = &backend_view {
-        ctx.metrics
-            .backends
-            .record_error(kind, BackendOperation::Connect);
-        tracing::warn!(backend = %kind, error = %message, "backend unavailable");
-    }
-
-    let now = Timestamp::now();
-    let others = other_locks(ctx, &view, &claims).await;
-    let mut member_grants = multi_lock::prepare(
-        &view,
-        &mut claims,
-        &others,
-        |name| ctx.lock_exists(&view.namespace, name),
-        now,
-    );
-    let mut input = LockInput {
-        lock: view,
-        claims,
-        now,
-        backend: backend_view,
-        may_refresh_positions: ctx.position_refreshes.has_token(),
-    };
+    let Gathered {
+        mut input,
+        mut member_grants,
+        kind,
+        backend_key,
+        backend,
+    } = gather(ctx, view, &objects).await;
     let store = match cluster {
         None => ApiStore::new(ctx.writer(), ctx.client.clone(), &input.lock.namespace),
         Some(_) => ApiStore::for_cluster_lock(ctx.writer(), ctx.client.clone()),
@@ -287,38 +256,17 @@ pub(crate) async fn reconcile_inner(
         publish_events(ctx, &regarding, &objects, &input, &decision, Some(&written)).await;
         return Err(error);
     }
-
-    if input.lock.deleting {
-        ctx.metrics.backends.forget_lock(&backend_key);
-    } else {
-        let waiting = decision
-            .lock_status
-            .as_ref()
-            .map_or(input.lock.status.waiting, |status| status.waiting);
-        ctx.metrics.backends.set_queue_depth(
-            &backend_key,
-            kind,
-            u64::try_from(waiting).unwrap_or(0),
-        );
-    }
-    let backend_failed = decision.backend_failure.is_some()
-        || matches!(input.backend, BackendView::Unavailable { .. });
     // A cluster lock is retried with backoff only: the outage wake-ups name `DistributedLock`s.
-    if cluster.is_none() {
-        let lock_ref = ObjectRef::from_obj(lock);
-        if backend_failed {
-            // Retried with backoff, or sooner: when the backend answers again
-            // (`backend_outages`).
-            ctx.outages.failed(kind, lock_ref);
-        } else if backend.is_some() {
-            ctx.outages.succeeded(kind, &lock_ref);
-        }
-    }
-    if decision.backend_failure.is_some() {
-        ctx.metrics
-            .reconciles
-            .record_error(ReconcileErrorKind::Backend);
-    }
+    let woken_on_return = cluster.is_none().then(|| ObjectRef::from_obj(lock));
+    record_backend_state(
+        ctx,
+        woken_on_return,
+        &input,
+        &decision,
+        kind,
+        &backend_key,
+        backend.is_some(),
+    );
     record_observations(&ctx.metrics, kind, &decision.observations);
     record_spans(ctx, &objects, &input, &decision, kind, None);
     publish_events(
@@ -339,7 +287,76 @@ pub(crate) async fn reconcile_inner(
         ctx.wakes
             .wake(ObjectRef::new(claim.first_lock()).within(&input.lock.namespace));
     }
+    next_pass(ctx, lock, cluster, &input, &decision, &pass_key).await
+}
 
+/// What a pass starts from, besides the claims' objects.
+struct Gathered {
+    input: LockInput,
+    member_grants: MemberGrants,
+    kind: BackendKind,
+    backend_key: String,
+    backend: Option<Arc<dyn Backend>>,
+}
+
+/// Observes what the pass decides on: the claims (with their owners' states and, for claims
+/// on several locks, their other locks), the backend's snapshot, the time.
+async fn gather(
+    ctx: &Context,
+    view: LockView,
+    objects: &HashMap<String, Arc<LockClaim>>,
+) -> Gathered {
+    let mut claims = claim_views(ctx, objects, &view.name);
+    fill_owner_states(
+        &ctx.client,
+        ctx.owners.as_ref(),
+        &view.namespace,
+        &mut claims,
+    )
+    .await;
+    let kind = view.spec.backend.unwrap_or(ctx.backends.default_kind());
+    let backend_key = view.backend_key();
+    let (backend_view, backend) = backend_of(ctx, &view).await;
+    if let BackendView::Unavailable { message, .. } = &backend_view {
+        ctx.metrics
+            .backends
+            .record_error(kind, BackendOperation::Connect);
+        tracing::warn!(backend = %kind, error = %message, "backend unavailable");
+    }
+    let now = Timestamp::now();
+    let others = other_locks(ctx, &view, &claims).await;
+    let member_grants = multi_lock::prepare(
+        &view,
+        &mut claims,
+        &others,
+        |name| ctx.lock_exists(&view.namespace, name),
+        now,
+    );
+    Gathered {
+        input: LockInput {
+            lock: view,
+            claims,
+            now,
+            backend: backend_view,
+            may_refresh_positions: ctx.position_refreshes.has_token(),
+        },
+        member_grants,
+        kind,
+        backend_key,
+        backend,
+    }
+}
+
+/// When to look at the lock again: the decision's time, sooner when a lock made from a
+/// template is due to go unused, and with backoff after a backend failure.
+async fn next_pass(
+    ctx: &Context,
+    lock: &DistributedLock,
+    cluster: Option<&ClusterDistributedLock>,
+    input: &LockInput,
+    decision: &Decision,
+    pass_key: &str,
+) -> Result<Action, ControllerError> {
     // A lock made from a template goes once unused for its lifetime.
     let in_use = input
         .claims
@@ -353,10 +370,10 @@ pub(crate) async fn reconcile_inner(
         due.min(decision.requeue_after)
     });
     Ok(match &decision.backend_failure {
-        Some(_) => Action::requeue(ctx.backoff(&pass_key).min(requeue_after)),
+        Some(_) => Action::requeue(ctx.backoff(pass_key).min(requeue_after)),
         None => {
             // Also forgets API failures: the error policy counts them under the same key.
-            ctx.reset_backoff(&pass_key);
+            ctx.reset_backoff(pass_key);
             Action::requeue(requeue_after)
         }
     })
@@ -461,148 +478,6 @@ pub(crate) fn pass_error_policy(view: &LockView, error: &ControllerError, ctx: &
     let delay = ctx.retry_delay(&key, error);
     error.log_failed_pass(&key, delay);
     Action::requeue(delay)
-}
-
-/// Counts the backend calls that failed, by operation.
-fn record_failed_calls(
-    metrics: &Metrics,
-    backend: BackendKind,
-    ops: &[PlannedOp],
-    outcomes: &[OpOutcome],
-) {
-    for (planned, outcome) in ops.iter().zip(outcomes) {
-        if matches!(outcome, OpOutcome::Failed { .. }) {
-            let operation = match planned.op {
-                BackendOp::RaiseFloor { .. } => BackendOperation::RaiseFloor,
-                BackendOp::Acquire { .. } => BackendOperation::Acquire,
-                BackendOp::Extend { .. } => BackendOperation::Extend,
-                BackendOp::Release { .. } => BackendOperation::Release,
-            };
-            metrics.backends.record_error(backend, operation);
-        }
-    }
-}
-
-/// Feeds the pass's facts to the metrics.
-fn record_observations(metrics: &Metrics, backend: BackendKind, observations: &[Observation]) {
-    for observation in observations {
-        match observation {
-            Observation::Granted { waited } => metrics.grants.record_grant(backend, *waited),
-            Observation::Renewed => metrics.grants.record_renewal(backend),
-            Observation::GrantEnded { end, held_for } => match end {
-                GrantEnd::Released => metrics.grants.record_release(backend, *held_for),
-                GrantEnd::Expired => metrics.grants.record_expiry(backend, *held_for),
-                GrantEnd::BackendLost => {
-                    metrics
-                        .grants
-                        .record_lock_lost(backend, LockLostCause::BackendLost, *held_for)
-                }
-                GrantEnd::LockDeleted => {
-                    metrics
-                        .grants
-                        .record_lock_lost(backend, LockLostCause::LockDeleted, *held_for)
-                }
-                GrantEnd::Superseded => {
-                    metrics
-                        .grants
-                        .record_lock_lost(backend, LockLostCause::Superseded, *held_for)
-                }
-                GrantEnd::ForceReleased => metrics.grants.record_lock_lost(
-                    backend,
-                    LockLostCause::ForceReleased,
-                    *held_for,
-                ),
-            },
-            Observation::Failed => metrics.grants.record_claim_failed(backend),
-        }
-    }
-}
-
-/// Records the spans of the claims whose status the pass wrote (with `only`, just those named
-/// there) or whose finalizer it removed (see [`crate::traces`]).
-fn record_spans(
-    ctx: &Context,
-    objects: &HashMap<String, Arc<LockClaim>>,
-    input: &LockInput,
-    decision: &Decision,
-    backend: BackendKind,
-    only: Option<&HashSet<String>>,
-) {
-    let Some(traces) = &ctx.traces else {
-        return;
-    };
-    let lock = SpanLock {
-        namespace: &input.lock.namespace,
-        name: &input.lock.name,
-        backend: backend.as_str(),
-    };
-    for change in &decision.claims {
-        let Some(claim) = objects.get(&change.name) else {
-            continue;
-        };
-        match &change.status {
-            Some(status) if only.is_none_or(|only| only.contains(&change.name)) => {
-                traces.record(lock, claim, Some(status), input.now);
-            }
-            None if only.is_none()
-                && change.finalizer == FinalizerChange::Remove
-                && claim.metadata.deletion_timestamp.is_some() =>
-            {
-                traces.record(lock, claim, None, input.now);
-            }
-            _ => {}
-        }
-    }
-}
-
-/// The object Events about the lock are about: the cluster lock, else the `DistributedLock`.
-fn regarding(lock: &DistributedLock, cluster: Option<&ClusterDistributedLock>) -> ObjectReference {
-    match cluster {
-        Some(cluster) => cluster.object_ref(&()),
-        None => lock.object_ref(&()),
-    }
-}
-
-/// Publishes the pass's Events (those about the lock regarding `lock`); with `only`, just
-/// those about the claims named there.
-async fn publish_events(
-    ctx: &Context,
-    lock: &ObjectReference,
-    objects: &HashMap<String, Arc<LockClaim>>,
-    input: &LockInput,
-    decision: &Decision,
-    only: Option<&HashSet<String>>,
-) {
-    // The API server takes no new object into a namespace being deleted.
-    if ctx.namespace_terminating(&input.lock.namespace) {
-        return;
-    }
-    for event in &decision.events {
-        if !ctx.leadership.is_open() {
-            return;
-        }
-        let regarding = match &event.subject {
-            EventSubject::Lock if only.is_some() => continue,
-            EventSubject::LockFor(name) | EventSubject::Claim(name)
-                if only.is_some_and(|only| !only.contains(name)) =>
-            {
-                continue;
-            }
-            EventSubject::Lock | EventSubject::LockFor(_) => lock.clone(),
-            EventSubject::Claim(name) => match objects.get(name) {
-                Some(claim) => claim.object_ref(&()),
-                None => continue,
-            },
-        };
-        publish(
-            &ctx.events,
-            &regarding,
-            event,
-            &input.lock.namespace,
-            &input.lock.name,
-        )
-        .await;
-    }
 }
 
 /// Reconciles one cluster lock: the lock pass of `lock_reconciler` on it.
@@ -715,7 +590,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::core::AcquirePurpose;
+    use crate::core::{AcquirePurpose, BackendOp};
     use turnstile_lock::MemoryBackend;
 
     fn grant(owner: &str) -> PlannedOp {
