@@ -613,3 +613,24 @@ fn a_claim_on_several_locks_times_out_like_any_other_holding_nothing() {
         assert_eq!(phase(&world.claims[&later]), ClaimPhase::Held);
     });
 }
+
+#[test]
+fn a_member_locks_grant_after_its_backend_lost_the_counter_is_above_its_announced_tokens() {
+    paused_runtime().block_on(async {
+        // Lock b announced token 1 (in its status), then its holder let go.
+        let (mut world, on_b) = World::with_b_held().await;
+        world.release(&on_b);
+        world.pass("b", true).await;
+        // The backend loses everything, its token counters too.
+        world.backend = Arc::new(MemoryBackend::new());
+        let both = world.create(&["a", "b"]);
+        world.pass("a", true).await;
+        world.check().await;
+        assert_eq!(phase(&world.claims[&both]), ClaimPhase::Held);
+        // Lock a never announced a token; lock b's grant, taken by a's pass, goes above the
+        // one b announced: its floor is b's high water, not the emptied backend's counter.
+        let tokens = lock_tokens(&world, &both);
+        let on_lock_b = tokens.iter().find(|(lock, _)| lock == "b").map(|(_, t)| *t);
+        assert!(on_lock_b.is_some_and(|token| token > 1), "{tokens:?}");
+    });
+}

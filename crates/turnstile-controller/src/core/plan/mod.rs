@@ -152,6 +152,13 @@ pub struct Plan {
     pub admits_for_other_locks: Vec<String>,
 }
 
+impl Plan {
+    /// The fencing high-water mark known from the API: every grant of this pass is above it.
+    pub fn high_water(&self) -> u64 {
+        self.high_water
+    }
+}
+
 /// [`Intent`] before the calls are laid out.
 type Draft = Intent<OpRef>;
 
