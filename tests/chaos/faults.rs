@@ -22,6 +22,8 @@ use super::processes::{leader_lease, Redis, Replica};
 /// How long the replicas may need to elect a new leader after one was killed without
 /// releasing the Lease (the binary's 15 s leader lease, a retry period, and a margin).
 pub const LEADER_TAKEOVER: Duration = Duration::from_secs(25);
+/// A Redis key only the fault schedule writes: its loss shows a restart lost the data.
+const DATA_MARKER: &str = "chaos:data-marker";
 /// The longest the schedule runs past the load time to meet every kind once.
 const OVERTIME: Duration = Duration::from_secs(120);
 
@@ -280,15 +282,19 @@ impl Targets<'_> {
                 Ok("the spell is over".into())
             }
             "Redis restarted (data lost)" => {
-                let keys = self.redis_keys();
+                // A key no one else writes shows the loss (the controller may write its own
+                // keys again the moment the server answers).
+                let marked = blocking(|| self.redis.cli(&["SET", DATA_MARKER, "1"]));
+                let keys = self.redis_keys()?;
                 blocking(|| self.redis.down());
                 self.log(kind, format!("down {} ms", down.as_millis()));
                 // Time: the fault lasts `down` (Redis gone, its data lost).
                 tokio::time::sleep(down).await;
                 blocking(|| self.redis.up());
-                match self.redis_keys() {
-                    Ok(0) => Ok(format!("{} keys lost", keys?)),
-                    after => Err(format!("Redis came back with {after:?} keys, not empty")),
+                let kept = blocking(|| self.redis.cli(&["EXISTS", DATA_MARKER]));
+                match (marked.trim(), kept.trim()) {
+                    ("OK", "0") => Ok(format!("{keys} keys lost")),
+                    answers => Err(format!("the marker key was not lost: {answers:?}")),
                 }
             }
             "Redis FLUSHALL" => {
