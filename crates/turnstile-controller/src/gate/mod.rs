@@ -242,68 +242,92 @@ pub fn decide<W: Gated>(workload: &W, claim: Option<&LockClaim>) -> GateStep {
         Err(reason) if workload.held_back() => return GateStep::Blocked { reason },
         Err(_) => return GateStep::Nothing,
     };
-    let Some(claim) = claim else {
-        // Only a workload still held back can be; one that runs already is not gated.
-        if !workload.held_back() {
-            return GateStep::Nothing;
-        }
-        if name.len() > MAX_NAME_LENGTH {
+    match claim {
+        None => without_claim(workload, name, locks),
+        Some(claim) => claim_mismatch(workload, claim, &name, &locks, kind)
+            .unwrap_or_else(|| by_phase(workload, claim, &name)),
+    }
+}
+
+/// A workload without its claim yet: create it, unless the workload already runs or
+/// another holder decides first.
+fn without_claim<W: Gated>(workload: &W, name: String, locks: Vec<String>) -> GateStep {
+    // Only a workload still held back can be; one that runs already is not gated.
+    if !workload.held_back() {
+        return GateStep::Nothing;
+    }
+    if name.len() > MAX_NAME_LENGTH {
+        return GateStep::Blocked {
+            reason: format!("claim name {name:?} is longer than {MAX_NAME_LENGTH} characters"),
+        };
+    }
+    match workload.other_holder() {
+        Some(OtherHolder::Decides(what)) => {
             return GateStep::Blocked {
-                reason: format!("claim name {name:?} is longer than {MAX_NAME_LENGTH} characters"),
-            };
-        }
-        match workload.other_holder() {
-            Some(OtherHolder::Decides(what)) => {
-                return GateStep::Blocked {
-                    reason: format!(
-                        "{what}: another controller decides when this {kind} runs, so Turnstile \
-                         does not gate it (gate its Pods instead: the lock label and scheduling \
-                         gate in its Pod template)",
-                        kind = W::kind(&())
-                    ),
-                }
+                reason: format!(
+                    "{what}: another controller decides when this {kind} runs, so Turnstile \
+                     does not gate it (gate its Pods instead: the lock label and scheduling \
+                     gate in its Pod template)",
+                    kind = W::kind(&())
+                ),
             }
-            Some(OtherHolder::LetsGoFirst(what)) => {
-                return GateStep::WaitForOthers {
-                    reason: format!(
-                        "waiting for {what} to be removed before claiming {}",
-                        describe_locks(&locks)
-                    ),
-                }
-            }
-            None => {}
         }
-        return GateStep::CreateClaim { claim: name, locks };
-    };
+        Some(OtherHolder::LetsGoFirst(what)) => {
+            return GateStep::WaitForOthers {
+                reason: format!(
+                    "waiting for {what} to be removed before claiming {}",
+                    describe_locks(&locks)
+                ),
+            }
+        }
+        None => {}
+    }
+    GateStep::CreateClaim { claim: name, locks }
+}
+
+/// Why the existing claim is not the workload's (another owner, another lock kind or other
+/// locks), if it is not.
+fn claim_mismatch<W: Gated>(
+    workload: &W,
+    claim: &LockClaim,
+    name: &str,
+    locks: &[String],
+    kind: LockKind,
+) -> Option<GateStep> {
     let owned = WorkloadOwner::of(claim.owner_references()).is_some_and(|owner| {
         owner.kind == W::KIND && Some(&owner.uid) == workload.meta().uid.as_ref()
     });
     if !owned {
-        return GateStep::Blocked {
+        return Some(GateStep::Blocked {
             reason: format!(
                 "claim {name} exists but is not owned by this {}",
                 W::kind(&())
             ),
-        };
+        });
     }
     if claim.spec.lock_kind.unwrap_or_default() != kind {
-        return GateStep::Blocked {
+        return Some(GateStep::Blocked {
             reason: format!(
                 "claim {name} asks for a {}, not a {}",
                 claim.spec.lock_kind.unwrap_or_default().as_str(),
                 kind.as_str()
             ),
-        };
+        });
     }
     if claim.spec.locks() != locks {
-        return GateStep::Blocked {
+        return Some(GateStep::Blocked {
             reason: format!(
                 "claim {name} asks for {}, not {}",
                 describe_locks(&claim.spec.locks()),
-                describe_locks(&locks)
+                describe_locks(locks)
             ),
-        };
+        });
     }
+    None
+}
+
+/// The workload's next step as its claim's phase says.
+fn by_phase<W: Gated>(workload: &W, claim: &LockClaim, name: &str) -> GateStep {
     let status = claim.status.as_ref();
     match status.and_then(|s| s.phase).unwrap_or_default() {
         ClaimPhase::Pending => GateStep::Wait,
@@ -482,8 +506,6 @@ async fn gate<W: Gated>(workload: Arc<W>, ctx: &GateContext) -> Result<Action, C
     let Some(lock) = workload.gate_lock() else {
         return Ok(Action::await_change());
     };
-    // `Job` or `Pod`, as people call it in logs.
-    let kind = W::kind(&());
     let namespace = workload.namespace().unwrap_or_default();
     if crate::context::is_terminating(ctx.namespaces.as_ref(), &namespace) {
         return Ok(Action::await_change());
@@ -493,42 +515,11 @@ async fn gate<W: Gated>(workload: Arc<W>, ctx: &GateContext) -> Result<Action, C
     let cached = ctx
         .claims
         .get(&ObjectRef::new(&claim_name).within(&namespace));
-    let claims: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut step = decide(workload.as_ref(), cached.as_deref());
-    let writer = ApiWriter::new(ctx.leadership.clone());
     if let GateStep::CreateClaim { claim, locks } = &step {
-        // The claim queues from when the workload arrived, not from when this pass (one of
-        // several at once) gets to create it.
-        if let Some(uid) = workload.uid() {
-            ctx.claim_index.expect_arrival(&namespace, claim, &uid);
-        }
-        match writer
-            .create(&claims, &claim_for(workload.as_ref(), claim, locks))
-            .await?
-        {
-            Created::New(_) => {
-                tracing::info!(%namespace, %kind, %name, ?locks, %claim, "gated workload: claim created");
-                ctx.event(
-                    workload.as_ref(),
-                    EventType::Normal,
-                    gate_event_reasons::WAITING_FOR_LOCK,
-                    format!(
-                        "{} until LockClaim {claim} holds {}",
-                        W::HELD_BACK,
-                        describe_locks(locks)
-                    ),
-                )
-                .await;
-                return Ok(Action::await_change());
-            }
-            // The cache lags behind: decide again on the claim as it is.
-            Created::AlreadyExists => {
-                let existing = claims
-                    .get(claim)
-                    .await
-                    .map_err(|e| ControllerError::kube(format!("reading claim {claim}"), e))?;
-                step = decide(workload.as_ref(), Some(&existing));
-            }
+        match create_claim(workload.as_ref(), ctx, claim, locks).await? {
+            None => return Ok(Action::await_change()),
+            Some(again) => step = again,
         }
     }
     if !matches!(
@@ -539,6 +530,75 @@ async fn gate<W: Gated>(workload: Arc<W>, ctx: &GateContext) -> Result<Action, C
             ctx.blocked_said.forget(&uid);
         }
     }
+    take_step(workload.as_ref(), ctx, step, lock).await?;
+    Ok(Action::await_change())
+}
+
+/// Creates the workload's claim; None once created, else the step decided again on the claim
+/// that already exists (the cache lagged behind).
+async fn create_claim<W: Gated>(
+    workload: &W,
+    ctx: &GateContext,
+    claim: &str,
+    locks: &[String],
+) -> Result<Option<GateStep>, ControllerError> {
+    // `Job` or `Pod`, as people call it in logs.
+    let (kind, namespace, name) = (
+        W::kind(&()),
+        workload.namespace().unwrap_or_default(),
+        workload.name_any(),
+    );
+    let claims: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+    let writer = ApiWriter::new(ctx.leadership.clone());
+    // The claim queues from when the workload arrived, not from when this pass (one of
+    // several at once) gets to create it.
+    if let Some(uid) = workload.uid() {
+        ctx.claim_index.expect_arrival(&namespace, claim, &uid);
+    }
+    match writer
+        .create(&claims, &claim_for(workload, claim, locks))
+        .await?
+    {
+        Created::New(_) => {
+            tracing::info!(%namespace, %kind, %name, ?locks, %claim, "gated workload: claim created");
+            ctx.event(
+                workload,
+                EventType::Normal,
+                gate_event_reasons::WAITING_FOR_LOCK,
+                format!(
+                    "{} until LockClaim {claim} holds {}",
+                    W::HELD_BACK,
+                    describe_locks(locks)
+                ),
+            )
+            .await;
+            Ok(None)
+        }
+        // The cache lags behind: decide again on the claim as it is.
+        Created::AlreadyExists => {
+            let existing = claims
+                .get(claim)
+                .await
+                .map_err(|e| ControllerError::kube(format!("reading claim {claim}"), e))?;
+            Ok(Some(decide(workload, Some(&existing))))
+        }
+    }
+}
+
+/// Takes a step other than creating the claim: lets the workload go, or says why it waits.
+async fn take_step<W: Gated>(
+    workload: &W,
+    ctx: &GateContext,
+    step: GateStep,
+    lock: &str,
+) -> Result<(), ControllerError> {
+    // `Job` or `Pod`, as people call it in logs.
+    let (kind, namespace, name) = (
+        W::kind(&()),
+        workload.namespace().unwrap_or_default(),
+        workload.name_any(),
+    );
+    let writer = ApiWriter::new(ctx.leadership.clone());
     match step {
         GateStep::Release { token } => {
             let api: Api<W> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -548,7 +608,7 @@ async fn gate<W: Gated>(workload: Arc<W>, ctx: &GateContext) -> Result<Action, C
                 .await?;
             tracing::info!(%namespace, %kind, %name, %lock, token, "gated workload: lock held, let go");
             ctx.event(
-                workload.as_ref(),
+                workload,
                 EventType::Normal,
                 gate_event_reasons::LOCK_HELD,
                 format!(
@@ -562,11 +622,11 @@ async fn gate<W: Gated>(workload: Arc<W>, ctx: &GateContext) -> Result<Action, C
             let uid = workload.uid().unwrap_or_default();
             if !ctx.blocked_said.is_news(&uid, &reason) {
                 tracing::debug!(%namespace, %kind, %name, %lock, %reason, "gated workload still blocked");
-                return Ok(Action::await_change());
+                return Ok(());
             }
             tracing::warn!(%namespace, %kind, %name, %lock, %reason, "gated workload blocked");
             ctx.event(
-                workload.as_ref(),
+                workload,
                 EventType::Warning,
                 gate_event_reasons::GATE_BLOCKED,
                 reason,
@@ -578,7 +638,7 @@ async fn gate<W: Gated>(workload: Arc<W>, ctx: &GateContext) -> Result<Action, C
             if ctx.blocked_said.is_news(&uid, &reason) {
                 tracing::info!(%namespace, %kind, %name, %lock, %reason, "gated workload: another gate first");
                 ctx.event(
-                    workload.as_ref(),
+                    workload,
                     EventType::Normal,
                     gate_event_reasons::WAITING_FOR_GATES,
                     reason,
@@ -588,7 +648,7 @@ async fn gate<W: Gated>(workload: Arc<W>, ctx: &GateContext) -> Result<Action, C
         }
         GateStep::Nothing | GateStep::Wait | GateStep::CreateClaim { .. } => {}
     }
-    Ok(Action::await_change())
+    Ok(())
 }
 
 /// Retries a failed pass soon (409s included: the next pass reads fresh state).
