@@ -448,3 +448,180 @@ fn a_claim_a_cluster_lock_does_not_take_waits_saying_why_once_and_times_out_sayi
         "the timeout names the refusal"
     );
 }
+
+/// One pass over `input` whose backend calls all answer as `answer` says.
+fn pass(input: &LockInput, answer: impl Fn(&BackendOp) -> OpOutcome) -> super::Decision {
+    let plan = super::plan(input);
+    let outcomes: Vec<OpOutcome> = plan.ops.iter().map(|planned| answer(&planned.op)).collect();
+    super::fold(input, &plan, &outcomes)
+}
+
+fn granted(op: &BackendOp) -> OpOutcome {
+    match op {
+        BackendOp::Acquire { .. } => OpOutcome::Granted {
+            fencing_token: 1,
+            already_held: false,
+        },
+        other => panic!("no other call expected: {other:?}"),
+    }
+}
+
+/// A waiting claim granted at `T0 + 0.25 s` on the lock of lease `lease`, its owner `owner`.
+fn grant_with(lease: i64, owner: super::model::OwnerState) -> super::Decision {
+    let mut claim = waiting_claim();
+    claim.owner_state = owner;
+    let mut input = input_at(T0, claim);
+    input.lock.spec.lease_duration_seconds = lease;
+    pass(&input, granted)
+}
+
+#[test]
+fn a_grant_says_what_it_holds_and_looks_again_when_it_ends() {
+    let decision = grant_with(10, super::model::OwnerState::NotTracked);
+    let status = decision.claims[0].status.clone().expect("a status");
+    assert_eq!(status.phase, Some(ClaimPhase::Held));
+    assert_eq!(
+        status.message.as_deref(),
+        Some("holds lock db with fencing token 1")
+    );
+    // Granted at T0 + 0.25 s for 10 s: looked at again when the lease ends (and 50 ms).
+    assert_eq!(decision.requeue_after, Duration::from_millis(9_800));
+}
+
+#[test]
+fn a_grant_to_a_running_owner_looks_again_when_its_renewal_is_due_not_within_the_second() {
+    // Lease 10 s: the controller renews for the owner after half of it.
+    let decision = grant_with(10, super::model::OwnerState::Alive);
+    assert_eq!(decision.requeue_after, Duration::from_millis(4_800));
+    // Lease 1 s: the renewal is due at once, but not before the next whole second (a
+    // renewal within the same second changes nothing).
+    let decision = grant_with(1, super::model::OwnerState::Alive);
+    assert_eq!(decision.requeue_after, Duration::from_millis(800));
+}
+
+#[test]
+fn a_backend_call_that_fails_is_the_passes_backend_failure() {
+    // Held until T0 + 10, renewed at T0 + 2: the pass calls the backend for it.
+    let input = input_at(T0 + 2, held_claim(T0 + 10, Some(T0 + 2)));
+    let decision = pass(&input, |_| OpOutcome::Failed {
+        message: "connection refused".to_owned(),
+    });
+    assert_eq!(
+        decision.backend_failure.as_deref(),
+        Some("connection refused")
+    );
+    // The holder keeps its recorded grant meanwhile.
+    let kept = decision
+        .claims
+        .iter()
+        .find_map(|change| change.status.clone());
+    assert!(kept.is_none_or(|status| status.phase == Some(ClaimPhase::Held)));
+}
+
+#[test]
+fn with_its_backend_away_a_pass_says_so_to_every_waiter_on_one_lock_or_several() {
+    // A claim on db and cache, cache not yet free for it; db's backend does not answer.
+    let mut claim = waiting_claim();
+    claim.locks = vec!["db".to_owned(), "cache".to_owned()];
+    claim.spec = LockClaimSpec {
+        lock_name: String::new(),
+        lock_names: Some(claim.locks.clone()),
+        ..claim.spec
+    };
+    claim.members = vec![super::model::MemberLock {
+        name: "cache".to_owned(),
+        exists: true,
+        admits: false,
+        holds: None,
+        fencing_token: None,
+    }];
+    let mut input = input_at(T0, claim);
+    input.backend = BackendView::Unavailable {
+        backend: BackendKind::Redis,
+        message: "redis: connection refused".to_owned(),
+    };
+    let decision = pass(&input, |op| panic!("no call with the backend away: {op:?}"));
+    assert_eq!(
+        decision.backend_failure.as_deref(),
+        Some("redis: connection refused")
+    );
+    // Not "waiting for lock cache": nothing is granted here until db's backend answers.
+    let status = decision.claims[0].status.clone().expect("a status");
+    assert_eq!(status.reason.as_deref(), Some("BackendUnavailable"));
+}
+
+fn named(claim: ClaimView, name: &str, created: i64) -> ClaimView {
+    ClaimView {
+        name: name.to_owned(),
+        uid: format!("uid-{name}"),
+        created,
+        ..claim
+    }
+}
+
+#[test]
+fn a_new_grant_is_written_before_a_renewal_and_a_waiters_position() {
+    // A semaphore of 2: a holds (renewed just now), b and c wait; b is granted, c waits on.
+    let holder = held_claim(T0 + 10, Some(T0 + 2));
+    let mut input = input_with_backend_lease(T0 + 2, holder, Duration::from_secs(8));
+    input.lock.spec.max_holders = 2;
+    if let BackendView::Ready { snapshot, .. } = &mut input.backend {
+        snapshot.holders[0].share = ShareMode::Shared;
+    }
+    input.claims.push(named(waiting_claim(), "b", T0 + 1));
+    input.claims.push(named(waiting_claim(), "c", T0 + 2));
+    let decision = pass(&input, |op| match op {
+        BackendOp::Acquire { .. } => OpOutcome::Granted {
+            fencing_token: 2,
+            already_held: false,
+        },
+        BackendOp::Extend { .. } => OpOutcome::Extended { still_held: true },
+        BackendOp::RaiseFloor { floor } => OpOutcome::FloorRaised { counter: *floor },
+        other => panic!("no other call expected: {other:?}"),
+    });
+    let order: Vec<&str> = decision.claims.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(order, ["b", "a", "c"], "the new grant's write goes first: {:#?}", decision.claims);
+}
+
+#[test]
+fn a_holder_deleted_while_the_backend_is_away_is_not_history_yet() {
+    let mut holder = held_claim(T0 + 10, None);
+    holder.deleting = true;
+    let mut input = input_at(T0 + 2, holder);
+    input.backend = BackendView::Unavailable {
+        backend: BackendKind::Redis,
+        message: "redis: connection refused".to_owned(),
+    };
+    let decision = pass(&input, |op| panic!("no call with the backend away: {op:?}"));
+    // Its grant is not released yet: it keeps its finalizer and is not in the history.
+    let history = decision.lock_status.map(|status| status.history);
+    assert!(
+        history.as_ref().is_none_or(|grants| grants.is_empty()),
+        "{history:?}"
+    );
+    assert!(decision.claims.is_empty(), "{:?}", decision.claims);
+}
+
+#[test]
+fn in_a_namespace_being_deleted_the_lock_stays_while_a_claim_keeps_its_finalizer() {
+    let gone = |claims: Vec<ClaimView>| {
+        let mut input = input_at(T0, waiting_claim());
+        input.claims = claims;
+        input.lock.deleting = true;
+        input.lock.namespace_terminating = true;
+        pass(&input, |op| panic!("nothing held, no call: {op:?}"))
+    };
+    let mut marked = waiting_claim();
+    marked.deleting = true;
+    // Only the marked claim's finalizer goes (no status, no Event); the other still keeps
+    // its own, so the lock's stays.
+    let decision = gone(vec![marked.clone(), named(waiting_claim(), "b", T0)]);
+    assert_eq!(decision.claims.len(), 1);
+    assert_eq!(decision.claims[0].name, "a");
+    assert_eq!(decision.claims[0].status, None);
+    assert!(decision.events.is_empty());
+    assert!(!decision.remove_lock_finalizer);
+    // Once every claim lets go, so does the lock.
+    let decision = gone(vec![marked]);
+    assert!(decision.remove_lock_finalizer);
+}
