@@ -580,7 +580,12 @@ fn a_new_grant_is_written_before_a_renewal_and_a_waiters_position() {
         other => panic!("no other call expected: {other:?}"),
     });
     let order: Vec<&str> = decision.claims.iter().map(|c| c.name.as_str()).collect();
-    assert_eq!(order, ["b", "a", "c"], "the new grant's write goes first: {:#?}", decision.claims);
+    assert_eq!(
+        order,
+        ["b", "a", "c"],
+        "the new grant's write goes first: {:#?}",
+        decision.claims
+    );
 }
 
 #[test]
@@ -624,4 +629,33 @@ fn in_a_namespace_being_deleted_the_lock_stays_while_a_claim_keeps_its_finalizer
     // Once every claim lets go, so does the lock.
     let decision = gone(vec![marked]);
     assert!(decision.remove_lock_finalizer);
+}
+
+#[test]
+fn a_grant_released_on_request_lets_go_of_the_finalizer_once_the_backend_released_it() {
+    let mut holder = held_claim(T0 + 10, None);
+    holder.spec.release = Some(true);
+    let input = input_with_backend_lease(T0 + 2, holder, Duration::from_secs(8));
+    let released = |was_held| {
+        move |op: &BackendOp| match op {
+            BackendOp::Release { .. } => OpOutcome::Released { was_held },
+            BackendOp::RaiseFloor { floor } => OpOutcome::FloorRaised { counter: *floor },
+            other => panic!("no other call expected: {other:?}"),
+        }
+    };
+    let decision = pass(&input, released(true));
+    let change = &decision.claims[0];
+    assert_eq!(
+        change.status.as_ref().and_then(|status| status.phase),
+        Some(ClaimPhase::Released)
+    );
+    assert_eq!(change.finalizer, super::FinalizerChange::Remove);
+    // A release the backend did not confirm keeps it.
+    let failed = pass(&input, |_| OpOutcome::Failed {
+        message: "connection refused".to_owned(),
+    });
+    assert!(failed
+        .claims
+        .iter()
+        .all(|change| change.finalizer == super::FinalizerChange::Keep));
 }
