@@ -198,20 +198,16 @@ impl Targets<'_> {
         // A leader fault right after another waits for a leader rather than skip; a renewal
         // within the last retry period (2 s) and a margin shows a live one.
         let leader = self.renewed_after(history::now() - 3_000).await?;
-        let Some(identity) = self
+        let Some(at) = self
             .replicas
             .iter()
-            .find(|replica| (replica.identity == leader) == leading)
-            .map(|replica| replica.identity.clone())
+            .position(|replica| (replica.identity == leader) == leading)
         else {
             return Err(format!("no replica to stop besides the leader {leader}"));
         };
+        let identity = self.replicas[at].identity.clone();
         self.log(kind, format!("{identity}, down {} ms", down.as_millis()));
-        let replica = self
-            .replicas
-            .iter_mut()
-            .find(|replica| replica.identity == identity)
-            .expect("the replica just found");
+        let replica = &mut self.replicas[at];
         blocking(|| replica.stop(signal));
         let stopped = history::now();
         // Time: the fault lasts `down` (a replica stopped).
