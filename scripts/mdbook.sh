@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# mdbook, built from crates.io (pinned) for the docs site's tests (tests/docs.rs).
+# mdbook, built from crates.io (pinned) for the docs site's tests (tests/e2e/docs.rs).
 #
 #   bash scripts/mdbook.sh build    build once (cached by version)
 #   bash scripts/mdbook.sh bin      print the path of the built binary

@@ -8,16 +8,16 @@
 //! (default 60), `TURNSTILE_BENCH_SAMPLES` (default 50); `TURNSTILE_BENCH_PLANE=real` runs
 //! the same table on a real control plane (`scripts/control-plane.sh build`), the floor
 //! measured the same way on it. The suite runs the same scenarios
-//! with tiny knobs (`tests/operator_bench.rs`). To see where a grant's time goes,
+//! with tiny knobs (`tests/e2e/operator_bench.rs`). To see where a grant's time goes,
 //! `TURNSTILE_BENCH_CONTROLLER_LOG` sets the controller's `RUST_LOG` and shows its log (with
 //! `debug`: every request of every pass, with its time).
 
 // The e2e tests' request tagging, so the fake's log tells the controller's requests apart.
-#[path = "../../tests/e2e_support/actor.rs"]
+#[path = "../../tests/e2e/support/actor.rs"]
 #[allow(dead_code)]
 mod actor;
 // The e2e tests' set-up of the controller's ServiceAccount on a real plane.
-#[path = "../../tests/e2e_support/plane.rs"]
+#[path = "../../tests/e2e/support/plane.rs"]
 #[allow(dead_code)]
 mod plane;
 mod run;

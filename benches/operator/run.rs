@@ -1,6 +1,6 @@
 //! One run of the operator benchmark: the real `turnstile run` process (memory backend) against
 //! the fake API server or a real control plane ([`Plane`]), driven by plain API clients. Shared by the benchmark (`main.rs`) and by
-//! the suite's smoke run with tiny knobs (`tests/operator_bench.rs`), which includes this file.
+//! the suite's smoke run with tiny knobs (`tests/e2e/operator_bench.rs`), which includes this file.
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};

@@ -5,7 +5,7 @@ name, unless it says x-kubernetes-preserve-unknown-fields), with `metadata` chec
 kubernetes-validate's own strict ObjectMeta schema of the Kubernetes version asked for.
 CEL rules (x-kubernetes-validations) are not evaluated here.
 
-Run with the Python of kubernetes-validate's venv (tests/manifest_checks.rs does):
+Run with the Python of kubernetes-validate's venv (tests/checks/manifest_checks.rs does):
   python validate_custom_resources.py K8S_VERSION CRD_FILE... -- MANIFEST...
 Prints one INFO or ERROR line per custom resource; exits 1 when any failed. Objects of other
 API groups are left to kubernetes-validate.

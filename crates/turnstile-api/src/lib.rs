@@ -2,7 +2,7 @@
 //! `LockTemplate` in `turnstile.dev/v1alpha1`.
 //!
 //! The names, fields, phases and printer columns here are the user-facing contract (the
-//! README's "Status fields" and the generated `crds/`, which `tests/crds.rs` pins): scripts
+//! README's "Status fields" and the generated `crds/`, which `tests/checks/crds.rs` pins): scripts
 //! and `kubectl` sessions depend on them, so change them only together with those.
 
 mod claim;
