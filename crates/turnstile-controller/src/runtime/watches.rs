@@ -6,10 +6,11 @@
 
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
-use futures::{FutureExt, StreamExt, TryStreamExt};
+use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{self, ReflectHandle, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
@@ -187,28 +188,47 @@ impl Watches {
     }
 }
 
+/// Feeds a shared cache from `events` (trimmed by `trim`, each seen first by `observe`), as
+/// a future that polls the watch until it ends.
+fn shared_watch<K>(
+    events: impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
+    trim: fn(&mut K),
+    mut observe: impl FnMut(&watcher::Event<K>) + Send + 'static,
+    writer: Writer<K>,
+    kind: &'static str,
+) -> BoxFuture<'static, ()>
+where
+    K: kube::Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Default + Send + Sync,
+{
+    let events = events
+        .default_backoff()
+        .modify(trim)
+        .map_ok(move |event| {
+            observe(&event);
+            event
+        })
+        .reflect_shared(writer);
+    drive(events, kind).boxed()
+}
+
 /// The claims: the index learns of a claim before the store does (see `claim_index`).
 fn claim_watch(
     client: &Client,
     namespace: Option<&str>,
     invalid: &InvalidObjects,
     index: ClaimIndex,
-    writer: reflector::store::Writer<LockClaim>,
+    writer: Writer<LockClaim>,
 ) -> BoxFuture<'static, ()> {
-    let events = tolerant_watcher::<LockClaim>(
-        client,
-        namespace,
-        watcher::Config::default(),
-        invalid.clone(),
+    let config = watcher::Config::default();
+    let events = tolerant_watcher::<LockClaim>(client, namespace, config, invalid.clone());
+    shared_watch(
+        events,
+        trim,
+        move |event| index.observe(event),
+        writer,
+        "claim",
     )
-    .default_backoff()
-    .modify(trim)
-    .map_ok(move |event| {
-        index.observe(&event);
-        event
-    })
-    .reflect_shared(writer);
-    drive(events, "claim").boxed()
 }
 
 /// The Jobs (gated ones and claim owners). A gated workload's claim takes the workload's
@@ -217,22 +237,18 @@ fn job_watch(
     client: &Client,
     namespace: Option<&str>,
     index: ClaimIndex,
-    writer: reflector::store::Writer<Job>,
+    writer: Writer<Job>,
 ) -> BoxFuture<'static, ()> {
-    let events = watcher(api::<Job>(client, namespace), watcher::Config::default())
-        .default_backoff()
-        .modify(trim)
-        .map_ok(move |event| {
-            // Only Jobs marked for gating: the others never get a claim from the gate.
-            let marked = |job: &Job| job.annotations().contains_key(LOCK_ANNOTATION);
-            match &event {
-                watcher::Event::Apply(job) | watcher::Event::Delete(job) if !marked(job) => {}
-                _ => index.observe_workload(&event),
-            }
-            event
-        })
-        .reflect_shared(writer);
-    drive(events, "job").boxed()
+    let events = watcher(api::<Job>(client, namespace), watcher::Config::default());
+    let observe = move |event: &watcher::Event<Job>| {
+        // Only Jobs marked for gating: the others never get a claim from the gate.
+        let marked = |job: &Job| job.annotations().contains_key(LOCK_ANNOTATION);
+        match event {
+            watcher::Event::Apply(job) | watcher::Event::Delete(job) if !marked(job) => {}
+            _ => index.observe_workload(event),
+        }
+    };
+    shared_watch(events, trim, observe, writer, "job")
 }
 
 /// The Pods marked for gating; the index learns when each arrives, as for Jobs.
@@ -240,74 +256,48 @@ fn gated_pod_watch(
     client: &Client,
     namespace: Option<&str>,
     index: ClaimIndex,
-    writer: reflector::store::Writer<Pod>,
+    writer: Writer<Pod>,
 ) -> BoxFuture<'static, ()> {
-    let events = watcher(
-        api::<Pod>(client, namespace),
-        watcher::Config::default().labels(GATED_PODS),
-    )
-    .default_backoff()
-    .modify(trim_gated)
-    .map_ok(move |event| {
-        index.observe_workload(&event);
-        event
-    })
-    .reflect_shared(writer);
-    drive(events, "gated pod").boxed()
+    let config = watcher::Config::default().labels(GATED_PODS);
+    let events = watcher(api::<Pod>(client, namespace), config);
+    let observe = move |event: &watcher::Event<Pod>| index.observe_workload(event);
+    shared_watch(events, trim_gated, observe, writer, "gated pod")
 }
 
 /// The finished Pods, for the owner states.
 fn finished_pod_watch(
     client: &Client,
     namespace: Option<&str>,
-    writer: reflector::store::Writer<Pod>,
+    writer: Writer<Pod>,
 ) -> BoxFuture<'static, ()> {
-    let events = watcher(
-        api::<Pod>(client, namespace),
-        watcher::Config::default().fields(FINISHED_PODS),
-    )
-    .default_backoff()
-    .modify(trim_pod)
-    .reflect_shared(writer);
-    drive(events, "finished pod").boxed()
+    let config = watcher::Config::default().fields(FINISHED_PODS);
+    let events = watcher(api::<Pod>(client, namespace), config);
+    shared_watch(events, trim_pod, |_| {}, writer, "finished pod")
 }
 
 /// The Namespaces (only the controller's own, when it serves one).
 fn namespace_watch(
     client: &Client,
     namespace: Option<&str>,
-    writer: reflector::store::Writer<PartialObjectMeta<Namespace>>,
+    writer: Writer<PartialObjectMeta<Namespace>>,
 ) -> BoxFuture<'static, ()> {
     let config = match namespace {
         Some(namespace) => watcher::Config::default().fields(&format!("metadata.name={namespace}")),
         None => watcher::Config::default(),
     };
-    let events = watcher(
-        Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
-        config,
-    )
-    .default_backoff()
-    .modify(trim)
-    .reflect_shared(writer);
-    drive(events, "namespace").boxed()
+    let events = watcher(Api::all(client.clone()), config);
+    shared_watch(events, trim, |_| {}, writer, "namespace")
 }
 
 /// The ClusterDistributedLocks: one watch for their controller and the claims'.
 fn cluster_lock_watch(
     client: &Client,
     invalid: &InvalidObjects,
-    writer: reflector::store::Writer<ClusterDistributedLock>,
+    writer: Writer<ClusterDistributedLock>,
 ) -> BoxFuture<'static, ()> {
-    let events = tolerant_watcher::<ClusterDistributedLock>(
-        client,
-        None,
-        watcher::Config::default(),
-        invalid.clone(),
-    )
-    .default_backoff()
-    .modify(trim)
-    .reflect_shared(writer);
-    drive(events, "cluster lock").boxed()
+    let config = watcher::Config::default();
+    let events = tolerant_watcher::<ClusterDistributedLock>(client, None, config, invalid.clone());
+    shared_watch(events, trim, |_| {}, writer, "cluster lock")
 }
 
 fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
@@ -322,7 +312,7 @@ where
 }
 
 /// A consumer's copy of a shared cache's events.
-fn subscribe<K>(writer: &reflector::store::Writer<K>) -> ReflectHandle<K>
+fn subscribe<K>(writer: &Writer<K>) -> ReflectHandle<K>
 where
     K: kube::Resource + Clone + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Default,
@@ -358,7 +348,7 @@ fn trim_gated(pod: &mut Pod) {
 
 /// Polls a shared watch (which feeds its cache and subscribers) until it ends.
 async fn drive<K>(
-    events: impl futures::Stream<Item = watcher::Result<watcher::Event<K>>>,
+    events: impl Stream<Item = watcher::Result<watcher::Event<K>>>,
     kind: &'static str,
 ) {
     let mut events = std::pin::pin!(events);
