@@ -155,3 +155,109 @@ impl Decision {
                 .any(|c| c.status.is_some() || c.finalizer == FinalizerChange::Remove)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use turnstile_api::reasons;
+
+    fn ended(phase: Option<ClaimPhase>, reason: Option<&str>) -> Option<GrantEnd> {
+        GrantEnd::of(&LockClaimStatus {
+            phase,
+            reason: reason.map(str::to_owned),
+            ..LockClaimStatus::default()
+        })
+    }
+
+    /// The metrics count releases and expiries (and their kinds) by this reading of the
+    /// status a grant ends with.
+    #[test]
+    fn a_grant_ends_as_its_new_status_says() {
+        assert_eq!(
+            ended(Some(ClaimPhase::Released), None),
+            Some(GrantEnd::Released)
+        );
+        assert_eq!(
+            ended(Some(ClaimPhase::Expired), None),
+            Some(GrantEnd::Expired)
+        );
+        for (reason, end) in [
+            (reasons::LOCK_LOST, GrantEnd::BackendLost),
+            (reasons::LOCK_DELETED, GrantEnd::LockDeleted),
+            (reasons::SUPERSEDED, GrantEnd::Superseded),
+            (reasons::FORCE_RELEASED, GrantEnd::ForceReleased),
+        ] {
+            assert_eq!(
+                ended(Some(ClaimPhase::Expired), Some(reason)),
+                Some(end),
+                "{reason}"
+            );
+        }
+        for running in [
+            None,
+            Some(ClaimPhase::Pending),
+            Some(ClaimPhase::Held),
+            Some(ClaimPhase::Failed),
+        ] {
+            assert_eq!(ended(running, None), None, "{running:?}");
+        }
+    }
+
+    fn nothing() -> Decision {
+        Decision {
+            claims: Vec::new(),
+            lock_status: None,
+            add_lock_finalizer: false,
+            remove_lock_finalizer: false,
+            events: Vec::new(),
+            observations: vec![Observation::Renewed],
+            requeue_after: Duration::from_secs(1),
+            backend_failure: None,
+            refreshed_positions: false,
+        }
+    }
+
+    /// Events and observations are not API object writes; each kind of write alone is one.
+    #[test]
+    fn a_decision_writes_when_one_object_changes_and_only_then() {
+        let claim = |status: Option<LockClaimStatus>, finalizer| ClaimChange {
+            name: "a".to_owned(),
+            status,
+            finalizer,
+        };
+        assert!(!nothing().writes_anything());
+        let kept = Decision {
+            claims: vec![claim(None, FinalizerChange::Keep)],
+            ..nothing()
+        };
+        assert!(!kept.writes_anything());
+        let writes = [
+            Decision {
+                lock_status: Some(DistributedLockStatus::default()),
+                ..nothing()
+            },
+            Decision {
+                add_lock_finalizer: true,
+                ..nothing()
+            },
+            Decision {
+                remove_lock_finalizer: true,
+                ..nothing()
+            },
+            Decision {
+                claims: vec![claim(
+                    Some(LockClaimStatus::default()),
+                    FinalizerChange::Keep,
+                )],
+                ..nothing()
+            },
+            Decision {
+                claims: vec![claim(None, FinalizerChange::Remove)],
+                ..nothing()
+            },
+        ];
+        for decision in writes {
+            assert!(decision.writes_anything(), "{decision:?}");
+        }
+    }
+}
