@@ -38,10 +38,10 @@ pub async fn reconcile_claim(
 async fn unserved(ctx: &Context, claim: &LockClaim) -> Result<Option<Unserved>, ControllerError> {
     let namespace = claim.namespace().unwrap_or_default();
     if claim.spec.claims_cluster_lock() {
-        if let Some(locks) = &ctx.cluster_locks {
+        if let Some(locks) = &ctx.cache.cluster_locks {
             cache_filled(locks).await;
         }
-        if let Some(namespaces) = &ctx.namespaces {
+        if let Some(namespaces) = &ctx.cache.namespaces {
             cache_filled(namespaces).await;
         }
         return Ok(match cluster_locks::admission(ctx, claim) {
@@ -52,13 +52,16 @@ async fn unserved(ctx: &Context, claim: &LockClaim) -> Result<Option<Unserved>, 
     }
     // A missing lock a template makes is made (nothing new goes into a namespace being
     // deleted); the new lock's pass takes the claim from there.
-    if !ctx.namespace_terminating(&namespace) && make_missing_locks(ctx, claim).await? {
+    if !ctx.cache.namespace_terminating(&namespace) && make_missing_locks(ctx, claim).await? {
         return Ok(None);
     }
     // A claim on several locks is its first lock's to decide while that lock exists (the
     // first lock's pass reports a missing other lock).
     let first_lock = claim.spec.locks().first().map(|lock| (*lock).to_owned());
-    if ctx.lock_exists(&namespace, first_lock.as_deref().unwrap_or_default()) {
+    if ctx
+        .cache
+        .lock_exists(&namespace, first_lock.as_deref().unwrap_or_default())
+    {
         return Ok(None);
     }
     Ok(Some(Unserved::LockMissing))
@@ -66,26 +69,26 @@ async fn unserved(ctx: &Context, claim: &LockClaim) -> Result<Option<Unserved>, 
 
 async fn reconcile_orphan(claim: &LockClaim, ctx: &Context) -> Result<Action, ControllerError> {
     // A claim must not be judged an orphan before the lock cache has been filled.
-    cache_filled(&ctx.locks).await;
+    cache_filled(&ctx.cache.locks).await;
     let namespace = claim.namespace().unwrap_or_default();
     let Some(why) = unserved(ctx, claim).await? else {
         return Ok(Action::await_change());
     };
-    if ctx.namespace_terminating(&namespace) && claim.metadata.deletion_timestamp.is_none() {
+    if ctx.cache.namespace_terminating(&namespace) && claim.metadata.deletion_timestamp.is_none() {
         // It goes with its namespace: nothing to write until the namespace controller marks
         // it for deletion (that event brings it back here, to remove the finalizer).
         return Ok(Action::await_change());
     }
     let view = match ClaimView::from_resource(claim) {
-        Ok(view) => view.observed_arrival(ctx.claim_index.arrival(claim)),
+        Ok(view) => view.observed_arrival(ctx.cache.claim_index.arrival(claim)),
         Err(error) => {
             tracing::warn!(%error, "ignoring incomplete claim");
             return Ok(Action::await_change());
         }
     };
     let decision = decide_unserved(&view, &why, Timestamp::now());
-    let api: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-    let writer = ctx.writer();
+    let api: Api<LockClaim> = Api::namespaced(ctx.api.client.clone(), &namespace);
+    let writer = ctx.api.writer();
     let name = claim.name_any();
     let mut version = claim.resource_version();
     if let Some(status) = &decision.status {
@@ -119,11 +122,11 @@ async fn reconcile_orphan(claim: &LockClaim, ctx: &Context) -> Result<Action, Co
     let regarding = claim.object_ref(&());
     for event in &decision.events {
         // The API server takes no new object into a namespace being deleted.
-        if !writer.may_write() || ctx.namespace_terminating(&namespace) {
+        if !writer.may_write() || ctx.cache.namespace_terminating(&namespace) {
             break;
         }
         publish(
-            &ctx.events,
+            &ctx.api.events,
             &regarding,
             event,
             &namespace,
@@ -153,7 +156,7 @@ pub fn claim_error_policy(
         claim.namespace().unwrap_or_default(),
         claim.name_any()
     );
-    let delay = ctx.retry_delay(&key, error);
+    let delay = ctx.retries.retry_delay(&key, error);
     error.log_failed_pass(&key, delay);
     Action::requeue(delay)
 }

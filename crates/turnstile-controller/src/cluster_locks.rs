@@ -44,7 +44,7 @@ pub enum Admission {
 
 /// Whether the cluster lock the claim names takes it (see the module docs).
 pub fn admission(ctx: &Context, claim: &LockClaim) -> Admission {
-    let Some(locks) = &ctx.cluster_locks else {
+    let Some(locks) = &ctx.cache.cluster_locks else {
         return Admission::LockMissing;
     };
     match locks.get(&ObjectRef::new(&claim.spec.lock_name)) {
@@ -72,6 +72,7 @@ pub fn admits(
     }
     let namespace = claim.namespace().unwrap_or_default();
     let labels = ctx
+        .cache
         .namespaces
         .as_ref()
         .and_then(|namespaces| namespaces.get(&ObjectRef::new(&namespace)))
@@ -101,7 +102,8 @@ fn selects(
 
 /// The cluster lock `name`'s resourceVersion in the cache.
 pub fn cached_version(ctx: &Context, name: &str) -> Option<String> {
-    ctx.cluster_locks
+    ctx.cache
+        .cluster_locks
         .as_ref()?
         .get(&ObjectRef::new(name))
         .and_then(|lock| lock.resource_version())

@@ -33,43 +33,63 @@ const BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// most `EXACT_POSITIONS + POSITION_REFRESHES_PER_PASS` claims): 20, in bursts of 100.
 pub const POSITION_REFRESHES_PER_SECOND: u32 = 20;
 
-/// Shared state of the reconcilers.
+/// Shared state of the reconcilers, one handle per concern.
 pub struct Context {
-    /// The API client.
-    pub client: Client,
+    /// What a pass reads: the caches and their index.
+    pub cache: CacheHandles,
+    /// Where a pass writes: the API, behind the leadership gate.
+    pub api: ApiHandles,
+    /// The lock backends.
+    pub backends: Backends,
+    /// Prometheus metrics.
+    pub metrics: Metrics,
+    /// When a lock's next pass comes besides its watches.
+    pub retries: Retries,
+}
+
+/// The caches a pass reads.
+pub struct CacheHandles {
     /// The lock cache (filled by the lock controller's watch).
     pub locks: Store<DistributedLock>,
     /// The claim cache (filled by the shared claim watch).
     pub claims: Store<LockClaim>,
     /// The claim cache's names by lock and by owner.
     pub claim_index: ClaimIndex,
-    /// The lock backends.
-    pub backends: Backends,
-    /// Publishes Events.
-    pub events: EventPublisher,
-    /// Prometheus metrics.
-    pub metrics: Metrics,
-    /// Closed once this replica is no longer the leader.
-    pub leadership: LeadershipGate,
-    /// What each lock's last pass wrote, so the next one waits for the cache to show it.
-    pub own_writes: OwnWrites,
     /// Where owner states are read (`None`: each is looked up in the API).
     pub owners: Option<OwnerCaches>,
-    /// Wake-ups of lock passes that no watch event brings.
-    pub wakes: LockWakes,
-    /// The locks waiting for a backend to answer again, woken when it does.
-    pub outages: BackendOutages,
-    /// How many passes a second may refresh waiters' positions, over all locks: under a wave
-    /// of hand-offs the grants' writes go first.
-    pub position_refreshes: WriteBudget,
     /// The namespaces' metadata, to tell the ones being deleted (`None`: not watched).
     pub namespaces: Option<Store<PartialObjectMeta<Namespace>>>,
     /// The `LockTemplate`s, for locks made on first use (`None`: not watched).
     pub templates: Option<Store<LockTemplate>>,
     /// The `ClusterDistributedLock`s (`None`: not served, as by a controller of one namespace).
     pub cluster_locks: Option<Store<ClusterDistributedLock>>,
+}
+
+/// What a pass writes through: the API client, the gate every write passes, Events, and what
+/// paces and records the writes.
+pub struct ApiHandles {
+    /// The API client.
+    pub client: Client,
+    /// Closed once this replica is no longer the leader.
+    pub leadership: LeadershipGate,
+    /// Publishes Events.
+    pub events: EventPublisher,
+    /// What each lock's last pass wrote, so the next one waits for the cache to show it.
+    pub own_writes: OwnWrites,
+    /// How many passes a second may refresh waiters' positions, over all locks: under a wave
+    /// of hand-offs the grants' writes go first.
+    pub position_refreshes: WriteBudget,
     /// The claims' OpenTelemetry spans (`None`: not traced).
     pub traces: Option<ClaimTraces>,
+}
+
+/// When a lock's next pass comes besides its watches: wake-ups no watch brings, the backends
+/// awaited, and the backoff after failed passes.
+pub struct Retries {
+    /// Wake-ups of lock passes that no watch event brings.
+    pub wakes: LockWakes,
+    /// The locks waiting for a backend to answer again, woken when it does.
+    pub outages: BackendOutages,
     failures: Mutex<HashMap<String, u32>>,
 }
 
@@ -86,73 +106,76 @@ impl Context {
     ) -> Self {
         let wakes = LockWakes::default();
         Self {
-            client,
-            locks,
-            claims,
-            claim_index,
+            cache: CacheHandles {
+                locks,
+                claims,
+                claim_index,
+                owners: None,
+                namespaces: None,
+                templates: None,
+                cluster_locks: None,
+            },
+            api: ApiHandles {
+                client,
+                leadership: LeadershipGate::always_open(),
+                events,
+                own_writes: OwnWrites::default(),
+                position_refreshes: WriteBudget::new(POSITION_REFRESHES_PER_SECOND),
+                traces: None,
+            },
             backends,
-            events,
             metrics,
-            leadership: LeadershipGate::always_open(),
-            own_writes: OwnWrites::default(),
-            owners: None,
-            outages: BackendOutages::new(wakes.clone()),
-            wakes,
-            position_refreshes: WriteBudget::new(POSITION_REFRESHES_PER_SECOND),
-            namespaces: None,
-            templates: None,
-            cluster_locks: None,
-            traces: None,
-            failures: Mutex::new(HashMap::new()),
+            retries: Retries {
+                outages: BackendOutages::new(wakes.clone()),
+                wakes,
+                failures: Mutex::new(HashMap::new()),
+            },
         }
     }
 
     /// Writes only while `leadership` is open.
     pub fn with_leadership(mut self, leadership: LeadershipGate) -> Self {
-        self.leadership = leadership;
+        self.api.leadership = leadership;
         self
     }
 
-    /// Reads owner states from the watches' caches instead of the API.
+    /// Reads owner states from these caches instead of the API.
     pub fn with_owner_caches(mut self, owners: OwnerCaches) -> Self {
-        self.owners = Some(owners);
+        self.cache.owners = Some(owners);
         self
     }
 
-    /// Tells namespaces being deleted from the watch's cache of their metadata.
+    /// Tells the namespaces being deleted by this cache of their metadata.
     pub fn with_namespaces(mut self, namespaces: Store<PartialObjectMeta<Namespace>>) -> Self {
-        self.namespaces = Some(namespaces);
+        self.cache.namespaces = Some(namespaces);
         self
     }
 
-    /// Records the claims' spans (see [`crate::traces`]).
+    /// Records the claims' spans here (`None`: not traced).
     pub fn with_traces(mut self, traces: Option<ClaimTraces>) -> Self {
-        self.traces = traces;
+        self.api.traces = traces;
         self
     }
 
-    /// Serves these `ClusterDistributedLock`s (see [`crate::cluster_locks`]).
+    /// Serves `ClusterDistributedLock`s from this cache.
     pub fn with_cluster_locks(mut self, cluster_locks: Store<ClusterDistributedLock>) -> Self {
-        self.cluster_locks = Some(cluster_locks);
+        self.cache.cluster_locks = Some(cluster_locks);
         self
     }
 
-    /// Makes missing locks from these templates (see [`crate::templates`]).
+    /// Makes locks on first use from the `LockTemplate`s of this cache.
     pub fn with_templates(mut self, templates: Store<LockTemplate>) -> Self {
-        self.templates = Some(templates);
+        self.cache.templates = Some(templates);
         self
     }
+}
 
+impl CacheHandles {
     /// Whether `namespace` is being deleted (its objects go with it: the passes release their
     /// grants and remove the finalizers, and write no status nor Event to them). False when
     /// the namespace is not (yet) in the cache.
     pub fn namespace_terminating(&self, namespace: &str) -> bool {
         is_terminating(self.namespaces.as_ref(), namespace)
-    }
-
-    /// The writer every API write of a pass goes through (gated by [`Context::leadership`]).
-    pub fn writer(&self) -> ApiWriter {
-        ApiWriter::new(self.leadership.clone())
     }
 
     /// Whether the lock exists in the cache.
@@ -161,7 +184,16 @@ impl Context {
             .get(&ObjectRef::new(name).within(namespace))
             .is_some()
     }
+}
 
+impl ApiHandles {
+    /// The writer every API write of a pass goes through (gated by [`ApiHandles::leadership`]).
+    pub fn writer(&self) -> ApiWriter {
+        ApiWriter::new(self.leadership.clone())
+    }
+}
+
+impl Retries {
     /// The next retry delay for `key` (exponential, capped), counting this failure.
     pub fn backoff(&self, key: &str) -> Duration {
         let mut failures = self
@@ -198,7 +230,7 @@ impl std::fmt::Debug for Context {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Context")
             .field("backends", &self.backends)
-            .field("leading", &self.leadership.is_open())
+            .field("leading", &self.api.leadership.is_open())
             .finish_non_exhaustive()
     }
 }
@@ -263,17 +295,25 @@ mod tests {
             Metrics::new(),
         );
         for _ in 0..10 {
-            assert_eq!(ctx.retry_delay("lock/ns/db", &api_error(409)), BACKOFF_BASE);
+            assert_eq!(
+                ctx.retries.retry_delay("lock/ns/db", &api_error(409)),
+                BACKOFF_BASE
+            );
         }
-        let first = ctx.retry_delay("lock/ns/db", &api_error(500));
-        let second = ctx.retry_delay("lock/ns/db", &api_error(500));
+        let first = ctx.retries.retry_delay("lock/ns/db", &api_error(500));
+        let second = ctx.retries.retry_delay("lock/ns/db", &api_error(500));
         assert_eq!(first, BACKOFF_BASE, "ten conflicts earned no backoff");
         assert_eq!(second, BACKOFF_BASE * 2);
-        ctx.reset_backoff("lock/ns/db");
-        assert_eq!(ctx.retry_delay("lock/ns/db", &api_error(500)), BACKOFF_BASE);
+        ctx.retries.reset_backoff("lock/ns/db");
+        assert_eq!(
+            ctx.retries.retry_delay("lock/ns/db", &api_error(500)),
+            BACKOFF_BASE
+        );
 
         // Doubling from 0.5 s, capped at 60 s however long the failures go on.
-        let delays: Vec<Duration> = (0..20).map(|_| ctx.backoff("ns/redis-lock")).collect();
+        let delays: Vec<Duration> = (0..20)
+            .map(|_| ctx.retries.backoff("ns/redis-lock"))
+            .collect();
         assert_eq!(
             delays[..4],
             [500, 1000, 2000, 4000].map(Duration::from_millis)

@@ -43,8 +43,9 @@ fn claims_of(
     lock: &LockView,
     cluster: Option<&ClusterDistributedLock>,
 ) -> HashMap<String, Arc<LockClaim>> {
-    ctx.claim_index
-        .claims_of_lock(&ctx.claims, &lock.namespace, &lock.name)
+    ctx.cache
+        .claim_index
+        .claims_of_lock(&ctx.cache.claims, &lock.namespace, &lock.name)
         .into_iter()
         .filter(|claim| {
             cluster.is_none_or(|cluster| cluster_locks::admits(ctx, cluster, claim).is_ok())
@@ -74,7 +75,7 @@ fn claim_views(
                     name: name.clone(),
                     ..view
                 }
-                .observed_arrival(ctx.claim_index.arrival(claim)),
+                .observed_arrival(ctx.cache.claim_index.arrival(claim)),
             ),
             Err(error) => {
                 tracing::warn!(%error, "ignoring incomplete claim");
@@ -86,8 +87,10 @@ fn claim_views(
 
 /// The core's view of `lock`, counted as being deleted when its namespace is.
 fn lock_view(ctx: &Context, lock: &DistributedLock) -> LockView {
-    LockView::from_resource(lock)
-        .going_with_namespace(ctx.namespace_terminating(&lock.namespace().unwrap_or_default()))
+    LockView::from_resource(lock).going_with_namespace(
+        ctx.cache
+            .namespace_terminating(&lock.namespace().unwrap_or_default()),
+    )
 }
 
 /// One snapshot of `lock`'s key in its backend, and the backend when it answered.
@@ -134,6 +137,7 @@ async fn other_locks(
     for name in multi_lock::other_locks_needed(lock, claims) {
         // A lock that does not exist is left out: the claim's pass sees it missing.
         let Some(object) = ctx
+            .cache
             .locks
             .get(&ObjectRef::new(&name).within(&lock.namespace))
         else {
@@ -175,17 +179,21 @@ fn own_writes_pending(
     cluster: Option<&ClusterDistributedLock>,
 ) -> Option<std::time::Duration> {
     let Some(cluster) = cluster else {
-        return ctx
-            .own_writes
-            .pending(&view.namespace, &view.name, &ctx.locks, &ctx.claims);
+        return ctx.api.own_writes.pending(
+            &view.namespace,
+            &view.name,
+            &ctx.cache.locks,
+            &ctx.cache.claims,
+        );
     };
-    ctx.own_writes.pending_in_caches(
+    ctx.api.own_writes.pending_in_caches(
         &view.namespace,
         &view.name,
         || cluster_locks::cached_version(ctx, &cluster.name_any()),
         |key| {
             let (namespace, name) = claim_address(&view.namespace, key);
-            ctx.claims
+            ctx.cache
+                .claims
                 .get(&ObjectRef::new(name).within(namespace))
                 .and_then(|claim| claim.resource_version())
         },
@@ -201,7 +209,7 @@ pub(crate) async fn reconcile_inner(
     ctx: &Context,
 ) -> Result<Action, ControllerError> {
     // A pass over a half-filled cache would miss claims.
-    cache_filled(&ctx.claims).await;
+    cache_filled(&ctx.cache.claims).await;
     let pass_key = pass_key(&view);
     if let Some(wait) = own_writes_pending(ctx, &view, cluster) {
         // The events of the last pass's writes are on their way and will wake this lock.
@@ -220,8 +228,12 @@ pub(crate) async fn reconcile_inner(
         backend,
     } = gather(ctx, view, &objects).await;
     let store = match cluster {
-        None => ApiStore::new(ctx.writer(), ctx.client.clone(), &input.lock.namespace),
-        Some(_) => ApiStore::for_cluster_lock(ctx.writer(), ctx.client.clone()),
+        None => ApiStore::new(
+            ctx.api.writer(),
+            ctx.api.client.clone(),
+            &input.lock.namespace,
+        ),
+        Some(_) => ApiStore::for_cluster_lock(ctx.api.writer(), ctx.api.client.clone()),
     };
     let mut pass = PassWriter::new(store, lock, &objects);
     let engine = backend.as_deref().map(|backend| Engine {
@@ -234,14 +246,14 @@ pub(crate) async fn reconcile_inner(
         decision,
         applied,
     } = run_pass(&mut pass, &mut input, engine, &mut member_grants, || {
-        ctx.leadership.is_open()
+        ctx.api.leadership.is_open()
     })
     .await?;
     record_failed_calls(&ctx.metrics, kind, &planned.ops, &outcomes);
     if decision.refreshed_positions {
-        ctx.position_refreshes.spend();
+        ctx.api.position_refreshes.spend();
     }
-    ctx.own_writes.record(
+    ctx.api.own_writes.record(
         &input.lock.namespace,
         &input.lock.name,
         pass.lock_written.take(),
@@ -284,7 +296,8 @@ pub(crate) async fn reconcile_inner(
         planned.admits_for_other_locks.contains(&claim.name)
             || (input.lock.deleting && claim.kept_by(&input.lock.name))
     }) {
-        ctx.wakes
+        ctx.retries
+            .wakes
             .wake(ObjectRef::new(claim.first_lock()).within(&input.lock.namespace));
     }
     next_pass(ctx, lock, cluster, &input, &decision, &pass_key).await
@@ -308,8 +321,8 @@ async fn gather(
 ) -> Gathered {
     let mut claims = claim_views(ctx, objects, &view.name);
     fill_owner_states(
-        &ctx.client,
-        ctx.owners.as_ref(),
+        &ctx.api.client,
+        ctx.cache.owners.as_ref(),
         &view.namespace,
         &mut claims,
     )
@@ -329,7 +342,7 @@ async fn gather(
         &view,
         &mut claims,
         &others,
-        |name| ctx.lock_exists(&view.namespace, name),
+        |name| ctx.cache.lock_exists(&view.namespace, name),
         now,
     );
     Gathered {
@@ -338,7 +351,7 @@ async fn gather(
             claims,
             now,
             backend: backend_view,
-            may_refresh_positions: ctx.position_refreshes.has_token(),
+            may_refresh_positions: ctx.api.position_refreshes.has_token(),
         },
         member_grants,
         kind,
@@ -370,10 +383,10 @@ async fn next_pass(
         due.min(decision.requeue_after)
     });
     Ok(match &decision.backend_failure {
-        Some(_) => Action::requeue(ctx.backoff(pass_key).min(requeue_after)),
+        Some(_) => Action::requeue(ctx.retries.backoff(pass_key).min(requeue_after)),
         None => {
             // Also forgets API failures: the error policy counts them under the same key.
-            ctx.reset_backoff(pass_key);
+            ctx.retries.reset_backoff(pass_key);
             Action::requeue(requeue_after)
         }
     })
@@ -475,7 +488,7 @@ pub(crate) fn pass_error_policy(view: &LockView, error: &ControllerError, ctx: &
         _ => ReconcileErrorKind::Other,
     });
     let key = pass_key(view);
-    let delay = ctx.retry_delay(&key, error);
+    let delay = ctx.retries.retry_delay(&key, error);
     error.log_failed_pass(&key, delay);
     Action::requeue(delay)
 }
@@ -486,7 +499,7 @@ pub async fn reconcile_cluster_lock(
     ctx: Arc<Context>,
 ) -> Result<Action, ControllerError> {
     let mut timer = ctx.metrics.reconciles.start(ControllerKind::Lock);
-    if let Some(namespaces) = &ctx.namespaces {
+    if let Some(namespaces) = &ctx.cache.namespaces {
         // Admission reads the namespaces' labels.
         cache_filled(namespaces).await;
     }

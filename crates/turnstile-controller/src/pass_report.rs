@@ -48,9 +48,9 @@ pub(crate) fn record_backend_state(
         if backend_failed {
             // Retried with backoff, or sooner: when the backend answers again
             // (`backend_outages`).
-            ctx.outages.failed(kind, lock_ref);
+            ctx.retries.outages.failed(kind, lock_ref);
         } else if reached_backend {
-            ctx.outages.succeeded(kind, &lock_ref);
+            ctx.retries.outages.succeeded(kind, &lock_ref);
         }
     }
     if decision.backend_failure.is_some() {
@@ -129,7 +129,7 @@ pub(crate) fn record_spans(
     backend: BackendKind,
     only: Option<&HashSet<String>>,
 ) {
-    let Some(traces) = &ctx.traces else {
+    let Some(traces) = &ctx.api.traces else {
         return;
     };
     let lock = SpanLock {
@@ -178,11 +178,11 @@ pub(crate) async fn publish_events(
     only: Option<&HashSet<String>>,
 ) {
     // The API server takes no new object into a namespace being deleted.
-    if ctx.namespace_terminating(&input.lock.namespace) {
+    if ctx.cache.namespace_terminating(&input.lock.namespace) {
         return;
     }
     for event in &decision.events {
-        if !ctx.leadership.is_open() {
+        if !ctx.api.leadership.is_open() {
             return;
         }
         let regarding = match &event.subject {
@@ -199,7 +199,7 @@ pub(crate) async fn publish_events(
             },
         };
         publish(
-            &ctx.events,
+            &ctx.api.events,
             &regarding,
             event,
             &input.lock.namespace,

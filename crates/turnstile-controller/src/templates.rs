@@ -21,7 +21,7 @@ use turnstile_api::{template_for, unused_lock_deadline, DistributedLock, LockCla
 /// Makes the locks `claim` names that do not exist and a template of its namespace matches.
 /// Returns whether it made (or found just made) any: their passes take the claim from there.
 pub async fn make_missing_locks(ctx: &Context, claim: &LockClaim) -> Result<bool, ControllerError> {
-    let Some(templates) = &ctx.templates else {
+    let Some(templates) = &ctx.cache.templates else {
         return Ok(false);
     };
     let ended = claim
@@ -38,7 +38,7 @@ pub async fn make_missing_locks(ctx: &Context, claim: &LockClaim) -> Result<bool
         .spec
         .locks()
         .into_iter()
-        .filter(|name| !ctx.lock_exists(&namespace, name))
+        .filter(|name| !ctx.cache.lock_exists(&namespace, name))
         .collect();
     if missing.is_empty() {
         return Ok(false);
@@ -48,8 +48,8 @@ pub async fn make_missing_locks(ctx: &Context, claim: &LockClaim) -> Result<bool
         .into_iter()
         .filter(|template| template.namespace().as_deref() == Some(namespace.as_str()))
         .collect();
-    let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &namespace);
-    let writer = ctx.writer();
+    let api: Api<DistributedLock> = Api::namespaced(ctx.api.client.clone(), &namespace);
+    let writer = ctx.api.writer();
     let mut made = false;
     for name in missing {
         let Some(template) = template_for(in_namespace.iter().map(AsRef::as_ref), name) else {
@@ -93,12 +93,12 @@ pub async fn unused_lock_due(
         let wait = Duration::try_from(deadline.duration_since(now)).unwrap_or(Duration::ZERO);
         return Ok(Some(wait + Duration::from_secs(1)));
     }
-    let writer = ctx.writer();
+    let writer = ctx.api.writer();
     if !writer.may_write() {
         return Ok(None);
     }
     let namespace = lock.namespace().unwrap_or_default();
-    let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &namespace);
+    let api: Api<DistributedLock> = Api::namespaced(ctx.api.client.clone(), &namespace);
     // Only the lock this pass judged: a lock made again since is a new object.
     if writer.delete(&api, lock).await? {
         tracing::info!(

@@ -28,23 +28,20 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::NamespaceResourceScope;
-use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerRuntimeConfig, Controller};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use super::claim_index::ClaimIndex;
+use super::context::Context;
 use super::core::{WorkloadKind, WorkloadOwner};
 use super::error::ControllerError;
-use super::events::{EventPublisher, Repeats};
-use super::leader::LeadershipGate;
+use super::events::Repeats;
 use super::writer::{ApiWriter, Created, Write};
-use crate::metrics::{ControllerKind, Metrics};
+use crate::metrics::ControllerKind;
 use turnstile_api::{
     gate_event_reasons, BusyPolicy, ClaimPhase, LockClaim, LockClaimSpec, LockKind,
     GROUP_ANNOTATION, LOCKS_ANNOTATION, LOCK_KIND_ANNOTATION, TOKEN_ANNOTATION,
@@ -408,23 +405,12 @@ pub fn claim_for<W: Gated>(workload: &W, claim: &str, locks: &[String]) -> LockC
 
 /// What the gates' passes share.
 pub struct GateContext {
-    /// The API client.
-    pub client: Client,
-    /// The claim cache (the shared claim watch).
-    pub claims: Store<LockClaim>,
-    /// Checked right before every write: only the leader creates claims and lets workloads go.
-    pub leadership: LeadershipGate,
-    /// Publishes Events about the workloads (`kubectl describe` tells why one waits).
-    pub events: EventPublisher,
-    /// Counts and times the passes.
-    pub metrics: Metrics,
+    /// The lock controller's handles (the claim cache and its index, the API client, the
+    /// leadership gate checked right before every write, Events, metrics): a gate reads the
+    /// same caches and writes through the same gate.
+    pub shared: Arc<Context>,
     /// Why each blocked workload was last said to be blocked (see [`BlockedSaid`]).
     pub blocked_said: BlockedSaid,
-    /// Where a workload's claim learns the workload's arrival before it is created.
-    pub claim_index: ClaimIndex,
-    /// The namespaces' metadata (`None`: not watched): in a namespace being deleted the gate
-    /// writes nothing, since the API server takes no new claim there and the workload goes.
-    pub namespaces: Option<Store<PartialObjectMeta<Namespace>>>,
 }
 
 /// The `GateBlocked` (or `WaitingForGates`) reason last published per workload uid, so that a
@@ -469,7 +455,13 @@ impl BlockedSaid {
 impl GateContext {
     /// Publishes an Event about `workload`; a failed publish is only logged.
     async fn event<W: Gated>(&self, workload: &W, type_: EventType, reason: &str, note: String) {
-        if self.leadership.check("publishing a gate Event").is_err() {
+        if self
+            .shared
+            .api
+            .leadership
+            .check("publishing a gate Event")
+            .is_err()
+        {
             return;
         }
         let event = Event {
@@ -480,6 +472,8 @@ impl GateContext {
             secondary: None,
         };
         if let Err(error) = self
+            .shared
+            .api
             .events
             // A blocked workload says so once per reason (`BlockedSaid`); after a restart, or
             // blocked again later, the Event's count rises instead of a new one.
@@ -496,7 +490,7 @@ pub async fn reconcile<W: Gated>(
     workload: Arc<W>,
     ctx: Arc<GateContext>,
 ) -> Result<Action, ControllerError> {
-    let mut timer = ctx.metrics.reconciles.start(W::CONTROLLER);
+    let mut timer = ctx.shared.metrics.reconciles.start(W::CONTROLLER);
     let result = gate(workload, &ctx).await;
     timer.set_failed(result.is_err());
     result
@@ -507,12 +501,14 @@ async fn gate<W: Gated>(workload: Arc<W>, ctx: &GateContext) -> Result<Action, C
         return Ok(Action::await_change());
     };
     let namespace = workload.namespace().unwrap_or_default();
-    if crate::context::is_terminating(ctx.namespaces.as_ref(), &namespace) {
+    if crate::context::is_terminating(ctx.shared.cache.namespaces.as_ref(), &namespace) {
         return Ok(Action::await_change());
     }
     let name = workload.name_any();
     let claim_name = claim_name(&name, lock);
     let cached = ctx
+        .shared
+        .cache
         .claims
         .get(&ObjectRef::new(&claim_name).within(&namespace));
     let mut step = decide(workload.as_ref(), cached.as_deref());
@@ -548,12 +544,15 @@ async fn create_claim<W: Gated>(
         workload.namespace().unwrap_or_default(),
         workload.name_any(),
     );
-    let claims: Api<LockClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-    let writer = ApiWriter::new(ctx.leadership.clone());
+    let claims: Api<LockClaim> = Api::namespaced(ctx.shared.api.client.clone(), &namespace);
+    let writer = ApiWriter::new(ctx.shared.api.leadership.clone());
     // The claim queues from when the workload arrived, not from when this pass (one of
     // several at once) gets to create it.
     if let Some(uid) = workload.uid() {
-        ctx.claim_index.expect_arrival(&namespace, claim, &uid);
+        ctx.shared
+            .cache
+            .claim_index
+            .expect_arrival(&namespace, claim, &uid);
     }
     match writer
         .create(&claims, &claim_for(workload, claim, locks))
@@ -598,10 +597,10 @@ async fn take_step<W: Gated>(
         workload.namespace().unwrap_or_default(),
         workload.name_any(),
     );
-    let writer = ApiWriter::new(ctx.leadership.clone());
+    let writer = ApiWriter::new(ctx.shared.api.leadership.clone());
     match step {
         GateStep::Release { token } => {
-            let api: Api<W> = Api::namespaced(ctx.client.clone(), &namespace);
+            let api: Api<W> = Api::namespaced(ctx.shared.api.client.clone(), &namespace);
             let write = Write::object(&name, workload.release_patch(token));
             writer
                 .apply(&api, &write, workload.resource_version().as_deref())

@@ -100,7 +100,7 @@ where
     );
     let probe = {
         let (ctx, stop) = (ctx.clone(), stop());
-        async move { backend_outages::probe(&ctx.outages, &ctx.backends, stop).await }
+        async move { backend_outages::probe(&ctx.retries.outages, &ctx.backends, stop).await }
     };
     futures::future::join(
         futures::future::join5(locks, claims, job_gate, pod_gate, probe),
@@ -109,23 +109,17 @@ where
     .map(|_| ())
 }
 
-/// The gates' context: what they share with the lock controller's.
-pub(super) fn gate_context(ctx: &Context, caches: &Caches) -> Arc<GateContext> {
+/// The gates' context: the lock controller's, and what only the gates keep.
+pub(super) fn gate_context(ctx: &Arc<Context>) -> Arc<GateContext> {
     Arc::new(GateContext {
-        client: ctx.client.clone(),
-        claims: caches.claims.clone(),
-        leadership: ctx.leadership.clone(),
-        events: ctx.events.clone(),
-        metrics: ctx.metrics.clone(),
+        shared: ctx.clone(),
         blocked_said: BlockedSaid::default(),
-        claim_index: ctx.claim_index.clone(),
-        namespaces: ctx.namespaces.clone(),
     })
 }
 
 /// The `DistributedLock` controller: a lock's pass is woken by the lock, by any of its claims
 /// (a claim on several locks wakes each of them), and at once by a claim owner's finish or
-/// deletion (see `owner_watch`), a backend's return or another lock's room (`ctx.wakes`).
+/// deletion (see `owner_watch`), a backend's return or another lock's room (`ctx.retries.wakes`).
 #[allow(clippy::too_many_arguments)] // one feed per wake-up source, each named
 fn lock_controller(
     lock_events: futures::stream::BoxStream<
@@ -154,7 +148,7 @@ fn lock_controller(
             finished_pods,
             owner_trigger::<Pod>(
                 caches.claims.clone(),
-                ctx.claim_index.clone(),
+                ctx.cache.claim_index.clone(),
                 WorkloadKind::Pod,
             ),
         )
@@ -162,7 +156,7 @@ fn lock_controller(
             jobs,
             owner_trigger::<Job>(
                 caches.claims.clone(),
-                ctx.claim_index.clone(),
+                ctx.cache.claim_index.clone(),
                 WorkloadKind::Job,
             ),
         )
@@ -170,7 +164,7 @@ fn lock_controller(
         .graceful_shutdown_on(stop);
     // Wake-ups no watch brings: a backend answers again (`backend_outages`), another lock of
     // a multi-lock claim admits it (`multi_lock`).
-    let controller = match ctx.wakes.take_stream() {
+    let controller = match ctx.retries.wakes.take_stream() {
         Some(wakes) => controller.reconcile_on(wakes),
         None => controller,
     };
@@ -214,7 +208,7 @@ fn claim_controller(
         Some((cluster_locks, namespaces)) => controller
             .watches_shared_stream(
                 cluster_locks,
-                cluster_locks::claims_of_lock(caches.claims.clone(), ctx.claim_index.clone()),
+                cluster_locks::claims_of_lock(caches.claims.clone(), ctx.cache.claim_index.clone()),
             )
             .watches_shared_stream(
                 namespaces,
@@ -241,7 +235,7 @@ fn cluster_lock_controller(
     config: ControllerRuntimeConfig,
     stop: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> impl Future<Output = ()> + Send {
-    let (claims, index) = (caches.claims.clone(), ctx.claim_index.clone());
+    let (claims, index) = (caches.claims.clone(), ctx.cache.claim_index.clone());
     Controller::for_shared_stream(feeds.locks, caches.cluster_locks.clone())
         .watches_shared_stream(feeds.claims, cluster_locks::lock_of_claim)
         .watches_shared_stream(

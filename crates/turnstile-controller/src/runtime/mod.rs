@@ -289,7 +289,7 @@ async fn run_controllers(
         events,
         leadership,
     ));
-    let gate_ctx = controllers::gate_context(&ctx, &caches);
+    let gate_ctx = controllers::gate_context(&ctx);
     let controllers = controllers::run_all(feeds, &caches, &ctx, gate_ctx, || raised(&stop_rx));
 
     readiness.set_ready(false);

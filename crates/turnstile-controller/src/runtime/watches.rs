@@ -36,7 +36,7 @@ pub(super) struct Caches {
     /// Finished Pods, trimmed to their phase: all the owner states read (`owners`).
     pub finished_pods: Store<Pod>,
     /// Namespaces, metadata only: one being deleted takes its locks and claims with it, and
-    /// they get no status writes on the way out (`Context::namespace_terminating`).
+    /// they get no status writes on the way out (`CacheHandles::namespace_terminating`).
     pub namespaces: Store<PartialObjectMeta<Namespace>>,
     pub templates: Store<LockTemplate>,
     pub cluster_locks: Store<ClusterDistributedLock>,
