@@ -227,6 +227,33 @@ fn regression_claims_let_go_between_passes() {
     paused_runtime().block_on(run(&[1, 1, 2, 1], &steps));
 }
 
+/// First-runnable locks (window 7 s): claims on d behind waits of 4 s and 3 s, the last
+/// ones created as the first claims' windows close. Found by the property test on
+/// 2026-12-06 (a claim granted lock d while one before it, past its window, waited).
+#[test]
+fn regression_first_runnable_claims_on_d_as_the_first_windows_close() {
+    let steps = [
+        on(&[2]),
+        on(&[0]),
+        on(&[1]),
+        Step::Pass(0),
+        on(&[1]),
+        on(&[0]),
+        on(&[2]),
+        on(&[1, 3]),
+        on(&[2, 3]),
+        Step::Pass(0),
+        Step::Wait(4),
+        on(&[1, 3]),
+        Step::Pass(0),
+        Step::Wait(3),
+        on(&[0, 3]),
+        on(&[0, 3]),
+        on(&[3]),
+    ];
+    paused_runtime().block_on(run_in(World::first_runnable(&[2, 2, 1, 2], 7), &steps));
+}
+
 #[test]
 fn two_claims_on_the_same_locks_in_opposite_order_both_complete_in_turn() {
     paused_runtime().block_on(async {

@@ -15,7 +15,7 @@ use turnstile_api::{
     DistributedLockSpec, DistributedLockStatus, LockClaim, LockClaimSpec, LockClaimStatus,
     QueueOrder, QueuePlace, FINALIZER, FORCE_RELEASED_BY_ANNOTATION, FORCE_RELEASE_ANNOTATION,
     MAX_ACQUIRE_TIMEOUT_SECONDS, MAX_HOLDERS, MAX_HOLD_SECONDS, MAX_LEASE_DURATION_SECONDS,
-    MAX_LOCKS_PER_CLAIM, MAX_LOCK_DELAY_SECONDS, MAX_OVERTAKE_SECONDS, MAX_PRIORITY,
+    MAX_LOCKS_PER_CLAIM, MAX_LOCK_DELAY_SECONDS, MAX_OVERTAKE_SECONDS,
 };
 use turnstile_lock::{HolderInfo, LockSnapshot};
 
@@ -457,14 +457,6 @@ impl ClaimView {
     /// the claim's name.
     pub fn holder_identity(&self) -> String {
         turnstile_api::holder_identity(&self.spec, self.owner_name.clone(), &self.name)
-    }
-
-    /// `spec.priority` (0 when unset; clamped into the accepted range).
-    pub fn priority(&self) -> i32 {
-        self.spec
-            .priority
-            .unwrap_or(0)
-            .clamp(-MAX_PRIORITY, MAX_PRIORITY)
     }
 
     /// The claim's place in the queue ([`turnstile_api::queue_place`]), with the arrival this

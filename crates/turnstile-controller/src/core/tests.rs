@@ -659,3 +659,101 @@ fn a_grant_released_on_request_lets_go_of_the_finalizer_once_the_backend_release
         .iter()
         .all(|change| change.finalizer == super::FinalizerChange::Keep));
 }
+
+/// A claim's name in a pass, and back: its own name on a namespaced lock; `namespace/name` on
+/// a cluster lock (no namespace), whose claims come from several namespaces.
+#[test]
+fn a_claims_key_in_a_pass_names_its_namespace_only_on_a_cluster_lock() {
+    use super::model::{claim_address, claim_key};
+    assert_eq!(claim_key("ns", "ns", "job-1"), "job-1");
+    assert_eq!(claim_address("ns", "job-1"), ("ns", "job-1"));
+    assert_eq!(claim_key("", "team-a", "job-1"), "team-a/job-1");
+    assert_eq!(claim_address("", "team-a/job-1"), ("team-a", "job-1"));
+    for (namespace, name) in [("team-a", "job-1"), ("b", "x")] {
+        let key = claim_key("", namespace, name);
+        assert_eq!(claim_address("", &key), (namespace, name));
+    }
+}
+
+/// The backend key (`namespace/key`) may be as long as the engine takes, not a byte more.
+#[test]
+fn a_lock_whose_backend_key_is_longer_than_the_engine_takes_is_invalid() {
+    let with_key_of = |length: usize| {
+        let mut lock = lock();
+        // `ns/` and the key.
+        lock.spec.key = Some("k".repeat(length - "ns/".len()));
+        assert_eq!(lock.backend_key().len(), length);
+        lock.spec_problem()
+    };
+    let limit = super::model::MAX_BACKEND_KEY_LEN;
+    assert_eq!(with_key_of(limit), None);
+    let problem = with_key_of(limit + 1).expect("one byte too long");
+    assert!(
+        problem.contains(&format!("is {} bytes, the limit is {limit}", limit + 1)),
+        "{problem}"
+    );
+}
+
+/// A claim's workload owner: the controlling Pod or Job reference, else the first Pod or Job
+/// one; other kinds (a ReplicaSet) are no workload of a claim.
+#[test]
+fn a_claims_workload_owner_is_its_controlling_pod_or_job() {
+    use super::model::{WorkloadKind, WorkloadOwner};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    let reference = |api_version: &str, kind: &str, name: &str, controller: bool| OwnerReference {
+        api_version: api_version.to_owned(),
+        kind: kind.to_owned(),
+        name: name.to_owned(),
+        uid: format!("uid-{name}"),
+        controller: controller.then_some(true),
+        ..OwnerReference::default()
+    };
+    let owner = |references: &[OwnerReference]| {
+        WorkloadOwner::of(references).map(|owner| (owner.kind, owner.name, owner.uid))
+    };
+    let job = reference("batch/v1", "Job", "migrate", false);
+    let pod = reference("v1", "Pod", "worker", true);
+    let replica_set = reference("apps/v1", "ReplicaSet", "web", true);
+    assert_eq!(
+        owner(&[job.clone(), pod.clone()]),
+        Some((
+            WorkloadKind::Pod,
+            "worker".to_owned(),
+            "uid-worker".to_owned()
+        ))
+    );
+    assert_eq!(
+        owner(&[replica_set.clone(), job.clone()]),
+        Some((
+            WorkloadKind::Job,
+            "migrate".to_owned(),
+            "uid-migrate".to_owned()
+        ))
+    );
+    assert_eq!(owner(&[replica_set]), None);
+    assert_eq!(owner(&[]), None);
+}
+
+/// A claim names its locks in exactly one way: `spec.lockName`, or `spec.lockNames` (the
+/// schema says so too; this is what a claim stored past the schema is told).
+#[test]
+fn a_claim_names_one_lock_or_several_never_neither_nor_both() {
+    let with = |lock_name: &str, lock_names: Option<Vec<&str>>| {
+        let mut claim = waiting_claim();
+        claim.spec.lock_name = lock_name.to_owned();
+        claim.spec.lock_names =
+            lock_names.map(|names| names.into_iter().map(str::to_owned).collect());
+        claim.locks = claim.spec.locks().into_iter().map(str::to_owned).collect();
+        claim.spec_problem()
+    };
+    assert_eq!(with("db", None), None);
+    assert_eq!(with("", Some(vec!["a", "b"])), None);
+    assert_eq!(
+        with("", None).as_deref(),
+        Some("spec.lockName must not be empty")
+    );
+    assert_eq!(
+        with("db", Some(vec!["a", "b"])).as_deref(),
+        Some("set exactly one of spec.lockName and spec.lockNames")
+    );
+}

@@ -24,6 +24,7 @@ pub(super) struct Admitted {
 }
 
 /// The walk down the queue: who holds so far, and whether the queue is blocked.
+#[derive(Clone, Copy)]
 struct Walk {
     max: usize,
     holding: usize,
@@ -32,6 +33,10 @@ struct Walk {
     /// Grants this pass ends, still counted for another lock's pass until they are written.
     ending: usize,
     ending_exclusive: bool,
+    /// Slots this lock admits claims on several locks that may still be passed into (their
+    /// first locks' passes may take them): not kept idle for them, but not admitted twice.
+    promised: usize,
+    promised_exclusive: bool,
 }
 
 impl Walk {
@@ -57,6 +62,23 @@ impl Walk {
     fn take(&mut self, shared: bool) {
         self.holding += 1;
         self.exclusive |= !shared;
+    }
+
+    /// Whether a claim on several locks that may still be passed is admitted: it fits beside
+    /// the holders and the slots already promised to others like it. If so, its slot is
+    /// promised.
+    fn promise(&mut self, shared: bool) -> bool {
+        let counting_promised = Walk {
+            holding: self.holding + self.promised,
+            exclusive: self.exclusive || self.promised_exclusive,
+            ..*self
+        };
+        let admits = counting_promised.fits(shared) && counting_promised.room_now(shared);
+        if admits {
+            self.promised += 1;
+            self.promised_exclusive |= !shared;
+        }
+        admits
     }
 }
 
@@ -96,6 +118,8 @@ pub(super) fn admit(
         blocked: false,
         ending,
         ending_exclusive,
+        promised: 0,
+        promised_exclusive: false,
     };
     for slot in queue {
         let claim = &input.claims[all.drafts[slot].0];
@@ -133,12 +157,14 @@ fn ending_grants(input: &LockInput, drafts: &[(usize, Draft)]) -> (usize, bool) 
 /// Its backend grant is that pass's to make and to give back. Whether this lock admits it.
 fn kept_turn(walk: &mut Walk, input: &LockInput, claim: &ClaimView, now: Seconds) -> bool {
     let shared = claim.shared(&input.lock);
-    let admits = walk.fits(shared) && walk.room_now(shared);
     if input.lock.may_be_passed(claim.created, now) {
         // Its first lock grants it when all its locks are free at once; the slot is not
-        // kept idle for it meanwhile.
-        return admits;
+        // kept idle for it meanwhile. Nor is it promised to another such claim behind it:
+        // one pass may take both, and the slot of a claim that may no longer be passed
+        // with them.
+        return walk.promise(shared);
     }
+    let admits = walk.fits(shared) && walk.room_now(shared);
     walk.blocked |= !admits;
     if admits {
         walk.take(shared);
