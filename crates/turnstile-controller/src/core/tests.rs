@@ -757,3 +757,35 @@ fn a_claim_names_one_lock_or_several_never_neither_nor_both() {
         Some("set exactly one of spec.lockName and spec.lockNames")
     );
 }
+
+/// A busy policy other than `Wait` is for a claim on one lock, and one that replaces pending
+/// claims needs the group they share.
+#[test]
+fn a_busy_policy_says_when_it_cannot_be_served() {
+    use turnstile_api::BusyPolicy;
+    let with = |policy: BusyPolicy, group: Option<&str>, several: bool| {
+        let mut claim = waiting_claim();
+        claim.spec.when_busy = Some(policy);
+        claim.spec.group = group.map(str::to_owned);
+        if several {
+            claim.spec.lock_name = String::new();
+            claim.spec.lock_names = Some(vec!["a".to_owned(), "b".to_owned()]);
+            claim.locks = vec!["a".to_owned(), "b".to_owned()];
+        }
+        claim.spec_problem()
+    };
+    assert_eq!(with(BusyPolicy::Wait, None, true), None);
+    assert_eq!(with(BusyPolicy::Wait, None, false), None);
+    assert_eq!(
+        with(BusyPolicy::Fail, None, true).as_deref(),
+        Some("spec.whenBusy other than Wait is for a claim on one lock (spec.lockName)")
+    );
+    assert_eq!(with(BusyPolicy::Fail, None, false), None);
+    for replacing in [BusyPolicy::ReplacePending, BusyPolicy::CancelInProgress] {
+        assert_eq!(
+            with(replacing, None, false),
+            Some(format!("spec.whenBusy {replacing:?} needs spec.group"))
+        );
+        assert_eq!(with(replacing, Some("deploy"), false), None);
+    }
+}

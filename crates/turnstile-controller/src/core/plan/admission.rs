@@ -233,3 +233,45 @@ fn busy_failure(builder: &mut Builder<'_>, claim: &ClaimView) -> Draft {
         release_op: builder.release_if_held(claim, false),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Walk;
+
+    fn free(max: usize) -> Walk {
+        Walk {
+            max,
+            holding: 0,
+            exclusive: false,
+            blocked: false,
+            ending: 0,
+            ending_exclusive: false,
+            promised: 0,
+            promised_exclusive: false,
+        }
+    }
+
+    /// The free slots of a lock are promised to claims on several locks that may still be
+    /// passed one at a time: shared ones up to `maxHolders`, an exclusive one alone.
+    #[test]
+    fn a_free_slot_is_promised_to_one_claim_that_may_be_passed() {
+        let mut walk = free(2);
+        assert!(walk.promise(true));
+        assert!(walk.promise(true));
+        assert!(!walk.promise(true), "two shared claims fill maxHolders 2");
+        assert!(
+            !walk.promise(false),
+            "nor is an exclusive claim admitted beside them"
+        );
+        let mut walk = free(2);
+        assert!(walk.promise(false));
+        assert!(
+            !walk.promise(true),
+            "an exclusive claim was promised the lock"
+        );
+        assert!(!walk.promise(false));
+        // Promises take no slot from the lock's own claims.
+        assert_eq!(walk.holding, 0);
+        assert!(walk.fits(true));
+    }
+}
