@@ -14,7 +14,7 @@ use kube::runtime::controller::{Config as ControllerRuntimeConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
-use super::watches::{Caches, ClusterLockFeeds, Feeds};
+use super::watches::{Caches, ClaimFeeds, ClusterLockFeeds, Feeds, LockFeeds};
 use crate::backend_outages;
 use crate::claim_reconciler::{claim_error_policy, reconcile_claim};
 use crate::cluster_locks;
@@ -49,53 +49,24 @@ where
     // meanwhile into one more; and a pass woken by the first echo of its predecessor's writes
     // waits until the cache shows all of them (`own_writes`).
     let config = ControllerRuntimeConfig::default().concurrency(MAX_CONCURRENT_PASSES);
-    let (cluster_lock_feeds, cluster_wakes) = match feeds.cluster {
-        Some(cluster) => (
-            Some(cluster.lock_controller),
-            Some((
-                cluster.cluster_locks_for_claims,
-                cluster.namespaces_for_claims,
-            )),
-        ),
-        None => (None, None),
-    };
-    let claims = claim_controller(
-        feeds.claims_for_orphans,
-        feeds.template_events,
-        cluster_wakes,
-        caches,
-        ctx,
-        config.clone(),
-        stop(),
-    );
-    let cluster_locks: BoxFuture<'static, ()> = match cluster_lock_feeds {
-        Some(feeds) => {
-            cluster_lock_controller(feeds, caches, ctx.clone(), config.clone(), stop()).boxed()
-        }
+    let locks = lock_controller(feeds.locks, caches, ctx, config.clone(), stop());
+    let claims = claim_controller(feeds.claims, caches, ctx, config.clone(), stop());
+    let cluster_locks: BoxFuture<'static, ()> = match feeds.cluster_locks {
+        Some(feeds) => cluster_lock_controller(feeds, caches, ctx.clone(), config, stop()).boxed(),
         None => futures::future::ready(()).boxed(),
     };
-    let locks = lock_controller(
-        feeds.lock_events,
-        feeds.claims_for_locks,
-        feeds.finished_pods_for_locks,
-        feeds.jobs_for_owners,
-        caches,
-        ctx,
-        config,
-        stop(),
-    );
     let job_gate = run_gate(
         caches.jobs.clone(),
-        feeds.jobs_for_gate,
+        feeds.job_gate.workloads,
         gate_ctx.clone(),
-        feeds.claims_for_job_gate,
+        feeds.job_gate.claims,
         stop(),
     );
     let pod_gate = run_gate(
         caches.gated_pods.clone(),
-        feeds.gated_pods_for_gate,
+        feeds.pod_gate.workloads,
         gate_ctx,
-        feeds.claims_for_pod_gate,
+        feeds.pod_gate.claims,
         stop(),
     );
     let probe = {
@@ -120,22 +91,15 @@ pub(super) fn gate_context(ctx: &Arc<Context>) -> Arc<GateContext> {
 /// The `DistributedLock` controller: a lock's pass is woken by the lock, by any of its claims
 /// (a claim on several locks wakes each of them), and at once by a claim owner's finish or
 /// deletion (see `owner_watch`), a backend's return or another lock's room (`ctx.retries.wakes`).
-#[allow(clippy::too_many_arguments)] // one feed per wake-up source, each named
 fn lock_controller(
-    lock_events: futures::stream::BoxStream<
-        'static,
-        kube::runtime::watcher::Result<DistributedLock>,
-    >,
-    claims: kube::runtime::reflector::ReflectHandle<LockClaim>,
-    finished_pods: kube::runtime::reflector::ReflectHandle<Pod>,
-    jobs: kube::runtime::reflector::ReflectHandle<Job>,
+    feeds: LockFeeds,
     caches: &Caches,
     ctx: &Arc<Context>,
     config: ControllerRuntimeConfig,
     stop: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> impl Future<Output = ()> + Send {
-    let controller = Controller::for_stream(lock_events, caches.locks.clone())
-        .watches_shared_stream(claims, |claim: Arc<LockClaim>| {
+    let controller = Controller::for_stream(feeds.locks, caches.locks.clone())
+        .watches_shared_stream(feeds.claims, |claim: Arc<LockClaim>| {
             let namespace = claim.namespace().unwrap_or_default();
             claim
                 .spec
@@ -145,7 +109,7 @@ fn lock_controller(
                 .collect::<Vec<_>>()
         })
         .watches_shared_stream(
-            finished_pods,
+            feeds.finished_pods,
             owner_trigger::<Pod>(
                 caches.claims.clone(),
                 ctx.cache.claim_index.clone(),
@@ -153,7 +117,7 @@ fn lock_controller(
             ),
         )
         .watches_shared_stream(
-            jobs,
+            feeds.jobs,
             owner_trigger::<Job>(
                 caches.claims.clone(),
                 ctx.cache.claim_index.clone(),
@@ -181,30 +145,18 @@ fn lock_controller(
 /// those of its namespace), and, in a controller of all namespaces, the claims a cluster lock
 /// does not take (woken again when it or a namespace's labels change).
 fn claim_controller(
-    claims: kube::runtime::reflector::ReflectHandle<LockClaim>,
-    template_events: futures::stream::BoxStream<
-        'static,
-        kube::runtime::watcher::Result<LockTemplate>,
-    >,
-    cluster_wakes: Option<(
-        kube::runtime::reflector::ReflectHandle<turnstile_api::ClusterDistributedLock>,
-        kube::runtime::reflector::ReflectHandle<
-            kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Namespace>,
-        >,
-    )>,
+    feeds: ClaimFeeds,
     caches: &Caches,
     ctx: &Arc<Context>,
     config: ControllerRuntimeConfig,
     stop: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> impl Future<Output = ()> + Send {
-    let controller = Controller::for_shared_stream(claims, caches.claims.clone()).watches_stream(
-        template_events,
-        {
+    let controller = Controller::for_shared_stream(feeds.claims, caches.claims.clone())
+        .watches_stream(feeds.templates, {
             let (claims, locks) = (caches.claims.clone(), caches.locks.clone());
             move |template: LockTemplate| claims_waiting_in(&template, &claims, &locks)
-        },
-    );
-    let controller = match cluster_wakes {
+        });
+    let controller = match feeds.cluster {
         Some((cluster_locks, namespaces)) => controller
             .watches_shared_stream(
                 cluster_locks,

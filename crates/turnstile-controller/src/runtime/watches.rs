@@ -42,31 +42,45 @@ pub(super) struct Caches {
     pub cluster_locks: Store<ClusterDistributedLock>,
 }
 
-/// Each consumer's copy of the watches' events.
+/// Each consumer's copy of the watches' events, by controller.
 pub(super) struct Feeds {
-    pub lock_events: BoxStream<'static, watcher::Result<DistributedLock>>,
-    pub claims_for_locks: ReflectHandle<LockClaim>,
-    pub claims_for_orphans: ReflectHandle<LockClaim>,
-    pub claims_for_job_gate: ReflectHandle<LockClaim>,
-    pub claims_for_pod_gate: ReflectHandle<LockClaim>,
-    pub jobs_for_owners: ReflectHandle<Job>,
-    pub jobs_for_gate: ReflectHandle<Job>,
-    pub gated_pods_for_gate: ReflectHandle<Pod>,
-    pub finished_pods_for_locks: ReflectHandle<Pod>,
-    /// A change to a LockTemplate wakes the claims of its namespace waiting for a missing lock.
-    pub template_events: BoxStream<'static, watcher::Result<LockTemplate>>,
+    pub locks: LockFeeds,
+    pub claims: ClaimFeeds,
+    pub job_gate: GateFeeds<Job>,
+    pub pod_gate: GateFeeds<Pod>,
     /// Only for a controller of all namespaces (see `cluster_locks`).
-    pub cluster: Option<ClusterFeeds>,
+    pub cluster_locks: Option<ClusterLockFeeds>,
 }
 
-/// What a controller of all namespaces adds: the `ClusterDistributedLock` controller's feeds,
-/// and what wakes the claim controller about cluster locks.
-pub(super) struct ClusterFeeds {
-    /// A cluster lock's claims are decided again when it changes…
-    pub cluster_locks_for_claims: ReflectHandle<ClusterDistributedLock>,
-    /// …or a namespace's labels do.
-    pub namespaces_for_claims: ReflectHandle<PartialObjectMeta<Namespace>>,
-    pub lock_controller: ClusterLockFeeds,
+/// What wakes the `DistributedLock` controller: its own watch, its claims, and their owners
+/// (finished Pods, Jobs).
+pub(super) struct LockFeeds {
+    pub locks: BoxStream<'static, watcher::Result<DistributedLock>>,
+    pub claims: ReflectHandle<LockClaim>,
+    pub finished_pods: ReflectHandle<Pod>,
+    pub jobs: ReflectHandle<Job>,
+}
+
+/// What wakes the `LockClaim` controller: the claims; a LockTemplate's change (for the claims
+/// of its namespace waiting for a missing lock); in a controller of all namespaces, a cluster
+/// lock's or a namespace's change (for the claims a cluster lock does not take).
+pub(super) struct ClaimFeeds {
+    pub claims: ReflectHandle<LockClaim>,
+    pub templates: BoxStream<'static, watcher::Result<LockTemplate>>,
+    pub cluster: Option<(
+        ReflectHandle<ClusterDistributedLock>,
+        ReflectHandle<PartialObjectMeta<Namespace>>,
+    )>,
+}
+
+/// What wakes a gate: its workloads and their claims.
+pub(super) struct GateFeeds<W>
+where
+    W: kube::Resource + Clone + 'static,
+    W::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    pub workloads: ReflectHandle<W>,
+    pub claims: ReflectHandle<LockClaim>,
 }
 
 /// What wakes the `ClusterDistributedLock` controller: its own watch, its claims, their
@@ -109,16 +123,13 @@ impl Watches {
         let (locks, lock_writer) = reflector::store::<DistributedLock>();
 
         // `ClusterDistributedLock`s are served by a controller of all namespaces only.
-        let cluster = namespace.is_none().then(|| ClusterFeeds {
-            cluster_locks_for_claims: subscribe(&cluster_lock_writer),
-            namespaces_for_claims: subscribe(&namespace_writer),
-            lock_controller: ClusterLockFeeds {
-                locks: subscribe(&cluster_lock_writer),
-                claims: subscribe(&claim_writer),
-                namespaces: subscribe(&namespace_writer),
-                jobs: subscribe(&job_writer),
-                finished_pods: subscribe(&finished_pod_writer),
-            },
+        let serves_cluster_locks = namespace.is_none();
+        let cluster_lock_feeds = serves_cluster_locks.then(|| ClusterLockFeeds {
+            locks: subscribe(&cluster_lock_writer),
+            claims: subscribe(&claim_writer),
+            namespaces: subscribe(&namespace_writer),
+            jobs: subscribe(&job_writer),
+            finished_pods: subscribe(&finished_pod_writer),
         });
         let lock_events = tolerant_watcher::<DistributedLock>(
             client,
@@ -141,17 +152,31 @@ impl Watches {
         .applied_objects()
         .boxed();
         let feeds = Feeds {
-            lock_events,
-            claims_for_locks: subscribe(&claim_writer),
-            claims_for_orphans: subscribe(&claim_writer),
-            claims_for_job_gate: subscribe(&claim_writer),
-            claims_for_pod_gate: subscribe(&claim_writer),
-            jobs_for_owners: subscribe(&job_writer),
-            jobs_for_gate: subscribe(&job_writer),
-            gated_pods_for_gate: subscribe(&gated_pod_writer),
-            finished_pods_for_locks: subscribe(&finished_pod_writer),
-            template_events,
-            cluster,
+            locks: LockFeeds {
+                locks: lock_events,
+                claims: subscribe(&claim_writer),
+                finished_pods: subscribe(&finished_pod_writer),
+                jobs: subscribe(&job_writer),
+            },
+            claims: ClaimFeeds {
+                claims: subscribe(&claim_writer),
+                templates: template_events,
+                cluster: serves_cluster_locks.then(|| {
+                    (
+                        subscribe(&cluster_lock_writer),
+                        subscribe(&namespace_writer),
+                    )
+                }),
+            },
+            job_gate: GateFeeds {
+                workloads: subscribe(&job_writer),
+                claims: subscribe(&claim_writer),
+            },
+            pod_gate: GateFeeds {
+                workloads: subscribe(&gated_pod_writer),
+                claims: subscribe(&claim_writer),
+            },
+            cluster_locks: cluster_lock_feeds,
         };
 
         let mut shared = vec![
@@ -167,7 +192,7 @@ impl Watches {
             finished_pod_watch(client, namespace, finished_pod_writer),
             namespace_watch(client, namespace, namespace_writer),
         ];
-        if feeds.cluster.is_some() {
+        if serves_cluster_locks {
             shared.push(cluster_lock_watch(client, invalid, cluster_lock_writer));
         }
         let caches = Caches {
