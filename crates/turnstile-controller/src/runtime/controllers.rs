@@ -132,13 +132,8 @@ fn lock_controller(
         Some(wakes) => controller.reconcile_on(wakes),
         None => controller,
     };
-    controller
-        .run(reconcile_lock, lock_error_policy, ctx.clone())
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "lock controller");
-            }
-        })
+    let results = controller.run(reconcile_lock, lock_error_policy, ctx.clone());
+    log_failed_passes(results, "lock controller")
 }
 
 /// The `LockClaim` controller: claims whose lock does not exist (a LockTemplate's change wakes
@@ -168,15 +163,11 @@ fn claim_controller(
             ),
         None => controller,
     };
-    controller
+    let results = controller
         .with_config(config)
         .graceful_shutdown_on(stop)
-        .run(reconcile_claim, claim_error_policy, ctx.clone())
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "claim controller");
-            }
-        })
+        .run(reconcile_claim, claim_error_policy, ctx.clone());
+    log_failed_passes(results, "claim controller")
 }
 
 /// The `ClusterDistributedLock` controller (see `cluster_locks`).
@@ -188,7 +179,7 @@ fn cluster_lock_controller(
     stop: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> impl Future<Output = ()> + Send {
     let (claims, index) = (caches.claims.clone(), ctx.cache.claim_index.clone());
-    Controller::for_shared_stream(feeds.locks, caches.cluster_locks.clone())
+    let results = Controller::for_shared_stream(feeds.locks, caches.cluster_locks.clone())
         .watches_shared_stream(feeds.claims, cluster_locks::lock_of_claim)
         .watches_shared_stream(
             feeds.namespaces,
@@ -204,10 +195,21 @@ fn cluster_lock_controller(
         )
         .with_config(config)
         .graceful_shutdown_on(stop)
-        .run(reconcile_cluster_lock, cluster_lock_error_policy, ctx)
+        .run(reconcile_cluster_lock, cluster_lock_error_policy, ctx);
+    log_failed_passes(results, "cluster lock controller")
+}
+
+/// Drives a controller's stream of pass results; a failed pass is logged at debug (its error
+/// policy has already scheduled the retry, and routine conflicts are not warnings).
+async fn log_failed_passes<T, E: std::fmt::Display>(
+    results: impl futures::Stream<Item = Result<T, E>>,
+    controller: &'static str,
+) {
+    results
         .for_each(|result| async move {
             if let Err(error) = result {
-                tracing::debug!(%error, "cluster lock controller");
+                tracing::debug!(%error, "{controller}");
             }
         })
+        .await;
 }
