@@ -250,6 +250,8 @@ mod tests {
             "c.pem",
             "--etcd-client-key",
             "k.pem",
+            "--cluster-name",
+            "east",
         ])
         .expect("a complete command line");
     }

@@ -89,6 +89,12 @@ pub struct RunArgs {
     /// PEM private key of `--etcd-client-cert`.
     #[arg(long, env = "TURNSTILE_ETCD_CLIENT_KEY", requires = "etcd_client_cert")]
     pub etcd_client_key: Option<PathBuf>,
+    /// This cluster's name in the grants it writes to a shared backend (a DNS label): the
+    /// other clusters whose controllers share a lock's key then show `cluster NAME` as its
+    /// holder. Set it before the clusters share locks: a claim holding when it changes is
+    /// not recognised by its own controller any more.
+    #[arg(long, env = "TURNSTILE_CLUSTER_NAME")]
+    pub cluster_name: Option<String>,
     /// Backend of locks that do not name one: memory (embedded, default), redis, mongo or
     /// etcd.
     #[arg(long, default_value = "memory")]
@@ -237,6 +243,7 @@ pub async fn run_command(args: RunArgs) -> anyhow::Result<()> {
             ca_file: args.etcd_ca_file,
             client_cert: args.etcd_client_cert.zip(args.etcd_client_key),
         }),
+        cluster_name: args.cluster_name,
         metrics_addr: args.metrics_addr,
         instance,
         leader_election,

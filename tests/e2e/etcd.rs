@@ -18,7 +18,7 @@ use support::output::stderr;
 use support::{create_from_json, phase_of, token_of, Env, HolderMonitor, WAIT};
 use test_servers::{EtcdCluster, EtcdOptions};
 use tokio::sync::oneshot;
-use turnstile_api::{BackendKind, ClaimPhase, LockClaim, LOCK_ANNOTATION};
+use turnstile_api::{BackendKind, ClaimPhase, DistributedLock, LockClaim, LOCK_ANNOTATION};
 use turnstile_controller::backends::EtcdSettings;
 use turnstile_controller::ControllerConfig;
 
@@ -238,29 +238,61 @@ fn unix_seconds() -> i64 {
     })
 }
 
+/// [`etcd_config`] for the cluster named `cluster` (`--cluster-name`).
+fn etcd_config_in(cluster: &str, url: &str) -> ControllerConfig {
+    ControllerConfig {
+        cluster_name: Some(cluster.to_owned()),
+        ..etcd_config(url)
+    }
+}
+
+/// Waits until `env`'s lock `db` shows `summary` in its Holders column (`kubectl get locks`).
+async fn until_holders_shown(env: &Env, summary: &str) {
+    let shown = |lock: &DistributedLock| {
+        lock.status
+            .as_ref()
+            .and_then(|s| s.holder_summary.as_deref())
+            == Some(summary)
+    };
+    env.wait_lock("db", shown).await;
+    let table = env.kubectl(&["get", "distributedlocks", "db"]);
+    assert!(table.contains(summary), "kubectl get locks:\n{table}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_clusters_share_one_lock_on_etcd() {
     let server = launch(EtcdCluster::start, "etcd starts").await;
     let lock_spec = "backend: etcd\nleaseDurationSeconds: 6";
-    let mut east = controller_and_db_on_etcd(&server.url(), "leaseDurationSeconds: 6").await;
+    let mut east = Env::new().await;
+    east.start_controller(etcd_config_in("east", &server.url()));
+    east.apply_lock("db", lock_spec);
     let mut west = east.another_cluster_like().await;
-    west.start_controller(etcd_config(&server.url()));
+    west.start_controller(etcd_config_in("west", &server.url()));
     west.apply_lock("db", lock_spec);
     let monitor = TwoClusterMonitor::start(&east, &west);
 
-    // east holds; west's claim waits, told the key is busy.
+    // east holds; west's claim waits, told the key is busy, and west's lock names the
+    // holder's cluster.
     east.apply_claim("e1", "db", "");
     let e1 = east.wait_phase("e1", ClaimPhase::Held).await;
     assert_eq!(token_of(&e1), Some(1));
     west.apply_claim("w1", "db", "");
     west.wait_pending_for("w1", "LockBusy").await;
+    until_holders_shown(&west, "cluster east").await;
+    let holder = west.lock("db").await.status.expect("status").holders;
+    assert_eq!(
+        (holder[0].cluster.as_deref(), holder[0].fencing_token),
+        (Some("east"), 1)
+    );
 
     // east lets go: west's controller, trying again every 2 s, takes it with the next token.
     east.delete_claim("e1").await;
     let w1 = west.wait_phase("w1", ClaimPhase::Held).await;
     assert_eq!(token_of(&w1), Some(2));
+    until_holders_shown(&west, &w1.holder_identity()).await;
     east.apply_claim("e2", "db", "");
     east.wait_pending_for("e2", "LockBusy").await;
+    until_holders_shown(&east, "cluster west").await;
 
     // west's controller dies while w1 holds: nothing renews the grant, and east's claim is
     // granted once its lease ran out in etcd, not before.
@@ -289,9 +321,10 @@ async fn two_clusters_share_one_lock_on_etcd() {
     assert_eq!(tokens, [1, 2, 3], "tokens rise across both clusters");
 
     // Back, west's controller finds w1's grant gone and says so.
-    west.start_controller(etcd_config(&server.url()));
+    west.start_controller(etcd_config_in("west", &server.url()));
     let w1 = west.wait_phase("w1", ClaimPhase::Expired).await;
     println!("w1 after its controller came back: {:?}", w1.status);
+    until_holders_shown(&west, "cluster east").await;
     west.stop_controller().await;
     east.stop_controller().await;
 }

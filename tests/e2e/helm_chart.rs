@@ -169,6 +169,7 @@ fn every_toggle_lands_where_the_values_file_says() {
             "--metrics-addr=0.0.0.0:8080",
             "--log-format=text",
             "--default-backend=redis",
+            "--cluster-name=east",
             "--namespace=team-a",
             "--otlp-endpoint=http://otel-collector.observability.svc:4317",
             "--events=warnings",

@@ -227,12 +227,14 @@ pub struct DistributedLockStatus {
     /// The `metadata.generation` this status was computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// One entry per granted claim, in grant order.
+    /// One entry per granted claim, and per grant the backend holds for another cluster, in
+    /// grant order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub holders: Vec<LockHolder>,
     /// Every current holder's identity in grant order, comma-separated (the first
-    /// [`HOLDER_SUMMARY_NAMES`] and a count of the rest): a printer column shows one field
-    /// only, and a semaphore has many holders.
+    /// [`HOLDER_SUMMARY_NAMES`] and a count of the rest; `cluster NAME` for a grant held
+    /// from another cluster): a printer column shows one field only, and a semaphore has
+    /// many holders.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder_summary: Option<String>,
     /// Claims queued behind the holders.
@@ -290,7 +292,10 @@ pub fn holder_summary(holders: &[LockHolder]) -> Option<String> {
     let mut summary = holders
         .iter()
         .take(HOLDER_SUMMARY_NAMES)
-        .map(|holder| holder.holder_identity.as_str())
+        .map(|holder| match &holder.cluster {
+            Some(cluster) => format!("cluster {cluster}"),
+            None => holder.holder_identity.clone(),
+        })
         .collect::<Vec<_>>()
         .join(", ");
     if holders.len() > HOLDER_SUMMARY_NAMES {
@@ -306,10 +311,18 @@ pub fn holder_summary(holders: &[LockHolder]) -> Option<String> {
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LockHolder {
-    /// The name of the granted `LockClaim` (`namespace/name` on a `ClusterDistributedLock`).
+    /// The name of the granted `LockClaim` (`namespace/name` on a `ClusterDistributedLock`);
+    /// empty for a grant held from outside this cluster.
     pub claim: String,
-    /// Who holds the grant (the claim's `status.holderIdentity`).
+    /// Who holds the grant (the claim's `status.holderIdentity`); for a grant held from
+    /// outside this cluster, its owner token in the backend.
     pub holder_identity: String,
+    /// For a grant held from outside this cluster — another cluster's controller sharing the
+    /// lock's backend key — the name that controller runs with (`--cluster-name`). Such a
+    /// grant is shown as of this cluster's last pass over the lock, without its times (its
+    /// own cluster renews it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
     /// The grant's fencing token.
     pub fencing_token: i64,
     /// When the grant was made.
@@ -329,6 +342,7 @@ mod tests {
             claim: identity.to_owned(),
             holder_identity: identity.to_owned(),
             fencing_token: 1,
+            cluster: None,
             acquired_at: None,
             expires_at: None,
         }
@@ -343,6 +357,14 @@ mod tests {
         assert_eq!(
             holder_summary(&many).as_deref(),
             Some("h0, h1, h2, h3, h4 (+3 more)")
+        );
+        let elsewhere = LockHolder {
+            cluster: Some("east".to_owned()),
+            ..holder("east/0b1c")
+        };
+        assert_eq!(
+            holder_summary(&[holder("a"), elsewhere]).as_deref(),
+            Some("a, cluster east")
         );
     }
 }

@@ -184,6 +184,8 @@ pub struct Backends {
     redis: Option<LazyRedis>,
     mongo: Option<LazyMongo>,
     etcd: Option<LazyEtcd>,
+    /// This controller's cluster in the owner tokens it writes (`--cluster-name`).
+    cluster_name: Option<String>,
 }
 
 /// An etcd backend connected on first use (and again after a failed connect).
@@ -264,6 +266,7 @@ impl Backends {
             }),
             mongo: None,
             etcd: None,
+            cluster_name: None,
         }
     }
 
@@ -283,6 +286,19 @@ impl Backends {
             connected: Mutex::new(None),
         });
         self
+    }
+
+    /// Names this controller's cluster in the owner tokens it writes, so that the other
+    /// clusters sharing a lock's backend key can tell whose grant it is (see
+    /// [`owner_token_in`](crate::core::owner_token_in)).
+    pub fn with_cluster_name(mut self, cluster_name: Option<String>) -> Self {
+        self.cluster_name = cluster_name;
+        self
+    }
+
+    /// This controller's cluster, as its owner tokens name it.
+    pub fn cluster_name(&self) -> Option<&str> {
+        self.cluster_name.as_deref()
     }
 
     /// The backend serving locks that do not name one.

@@ -60,8 +60,8 @@ fn claims_of(
         .collect()
 }
 
-/// The claims' views, each seen from lock `lock` with its arrival, named as in `objects`
-/// (incomplete objects are skipped).
+/// The claims' views, each seen from lock `lock` with its arrival and its owner token in
+/// this cluster, named as in `objects` (incomplete objects are skipped).
 fn claim_views(
     ctx: &Context,
     objects: &HashMap<String, Arc<LockClaim>>,
@@ -75,6 +75,7 @@ fn claim_views(
                     name: name.clone(),
                     ..view
                 }
+                .in_cluster(ctx.backends.cluster_name())
                 .observed_arrival(ctx.cache.claim_index.arrival(claim)),
             ),
             Err(error) => {

@@ -247,8 +247,12 @@ pub fn prepare(
                 .and_then(|entry| u64::try_from(entry.fencing_token).ok());
             let other = others.get(name);
             let live = other.filter(|other| !other.lock.deleting);
-            let holds =
-                live.and_then(|other| other.view.snapshot().map(|_| other.view.holds(&claim.uid)));
+            let holds = live.and_then(|other| {
+                other
+                    .view
+                    .snapshot()
+                    .map(|_| other.view.holds(&claim.owner_token))
+            });
             let plan = plans.get(name.as_str());
             members.push(MemberLock {
                 name: name.clone(),
@@ -282,7 +286,7 @@ pub fn prepare(
         claim.members = members;
         grants
             .parts
-            .insert(claim.name.clone(), (claim.uid.clone(), parts));
+            .insert(claim.name.clone(), (claim.owner_token.clone(), parts));
     }
     grants
 }

@@ -23,7 +23,7 @@ pub(super) fn backend_lease_outlasts(
     claim: &ClaimView,
     expiry: Seconds,
 ) -> bool {
-    let Some(holder) = input.backend.holder(&claim.uid) else {
+    let Some(holder) = input.backend.holder(&claim.owner_token) else {
         return false;
     };
     let overdue = Duration::from_secs(u64::try_from(input.now_seconds() - expiry).unwrap_or(0));
@@ -48,7 +48,7 @@ pub(crate) fn recorded_expiry(input: &LockInput, claim: &ClaimView) -> Seconds {
     }
     let Some(lease) = input
         .backend
-        .holder(&claim.uid)
+        .holder(&claim.owner_token)
         .and_then(|holder| holder.expires_in.checked_sub(BACKEND_LEASE_GRACE))
     else {
         return recorded;

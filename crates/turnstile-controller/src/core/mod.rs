@@ -37,9 +37,9 @@ pub use decision::{
 };
 pub use fold::{fold, RESYNC_INTERVAL};
 pub use model::{
-    claim_address, claim_key, seconds_of, time_at, BackendView, ClaimView, IncompleteClaim,
-    LockInput, LockView, MemberLock, OwnerState, Seconds, WorkloadKind, WorkloadOwner,
-    BACKEND_LEASE_GRACE,
+    claim_address, claim_key, cluster_of_token, owner_token_in, seconds_of, time_at, BackendView,
+    ClaimView, IncompleteClaim, LockInput, LockView, MemberLock, OwnerState, Seconds, WorkloadKind,
+    WorkloadOwner, BACKEND_LEASE_GRACE,
 };
 pub use ops::{
     AcquirePurpose, BackendOp, CallTerms, ExecutionGate, OpOutcome, PlannedOp, LEASE_CUT,

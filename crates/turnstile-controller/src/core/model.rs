@@ -85,6 +85,24 @@ pub fn claim_address<'a>(lock_namespace: &'a str, key: &'a str) -> (&'a str, &'a
     }
 }
 
+/// A claim's owner token in the backend: `uid`, or `cluster/uid` when the controller runs
+/// with a cluster name (`--cluster-name`). A uid holds no `/`, so [`cluster_of_token`]
+/// reads the cluster back from a token another cluster's controller wrote.
+pub fn owner_token_in(cluster: Option<&str>, uid: &str) -> String {
+    match cluster {
+        Some(cluster) => format!("{cluster}/{uid}"),
+        None => uid.to_owned(),
+    }
+}
+
+/// The cluster an owner token names (see [`owner_token_in`]), if it names one.
+pub fn cluster_of_token(token: &str) -> Option<&str> {
+    token
+        .split_once('/')
+        .map(|(cluster, _)| cluster)
+        .filter(|cluster| !cluster.is_empty())
+}
+
 impl LockView {
     /// Takes the parts of a lock object the core needs.
     pub fn from_resource(lock: &DistributedLock) -> Self {
@@ -216,8 +234,11 @@ impl LockView {
 pub struct ClaimView {
     /// The claim's name.
     pub name: String,
-    /// `metadata.uid`: the owner token of the claim's grant in the backend.
-    pub uid: String,
+    /// The owner token of the claim's grant in the backend: its `metadata.uid`, as
+    /// `CLUSTER/UID` when the controller runs with a cluster name (see
+    /// [`ClaimView::in_cluster`]), so that a lock shared by several clusters tells whose
+    /// grant the backend holds.
+    pub owner_token: String,
     /// `metadata.creationTimestamp` (whole seconds): where the acquire timeout counts from,
     /// and the claim's place in the queue when it has no `status.arrivedAt`.
     pub created: Seconds,
@@ -404,7 +425,7 @@ impl ClaimView {
         };
         Ok(Self {
             name: name.clone(),
-            uid,
+            owner_token: uid,
             created,
             generation: claim.metadata.generation,
             deleting: claim.metadata.deletion_timestamp.is_some(),
@@ -430,6 +451,14 @@ impl ClaimView {
             view.status.fencing_token = claim.fencing_token_on(lock);
         }
         Ok(view)
+    }
+
+    /// The view with its owner token as `cluster` names it (`None`: the bare uid): see
+    /// [`owner_token_in`].
+    #[must_use]
+    pub fn in_cluster(mut self, cluster: Option<&str>) -> Self {
+        self.owner_token = owner_token_in(cluster, &self.owner_token);
+        self
     }
 
     /// Whether the claim names several locks.

@@ -17,7 +17,7 @@ pub enum BackendOp {
     /// One `AcquireMode::Try` attempt for `owner` (never enqueues in the backend: the queue
     /// lives in the API).
     Acquire {
-        /// The claim's uid.
+        /// The claim's owner token ([`ClaimView::owner_token`](super::ClaimView::owner_token)).
         owner: String,
         /// The backend lease (the API lease plus [`BACKEND_LEASE_GRACE`](super::BACKEND_LEASE_GRACE)).
         ttl: Duration,
@@ -28,14 +28,14 @@ pub enum BackendOp {
     },
     /// Extend `owner`'s lease to `ttl` from now.
     Extend {
-        /// The claim's uid.
+        /// The claim's owner token ([`ClaimView::owner_token`](super::ClaimView::owner_token)).
         owner: String,
         /// The backend lease (the API lease plus [`BACKEND_LEASE_GRACE`](super::BACKEND_LEASE_GRACE)).
         ttl: Duration,
     },
     /// Release `owner`'s grant (compare-and-delete: never touches anyone else's).
     Release {
-        /// The claim's uid.
+        /// The claim's owner token ([`ClaimView::owner_token`](super::ClaimView::owner_token)).
         owner: String,
         /// The grant ended without its holder asking (its lease or maximum hold ran out, its
         /// owner vanished) on a lock with a lock-delay: its lease is cut to

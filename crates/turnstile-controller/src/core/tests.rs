@@ -13,7 +13,7 @@ use turnstile_api::{
 };
 use turnstile_lock::{HolderInfo, LockSnapshot, ShareMode};
 
-const T0: i64 = 1_900_000_000;
+pub(super) const T0: i64 = 1_900_000_000;
 
 fn lock() -> LockView {
     LockView {
@@ -31,10 +31,10 @@ fn lock() -> LockView {
     }
 }
 
-fn held_claim(expires: i64, renew: Option<i64>) -> ClaimView {
+pub(super) fn held_claim(expires: i64, renew: Option<i64>) -> ClaimView {
     ClaimView {
         name: "a".to_owned(),
-        uid: "uid-a".to_owned(),
+        owner_token: "uid-a".to_owned(),
         created: T0,
         generation: Some(1),
         deleting: false,
@@ -60,7 +60,7 @@ fn held_claim(expires: i64, renew: Option<i64>) -> ClaimView {
     }
 }
 
-fn input_at(now: i64, claim: ClaimView) -> LockInput {
+pub(super) fn input_at(now: i64, claim: ClaimView) -> LockInput {
     LockInput {
         lock: lock(),
         claims: vec![claim],
@@ -173,7 +173,7 @@ fn reattach_raises_the_floor_just_below_the_recorded_token_then_to_the_high_wate
 fn grouped_claim(name: &str, seconds: i64, policy: turnstile_api::BusyPolicy) -> ClaimView {
     let mut claim = held_claim(T0 + 10, None);
     claim.name = name.to_owned();
-    claim.uid = format!("uid-{name}");
+    claim.owner_token = format!("uid-{name}");
     claim.spec.group = Some("g".to_owned());
     claim.spec.when_busy = Some(policy);
     claim.status = LockClaimStatus {
@@ -291,7 +291,7 @@ fn a_recorded_lease_still_running_is_kept_whatever_the_backend_holds() {
 }
 
 /// Claim `a` on `db`, waiting, with no status reason yet.
-fn waiting_claim() -> ClaimView {
+pub(super) fn waiting_claim() -> ClaimView {
     ClaimView {
         status: LockClaimStatus {
             phase: Some(ClaimPhase::Pending),
@@ -450,7 +450,7 @@ fn a_claim_a_cluster_lock_does_not_take_waits_saying_why_once_and_times_out_sayi
 }
 
 /// One pass over `input` whose backend calls all answer as `answer` says.
-fn pass(input: &LockInput, answer: impl Fn(&BackendOp) -> OpOutcome) -> super::Decision {
+pub(super) fn pass(input: &LockInput, answer: impl Fn(&BackendOp) -> OpOutcome) -> super::Decision {
     let plan = super::plan(input);
     let outcomes: Vec<OpOutcome> = plan.ops.iter().map(|planned| answer(&planned.op)).collect();
     super::fold(input, &plan, &outcomes)
@@ -553,7 +553,7 @@ fn with_its_backend_away_a_pass_says_so_to_every_waiter_on_one_lock_or_several()
 fn named(claim: ClaimView, name: &str, created: i64) -> ClaimView {
     ClaimView {
         name: name.to_owned(),
-        uid: format!("uid-{name}"),
+        owner_token: format!("uid-{name}"),
         created,
         ..claim
     }

@@ -69,6 +69,10 @@ pub struct ControllerConfig {
     pub mongo: Option<MongoSettings>,
     /// etcd connection settings; locks with `backend: etcd` are served only when given.
     pub etcd: Option<EtcdSettings>,
+    /// This cluster's name in the owner tokens of its grants (`--cluster-name`): set it when
+    /// controllers of several clusters share a backend, so that each shows whose grant
+    /// holds a lock. A DNS label.
+    pub cluster_name: Option<String>,
     /// Where to serve `/metrics`, `/healthz` and `/readyz`.
     pub metrics_addr: Option<SocketAddr>,
     /// This replica's name in Events (the Pod name).
@@ -91,6 +95,7 @@ impl Default for ControllerConfig {
             redis_tls: RedisTlsFiles::default(),
             mongo: None,
             etcd: None,
+            cluster_name: None,
             metrics_addr: None,
             instance: None,
             leader_election: None,
@@ -102,6 +107,14 @@ impl Default for ControllerConfig {
 
 impl ControllerConfig {
     fn validate(&self) -> Result<(), ControllerError> {
+        if let Some(name) = &self.cluster_name {
+            if !is_dns_label(name) {
+                return Err(ControllerError::Config(format!(
+                    "--cluster-name {name:?}: expected a DNS label (at most 63 lowercase \
+                     letters, digits and '-', starting and ending with a letter or digit)"
+                )));
+            }
+        }
         match self.default_backend {
             BackendKind::Memory => Ok(()),
             BackendKind::Redis if self.redis_url.is_some() => Ok(()),
@@ -118,6 +131,15 @@ impl ControllerConfig {
             )),
         }
     }
+}
+
+/// Whether `name` is a DNS-1123 label, as a cluster's name must be.
+fn is_dns_label(name: &str) -> bool {
+    let alphanumeric = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    (1..=63).contains(&name.len())
+        && name.chars().all(|c| alphanumeric(c) || c == '-')
+        && name.starts_with(alphanumeric)
+        && name.ends_with(alphanumeric)
 }
 
 /// A future completing once `flag` is true.
@@ -345,7 +367,8 @@ fn context(
         Ok(config.redis_tls.clone()),
     )
     .with_mongo(config.mongo.clone())
-    .with_etcd(config.etcd.clone());
+    .with_etcd(config.etcd.clone())
+    .with_cluster_name(config.cluster_name.clone());
     let ctx = Context::new(
         client.clone(),
         caches.locks.clone(),
@@ -398,5 +421,28 @@ mod tests {
             ..ControllerConfig::default()
         };
         assert!(redis.validate().is_ok());
+    }
+
+    #[test]
+    fn a_cluster_name_is_a_dns_label() {
+        let named = |name: &str| ControllerConfig {
+            cluster_name: Some(name.to_owned()),
+            ..ControllerConfig::default()
+        };
+        for good in ["east", "eu-west-1", "a", &"x".repeat(63)] {
+            assert!(named(good).validate().is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "East",
+            "-east",
+            "east-",
+            "us/east",
+            "a b",
+            &"x".repeat(64),
+        ] {
+            let error = named(bad).validate().expect_err(bad);
+            assert!(error.to_string().contains("--cluster-name"), "{error}");
+        }
     }
 }

@@ -2,6 +2,7 @@
 //! high water, the `Ready` condition (with an Event when it changes), the lock-delay and the
 //! history of grants.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -10,11 +11,13 @@ use turnstile_api::{
     LOCK_HISTORY_LEN, READY_CONDITION,
 };
 
+use turnstile_lock::HolderInfo;
+
 use super::statuses::Statuses;
-use super::Folder;
+use super::{Folder, DEADLINE_MARGIN};
 use crate::core::decision::{EventSeverity, EventSubject, PlannedEvent};
-use crate::core::model::time_at;
-use crate::core::ops::OpOutcome;
+use crate::core::model::{cluster_of_token, time_at};
+use crate::core::ops::{OpOutcome, LEASE_CUT};
 use crate::core::plan::LockMode;
 use crate::core::status::{conditions_status, set_condition};
 
@@ -49,7 +52,10 @@ pub(super) fn lock_status(
 }
 
 /// The claims that hold after the pass, by token.
-fn holders(folder: &Folder<'_>, statuses: &[(usize, Option<LockClaimStatus>)]) -> Vec<LockHolder> {
+fn holders(
+    folder: &mut Folder<'_>,
+    statuses: &[(usize, Option<LockClaimStatus>)],
+) -> Vec<LockHolder> {
     let input = folder.input;
     let mut holders: Vec<LockHolder> = statuses
         .iter()
@@ -60,13 +66,48 @@ fn holders(folder: &Folder<'_>, statuses: &[(usize, Option<LockClaimStatus>)]) -
                 claim: claim.name.clone(),
                 holder_identity: status.holder_identity.clone().unwrap_or_default(),
                 fencing_token: status.fencing_token.unwrap_or_default(),
+                cluster: None,
                 acquired_at: status.acquired_at.clone(),
                 expires_at: status.expires_at.clone(),
             })
         })
         .collect();
+    holders.extend(held_elsewhere(folder));
     holders.sort_by_key(|holder| holder.fencing_token);
     holders
+}
+
+/// The grants the backend holds for no claim of this pass — another cluster's, whose
+/// controller shares the lock's backend key — by the cluster their owner tokens name;
+/// the lock looks again when the first one's lease would end. Without a snapshot, the ones
+/// the status shows already.
+fn held_elsewhere(folder: &mut Folder<'_>) -> Vec<LockHolder> {
+    let input = folder.input;
+    let Some(snapshot) = input.backend.snapshot() else {
+        return (input.lock.status.holders.iter())
+            .filter(|holder| holder.claim.is_empty())
+            .cloned()
+            .collect();
+    };
+    let ours: HashSet<&str> = (input.claims.iter())
+        .map(|claim| claim.owner_token.as_str())
+        .collect();
+    let elsewhere: Vec<&HolderInfo> = (snapshot.holders.iter())
+        .filter(|holder| holder.expires_in > LEASE_CUT && !ours.contains(holder.owner.as_str()))
+        .collect();
+    if let Some(first_end) = elsewhere.iter().map(|holder| holder.expires_in).min() {
+        folder.wake_in(first_end + DEADLINE_MARGIN);
+    }
+    (elsewhere.into_iter())
+        .map(|holder| LockHolder {
+            claim: String::new(),
+            holder_identity: holder.owner.clone(),
+            fencing_token: i64::try_from(holder.fencing_token).unwrap_or(i64::MAX),
+            cluster: cluster_of_token(&holder.owner).map(str::to_owned),
+            acquired_at: None,
+            expires_at: None,
+        })
+        .collect()
 }
 
 /// The highest token the lock has issued, as far as the pass knows: its status's, the
@@ -151,4 +192,96 @@ fn with_history(history: &[PastGrant], ended: Vec<PastGrant>) -> Vec<PastGrant> 
     let extra = history.len().saturating_sub(LOCK_HISTORY_LEN);
     history.drain(..extra);
     history
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use turnstile_api::{BackendKind, ClaimPhase};
+    use turnstile_lock::{HolderInfo, LockSnapshot, ShareMode};
+
+    use crate::core::model::BackendView;
+    use crate::core::ops::{BackendOp, OpOutcome};
+    use crate::core::tests::{held_claim, input_at, pass, waiting_claim, T0};
+
+    fn holding(owner: &str, fencing_token: u64, expires_in: Duration) -> HolderInfo {
+        HolderInfo {
+            owner: owner.to_owned(),
+            fencing_token,
+            expires_in,
+            share: ShareMode::Exclusive,
+        }
+    }
+
+    fn busy(op: &BackendOp) -> OpOutcome {
+        match op {
+            BackendOp::Acquire { .. } => OpOutcome::Busy { retry_after: None },
+            other => panic!("no other call expected: {other:?}"),
+        }
+    }
+
+    /// Another cluster's grant on the shared key is shown by the cluster its token names
+    /// (without times, so its renewals write nothing here), and the lock looks again when
+    /// its lease would end; a grant whose lease was cut is over and not shown.
+    #[test]
+    fn a_grant_held_from_another_cluster_is_shown_by_its_cluster() {
+        let mut input = input_at(T0, waiting_claim());
+        input.backend = BackendView::Ready {
+            backend: BackendKind::Redis,
+            snapshot: LockSnapshot {
+                holders: vec![
+                    holding("east/uid-e1", 7, Duration::from_secs(20)),
+                    holding("west/uid-cut", 6, Duration::from_millis(1)),
+                ],
+                fencing_token: 7,
+                ..LockSnapshot::default()
+            },
+        };
+        let decision = pass(&input, busy);
+        let status = decision.lock_status.expect("the lock's status");
+        assert_eq!(status.holders.len(), 1, "{:?}", status.holders);
+        let elsewhere = &status.holders[0];
+        assert_eq!(elsewhere.cluster.as_deref(), Some("east"));
+        assert_eq!(
+            (elsewhere.claim.as_str(), elsewhere.holder_identity.as_str()),
+            ("", "east/uid-e1")
+        );
+        assert_eq!(elsewhere.fencing_token, 7);
+        assert_eq!(
+            (&elsewhere.acquired_at, &elsewhere.expires_at),
+            (&None, &None)
+        );
+        assert_eq!(status.holder_summary.as_deref(), Some("cluster east"));
+        assert!(
+            decision.requeue_after <= Duration::from_millis(20_050),
+            "{:?}",
+            decision.requeue_after
+        );
+    }
+
+    /// The claims of the pass are this cluster's, whatever their token: a claim's own grant
+    /// is never shown as held elsewhere.
+    #[test]
+    fn a_claims_own_grant_is_not_held_elsewhere() {
+        let mut claim = held_claim(T0 + 8, None);
+        claim.owner_token = "west/uid-a".to_owned();
+        let mut input = input_at(T0, claim);
+        input.backend = BackendView::Ready {
+            backend: BackendKind::Redis,
+            snapshot: LockSnapshot {
+                holders: vec![holding("west/uid-a", 1, Duration::from_secs(8))],
+                fencing_token: 1,
+                ..LockSnapshot::default()
+            },
+        };
+        let decision = pass(&input, |op| panic!("no call expected: {op:?}"));
+        let status = decision.lock_status.expect("the lock's status");
+        assert_eq!(status.holders.len(), 1);
+        assert_eq!(
+            (status.holders[0].claim.as_str(), &status.holders[0].cluster),
+            ("a", &None)
+        );
+        assert_eq!(input.claims[0].phase(), ClaimPhase::Held);
+    }
 }

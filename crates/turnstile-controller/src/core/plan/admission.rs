@@ -185,7 +185,7 @@ fn own_turn(
     let shared = claim.shared(&input.lock);
     let backend_token = input
         .backend
-        .holder(&claim.uid)
+        .holder(&claim.owner_token)
         .map(|holder| holder.fencing_token);
     // On several locks, granted only when every other lock admits it too; until then it
     // waits at the head here as well.

@@ -44,7 +44,7 @@ impl<'a> Builder<'a> {
     }
 
     pub(super) fn push_release(&mut self, claim: &ClaimView, involuntary: bool) -> OpRef {
-        let owner = claim.uid.clone();
+        let owner = claim.owner_token.clone();
         let op = BackendOp::Release { owner, involuntary };
         self.releases.push(PlannedOp::for_claim(claim, op));
         OpRef::Release(self.releases.len() - 1)
@@ -69,7 +69,9 @@ impl<'a> Builder<'a> {
         recorded_held: bool,
     ) -> Option<OpRef> {
         match &self.input.backend {
-            BackendView::Ready { .. } if recorded_held || self.input.backend.holds(&claim.uid) => {
+            BackendView::Ready { .. }
+                if recorded_held || self.input.backend.holds(&claim.owner_token) =>
+            {
                 Some(self.release(claim))
             }
             _ => None,
@@ -77,7 +79,7 @@ impl<'a> Builder<'a> {
     }
 
     pub(super) fn extend(&mut self, claim: &ClaimView, ttl: Duration) -> OpRef {
-        let owner = claim.uid.clone();
+        let owner = claim.owner_token.clone();
         let op = BackendOp::Extend { owner, ttl };
         self.extends.push(PlannedOp::for_claim(claim, op));
         OpRef::Extend(self.extends.len() - 1)
@@ -85,7 +87,7 @@ impl<'a> Builder<'a> {
 
     pub(super) fn grant(&mut self, claim: &ClaimView, ttl: Duration) -> OpRef {
         let op = BackendOp::Acquire {
-            owner: claim.uid.clone(),
+            owner: claim.owner_token.clone(),
             ttl,
             purpose: AcquirePurpose::Grant,
             shared: claim.shared(&self.input.lock),
@@ -99,7 +101,7 @@ impl<'a> Builder<'a> {
         self.reattaches.push((
             token,
             claim.name.clone(),
-            claim.uid.clone(),
+            claim.owner_token.clone(),
             ttl,
             claim.shared(&self.input.lock),
         ));

@@ -307,7 +307,7 @@ fn held_draft(
         .members
         .iter()
         .any(|member| member.holds == Some(false));
-    if !input.backend.holds(&claim.uid) || member_lost {
+    if !input.backend.holds(&claim.owner_token) || member_lost {
         builder.reattach(claim, ttl);
         Draft::Reattach {
             expiry,

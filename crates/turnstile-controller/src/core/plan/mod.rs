@@ -190,7 +190,7 @@ fn mode_of(input: &LockInput) -> LockMode {
 fn holds_exclusively(input: &LockInput, claim: &ClaimView) -> bool {
     let granted_shared = input
         .backend
-        .holder(&claim.uid)
+        .holder(&claim.owner_token)
         .map(|h| h.share == turnstile_lock::ShareMode::Shared);
     !granted_shared.unwrap_or(claim.shared(&input.lock))
 }
