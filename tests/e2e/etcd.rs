@@ -2,9 +2,7 @@
 //! ports): the memory backend's flows (FIFO hand-off, expiry, a semaphore) on a lock with
 //! `spec.backend: etcd`, with the grants in etcd under the lock's key; a gated Job and
 //! `turnstile lock --lock` taking turns on it; the queue handed on through an etcd leader
-//! change; and one lock shared by two clusters — two control planes, a
-//! controller each, one etcd: one holder across both, tokens rising across both, and a
-//! cluster whose controller dies while holding gives the lock up when the lease runs out.
+//! change. One etcd lock shared by two clusters is in `clusters.rs`.
 
 use crate::support;
 
@@ -15,10 +13,9 @@ use support::child::{finish_within, spawn_captured};
 use support::jobs::{finish_job, held_pods, is_suspended, jobs, wait_job};
 use support::launch::launch;
 use support::output::stderr;
-use support::{create_from_json, phase_of, token_of, Env, HolderMonitor, WAIT};
+use support::{create_from_json, token_of, Env, HolderMonitor, WAIT};
 use test_servers::{EtcdCluster, EtcdOptions};
-use tokio::sync::oneshot;
-use turnstile_api::{BackendKind, ClaimPhase, DistributedLock, LockClaim, LOCK_ANNOTATION};
+use turnstile_api::{BackendKind, ClaimPhase, LOCK_ANNOTATION};
 use turnstile_controller::backends::EtcdSettings;
 use turnstile_controller::ControllerConfig;
 
@@ -174,157 +171,4 @@ async fn the_queue_is_handed_on_through_an_etcd_leader_change() {
     assert_eq!(report.tokens(), [1, 2, 3]);
     assert_eq!((report.over_capacity, report.token_regressions), (0, 0));
     env.stop_controller().await;
-}
-
-/// Samples the claims of lock `db` in both clusters every 20 ms: holders at once across both
-/// (only those whose `expiresAt` is still ahead: a dead controller's claim keeps its last
-/// status), and the tokens of new holders in the order seen.
-struct TwoClusterMonitor {
-    stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<(usize, usize, Vec<i64>)>,
-}
-
-impl TwoClusterMonitor {
-    fn start(a: &Env, b: &Env) -> Self {
-        let apis = [a.claims(), b.claims()];
-        let (stop, mut stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            let (mut samples, mut over, mut tokens) = (0, 0, Vec::<i64>::new());
-            loop {
-                // Asked to stop: one more sample, taken after the ask, so that what the test
-                // saw before it asked (the last grant) is in the report.
-                let stopping = stopped.try_recv().is_ok();
-                let mut holders = Vec::new();
-                for api in &apis {
-                    if let Ok(list) = api.list(&Default::default()).await {
-                        holders.extend(list.items.into_iter().filter(is_live_holder));
-                    }
-                }
-                samples += 1;
-                if holders.len() > 1 {
-                    over += 1;
-                }
-                for token in holders.iter().filter_map(token_of) {
-                    if !tokens.contains(&token) {
-                        tokens.push(token);
-                    }
-                }
-                if stopping {
-                    return (samples, over, tokens);
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        });
-        TwoClusterMonitor { stop, task }
-    }
-
-    /// Stops sampling: (samples, samples with two holders, tokens in the order seen).
-    async fn finish(self) -> (usize, usize, Vec<i64>) {
-        let _ = self.stop.send(());
-        self.task.await.expect("monitor task")
-    }
-}
-
-fn is_live_holder(claim: &LockClaim) -> bool {
-    let expires_at = claim.status.as_ref().and_then(|s| s.expires_at.as_ref());
-    phase_of(claim) == Some(ClaimPhase::Held)
-        && expires_at.is_some_and(|at| at.0.as_second() >= unix_seconds())
-}
-
-fn unix_seconds() -> i64 {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    now.map_or(0, |since| {
-        i64::try_from(since.as_secs()).unwrap_or(i64::MAX)
-    })
-}
-
-/// [`etcd_config`] for the cluster named `cluster` (`--cluster-name`).
-fn etcd_config_in(cluster: &str, url: &str) -> ControllerConfig {
-    ControllerConfig {
-        cluster_name: Some(cluster.to_owned()),
-        ..etcd_config(url)
-    }
-}
-
-/// Waits until `env`'s lock `db` shows `summary` in its Holders column (`kubectl get locks`).
-async fn until_holders_shown(env: &Env, summary: &str) {
-    let shown = |lock: &DistributedLock| {
-        lock.status
-            .as_ref()
-            .and_then(|s| s.holder_summary.as_deref())
-            == Some(summary)
-    };
-    env.wait_lock("db", shown).await;
-    let table = env.kubectl(&["get", "distributedlocks", "db"]);
-    assert!(table.contains(summary), "kubectl get locks:\n{table}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_clusters_share_one_lock_on_etcd() {
-    let server = launch(EtcdCluster::start, "etcd starts").await;
-    let lock_spec = "backend: etcd\nleaseDurationSeconds: 6";
-    let mut east = Env::new().await;
-    east.start_controller(etcd_config_in("east", &server.url()));
-    east.apply_lock("db", lock_spec);
-    let mut west = east.another_cluster_like().await;
-    west.start_controller(etcd_config_in("west", &server.url()));
-    west.apply_lock("db", lock_spec);
-    let monitor = TwoClusterMonitor::start(&east, &west);
-
-    // east holds; west's claim waits, told the key is busy, and west's lock names the
-    // holder's cluster.
-    east.apply_claim("e1", "db", "");
-    let e1 = east.wait_phase("e1", ClaimPhase::Held).await;
-    assert_eq!(token_of(&e1), Some(1));
-    west.apply_claim("w1", "db", "");
-    west.wait_pending_for("w1", "LockBusy").await;
-    until_holders_shown(&west, "cluster east").await;
-    let holder = west.lock("db").await.status.expect("status").holders;
-    assert_eq!(
-        (holder[0].cluster.as_deref(), holder[0].fencing_token),
-        (Some("east"), 1)
-    );
-
-    // east lets go: west's controller, trying again every 2 s, takes it with the next token.
-    east.delete_claim("e1").await;
-    let w1 = west.wait_phase("w1", ClaimPhase::Held).await;
-    assert_eq!(token_of(&w1), Some(2));
-    until_holders_shown(&west, &w1.holder_identity()).await;
-    east.apply_claim("e2", "db", "");
-    east.wait_pending_for("e2", "LockBusy").await;
-    until_holders_shown(&east, "cluster west").await;
-
-    // west's controller dies while w1 holds: nothing renews the grant, and east's claim is
-    // granted once its lease ran out in etcd, not before.
-    west.stop_controller().await;
-    let w1 = west.claim("w1").await;
-    let w1_expires = w1
-        .status
-        .as_ref()
-        .and_then(|s| s.expires_at.clone())
-        .expect("w1's expiry");
-    let e2 = east.wait_phase("e2", ClaimPhase::Held).await;
-    assert_eq!(token_of(&e2), Some(3));
-    let e2_acquired = e2
-        .status
-        .as_ref()
-        .and_then(|s| s.acquired_at.clone())
-        .expect("e2's grant time");
-    // Both whole seconds (the API server's Time).
-    assert!(
-        e2_acquired.0.as_second() >= w1_expires.0.as_second() - 1,
-        "e2 granted at {e2_acquired:?}, before w1's lease ended at {w1_expires:?}"
-    );
-    let (samples, over, tokens) = monitor.finish().await;
-    assert!(samples > 10, "the monitor sampled ({samples})");
-    assert_eq!(over, 0, "two live holders across the clusters");
-    assert_eq!(tokens, [1, 2, 3], "tokens rise across both clusters");
-
-    // Back, west's controller finds w1's grant gone and says so.
-    west.start_controller(etcd_config_in("west", &server.url()));
-    let w1 = west.wait_phase("w1", ClaimPhase::Expired).await;
-    println!("w1 after its controller came back: {:?}", w1.status);
-    until_holders_shown(&west, "cluster east").await;
-    west.stop_controller().await;
-    east.stop_controller().await;
 }

@@ -26,6 +26,7 @@ mod owners;
 mod pod_gate;
 
 // Backends under the controller.
+mod clusters;
 mod etcd;
 mod mongo;
 mod redis;

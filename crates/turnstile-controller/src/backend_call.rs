@@ -6,6 +6,12 @@ use turnstile_lock::{AcquireMode, AcquireOutcome, AcquireRequest, Backend, LockE
 
 use crate::core::{BackendOp, CallTerms, OpOutcome, LEASE_CUT};
 
+/// How long a claim's place in a backend queue lasts without another attempt: well above
+/// the [`MAX_BUSY_RETRY`](crate::core::MAX_BUSY_RETRY) at which a refused claim is tried
+/// again, and short enough that a place left by a controller that died (or by a claim that
+/// is no longer at the head of its cluster's queue) frees the key soon.
+pub const WAITER_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// One backend call of a pass.
 pub async fn perform(
     backend: &dyn Backend,
@@ -18,8 +24,17 @@ pub async fn perform(
             counter: backend.raise_fencing_floor(key, *floor).await?,
         },
         BackendOp::Acquire {
-            owner, ttl, shared, ..
+            owner,
+            ttl,
+            shared,
+            queue,
+            ..
         } => {
+            let mode = if *queue {
+                AcquireMode::Wait
+            } else {
+                AcquireMode::Try
+            };
             let request = AcquireRequest {
                 share: if *shared {
                     ShareMode::Shared
@@ -27,7 +42,7 @@ pub async fn perform(
                     ShareMode::Exclusive
                 },
                 lock_delay: terms.lock_delay,
-                ..AcquireRequest::new(key, owner, *ttl, terms.max_holders, AcquireMode::Try, *ttl)
+                ..AcquireRequest::new(key, owner, *ttl, terms.max_holders, mode, WAITER_LEASE)
             };
             match backend.acquire(&request).await? {
                 AcquireOutcome::Granted {

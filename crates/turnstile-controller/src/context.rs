@@ -21,6 +21,7 @@ use crate::lock_wakes::LockWakes;
 use crate::metrics::Metrics;
 use crate::own_writes::OwnWrites;
 use crate::owners::OwnerCaches;
+use crate::queue_wakes::QueueWakes;
 use crate::traces::ClaimTraces;
 use crate::writer::ApiWriter;
 use turnstile_api::{ClusterDistributedLock, DistributedLock, LockClaim, LockTemplate};
@@ -90,6 +91,9 @@ pub struct Retries {
     pub wakes: LockWakes,
     /// The locks waiting for a backend to answer again, woken when it does.
     pub outages: BackendOutages,
+    /// The claims waiting in a backend's queue, whose locks it wakes when it hands them the
+    /// key.
+    pub queue_wakes: QueueWakes,
     failures: Mutex<HashMap<String, u32>>,
 }
 
@@ -127,6 +131,7 @@ impl Context {
             metrics,
             retries: Retries {
                 outages: BackendOutages::new(wakes.clone()),
+                queue_wakes: QueueWakes::default(),
                 wakes,
                 failures: Mutex::new(HashMap::new()),
             },

@@ -18,6 +18,8 @@
 //!   priority.
 //! - [`lock_wakes`]: lock passes woken by something other than a watch event.
 //! - [`backend_outages`]: a backend that answers again wakes the locks that waited for it.
+//! - [`queue_wakes`]: a backend that hands a key shared with another cluster to a claim
+//!   waiting in its queue wakes that claim's lock.
 //! - [`own_writes`]: a lock's pass waits until the cache shows its previous pass's writes.
 //! - [`owner_watch`]: Pod/Job events wake the locks of the claims they own.
 //! - [`gate`]: gated workloads (suspended Jobs, Pods with a scheduling gate) go once their claim
@@ -57,6 +59,7 @@ pub mod owner_watch;
 pub mod owners;
 pub mod pass_report;
 pub mod patch;
+pub mod queue_wakes;
 pub mod runtime;
 pub mod templates;
 pub mod tolerant_watch;

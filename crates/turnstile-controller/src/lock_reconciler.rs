@@ -19,7 +19,7 @@ use super::caches::cache_filled;
 use super::cluster_locks;
 use super::context::Context;
 use super::core::{
-    claim_address, claim_key, fold, plan, BackendView, CallTerms, ClaimView, Decision,
+    claim_address, claim_key, fold, plan, BackendOp, BackendView, CallTerms, ClaimView, Decision,
     ExecutionGate, LockInput, LockView, OpOutcome, Plan, PlannedOp,
 };
 use super::error::ControllerError;
@@ -271,6 +271,9 @@ pub(crate) async fn reconcile_inner(
     }
     // A cluster lock is retried with backoff only: the outage wake-ups name `DistributedLock`s.
     let woken_on_return = cluster.is_none().then(|| ObjectRef::from_obj(lock));
+    if let (Some(lock), Some(backend)) = (&woken_on_return, &backend) {
+        watch_backend_queue(ctx, backend, &backend_key, lock, &planned.ops, &outcomes);
+    }
     record_backend_state(
         ctx,
         woken_on_return,
@@ -302,6 +305,35 @@ pub(crate) async fn reconcile_inner(
             .wake(ObjectRef::new(claim.first_lock()).within(&input.lock.namespace));
     }
     next_pass(ctx, lock, cluster, &input, &decision, &pass_key).await
+}
+
+/// Claims the pass put in the backend's queue for `key` (refused while another cluster
+/// holds it): `lock` is woken when the backend hands one of them the key.
+fn watch_backend_queue(
+    ctx: &Context,
+    backend: &Arc<dyn Backend>,
+    key: &str,
+    lock: &ObjectRef<DistributedLock>,
+    ops: &[PlannedOp],
+    outcomes: &[OpOutcome],
+) {
+    for (planned, outcome) in ops.iter().zip(outcomes) {
+        if let (
+            BackendOp::Acquire {
+                owner, queue: true, ..
+            },
+            OpOutcome::Busy { .. },
+        ) = (&planned.op, outcome)
+        {
+            ctx.retries.queue_wakes.watch(
+                backend.clone(),
+                key,
+                owner,
+                lock.clone(),
+                ctx.retries.wakes.clone(),
+            );
+        }
+    }
 }
 
 /// What a pass starts from, besides the claims' objects.
@@ -615,6 +647,7 @@ mod tests {
                 ttl: Duration::from_secs(60),
                 purpose: AcquirePurpose::Grant,
                 shared: true,
+                queue: false,
             },
         }
     }

@@ -168,6 +168,7 @@ impl Part {
             ttl,
             purpose: crate::core::AcquirePurpose::Grant,
             shared: self.shared,
+            queue: false,
         }
     }
 }

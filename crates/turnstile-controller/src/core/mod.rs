@@ -35,7 +35,7 @@ pub use decision::{
     ClaimChange, Decision, EventSeverity, EventSubject, FinalizerChange, GrantEnd, Observation,
     PlannedEvent,
 };
-pub use fold::{fold, RESYNC_INTERVAL};
+pub use fold::{fold, MAX_BUSY_RETRY, RESYNC_INTERVAL};
 pub use model::{
     claim_address, claim_key, cluster_of_token, owner_token_in, seconds_of, time_at, BackendView,
     ClaimView, IncompleteClaim, LockInput, LockView, MemberLock, OwnerState, Seconds, WorkloadKind,

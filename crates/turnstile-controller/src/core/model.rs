@@ -2,6 +2,7 @@
 //! every time reduced to whole Unix seconds (the API's resolution), so that comparisons made
 //! in one pass agree with what the next pass reads back.
 
+use std::collections::HashSet;
 use std::fmt::Display;
 use std::ops::RangeInclusive;
 use std::time::Duration;
@@ -676,6 +677,12 @@ impl BackendView {
     pub fn holds(&self, owner: &str) -> bool {
         self.holder(owner).is_some()
     }
+
+    /// Whether `owner` waits in the backend's queue for the key, in the snapshot.
+    pub fn queues(&self, owner: &str) -> bool {
+        self.snapshot()
+            .is_some_and(|snapshot| snapshot.waiters.iter().any(|waiter| waiter == owner))
+    }
 }
 
 /// Everything one reconcile pass of a lock decides from.
@@ -696,6 +703,27 @@ pub struct LockInput {
 }
 
 impl LockInput {
+    /// Whether the backend holds or queues the lock's key for someone who is no claim of
+    /// this pass: another cluster's controller sharing the key, or a client of the backend
+    /// itself.
+    pub fn shared_outside(&self) -> bool {
+        let Some(snapshot) = self.backend.snapshot() else {
+            return false;
+        };
+        let mut owners = (snapshot.holders.iter())
+            .filter(|holder| holder.expires_in > super::LEASE_CUT)
+            .map(|holder| holder.owner.as_str())
+            .chain(snapshot.waiters.iter().map(String::as_str))
+            .peekable();
+        if owners.peek().is_none() {
+            return false;
+        }
+        let ours: HashSet<&str> = (self.claims.iter())
+            .map(|claim| claim.owner_token.as_str())
+            .collect();
+        owners.any(|owner| !ours.contains(owner))
+    }
+
     /// `now` in whole seconds.
     pub fn now_seconds(&self) -> Seconds {
         self.now.as_second()

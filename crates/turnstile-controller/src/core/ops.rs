@@ -14,8 +14,8 @@ pub enum BackendOp {
         /// The new minimum of the counter.
         floor: u64,
     },
-    /// One `AcquireMode::Try` attempt for `owner` (never enqueues in the backend: the queue
-    /// lives in the API).
+    /// One attempt for `owner`: `AcquireMode::Try` (the queue lives in the API), or
+    /// `AcquireMode::Wait` when `queue` is set.
     Acquire {
         /// The claim's owner token ([`ClaimView::owner_token`](super::ClaimView::owner_token)).
         owner: String,
@@ -25,6 +25,11 @@ pub enum BackendOp {
         purpose: AcquirePurpose,
         /// Holds together with other shared holders (else alone).
         shared: bool,
+        /// When refused, join the backend's queue for the key (kept while the claim is
+        /// tried again, at least every [`MAX_BUSY_RETRY`](crate::core::MAX_BUSY_RETRY)):
+        /// the key is held or queued for someone outside this cluster, and the backend's
+        /// queue is the order across clusters.
+        queue: bool,
     },
     /// Extend `owner`'s lease to `ttl` from now.
     Extend {

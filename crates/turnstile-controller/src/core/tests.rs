@@ -129,12 +129,14 @@ fn gate_stops_later_grants_after_a_refused_grant_only() {
         ttl: Duration::from_secs(1),
         purpose: AcquirePurpose::Grant,
         shared: false,
+        queue: false,
     };
     let reattach = BackendOp::Acquire {
         owner: "y".to_owned(),
         ttl: Duration::from_secs(1),
         purpose: AcquirePurpose::Reattach,
         shared: false,
+        queue: false,
     };
     gate.record(&reattach, &OpOutcome::Busy { retry_after: None });
     assert!(

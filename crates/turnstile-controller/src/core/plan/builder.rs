@@ -15,6 +15,9 @@ pub(super) struct Builder<'a> {
     reattaches: Vec<(u64, String, String, Duration, bool)>,
     extends: Vec<PlannedOp>,
     grants: Vec<PlannedOp>,
+    /// The key is held or queued for someone outside this cluster: a refused grant joins
+    /// the backend's queue (see [`BackendOp::Acquire`]).
+    queue_when_busy: bool,
 }
 
 /// A call in one of the [`Builder`]'s groups, before the final layout.
@@ -36,6 +39,7 @@ impl<'a> Builder<'a> {
             reattaches: Vec::new(),
             extends: Vec::new(),
             grants: Vec::new(),
+            queue_when_busy: input.shared_outside(),
         }
     }
 
@@ -60,7 +64,8 @@ impl<'a> Builder<'a> {
         }
     }
 
-    /// A release when the backend holds (or, by the API, should hold) a grant for `claim`.
+    /// A release when the backend holds (or, by the API, should hold) a grant for `claim`, or
+    /// has it in its queue (it leaves the queue).
     /// Without an answer from the backend nothing is planned: the caller keeps finalizers
     /// until the backend answers.
     pub(super) fn release_if_held(
@@ -70,7 +75,9 @@ impl<'a> Builder<'a> {
     ) -> Option<OpRef> {
         match &self.input.backend {
             BackendView::Ready { .. }
-                if recorded_held || self.input.backend.holds(&claim.owner_token) =>
+                if recorded_held
+                    || self.input.backend.holds(&claim.owner_token)
+                    || self.input.backend.queues(&claim.owner_token) =>
             {
                 Some(self.release(claim))
             }
@@ -91,6 +98,9 @@ impl<'a> Builder<'a> {
             ttl,
             purpose: AcquirePurpose::Grant,
             shared: claim.shared(&self.input.lock),
+            // A claim on several locks is granted on all of them at once or none: it never
+            // waits in one backend queue while holding up the others.
+            queue: self.queue_when_busy && !claim.is_multi_lock(),
         };
         self.grants.push(PlannedOp::for_claim(claim, op));
         OpRef::Grant(self.grants.len() - 1)
@@ -136,6 +146,7 @@ impl<'a> Builder<'a> {
                     ttl,
                     purpose: AcquirePurpose::Reattach,
                     shared,
+                    queue: false,
                 },
             });
         }
@@ -156,5 +167,91 @@ impl<'a> Builder<'a> {
             OpRef::Reattach => reattach_at.get(claim).copied().unwrap_or(usize::MAX),
         };
         (ops, resolve)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use turnstile_api::BackendKind;
+    use turnstile_lock::{HolderInfo, LockSnapshot, ShareMode};
+
+    use crate::core::model::{BackendView, LockInput, MemberLock};
+    use crate::core::ops::BackendOp;
+    use crate::core::plan;
+    use crate::core::tests::{input_at, waiting_claim, T0};
+
+    /// Claim `a` waiting on a key the backend holds for `holder` and queues `waiters` for.
+    fn waiting_behind(holder: &str, waiters: &[&str]) -> LockInput {
+        let mut input = input_at(T0, waiting_claim());
+        input.backend = BackendView::Ready {
+            backend: BackendKind::Etcd,
+            snapshot: LockSnapshot {
+                holders: vec![HolderInfo {
+                    owner: holder.to_owned(),
+                    fencing_token: 4,
+                    expires_in: Duration::from_secs(30),
+                    share: ShareMode::Exclusive,
+                }],
+                waiters: waiters.iter().map(|waiter| (*waiter).to_owned()).collect(),
+                fencing_token: 4,
+                ..LockSnapshot::default()
+            },
+        };
+        input
+    }
+
+    /// Whether the pass's grant of claim `a` would join the backend's queue.
+    fn grant_queues(input: &LockInput) -> Option<bool> {
+        plan(input)
+            .ops
+            .iter()
+            .find_map(|planned| match &planned.op {
+                BackendOp::Acquire { queue, .. } => Some(*queue),
+                _ => None,
+            })
+    }
+
+    /// A grant joins the backend's queue only when the key is held or queued for someone
+    /// outside this cluster — then the backend's queue is the order across clusters; a
+    /// claim on several locks never queues in one backend.
+    #[test]
+    fn a_grant_queues_in_the_backend_only_when_the_key_is_shared_outside() {
+        assert_eq!(grant_queues(&input_at(T0, waiting_claim())), Some(false));
+        assert_eq!(
+            grant_queues(&waiting_behind("east/uid-e1", &[])),
+            Some(true)
+        );
+        assert_eq!(
+            grant_queues(&waiting_behind("uid-gone", &["east/uid-e2"])),
+            Some(true)
+        );
+        let mut multi = waiting_behind("east/uid-e1", &[]);
+        multi.claims[0].locks.push("other".to_owned());
+        multi.claims[0].members = vec![MemberLock {
+            name: "other".to_owned(),
+            exists: true,
+            admits: true,
+            holds: Some(false),
+            fencing_token: None,
+        }];
+        assert_eq!(grant_queues(&multi), Some(false));
+    }
+
+    /// A claim that goes while it waits in the backend's queue leaves the queue (a release),
+    /// so its place does not hold up the others until it runs out.
+    #[test]
+    fn a_claim_that_goes_while_queued_in_the_backend_leaves_the_queue() {
+        let mut input = waiting_behind("east/uid-e1", &["uid-a"]);
+        input.claims[0].deleting = true;
+        let releases: Vec<_> = (plan(&input).ops.into_iter())
+            .filter(|planned| matches!(&planned.op, BackendOp::Release { owner, .. } if owner == "uid-a"))
+            .collect();
+        assert_eq!(releases.len(), 1);
+        // Not queued there: nothing to leave.
+        let mut input = waiting_behind("east/uid-e1", &[]);
+        input.claims[0].deleting = true;
+        assert!(plan(&input).ops.is_empty(), "{:?}", plan(&input).ops);
     }
 }
