@@ -710,18 +710,38 @@ impl LockInput {
         let Some(snapshot) = self.backend.snapshot() else {
             return false;
         };
-        let mut owners = (snapshot.holders.iter())
-            .filter(|holder| holder.expires_in > super::LEASE_CUT)
-            .map(|holder| holder.owner.as_str())
-            .chain(snapshot.waiters.iter().map(String::as_str))
-            .peekable();
-        if owners.peek().is_none() {
-            return false;
-        }
-        let ours: HashSet<&str> = (self.claims.iter())
-            .map(|claim| claim.owner_token.as_str())
+        let waiters = snapshot.waiters.iter().map(String::as_str);
+        !self.holders_outside().is_empty() || self.outside(waiters).next().is_some()
+    }
+
+    /// The snapshot's live grants that are no claim's of this pass (see
+    /// [`LockInput::shared_outside`]), in grant order.
+    pub fn holders_outside(&self) -> Vec<&HolderInfo> {
+        let Some(snapshot) = self.backend.snapshot() else {
+            return Vec::new();
+        };
+        let live = (snapshot.holders.iter()).filter(|holder| holder.expires_in > super::LEASE_CUT);
+        let outside: HashSet<&str> = self
+            .outside(live.clone().map(|holder| holder.owner.as_str()))
             .collect();
-        owners.any(|owner| !ours.contains(owner))
+        live.filter(|holder| outside.contains(holder.owner.as_str()))
+            .collect()
+    }
+
+    /// The `owners` that are no claim's of this pass; the claims are only looked at when
+    /// there is an owner to judge.
+    fn outside<'a>(
+        &'a self,
+        owners: impl Iterator<Item = &'a str> + 'a,
+    ) -> impl Iterator<Item = &'a str> + 'a {
+        let mut owners = owners.peekable();
+        let ours: HashSet<&str> = match owners.peek() {
+            None => HashSet::new(),
+            Some(_) => (self.claims.iter())
+                .map(|claim| claim.owner_token.as_str())
+                .collect(),
+        };
+        owners.filter(move |owner| !ours.contains(owner))
     }
 
     /// `now` in whole seconds.

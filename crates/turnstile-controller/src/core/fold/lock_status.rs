@@ -2,7 +2,6 @@
 //! high water, the `Ready` condition (with an Event when it changes), the lock-delay and the
 //! history of grants.
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -11,13 +10,11 @@ use turnstile_api::{
     LOCK_HISTORY_LEN, READY_CONDITION,
 };
 
-use turnstile_lock::HolderInfo;
-
 use super::statuses::Statuses;
 use super::{Folder, DEADLINE_MARGIN};
 use crate::core::decision::{EventSeverity, EventSubject, PlannedEvent};
 use crate::core::model::{cluster_of_token, time_at};
-use crate::core::ops::{OpOutcome, LEASE_CUT};
+use crate::core::ops::OpOutcome;
 use crate::core::plan::LockMode;
 use crate::core::status::{conditions_status, set_condition};
 
@@ -83,18 +80,13 @@ fn holders(
 /// the status shows already.
 fn held_elsewhere(folder: &mut Folder<'_>) -> Vec<LockHolder> {
     let input = folder.input;
-    let Some(snapshot) = input.backend.snapshot() else {
+    if input.backend.snapshot().is_none() {
         return (input.lock.status.holders.iter())
             .filter(|holder| holder.claim.is_empty())
             .cloned()
             .collect();
     };
-    let ours: HashSet<&str> = (input.claims.iter())
-        .map(|claim| claim.owner_token.as_str())
-        .collect();
-    let elsewhere: Vec<&HolderInfo> = (snapshot.holders.iter())
-        .filter(|holder| holder.expires_in > LEASE_CUT && !ours.contains(holder.owner.as_str()))
-        .collect();
+    let elsewhere = input.holders_outside();
     if let Some(first_end) = elsewhere.iter().map(|holder| holder.expires_in).min() {
         folder.wake_in(first_end + DEADLINE_MARGIN);
     }
