@@ -185,6 +185,12 @@ mod tests {
 
         let pending = || own.pending("ns", "db", &locks, &claims);
         assert!(pending().is_some(), "neither write is cached yet");
+        // At most the patience that is left.
+        assert!(
+            pending().is_some_and(|wait| wait <= PATIENCE),
+            "{:?}",
+            pending()
+        );
         assert!(
             own.pending("ns", "other", &locks, &claims).is_none(),
             "another lock's pass does not wait"

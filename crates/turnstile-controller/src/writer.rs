@@ -672,4 +672,31 @@ mod tests {
             "a second removal writes nothing"
         );
     }
+
+    /// The lock's finalizer is added or removed among whatever other finalizers it has.
+    #[test]
+    fn the_locks_finalizer_goes_and_comes_among_the_others() {
+        let mut lock = DistributedLock::new("db", turnstile_api::DistributedLockSpec::default());
+        lock.metadata.finalizers = Some(vec!["other".to_owned(), FINALIZER.to_owned()]);
+        let decision = |add: bool| Decision {
+            claims: Vec::new(),
+            lock_status: None,
+            add_lock_finalizer: add,
+            remove_lock_finalizer: !add,
+            events: Vec::new(),
+            observations: Vec::new(),
+            requeue_after: std::time::Duration::from_secs(1),
+            backend_failure: None,
+            refreshed_positions: false,
+        };
+        let removed = PassWrites::lock(&lock, &decision(false)).expect("writes");
+        assert_eq!(removed, [Write::finalizers("db", &["other".to_owned()])]);
+        lock.metadata.finalizers = Some(vec!["other".to_owned()]);
+        let added = PassWrites::lock(&lock, &decision(true)).expect("writes");
+        let both = ["other".to_owned(), FINALIZER.to_owned()];
+        assert_eq!(added, [Write::finalizers("db", &both)]);
+    }
 }
+
+#[cfg(test)]
+mod api_tests;
