@@ -24,8 +24,8 @@ use turnstile_controller::backends::{EtcdSettings, MongoSettings};
 use turnstile_controller::ControllerConfig;
 
 /// Samples the claims of lock `db` in both clusters every 20 ms: holders at once across both
-/// (only those whose `expiresAt` is still ahead: a dead controller's claim keeps its last
-/// status), and the tokens of new holders in the order seen.
+/// (see [`is_live_holder`]: a dead controller's claim keeps its last status), and the tokens
+/// of new holders in the order seen.
 struct TwoClusterMonitor {
     stop: oneshot::Sender<()>,
     task: tokio::task::JoinHandle<(usize, usize, Vec<i64>)>,
@@ -72,9 +72,12 @@ impl TwoClusterMonitor {
     }
 }
 
+/// A claim held and not let go: not deleted (its holder let go when it deleted it; the
+/// backend's release and the finalizer's removal follow) and with its lease still running.
 fn is_live_holder(claim: &LockClaim) -> bool {
     let expires_at = claim.status.as_ref().and_then(|s| s.expires_at.as_ref());
     phase_of(claim) == Some(ClaimPhase::Held)
+        && claim.metadata.deletion_timestamp.is_none()
         && expires_at.is_some_and(|at| at.0.as_second() >= unix_seconds())
 }
 
@@ -179,6 +182,40 @@ async fn two_clusters_share_one_lock_on_etcd() {
     println!("w1 after its controller came back: {:?}", w1.status);
     until_holders_shown(&west, "cluster east").await;
     west.stop_controller().await;
+    east.stop_controller().await;
+}
+
+/// A cluster whose controller dies while its claim waits in the backend's queue holds the
+/// others up briefly: the backend hands the key to that place when it frees (nobody
+/// renews the grant, whose lease is at most the place's 10 s), then to the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_clusters_place_in_the_backends_queue_holds_the_others_up_briefly() {
+    let server = launch(EtcdCluster::start, "etcd starts").await;
+    let lock_spec = "backend: etcd\nleaseDurationSeconds: 60";
+    let mut east = Env::new().await;
+    east.start_controller(etcd_config_in("east", &server.url()));
+    east.apply_lock("db", lock_spec);
+    let mut west = east.another_cluster_like().await;
+    west.start_controller(etcd_config_in("west", &server.url()));
+    west.apply_lock("db", lock_spec);
+
+    east.apply_claim("e1", "db", "");
+    east.wait_phase("e1", ClaimPhase::Held).await;
+    west.apply_claim("w1", "db", "");
+    west.wait_pending_for("w1", "LockBusy").await;
+    east.apply_claim("e2", "db", "");
+    east.wait_claim("e2", |claim| position_of(claim) == Some(1))
+        .await;
+    west.stop_controller().await;
+
+    // e1 lets go: the key goes to w1's place, whose controller is gone; e2 gets it once that
+    // grant runs out — within the place's 10 s and a retry, far inside e2's 60 s lease.
+    let released = Instant::now();
+    east.delete_claim("e1").await;
+    let e2 = east.wait_phase("e2", ClaimPhase::Held).await;
+    let waited = released.elapsed();
+    assert_eq!(token_of(&e2), Some(3), "w1's place was granted token 2");
+    assert!(waited < Duration::from_secs(25), "e2 waited {waited:?}");
     east.stop_controller().await;
 }
 

@@ -106,10 +106,10 @@ async fn a_failed_write_names_the_part_and_the_object() {
 }
 
 /// A delete takes only the very object it was given: one made again under its name
-/// is left alone, one gone already is reported, neither as an error.
+/// is left alone, one gone already is reported, neither as an error; other refusals are.
 #[tokio::test]
 async fn a_delete_takes_only_that_very_object() {
-    let (_server, api) = api().await;
+    let (server, api) = api().await;
     let first = match writer().create(&api, &config_map("c")).await {
         Ok(Created::New(object)) => object,
         other => panic!("{other:?}"),
@@ -125,6 +125,10 @@ async fn a_delete_takes_only_that_very_object() {
         api.get_opt("c").await.expect("get").is_some(),
         "still there"
     );
+    // Any other refusal is an error.
+    server.inject_faults(PATH, 1, 500);
+    let refused = writer().delete(&api, &second).await;
+    assert!(refused.is_err(), "{refused:?}");
     assert_eq!(writer().delete(&api, &second).await.ok(), Some(true));
 }
 
@@ -161,7 +165,7 @@ async fn a_pass_store_returns_the_version_each_write_made() {
     let (_server, client) = with_lock_and_claim().await;
     let mut store = ApiStore::new(writer(), client.clone(), "default");
     let claims: Api<LockClaim> = Api::namespaced(client.clone(), "default");
-    let locks: Api<DistributedLock> = Api::namespaced(client, "default");
+    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), "default");
     let to_claim = PassWrite {
         target: Target::Claim,
         write: Write::finalizers("a", &[FINALIZER.to_owned()]),
@@ -181,4 +185,17 @@ async fn a_pass_store_returns_the_version_each_write_made() {
     // Conditional on a version the object is past: refused.
     let stale = store.patch(&to_claim, Some("1")).await;
     assert!(stale.is_err(), "{stale:?}");
+    // A cluster lock's pass names its claims `namespace/name`: the write reaches the claim.
+    let mut cluster_store = ApiStore::for_cluster_lock(writer(), client);
+    let none = PassWrite {
+        target: Target::Claim,
+        write: Write::finalizers("default/a", &[]),
+    };
+    let version = cluster_store
+        .patch(&none, None)
+        .await
+        .expect("claim written");
+    let claim = claims.get("a").await.expect("get claim");
+    assert!(claim.finalizers().is_empty(), "{:?}", claim.finalizers());
+    assert_eq!(version, claim.resource_version());
 }
