@@ -88,15 +88,6 @@ fn unix_seconds() -> i64 {
     })
 }
 
-/// The controller's settings for the etcd at `url`, in the cluster named `cluster`.
-fn etcd_config_in(cluster: &str, url: &str) -> ControllerConfig {
-    ControllerConfig {
-        etcd: Some(EtcdSettings::new(url)),
-        cluster_name: Some(cluster.to_owned()),
-        ..ControllerConfig::default()
-    }
-}
-
 /// Waits until `env`'s lock `db` shows `summary` in its Holders column (`kubectl get locks`).
 async fn until_holders_shown(env: &Env, summary: &str) {
     let shown = |lock: &DistributedLock| {
@@ -112,14 +103,8 @@ async fn until_holders_shown(env: &Env, summary: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_clusters_share_one_lock_on_etcd() {
-    let server = launch(EtcdCluster::start, "etcd starts").await;
-    let lock_spec = "backend: etcd\nleaseDurationSeconds: 6";
-    let mut east = Env::new().await;
-    east.start_controller(etcd_config_in("east", &server.url()));
-    east.apply_lock("db", lock_spec);
-    let mut west = east.another_cluster_like().await;
-    west.start_controller(etcd_config_in("west", &server.url()));
-    west.apply_lock("db", lock_spec);
+    let etcd = SharedBackend::Etcd(launch(EtcdCluster::start, "etcd starts").await);
+    let (mut east, mut west) = east_and_west(&etcd, "leaseDurationSeconds: 6", None).await;
     let monitor = TwoClusterMonitor::start(&east, &west);
 
     // east holds; west's claim waits, told the key is busy, and west's lock names the
@@ -177,7 +162,7 @@ async fn two_clusters_share_one_lock_on_etcd() {
     assert_eq!(tokens, [1, 2, 3], "tokens rise across both clusters");
 
     // Back, west's controller finds w1's grant gone and says so.
-    west.start_controller(etcd_config_in("west", &server.url()));
+    west.start_controller(etcd.config_in("west"));
     let w1 = west.wait_phase("w1", ClaimPhase::Expired).await;
     println!("w1 after its controller came back: {:?}", w1.status);
     until_holders_shown(&west, "cluster east").await;
@@ -190,14 +175,8 @@ async fn two_clusters_share_one_lock_on_etcd() {
 /// renews the grant, whose lease is at most the place's 10 s), then to the next.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_clusters_place_in_the_backends_queue_holds_the_others_up_briefly() {
-    let server = launch(EtcdCluster::start, "etcd starts").await;
-    let lock_spec = "backend: etcd\nleaseDurationSeconds: 60";
-    let mut east = Env::new().await;
-    east.start_controller(etcd_config_in("east", &server.url()));
-    east.apply_lock("db", lock_spec);
-    let mut west = east.another_cluster_like().await;
-    west.start_controller(etcd_config_in("west", &server.url()));
-    west.apply_lock("db", lock_spec);
+    let etcd = SharedBackend::Etcd(launch(EtcdCluster::start, "etcd starts").await);
+    let (mut east, mut west) = east_and_west(&etcd, "leaseDurationSeconds: 60", None).await;
 
     east.apply_claim("e1", "db", "");
     east.wait_phase("e1", ClaimPhase::Held).await;
@@ -217,6 +196,24 @@ async fn a_dead_clusters_place_in_the_backends_queue_holds_the_others_up_briefly
     assert_eq!(token_of(&e2), Some(3), "w1's place was granted token 2");
     assert!(waited < Duration::from_secs(25), "e2 waited {waited:?}");
     east.stop_controller().await;
+}
+
+/// Two clusters, `east` and `west`, each with its controller on `backend` and lock `db` on it
+/// (`spec`: the lines after `backend: …`; west's on backend key `west_key` when given, else
+/// on east's).
+async fn east_and_west(backend: &SharedBackend, spec: &str, west_key: Option<&str>) -> (Env, Env) {
+    let spec = format!("backend: {}\n{spec}", backend.name());
+    let mut east = Env::new().await;
+    east.start_controller(backend.config_in("east"));
+    east.apply_lock("db", &spec);
+    let mut west = east.another_cluster_like().await;
+    west.start_controller(backend.config_in("west"));
+    let west_spec = match west_key {
+        Some(key) => format!("{spec}\nkey: {key}"),
+        None => spec,
+    };
+    west.apply_lock("db", &west_spec);
+    (east, west)
 }
 
 /// A backend server both clusters' controllers use.
@@ -409,17 +406,7 @@ async fn mixed_worker(claims: Api<LockClaim>, who: String, seed: u64, end: Insta
 /// backend key `west_key` when given, else the same as east's), [`WORKERS`] workers in each
 /// for `length`: what they saw.
 async fn mixed_run(backend: &SharedBackend, west_key: Option<&str>, length: Duration) -> MixedRun {
-    let spec = format!("backend: {}\nleaseDurationSeconds: 3", backend.name());
-    let mut east = Env::new().await;
-    east.start_controller(backend.config_in("east"));
-    east.apply_lock("db", &spec);
-    let mut west = east.another_cluster_like().await;
-    west.start_controller(backend.config_in("west"));
-    let west_spec = match west_key {
-        Some(key) => format!("{spec}\nkey: {key}"),
-        None => spec,
-    };
-    west.apply_lock("db", &west_spec);
+    let (mut east, mut west) = east_and_west(backend, "leaseDurationSeconds: 3", west_key).await;
     let end = Instant::now() + length;
     let mut workers = Vec::new();
     for (cluster, env) in [("east", &east), ("west", &west)] {
