@@ -16,8 +16,9 @@ pub(super) struct Builder<'a> {
     extends: Vec<PlannedOp>,
     grants: Vec<PlannedOp>,
     /// The key is held or queued for someone outside this cluster: a refused grant joins
-    /// the backend's queue (see [`BackendOp::Acquire`]).
-    queue_when_busy: bool,
+    /// the backend's queue (see [`BackendOp::Acquire`]). Looked up at the first grant: most
+    /// passes plan none.
+    queue_when_busy: Option<bool>,
 }
 
 /// A call in one of the [`Builder`]'s groups, before the final layout.
@@ -39,7 +40,7 @@ impl<'a> Builder<'a> {
             reattaches: Vec::new(),
             extends: Vec::new(),
             grants: Vec::new(),
-            queue_when_busy: input.shared_outside(),
+            queue_when_busy: None,
         }
     }
 
@@ -100,10 +101,17 @@ impl<'a> Builder<'a> {
             shared: claim.shared(&self.input.lock),
             // A claim on several locks is granted on all of them at once or none: it never
             // waits in one backend queue while holding up the others.
-            queue: self.queue_when_busy && !claim.is_multi_lock(),
+            queue: !claim.is_multi_lock() && self.queue_when_busy(),
         };
         self.grants.push(PlannedOp::for_claim(claim, op));
         OpRef::Grant(self.grants.len() - 1)
+    }
+
+    fn queue_when_busy(&mut self) -> bool {
+        let input = self.input;
+        *self
+            .queue_when_busy
+            .get_or_insert_with(|| input.shared_outside())
     }
 
     pub(super) fn reattach(&mut self, claim: &ClaimView, ttl: Duration) -> OpRef {
