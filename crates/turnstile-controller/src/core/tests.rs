@@ -225,18 +225,23 @@ fn only_a_live_newer_claim_of_the_group_replaces_and_says_by_whom() {
     }
 }
 
+/// An exclusive grant to `owner` with `fencing_token`, for `expires_in` more.
+pub(super) fn holding(owner: &str, fencing_token: u64, expires_in: Duration) -> HolderInfo {
+    HolderInfo {
+        owner: owner.to_owned(),
+        fencing_token,
+        expires_in,
+        share: ShareMode::Exclusive,
+    }
+}
+
 /// [`input_at`] with the backend holding claim `a`'s grant for `expires_in` more.
 fn input_with_backend_lease(now: i64, claim: ClaimView, expires_in: Duration) -> LockInput {
     let mut input = input_at(now, claim);
     input.backend = BackendView::Ready {
         backend: BackendKind::Memory,
         snapshot: LockSnapshot {
-            holders: vec![HolderInfo {
-                owner: "uid-a".to_owned(),
-                fencing_token: 1,
-                expires_in,
-                share: ShareMode::Exclusive,
-            }],
+            holders: vec![holding("uid-a", 1, expires_in)],
             ..LockSnapshot::default()
         },
     };

@@ -85,7 +85,7 @@ fn held_elsewhere(folder: &mut Folder<'_>) -> Vec<LockHolder> {
             .filter(|holder| holder.claim.is_empty())
             .cloned()
             .collect();
-    };
+    }
     let elsewhere = input.holders_outside();
     if let Some(first_end) = elsewhere.iter().map(|holder| holder.expires_in).min() {
         folder.wake_in(first_end + DEADLINE_MARGIN);
@@ -191,20 +191,11 @@ mod tests {
     use std::time::Duration;
 
     use turnstile_api::{BackendKind, ClaimPhase};
-    use turnstile_lock::{HolderInfo, LockSnapshot, ShareMode};
+    use turnstile_lock::LockSnapshot;
 
     use crate::core::model::BackendView;
     use crate::core::ops::{BackendOp, OpOutcome};
-    use crate::core::tests::{held_claim, input_at, pass, waiting_claim, T0};
-
-    fn holding(owner: &str, fencing_token: u64, expires_in: Duration) -> HolderInfo {
-        HolderInfo {
-            owner: owner.to_owned(),
-            fencing_token,
-            expires_in,
-            share: ShareMode::Exclusive,
-        }
-    }
+    use crate::core::tests::{held_claim, holding, input_at, pass, waiting_claim, T0};
 
     fn busy(op: &BackendOp) -> OpOutcome {
         match op {

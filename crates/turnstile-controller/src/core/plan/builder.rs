@@ -183,12 +183,12 @@ mod tests {
     use std::time::Duration;
 
     use turnstile_api::BackendKind;
-    use turnstile_lock::{HolderInfo, LockSnapshot, ShareMode};
+    use turnstile_lock::LockSnapshot;
 
     use crate::core::model::{BackendView, LockInput, MemberLock};
     use crate::core::ops::BackendOp;
     use crate::core::plan;
-    use crate::core::tests::{input_at, waiting_claim, T0};
+    use crate::core::tests::{holding, input_at, waiting_claim, T0};
 
     /// Claim `a` waiting on a key the backend holds for `holder` and queues `waiters` for.
     fn waiting_behind(holder: &str, waiters: &[&str]) -> LockInput {
@@ -196,12 +196,7 @@ mod tests {
         input.backend = BackendView::Ready {
             backend: BackendKind::Etcd,
             snapshot: LockSnapshot {
-                holders: vec![HolderInfo {
-                    owner: holder.to_owned(),
-                    fencing_token: 4,
-                    expires_in: Duration::from_secs(30),
-                    share: ShareMode::Exclusive,
-                }],
+                holders: vec![holding(holder, 4, Duration::from_secs(30))],
                 waiters: waiters.iter().map(|waiter| (*waiter).to_owned()).collect(),
                 fencing_token: 4,
                 ..LockSnapshot::default()
