@@ -23,7 +23,7 @@ use super::core::{
     ExecutionGate, LockInput, LockView, OpOutcome, Plan, PlannedOp,
 };
 use super::error::ControllerError;
-use super::multi_lock::{self, FirstLock, MemberGrants, OtherLock};
+use super::multi_lock::{self, MemberEngines, OtherLock};
 use super::owners::fill_owner_states;
 use super::pass_report::{
     publish_events, record_backend_state, record_failed_calls, record_observations, record_spans,
@@ -222,8 +222,8 @@ pub(crate) async fn reconcile_inner(
     }
     let objects = claims_of(ctx, &view, cluster);
     let Gathered {
-        mut input,
-        mut member_grants,
+        input,
+        member_engines,
         kind,
         backend_key,
         backend,
@@ -246,7 +246,7 @@ pub(crate) async fn reconcile_inner(
         outcomes,
         decision,
         applied,
-    } = run_pass(&mut pass, &mut input, engine, &mut member_grants, || {
+    } = run_pass(&mut pass, &input, engine, &member_engines, || {
         ctx.api.leadership.is_open()
     })
     .await?;
@@ -339,7 +339,7 @@ fn watch_backend_queue(
 /// What a pass starts from, besides the claims' objects.
 struct Gathered {
     input: LockInput,
-    member_grants: MemberGrants,
+    member_engines: MemberEngines,
     kind: BackendKind,
     backend_key: String,
     backend: Option<Arc<dyn Backend>>,
@@ -371,7 +371,7 @@ async fn gather(
     }
     let now = Timestamp::now();
     let others = other_locks(ctx, &view, &claims).await;
-    let member_grants = multi_lock::prepare(
+    let member_engines = multi_lock::prepare(
         &view,
         &mut claims,
         &others,
@@ -386,7 +386,7 @@ async fn gather(
             backend: backend_view,
             may_refresh_positions: ctx.api.position_refreshes.has_token(),
         },
-        member_grants,
+        member_engines,
         kind,
         backend_key,
         backend,
@@ -449,16 +449,16 @@ pub struct PassOutcome {
 }
 
 /// One pass over a lock, the code the shell and the controller's property tests share: on
-/// `input` (the views of the objects given to `writer`): plan,
-/// finalizers, the calls on `engine` (none when the backend did not answer) while
-/// `may_write` says yes, fold, writes. A claim on several locks is granted on all of
-/// them at once (`members`). `Err` when a finalizer write failed: then no backend call
-/// was made.
+/// `input` (the views of the objects given to `writer`): plan, finalizers, the planned calls
+/// — on `engine` (none when the backend did not answer), and on the other locks of claims on
+/// several locks through `members` — while `may_write` says yes, fold, writes. The pass only
+/// carries the core's plan out: it never changes the core's input or decision. `Err` when a
+/// finalizer write failed: then no backend call was made.
 pub async fn run_pass<S: PassStore>(
     writer: &mut PassWriter<'_, S>,
-    input: &mut LockInput,
+    input: &LockInput,
     engine: Option<Engine<'_>>,
-    members: &mut MemberGrants,
+    members: &MemberEngines,
     may_write: impl Fn() -> bool,
 ) -> Result<PassOutcome, ControllerError> {
     let planned = plan(input);
@@ -479,11 +479,7 @@ pub async fn run_pass<S: PassStore>(
         }
         None => Vec::new(),
     };
-    members.record_grants(&mut input.claims);
-    let mut decision = fold(input, &planned, &outcomes);
-    if may_write() {
-        members.give_back(&mut decision, &input.claims).await;
-    }
+    let decision = fold(input, &planned, &outcomes);
     let applied = writer.apply(input, &decision).await;
     Ok(PassOutcome {
         planned,
@@ -581,50 +577,53 @@ pub async fn execute_while(
     ops: &[PlannedOp],
     may_write: impl Fn() -> bool,
 ) -> Vec<OpOutcome> {
-    let mut alone = MemberGrants::default();
-    execute_following(backend, key, terms, ops, may_write, &mut alone).await
+    execute_following(
+        backend,
+        key,
+        terms,
+        ops,
+        may_write,
+        &MemberEngines::default(),
+    )
+    .await
 }
 
-/// [`execute_while`], each call for a claim on several locks followed onto its other locks
-/// (see [`MemberGrants::follow`]).
+/// [`execute_while`], the calls on the other locks of claims on several locks made through
+/// `members` (see [`PlannedOp::on_lock`]).
 pub async fn execute_following(
     backend: &dyn Backend,
     key: &str,
     terms: CallTerms,
     ops: &[PlannedOp],
     may_write: impl Fn() -> bool,
-    members: &mut MemberGrants,
+    members: &MemberEngines,
 ) -> Vec<OpOutcome> {
-    let first = FirstLock {
-        backend,
-        key,
-        terms,
-    };
     let mut gate = ExecutionGate::default();
     let mut outcomes = Vec::with_capacity(ops.len());
     let mut stopped = false;
     for planned in ops {
         stopped = stopped || !may_write();
-        if stopped || !gate.admits(&planned.op) {
+        if stopped || !gate.admits(planned) {
             outcomes.push(OpOutcome::Skipped);
             continue;
         }
-        let outcome = perform(backend, key, terms, &planned.op)
-            .await
-            .unwrap_or_else(|error| OpOutcome::Failed {
-                message: error_chain(&error),
-            });
-        let outcome = members
-            .follow(planned.claim.as_deref(), &planned.op, outcome, first)
-            .await;
+        let outcome = match &planned.on_lock {
+            None => perform(backend, key, terms, &planned.op)
+                .await
+                .unwrap_or_else(|error| OpOutcome::Failed {
+                    message: error_chain(&error),
+                }),
+            Some(lock) => members.perform(lock, &planned.op).await,
+        };
         tracing::debug!(
             key,
+            lock = planned.on_lock.as_deref().unwrap_or(""),
             claim = planned.claim.as_deref().unwrap_or(""),
             op = ?planned.op,
             outcome = ?outcome,
             "backend call"
         );
-        gate.record(&planned.op, &outcome);
+        gate.record(planned, &outcome);
         outcomes.push(outcome);
     }
     outcomes
@@ -636,7 +635,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::core::{AcquirePurpose, BackendOp};
+    use crate::core::{AcquirePurpose, BackendOp, Step};
     use turnstile_lock::MemoryBackend;
 
     fn grant(owner: &str) -> PlannedOp {
@@ -649,6 +648,8 @@ mod tests {
                 shared: true,
                 queue: false,
             },
+            on_lock: None,
+            step: Step::LEAD,
         }
     }
 

@@ -323,10 +323,15 @@ pub struct MemberLock {
     /// Whether the lock's own queue would admit the claim now: it is at the head with room
     /// (no earlier claim waits, the lock serves and is past any lock-delay).
     pub admits: bool,
-    /// Whether the claim's grant is live in this lock's backend (`None`: it did not answer).
+    /// Whether the claim's grant is live in this lock's backend (`None`: it did not answer;
+    /// `Some(false)` too when the lock is not there: nothing can be given back to it).
     pub holds: Option<bool>,
     /// The claim's fencing token on this lock, as `status.locks` records it.
     pub fencing_token: Option<u64>,
+    /// The highest token this lock has announced: a new grant of it must be above.
+    pub high_water: u64,
+    /// Whether the claim holds this lock together with other shared holders.
+    pub shared: bool,
 }
 
 /// The kinds of owners whose life a claim follows.

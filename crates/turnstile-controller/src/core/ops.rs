@@ -1,12 +1,13 @@
 //! The backend calls of a pass: what the core asks of the backend ([`BackendOp`], under the
 //! lock's [`CallTerms`]), what comes back ([`OpOutcome`]), and which calls run at all
-//! ([`ExecutionGate`]). [`super::plan`] lays them out; [`super::fold`] reads their answers.
+//! ([`ExecutionGate`](super::ExecutionGate)). [`super::plan`] lays them out; [`super::fold`] reads their answers.
 
 use std::time::Duration;
 
+use super::execution::Step;
 use super::model::{ClaimView, LockView};
 
-/// A backend call the shell performs for the core (always on the lock's key).
+/// A backend call the shell performs for the core, on one lock's key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackendOp {
     /// Raise the fence counter to at least `floor`.
@@ -62,21 +63,50 @@ pub enum AcquirePurpose {
     Reattach,
 }
 
-/// A backend call and the claim it is for (`None` for lock-wide calls).
+/// A backend call, the claim it is for (`None` for lock-wide calls), the lock whose key it is
+/// made on, and its place in the claim's [`Step`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlannedOp {
     /// The claim the call is made for.
     pub claim: Option<String>,
     /// The call.
     pub op: BackendOp,
+    /// The lock whose key the call is on: `None` for the pass's own lock; for a claim on
+    /// several locks, one of its other locks (by name), each with its own backend and terms.
+    pub on_lock: Option<String>,
+    /// Where the call stands in its claim's step: whether it runs depends on the calls
+    /// before it (see [`ExecutionGate`](super::ExecutionGate)).
+    pub step: Step,
 }
 
 impl PlannedOp {
-    /// `op`, made for `claim`.
+    /// `op` on the pass's own lock, made for `claim`, a lead call.
     pub(crate) fn for_claim(claim: &ClaimView, op: BackendOp) -> Self {
         Self {
             claim: Some(claim.name.clone()),
             op,
+            on_lock: None,
+            step: Step::LEAD,
+        }
+    }
+
+    /// `op` on the pass's own lock, for no claim in particular.
+    pub(crate) fn lock_wide(op: BackendOp) -> Self {
+        Self {
+            claim: None,
+            op,
+            on_lock: None,
+            step: Step::LEAD,
+        }
+    }
+
+    /// `op` on `claim`'s other lock `lock`, at `step` of the claim's step.
+    pub(crate) fn on_member(claim: &ClaimView, lock: &str, op: BackendOp, step: Step) -> Self {
+        Self {
+            claim: Some(claim.name.clone()),
+            op,
+            on_lock: Some(lock.to_owned()),
+            step,
         }
     }
 }
@@ -118,50 +148,6 @@ pub enum OpOutcome {
     },
     /// Not attempted (an earlier call failed, or an earlier grant was refused).
     Skipped,
-}
-
-/// Decides which planned calls run: after a failure nothing more runs, and after a refused
-/// grant no later grant runs (FIFO: nobody overtakes the head of the queue).
-#[derive(Debug, Clone, Default)]
-pub struct ExecutionGate {
-    failed: bool,
-    grants_blocked: bool,
-}
-
-impl ExecutionGate {
-    /// Whether `op` should be performed, given what ran before.
-    pub fn admits(&self, op: &BackendOp) -> bool {
-        if self.failed {
-            return false;
-        }
-        !(self.grants_blocked
-            && matches!(
-                op,
-                BackendOp::Acquire {
-                    purpose: AcquirePurpose::Grant,
-                    ..
-                }
-            ))
-    }
-
-    /// Records the outcome of a performed `op`.
-    pub fn record(&mut self, op: &BackendOp, outcome: &OpOutcome) {
-        match outcome {
-            OpOutcome::Failed { .. } => self.failed = true,
-            OpOutcome::Busy { .. }
-                if matches!(
-                    op,
-                    BackendOp::Acquire {
-                        purpose: AcquirePurpose::Grant,
-                        ..
-                    }
-                ) =>
-            {
-                self.grants_blocked = true
-            }
-            _ => {}
-        }
-    }
 }
 
 /// The lock's terms at plan time, the same for every backend call of one pass.

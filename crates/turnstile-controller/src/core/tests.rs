@@ -6,7 +6,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::expiry::{backend_lease_outlasts, effective_expiry, recorded_expiry};
 use super::model::{time_at, BackendView, ClaimView, LockInput, LockView};
-use super::ops::{AcquirePurpose, BackendOp, ExecutionGate, OpOutcome};
+use super::ops::{AcquirePurpose, BackendOp, OpOutcome};
 use turnstile_api::{
     BackendKind, ClaimPhase, DistributedLockSpec, DistributedLockStatus, LockClaimSpec,
     LockClaimStatus,
@@ -101,54 +101,6 @@ fn renewal_after_the_lease_ran_out_is_too_late() {
 #[test]
 fn an_applied_renewal_is_not_applied_again() {
     assert_eq!(expiry_of(T0 + 18, Some(T0 + 8), T0 + 9), (T0 + 18, false));
-}
-
-#[test]
-fn gate_stops_everything_after_a_failure() {
-    let mut gate = ExecutionGate::default();
-    let release = BackendOp::Release {
-        owner: "x".to_owned(),
-        involuntary: false,
-    };
-    assert!(gate.admits(&release));
-    gate.record(
-        &release,
-        &OpOutcome::Failed {
-            message: "down".to_owned(),
-        },
-    );
-    assert!(!gate.admits(&release));
-    assert!(!gate.admits(&BackendOp::RaiseFloor { floor: 1 }));
-}
-
-#[test]
-fn gate_stops_later_grants_after_a_refused_grant_only() {
-    let mut gate = ExecutionGate::default();
-    let grant = BackendOp::Acquire {
-        owner: "x".to_owned(),
-        ttl: Duration::from_secs(1),
-        purpose: AcquirePurpose::Grant,
-        shared: false,
-        queue: false,
-    };
-    let reattach = BackendOp::Acquire {
-        owner: "y".to_owned(),
-        ttl: Duration::from_secs(1),
-        purpose: AcquirePurpose::Reattach,
-        shared: false,
-        queue: false,
-    };
-    gate.record(&reattach, &OpOutcome::Busy { retry_after: None });
-    assert!(
-        gate.admits(&grant),
-        "a lost re-attach does not block grants"
-    );
-    gate.record(&grant, &OpOutcome::Busy { retry_after: None });
-    assert!(!gate.admits(&grant));
-    assert!(gate.admits(&BackendOp::Release {
-        owner: "z".to_owned(),
-        involuntary: false,
-    }));
 }
 
 #[test]
@@ -539,8 +491,10 @@ fn with_its_backend_away_a_pass_says_so_to_every_waiter_on_one_lock_or_several()
         name: "cache".to_owned(),
         exists: true,
         admits: false,
-        holds: None,
+        holds: Some(false),
         fencing_token: None,
+        high_water: 0,
+        shared: false,
     }];
     let mut input = input_at(T0, claim);
     input.backend = BackendView::Unavailable {

@@ -200,42 +200,43 @@ impl World {
     }
 
     /// One pass of `lock`: the shell's own [`run_pass`]. `follow_others: false` is the
-    /// control: the other locks are neither read nor taken.
+    /// control: the calls on the other locks go to a backend of their own, not theirs.
     pub(crate) async fn pass(&mut self, lock: &str, follow_others: bool) {
         let object = self.locks[lock].clone();
         let view = LockView::from_resource(&object);
         let mut claims = self.views_of(lock);
         let mut others = HashMap::new();
-        if follow_others {
-            for name in other_locks_needed(&view, &claims) {
-                let other_view = LockView::from_resource(&self.locks[&name]);
-                let backend_view = self.backend_view(&other_view).await;
-                others.insert(
-                    name.clone(),
-                    OtherLock {
-                        lock: other_view,
-                        claims: self.views_of(&name),
-                        backend: Some(self.backend.clone()),
-                        view: backend_view,
-                    },
-                );
-            }
+        for name in other_locks_needed(&view, &claims) {
+            let other_view = LockView::from_resource(&self.locks[&name]);
+            let backend_view = self.backend_view(&other_view).await;
+            others.insert(
+                name.clone(),
+                OtherLock {
+                    lock: other_view,
+                    claims: self.views_of(&name),
+                    backend: Some(self.backend.clone()),
+                    view: backend_view,
+                },
+            );
         }
         let now = self.now();
         let mut members = prepare(&view, &mut claims, &others, |_| true, now);
         if !follow_others {
-            // The control: every other lock looks free and nothing follows onto it.
-            for claim in &mut claims {
-                for member in &mut claim.members {
-                    member.exists = true;
-                    member.admits = true;
-                    member.holds = Some(true);
-                }
+            // The control: a shell that makes the other locks' calls on the wrong backend.
+            let elsewhere: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+            for (name, other) in &others {
+                let terms = CallTerms::of(&other.lock);
+                members.add(
+                    name,
+                    Some(elsewhere.clone()),
+                    other.lock.backend_key(),
+                    terms,
+                );
             }
         }
         let key = view.backend_key();
         let backend = self.backend_view(&view).await;
-        let mut input = LockInput {
+        let input = LockInput {
             lock: view,
             claims,
             now,
@@ -257,7 +258,7 @@ impl World {
             lock: lock.to_owned(),
         };
         let mut pass = PassWriter::new(store, &object, &objects);
-        let outcome = run_pass(&mut pass, &mut input, Some(engine), &mut members, || true)
+        let outcome = run_pass(&mut pass, &input, Some(engine), &members, || true)
             .await
             .expect("finalizer writes land");
         outcome.applied.expect("writes land");
@@ -316,6 +317,36 @@ impl World {
             self.claims.remove(&write.name);
         } else {
             self.claims.insert(write.name.clone(), claim);
+        }
+    }
+
+    /// A held claim's grant is in every one of its locks' backends, with the token its
+    /// status records there, while its lease runs (no shell takes a lock somewhere else).
+    pub(crate) async fn check_grants_in_backends(&self) {
+        let now = self.now();
+        for (name, claim) in &self.claims {
+            let status = claim.status.clone().unwrap_or_default();
+            let running = status.expires_at.as_ref().is_some_and(|at| at.0 > now);
+            if phase(claim) != ClaimPhase::Held || !running {
+                continue;
+            }
+            let uid = claim.metadata.uid.clone().unwrap_or_default();
+            for lock in claim.spec.locks() {
+                let token = claim
+                    .fencing_token_on(lock)
+                    .and_then(|t| u64::try_from(t).ok());
+                let key = format!("{NS}/{lock}");
+                let snapshot = self.backend.snapshot(&key).await.expect("snapshot");
+                let held = snapshot
+                    .holders
+                    .iter()
+                    .find(|holder| holder.owner == uid)
+                    .map(|holder| holder.fencing_token);
+                assert!(
+                    held.is_some() && held == token,
+                    "{name} is Held with token {token:?} on lock {lock}, its backend holds {held:?}"
+                );
+            }
         }
     }
 

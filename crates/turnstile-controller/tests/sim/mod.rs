@@ -28,7 +28,7 @@ use turnstile_controller::core::{
     OwnerState,
 };
 use turnstile_controller::lock_reconciler::{run_pass, Engine, PassOutcome};
-use turnstile_controller::multi_lock::MemberGrants;
+use turnstile_controller::multi_lock::MemberEngines;
 use turnstile_controller::patch::apply_merge_patch;
 use turnstile_controller::writer::{PassStore, PassWriter};
 use turnstile_controller::writer::{PassWrite, Target, Write};
@@ -548,7 +548,7 @@ impl Sim {
     /// simulated API server (every write failing with `writes_fail`). Returns the number of
     /// calls it planned and what it did (`Err`: a finalizer write failed, before any call).
     async fn run_pass(&mut self, writes_fail: bool) -> SimPass {
-        let (key, mut input, engine) = self.read_now().await;
+        let (key, input, engine) = self.read_now().await;
         // The plan the pass is about to make (it is pure), to schedule a mid-pass failure.
         let calls = plan(&input).ops.len();
         if let Some(engine) = &engine {
@@ -572,13 +572,9 @@ impl Sim {
             backend: engine,
             key: &key,
         });
-        let outcome = run_pass(
-            &mut pass,
-            &mut input,
-            engine,
-            &mut MemberGrants::default(),
-            || true,
-        )
+        let outcome = run_pass(&mut pass, &input, engine, &MemberEngines::default(), || {
+            true
+        })
         .await;
         SimPass {
             calls,

@@ -4,7 +4,7 @@
 
 use turnstile_api::{reasons, ClaimPhase, LockClaimStatus, PastGrant};
 
-use super::{release_settled, Folder};
+use super::{members_given_back, release_settled, Folder};
 use crate::core::decision::{ClaimChange, FinalizerChange, Observation, PlannedEvent};
 use crate::core::model::{time_at, ClaimView, Seconds};
 use crate::core::plan::Intent;
@@ -95,7 +95,11 @@ fn finalizer_change(
     observations: &mut Vec<Observation>,
 ) -> FinalizerChange {
     let (input, outcomes, now) = (folder.input, folder.outcomes, folder.now);
-    let settled = |op: &Option<usize>| release_settled(input, *op, outcomes);
+    // The claim's own grant and, on several locks, every other lock's.
+    let settled = |op: &Option<usize>| {
+        release_settled(input, *op, outcomes)
+            && members_given_back(folder.plan, outcomes, &claim.name)
+    };
     match intent {
         Intent::Delete { release_op } => {
             if claim.has_finalizer && settled(release_op) {

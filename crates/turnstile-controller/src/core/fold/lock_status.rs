@@ -106,7 +106,11 @@ fn held_elsewhere(folder: &mut Folder<'_>) -> Vec<LockHolder> {
 /// plan's, the backend counter's and every token this pass was given.
 fn fencing_token(folder: &Folder<'_>) -> Option<i64> {
     let (input, plan) = (folder.input, folder.plan);
-    let issued = folder.outcomes.iter().filter_map(|outcome| match outcome {
+    // Only this lock's calls: the other locks of a claim on several count their own tokens.
+    let own_outcomes = (plan.ops.iter().zip(folder.outcomes))
+        .filter(|(planned, _)| planned.on_lock.is_none())
+        .map(|(_, outcome)| outcome);
+    let issued = own_outcomes.filter_map(|outcome| match outcome {
         OpOutcome::Granted { fencing_token, .. } => Some(*fencing_token),
         OpOutcome::FloorRaised { counter } => Some(*counter),
         _ => None,

@@ -22,8 +22,9 @@ use std::time::Duration;
 use turnstile_api::{reasons, ClaimPhase, LockClaimStatus};
 
 use super::decision::{Decision, FinalizerChange};
+use super::execution::Step;
 use super::model::{seconds_of, BackendView, ClaimView, LockInput, OwnerState, Seconds};
-use super::ops::OpOutcome;
+use super::ops::{BackendOp, OpOutcome};
 use super::plan::{LockMode, Plan};
 use super::status::{held_status, terminal_status};
 use claim_writes::ClaimWrites;
@@ -58,6 +59,21 @@ fn release_settled(input: &LockInput, op: Option<usize>, outcomes: &[OpOutcome])
             op.is_none_or(|op| matches!(outcome(outcomes, op), OpOutcome::Released { .. }))
         }
     }
+}
+
+/// Whether every other lock's grant the pass gave back for `claim` (a claim on several
+/// locks that does not hold after it) is back.
+fn members_given_back(plan: &Plan, outcomes: &[OpOutcome], claim: &str) -> bool {
+    plan.ops
+        .iter()
+        .enumerate()
+        .filter(|(_, planned)| {
+            planned.on_lock.is_some()
+                && planned.claim.as_deref() == Some(claim)
+                && matches!(planned.op, BackendOp::Release { .. })
+                && matches!(planned.step, Step::Lead { .. })
+        })
+        .all(|(index, _)| matches!(outcome(outcomes, index), OpOutcome::Released { .. }))
 }
 
 /// A claim's status after the pass, before positions are assigned.

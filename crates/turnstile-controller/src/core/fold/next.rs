@@ -3,8 +3,9 @@
 
 use turnstile_api::{reasons, ClaimPhase};
 
-use super::{outcome, Folder, Next, MAX_BUSY_RETRY, MIN_BUSY_RETRY};
+use super::{Folder, Next, MAX_BUSY_RETRY, MIN_BUSY_RETRY};
 use crate::core::busy::fails_when_busy;
+use crate::core::execution::{member_tokens, step_outcome};
 use crate::core::model::{ClaimView, Seconds};
 use crate::core::ops::OpOutcome;
 use crate::core::orphan::lock_not_found;
@@ -12,6 +13,23 @@ use crate::core::plan::Intent;
 use crate::core::status::{held_status, pending_status, terminal_status};
 
 impl Folder<'_> {
+    /// What the claim's call at `op` came to, its calls on other locks included.
+    fn step_outcome(&self, op: usize) -> OpOutcome {
+        step_outcome(&self.plan.ops, self.outcomes, op)
+    }
+
+    /// `claim` with the grants its step at `op` took on its other locks (a claim on several
+    /// locks records each lock's token in `status.locks`).
+    fn with_member_grants(&self, claim: &ClaimView, op: usize) -> ClaimView {
+        let mut claim = claim.clone();
+        for (lock, token) in member_tokens(&self.plan.ops, self.outcomes, op) {
+            if let Some(member) = claim.members.iter_mut().find(|member| member.name == lock) {
+                member.fencing_token = Some(token);
+            }
+        }
+        claim
+    }
+
     /// The claim's status after the pass, as its intent and its call's answer make it.
     pub(super) fn next(&mut self, claim: &ClaimView, intent: &Intent) -> Next {
         match intent {
@@ -73,7 +91,7 @@ impl Folder<'_> {
 
     /// A holder whose renewal was asked of the backend.
     fn renewed(&mut self, claim: &ClaimView, expiry: Seconds, op: usize) -> Next {
-        match outcome(self.outcomes, op).clone() {
+        match self.step_outcome(op) {
             OpOutcome::Extended { still_held: true } => self.still_held(claim, expiry),
             OpOutcome::Extended { still_held: false } => self.lost(
                 claim,
@@ -95,7 +113,7 @@ impl Folder<'_> {
         } else {
             self.recorded_expiry(claim)
         };
-        match outcome(self.outcomes, op).clone() {
+        match self.step_outcome(op) {
             OpOutcome::Granted { fencing_token, .. } if fencing_token == recorded_token => {
                 self.still_held(claim, expiry)
             }
@@ -128,9 +146,10 @@ impl Folder<'_> {
 
     /// A waiter the backend was asked to grant.
     fn granted(&mut self, claim: &ClaimView, expiry: Seconds, op: usize) -> Next {
-        match outcome(self.outcomes, op).clone() {
+        match self.step_outcome(op) {
             OpOutcome::Granted { fencing_token, .. } if fencing_token > self.plan.high_water => {
                 self.wake_for_grant(claim, expiry);
+                let claim = &self.with_member_grants(claim, op);
                 Next::status(held_status(
                     claim,
                     claim.holder_identity(),

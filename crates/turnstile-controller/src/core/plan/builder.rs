@@ -4,17 +4,22 @@
 use std::time::Duration;
 
 use super::lock_delay::starts_lock_delay;
+use super::members;
 use crate::core::model::{BackendView, ClaimView, LockInput};
 use crate::core::ops::{AcquirePurpose, BackendOp, PlannedOp};
 
-/// Collects the backend calls by group; [`Builder::layout`] puts the groups in order.
+/// Collects the backend calls by group; [`Builder::layout`] puts the groups in order. A
+/// claim's step (its call and, on several locks, the calls on its other locks: [`members`])
+/// stays together.
 pub(super) struct Builder<'a> {
     pub(super) input: &'a LockInput,
+    /// Every new grant of the pass is above it.
+    high_water: u64,
     releases: Vec<PlannedOp>,
-    /// `(recorded token, claim name, owner, ttl, shared)` of grants to take back.
-    reattaches: Vec<(u64, String, String, Duration, bool)>,
-    extends: Vec<PlannedOp>,
-    grants: Vec<PlannedOp>,
+    /// `(recorded token, claim name, its step)` of grants to take back.
+    reattaches: Vec<(u64, String, Vec<PlannedOp>)>,
+    extends: Vec<Vec<PlannedOp>>,
+    grants: Vec<Vec<PlannedOp>>,
     /// The key is held or queued for someone outside this cluster: a refused grant joins
     /// the backend's queue (see [`BackendOp::Acquire`]). Looked up at the first grant: most
     /// passes plan none.
@@ -33,9 +38,10 @@ pub(super) enum OpRef {
 
 impl<'a> Builder<'a> {
     /// A builder with no calls yet.
-    pub(super) fn new(input: &'a LockInput) -> Self {
+    pub(super) fn new(input: &'a LockInput, high_water: u64) -> Self {
         Self {
             input,
+            high_water,
             releases: Vec::new(),
             reattaches: Vec::new(),
             extends: Vec::new(),
@@ -88,8 +94,8 @@ impl<'a> Builder<'a> {
 
     pub(super) fn extend(&mut self, claim: &ClaimView, ttl: Duration) -> OpRef {
         let owner = claim.owner_token.clone();
-        let op = BackendOp::Extend { owner, ttl };
-        self.extends.push(PlannedOp::for_claim(claim, op));
+        let lead = PlannedOp::for_claim(claim, BackendOp::Extend { owner, ttl });
+        self.extends.push(members::renew(claim, lead, ttl));
         OpRef::Extend(self.extends.len() - 1)
     }
 
@@ -103,8 +109,16 @@ impl<'a> Builder<'a> {
             // waits in one backend queue while holding up the others.
             queue: !claim.is_multi_lock() && self.queue_when_busy(),
         };
-        self.grants.push(PlannedOp::for_claim(claim, op));
+        let lead = PlannedOp::for_claim(claim, op);
+        self.grants
+            .push(members::grant(claim, lead, ttl, self.high_water));
         OpRef::Grant(self.grants.len() - 1)
+    }
+
+    /// Gives back every other lock's grant of a claim on several locks that does not hold
+    /// after the pass.
+    pub(super) fn give_back_members(&mut self, claim: &ClaimView) {
+        self.releases.extend(members::give_back(claim));
     }
 
     fn queue_when_busy(&mut self) -> bool {
@@ -116,13 +130,18 @@ impl<'a> Builder<'a> {
 
     pub(super) fn reattach(&mut self, claim: &ClaimView, ttl: Duration) -> OpRef {
         let token = claim.fencing_token().unwrap_or(0);
-        self.reattaches.push((
-            token,
-            claim.name.clone(),
-            claim.owner_token.clone(),
-            ttl,
-            claim.shared(&self.input.lock),
-        ));
+        let lead = PlannedOp::for_claim(
+            claim,
+            BackendOp::Acquire {
+                owner: claim.owner_token.clone(),
+                ttl,
+                purpose: AcquirePurpose::Reattach,
+                shared: claim.shared(&self.input.lock),
+                queue: false,
+            },
+        );
+        let step = members::reattach(claim, lead, ttl, token);
+        self.reattaches.push((token, claim.name.clone(), step));
         OpRef::Reattach
     }
 
@@ -139,43 +158,38 @@ impl<'a> Builder<'a> {
         let release_base = 0;
         self.reattaches.sort_by_key(|(token, ..)| *token);
         let mut reattach_at = std::collections::HashMap::new();
-        for (token, claim, owner, ttl, shared) in self.reattaches {
-            ops.push(PlannedOp {
-                claim: None,
-                op: BackendOp::RaiseFloor {
-                    floor: token.saturating_sub(1),
-                },
-            });
-            reattach_at.insert(claim.clone(), ops.len());
-            ops.push(PlannedOp {
-                claim: Some(claim),
-                op: BackendOp::Acquire {
-                    owner,
-                    ttl,
-                    purpose: AcquirePurpose::Reattach,
-                    shared,
-                    queue: false,
-                },
-            });
+        for (token, claim, step) in self.reattaches {
+            ops.push(PlannedOp::lock_wide(BackendOp::RaiseFloor {
+                floor: token.saturating_sub(1),
+            }));
+            reattach_at.insert(claim, ops.len());
+            ops.extend(step);
         }
-        let extend_base = ops.len();
-        ops.append(&mut self.extends);
+        let extend_at = lay_out(&mut ops, self.extends);
         if let Some(floor) = floor {
-            ops.push(PlannedOp {
-                claim: None,
-                op: BackendOp::RaiseFloor { floor },
-            });
+            ops.push(PlannedOp::lock_wide(BackendOp::RaiseFloor { floor }));
         }
-        let grant_base = ops.len();
-        ops.append(&mut self.grants);
+        let grant_at = lay_out(&mut ops, self.grants);
         let resolve = move |op: OpRef, claim: &str| match op {
             OpRef::Release(i) => release_base + i,
-            OpRef::Extend(i) => extend_base + i,
-            OpRef::Grant(i) => grant_base + i,
+            OpRef::Extend(i) => extend_at[i],
+            OpRef::Grant(i) => grant_at[i],
             OpRef::Reattach => reattach_at.get(claim).copied().unwrap_or(usize::MAX),
         };
         (ops, resolve)
     }
+}
+
+/// Appends `steps` to `ops`; returns where each step's lead call is.
+fn lay_out(ops: &mut Vec<PlannedOp>, steps: Vec<Vec<PlannedOp>>) -> Vec<usize> {
+    steps
+        .into_iter()
+        .map(|step| {
+            let lead = ops.len();
+            ops.extend(step);
+            lead
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -238,6 +252,8 @@ mod tests {
             admits: true,
             holds: Some(false),
             fencing_token: None,
+            high_water: 0,
+            shared: false,
         }];
         assert_eq!(grant_queues(&multi), Some(false));
     }

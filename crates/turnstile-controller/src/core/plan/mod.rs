@@ -8,12 +8,14 @@
 //!    [`lock_delay`]);
 //!
 //! then the finalizers every claim that goes on needs first, and the calls laid out in
-//! order ([`builder`]).
+//! order ([`builder`]), a claim on several locks with its calls on the other locks
+//! ([`members`]).
 
 mod admission;
 mod builder;
 mod drafts;
 mod lock_delay;
+mod members;
 
 use turnstile_api::{reasons, ClaimPhase};
 
@@ -159,6 +161,20 @@ impl Plan {
     }
 }
 
+impl<Op> Intent<Op> {
+    /// Whether the claim holds (or is granted) after the pass, as far as the plan knows.
+    fn holds(&self) -> bool {
+        matches!(
+            self,
+            Intent::KeepHeld
+                | Intent::Renew { .. }
+                | Intent::Reattach { .. }
+                | Intent::Grant { .. }
+                | Intent::KeptPlace { .. }
+        )
+    }
+}
+
 /// [`Intent`] before the calls are laid out.
 type Draft = Intent<OpRef>;
 
@@ -204,10 +220,15 @@ pub fn plan(input: &LockInput) -> Plan {
         .iter()
         .filter_map(ClaimView::fencing_token)
         .fold(input.lock.fencing_high_water(), u64::max);
-    let mut builder = Builder::new(input);
+    let mut builder = Builder::new(input, high_water);
     let mut all = drafts::drafts(&mut builder, &mode, now);
     let locked_until = lock_delay_end(input, &all.drafts);
     let admitted = admission::admit(&mut builder, &mut all, &mode, high_water, locked_until, now);
+    for (index, draft) in &all.drafts {
+        if !draft.holds() {
+            builder.give_back_members(&input.claims[*index]);
+        }
+    }
     let finalizers_to_add = finalizers_to_add(input, &all.drafts);
     let (ops, resolve) = builder.layout(admitted.floor);
     let intents = all
