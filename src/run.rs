@@ -9,7 +9,7 @@ use turnstile_api::BackendKind;
 use turnstile_controller::leader::LeaderConfig;
 
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use turnstile_controller::backends::{EtcdSettings, MongoSettings, RedisTlsFiles};
+use turnstile_controller::runtime::backends::{EtcdSettings, MongoSettings, RedisTlsFiles};
 use turnstile_controller::{run, ControllerConfig, EventPolicy};
 
 use crate::telemetry;

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use turnstile_controller::backends::{
+use turnstile_controller::runtime::backends::{
     EtcdSettings, RedisTlsFiles, ETCD_CA_FILE_ENV, ETCD_CLIENT_CERT_ENV, ETCD_CLIENT_KEY_ENV,
 };
 use turnstile_lock::backend::{MongoBackend, MongoBackendConfig};

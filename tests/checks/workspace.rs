@@ -515,11 +515,16 @@ fn every_long_sleep_in_the_tests_says_why_time_must_pass() {
     );
 }
 
-/// The modules a controller source file names: the first segment after `crate::`, and after
-/// `super::` where `super` is the crate (`counts_super`), including every name of a
-/// `{…}` group. Comment lines are left out (a doc link is no import), as is the `cfg(test)`
-/// part.
-fn modules_named(text: &str, counts_super: bool) -> BTreeSet<String> {
+/// The folders of the controller's shell that only group modules: each file in them is a
+/// module of its own in the import graph (`pass::multi_lock`); any other folder (`core`,
+/// `gate`, `metrics`) is one module.
+const GROUPS: [&str; 4] = ["pass", "runtime", "wakes", "writer"];
+
+/// The paths after `crate::` (and after `super::`, read as `parent::`, when given) a
+/// controller source file names, each cut to the module it is in (see [`GROUPS`]), every
+/// branch of a `{…}` tree included. Comment lines are left out (a doc link is no import), as
+/// is the `cfg(test)` part.
+fn modules_named(text: &str, parent: Option<&[String]>) -> BTreeSet<String> {
     let code: String = text
         .split("#[cfg(test)]")
         .next()
@@ -528,51 +533,75 @@ fn modules_named(text: &str, counts_super: bool) -> BTreeSet<String> {
         .filter(|line| !line.trim_start().starts_with("//"))
         .collect::<Vec<_>>()
         .join("\n");
+    let mut prefixes: Vec<(&str, Vec<String>)> = vec![("crate::", Vec::new())];
+    if let Some(parent) = parent {
+        prefixes.push(("super::", parent.to_vec()));
+    }
     let mut named = BTreeSet::new();
-    let prefixes: &[&str] = if counts_super {
-        &["crate::", "super::"]
-    } else {
-        &["crate::"]
-    };
-    for prefix in prefixes {
+    for (prefix, base) in &prefixes {
         for (at, _) in code.match_indices(prefix) {
-            let rest = &code[at + prefix.len()..];
-            let mut names = Vec::new();
-            if let Some(group) = rest.strip_prefix('{') {
-                // The top-level names of the group.
-                let (mut depth, mut current) = (0, String::new());
-                for ch in group.chars() {
-                    match ch {
-                        '{' => depth += 1,
-                        '}' if depth == 0 => break,
-                        '}' => depth -= 1,
-                        ',' if depth == 0 => names.push(std::mem::take(&mut current)),
-                        _ if depth == 0 => current.push(ch),
-                        _ => {}
-                    }
-                }
-                names.push(current);
-            } else {
-                names.push(rest.to_owned());
+            if at > 0 && code[..at].ends_with(|ch: char| ch.is_alphanumeric() || ch == '_') {
+                continue;
             }
-            for name in names {
-                let name: String = name
-                    .trim()
-                    .chars()
-                    .take_while(|ch| ch.is_ascii_lowercase() || *ch == '_')
-                    .collect();
-                if !name.is_empty() && name != "self" {
-                    named.insert(name);
-                }
+            for path in use_paths(&code[at + prefix.len()..], base.clone()) {
+                named.insert(module_of(&path));
             }
         }
     }
+    named.remove("");
     named
 }
 
-/// The controller's modules (`src/X.rs` or `src/X/…`) import one another in one direction:
-/// no module is imported, directly or around a loop, by a module it imports. (The wiring,
-/// `context.rs`, holds handles of many modules; they take the handles they need, not it.)
+/// The paths of the use tree at the start of `rest`, after `base`, to two segments deep.
+fn use_paths(rest: &str, base: Vec<String>) -> Vec<Vec<String>> {
+    let name: String = rest
+        .chars()
+        .take_while(|ch| ch.is_ascii_lowercase() || *ch == '_')
+        .collect();
+    if let Some(group) = rest.strip_prefix('{') {
+        // Each top-level branch of the group.
+        let (mut depth, mut start, mut paths) = (0, 0, Vec::new());
+        for (at, ch) in group.char_indices() {
+            match ch {
+                '{' => depth += 1,
+                '}' if depth == 0 => {
+                    paths.extend(use_paths(group[start..at].trim_start(), base.clone()));
+                    break;
+                }
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    paths.extend(use_paths(group[start..at].trim_start(), base.clone()));
+                    start = at + 1;
+                }
+                _ => {}
+            }
+        }
+        return paths;
+    }
+    if name.is_empty() || name == "self" {
+        return vec![base];
+    }
+    let mut path = base;
+    path.push(name.clone());
+    match rest[name.len()..].strip_prefix("::") {
+        Some(next) if path.len() < 2 => use_paths(next, path),
+        _ => vec![path],
+    }
+}
+
+/// The module of the import graph a path is in (see [`GROUPS`]).
+fn module_of(path: &[String]) -> String {
+    match path {
+        [group, module, ..] if GROUPS.contains(&group.as_str()) => format!("{group}::{module}"),
+        [module, ..] => module.clone(),
+        [] => String::new(),
+    }
+}
+
+/// The controller's modules (`src/X.rs`, `src/X/…`, and each file of the shell's grouping
+/// folders: [`GROUPS`]) import one another in one direction: no module is imported,
+/// directly or around a loop, by a module it imports. (The wiring, `runtime/context.rs`,
+/// holds handles of many modules; they take the handles they need, not it.)
 #[test]
 fn the_controllers_modules_import_one_another_in_one_direction() {
     let src = workspace().join("crates/turnstile-controller/src");
@@ -583,15 +612,29 @@ fn the_controllers_modules_import_one_another_in_one_direction() {
         let relative = file.strip_prefix(&src).expect("under src");
         let parts: Vec<String> = relative
             .components()
-            .map(|part| part.as_os_str().to_string_lossy().into_owned())
+            .map(|part| {
+                let part = part.as_os_str().to_string_lossy();
+                part.trim_end_matches(".rs").to_owned()
+            })
             .collect();
-        let module = parts[0].trim_end_matches(".rs").to_owned();
-        if module == "lib" {
+        if parts == ["lib"] {
             continue;
         }
-        let top_level = parts.len() == 1 || parts[1] == "mod.rs";
+        let grouped = GROUPS.contains(&parts[0].as_str()) && parts.len() == 2;
+        // What `super` is, where it is a module of the graph's level.
+        let parent: Option<Vec<String>> = match parts.as_slice() {
+            [_] | [_, _] if parts.last().is_some_and(|last| last == "mod") => Some(Vec::new()),
+            [_] => Some(Vec::new()),
+            [group, _] if grouped => Some(vec![group.clone()]),
+            _ => None,
+        };
+        let module = if grouped && parts[1] != "mod" {
+            format!("{}::{}", parts[0], parts[1])
+        } else {
+            parts[0].clone()
+        };
         let text = std::fs::read_to_string(file).expect("source");
-        let named = modules_named(&text, top_level);
+        let named = modules_named(&text, parent.as_deref());
         let entry = imports.entry(module.clone()).or_default();
         entry.extend(named.into_iter().filter(|name| *name != module));
     }
@@ -602,10 +645,11 @@ fn the_controllers_modules_import_one_another_in_one_direction() {
     // The graph was read: the pass's modules are in it with their known imports.
     assert!(modules.len() > 20, "{modules:?}");
     for (from, to) in [
-        ("lock_reconciler", "multi_lock"),
-        ("multi_lock", "backend_call"),
-        ("runtime", "context"),
+        ("pass::lock_reconciler", "pass::multi_lock"),
+        ("pass::multi_lock", "pass::backend_call"),
+        ("runtime", "runtime::context"),
         ("writer", "leader"),
+        ("writer", "writer::own_writes"),
     ] {
         assert!(imports[from].contains(to), "{from} → {to}: {imports:?}");
     }

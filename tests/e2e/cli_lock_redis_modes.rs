@@ -17,7 +17,7 @@ use test_servers::{
 };
 use tokio::process::Command;
 use turnstile_api::BackendKind;
-use turnstile_controller::backends::{Backends, RedisTlsFiles};
+use turnstile_controller::runtime::backends::{Backends, RedisTlsFiles};
 use turnstile_lock::Locker;
 
 use child::{finish_within, spawn_captured};

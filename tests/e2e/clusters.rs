@@ -20,7 +20,7 @@ use support::{create_from_json, phase_of, position_of, token_of, Env};
 use test_servers::{EtcdCluster, MongoServer, RedisServer};
 use tokio::sync::oneshot;
 use turnstile_api::{ClaimPhase, DistributedLock, LockClaim};
-use turnstile_controller::backends::{EtcdSettings, MongoSettings};
+use turnstile_controller::runtime::backends::{EtcdSettings, MongoSettings};
 use turnstile_controller::ControllerConfig;
 
 /// Samples the claims of lock `db` in both clusters every 20 ms: holders at once across both

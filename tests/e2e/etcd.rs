@@ -16,7 +16,7 @@ use support::output::stderr;
 use support::{create_from_json, token_of, Env, HolderMonitor, WAIT};
 use test_servers::{EtcdCluster, EtcdOptions};
 use turnstile_api::{BackendKind, ClaimPhase, LOCK_ANNOTATION};
-use turnstile_controller::backends::EtcdSettings;
+use turnstile_controller::runtime::backends::EtcdSettings;
 use turnstile_controller::ControllerConfig;
 
 fn etcd_config(url: &str) -> ControllerConfig {

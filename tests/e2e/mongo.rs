@@ -15,7 +15,7 @@ use support::launch::blocking;
 use support::{phase_of, position_of, token_of, Env, HolderMonitor};
 use test_servers::{free_port, MongoFlavor, MongoServer};
 use turnstile_api::{BackendKind, ClaimPhase};
-use turnstile_controller::backends::MongoSettings;
+use turnstile_controller::runtime::backends::MongoSettings;
 use turnstile_controller::ControllerConfig;
 use turnstile_lock::backend::{MongoBackend, MongoBackendConfig};
 use turnstile_lock::Backend;

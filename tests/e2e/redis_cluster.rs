@@ -8,7 +8,7 @@ use crate::support;
 use support::launch::launch;
 use support::{Env, HolderMonitor};
 use test_servers::RedisCluster;
-use turnstile_controller::backends::RedisTlsFiles;
+use turnstile_controller::runtime::backends::RedisTlsFiles;
 use turnstile_controller::ControllerConfig;
 
 /// A queue of three claims on a mutex served by `config`'s Redis, handed on twice.

@@ -11,16 +11,16 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 
-use super::caches::cache_filled;
-use super::context::Context;
+use crate::runtime::caches::cache_filled;
+use crate::runtime::context::Context;
 
-use super::cluster_locks::{self, Admission};
-use super::core::{decide_unserved, ClaimChange, ClaimView, FinalizerChange, Unserved};
-use super::error::ControllerError;
-use super::events::publish;
-use super::templates::make_missing_locks;
-use super::writer::{PassWrites, Write};
+use crate::core::{decide_unserved, ClaimChange, ClaimView, FinalizerChange, Unserved};
+use crate::error::ControllerError;
 use crate::metrics::{ControllerKind, ReconcileErrorKind};
+use crate::pass::cluster_locks::{self, Admission};
+use crate::templates::make_missing_locks;
+use crate::writer::events::publish;
+use crate::writer::{PassWrites, Write};
 use turnstile_api::LockClaim;
 
 /// Reconciles one claim if its lock is missing (see the module docs).

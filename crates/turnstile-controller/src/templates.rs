@@ -13,9 +13,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
 
-use super::context::Context;
-use super::error::ControllerError;
-use super::writer::Created;
+use crate::error::ControllerError;
+use crate::runtime::context::Context;
+use crate::writer::Created;
 use turnstile_api::{template_for, unused_lock_deadline, DistributedLock, LockClaim, LockTemplate};
 
 /// Makes the locks `claim` names that do not exist and a template of its namespace matches.

@@ -22,12 +22,12 @@ use turnstile_api::{
     BackendKind, ClaimPhase, DistributedLock, DistributedLockSpec, LockClaim, LockClaimSpec,
     LockClaimStatus, QueueOrder,
 };
-use turnstile_controller::arrivals::Arrivals;
 use turnstile_controller::core::{
     BackendView, CallTerms, ClaimView, LockInput, LockView, LEASE_CUT,
 };
-use turnstile_controller::lock_reconciler::{run_pass, Engine};
-use turnstile_controller::multi_lock::{other_locks_needed, prepare, OtherLock};
+use turnstile_controller::pass::lock_reconciler::{run_pass, Engine};
+use turnstile_controller::pass::multi_lock::{other_locks_needed, prepare, OtherLock};
+use turnstile_controller::runtime::arrivals::Arrivals;
 use turnstile_controller::writer::{PassStore, PassWriter};
 use turnstile_controller::writer::{PassWrite, Target, Write};
 use turnstile_controller::ControllerError;

@@ -11,7 +11,7 @@ use kube::ResourceExt;
 use super::{Gated, OtherHolder};
 use crate::core::WorkloadKind;
 use crate::metrics::ControllerKind;
-use crate::owners::job_finished;
+use crate::pass::owners::job_finished;
 use turnstile_api::{LOCK_ANNOTATION, TOKEN_ANNOTATION};
 
 impl Gated for Job {

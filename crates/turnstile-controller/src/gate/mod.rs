@@ -36,12 +36,12 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use super::context::Context;
-use super::core::{WorkloadKind, WorkloadOwner};
-use super::error::ControllerError;
-use super::events::Repeats;
-use super::writer::{ApiWriter, Created, Write};
+use crate::core::{WorkloadKind, WorkloadOwner};
+use crate::error::ControllerError;
 use crate::metrics::ControllerKind;
+use crate::runtime::context::Context;
+use crate::writer::events::Repeats;
+use crate::writer::{ApiWriter, Created, Write};
 use turnstile_api::{
     gate_event_reasons, BusyPolicy, ClaimPhase, LockClaim, LockClaimSpec, LockKind,
     GROUP_ANNOTATION, LOCKS_ANNOTATION, LOCK_KIND_ANNOTATION, TOKEN_ANNOTATION,
@@ -501,7 +501,7 @@ async fn gate<W: Gated>(workload: Arc<W>, ctx: &GateContext) -> Result<Action, C
         return Ok(Action::await_change());
     };
     let namespace = workload.namespace().unwrap_or_default();
-    if crate::context::is_terminating(ctx.shared.cache.namespaces.as_ref(), &namespace) {
+    if crate::runtime::context::is_terminating(ctx.shared.cache.namespaces.as_ref(), &namespace) {
         return Ok(Action::await_change());
     }
     let name = workload.name_any();

@@ -15,17 +15,17 @@ use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
 use super::watches::{Caches, ClaimFeeds, ClusterLockFeeds, Feeds, LockFeeds};
-use crate::backend_outages;
 use crate::claim_reconciler::{claim_error_policy, reconcile_claim};
-use crate::cluster_locks;
-use crate::context::Context;
 use crate::core::WorkloadKind;
 use crate::gate::{run_gate, BlockedSaid, GateContext};
-use crate::lock_reconciler::{
+use crate::pass::cluster_locks;
+use crate::pass::lock_reconciler::{
     cluster_lock_error_policy, lock_error_policy, reconcile_cluster_lock, reconcile_lock,
 };
-use crate::owner_watch::{cluster_owner_trigger, owner_trigger};
+use crate::runtime::context::Context;
 use crate::templates::claims_waiting_in;
+use crate::wakes::backend_outages;
+use crate::wakes::owner_watch::{cluster_owner_trigger, owner_trigger};
 use turnstile_api::{DistributedLock, LockClaim, LockTemplate};
 
 /// Passes of each controller that run at once. Each pass makes its API calls one after the

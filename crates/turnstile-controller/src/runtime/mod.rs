@@ -15,10 +15,19 @@
 //! lead stops them at once and stands by again (a new term starts with fresh caches and a
 //! fresh memory backend, rebuilt from the claims' statuses).
 //!
-//! A term: [`watches`] sets up the watches and their caches, [`controllers`] builds the
-//! controllers on them, and [`run_controllers`] runs both until the term ends.
+//! A term: `watches` sets up the watches and their caches, `controllers` builds the
+//! controllers on them, and `run_controllers` runs both until the term ends. What the
+//! reconcilers share is [`context`] (one handle per concern), what they read comes from the
+//! caches ([`caches`], [`tolerant_watch`], the claims by lock and owner in [`claim_index`],
+//! their arrival order in [`arrivals`]), and the lock backends are [`backends`].
 
+pub mod arrivals;
+pub mod backends;
+pub mod caches;
+pub mod claim_index;
+pub mod context;
 mod controllers;
+pub mod tolerant_watch;
 mod watches;
 
 use std::future::Future;
@@ -32,17 +41,17 @@ use opentelemetry_sdk::trace::SdkTracerProvider;
 use tokio::sync::watch;
 
 use self::watches::{Caches, Watches};
-use crate::backends::{Backends, EtcdSettings, MongoSettings, RedisTlsFiles};
-use crate::caches::cache_filled;
-use crate::claim_index::ClaimIndex;
-use crate::context::Context;
 use crate::error::ControllerError;
-use crate::events::{EventPolicy, EventPublisher};
 use crate::leader::{self, LeaderConfig, LeadershipGate};
 use crate::metrics::{self, Metrics, Readiness};
-use crate::owners::OwnerCaches;
-use crate::tolerant_watch::InvalidObjects;
+use crate::pass::owners::OwnerCaches;
+use crate::runtime::backends::{Backends, EtcdSettings, MongoSettings, RedisTlsFiles};
+use crate::runtime::caches::cache_filled;
+use crate::runtime::claim_index::ClaimIndex;
+use crate::runtime::context::Context;
+use crate::runtime::tolerant_watch::InvalidObjects;
 use crate::traces::ClaimTraces;
+use crate::writer::events::{EventPolicy, EventPublisher};
 use turnstile_api::BackendKind;
 
 /// Name the controller reports Events under.

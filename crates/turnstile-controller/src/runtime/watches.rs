@@ -15,10 +15,10 @@ use kube::runtime::reflector::{self, ReflectHandle, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 
-use crate::claim_index::ClaimIndex;
 use crate::gate::pod::{phase_only, trim_gated_pod, GATED_PODS};
-use crate::owner_watch::FINISHED_PODS;
-use crate::tolerant_watch::{tolerant_watcher, InvalidObjects};
+use crate::runtime::claim_index::ClaimIndex;
+use crate::runtime::tolerant_watch::{tolerant_watcher, InvalidObjects};
+use crate::wakes::owner_watch::FINISHED_PODS;
 use turnstile_api::{
     ClusterDistributedLock, DistributedLock, LockClaim, LockTemplate, LOCK_ANNOTATION,
 };

@@ -22,14 +22,14 @@ use turnstile_api::reasons;
 use turnstile_api::{
     BackendKind, ClaimPhase, DistributedLock, DistributedLockSpec, LockClaim, LockClaimSpec, Micros,
 };
-use turnstile_controller::arrivals::Arrivals;
 use turnstile_controller::core::{
     plan, BackendView, ClaimView, Decision, EventSubject, LockInput, LockView, OpOutcome,
     OwnerState,
 };
-use turnstile_controller::lock_reconciler::{run_pass, Engine, PassOutcome};
-use turnstile_controller::multi_lock::MemberEngines;
-use turnstile_controller::patch::apply_merge_patch;
+use turnstile_controller::pass::lock_reconciler::{run_pass, Engine, PassOutcome};
+use turnstile_controller::pass::multi_lock::MemberEngines;
+use turnstile_controller::runtime::arrivals::Arrivals;
+use turnstile_controller::writer::patch::apply_merge_patch;
 use turnstile_controller::writer::{PassStore, PassWriter};
 use turnstile_controller::writer::{PassWrite, Target, Write};
 use turnstile_controller::ControllerError;

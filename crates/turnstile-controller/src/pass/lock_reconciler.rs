@@ -13,25 +13,25 @@ use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use tracing::Instrument;
 
-use super::backend_call::perform;
-use super::backends::BackendLookupError;
-use super::caches::cache_filled;
-use super::cluster_locks;
-use super::context::Context;
-use super::core::{
+use crate::core::{
     claim_address, claim_key, fold, plan, BackendOp, BackendView, CallTerms, ClaimView, Decision,
     ExecutionGate, LockInput, LockView, OpOutcome, Plan, PlannedOp,
 };
-use super::error::ControllerError;
-use super::multi_lock::{self, MemberEngines, OtherLock};
-use super::owners::fill_owner_states;
-use super::pass_report::{
+use crate::error::ControllerError;
+use crate::metrics::{BackendOperation, ControllerKind, ReconcileErrorKind};
+use crate::pass::backend_call::perform;
+use crate::pass::cluster_locks;
+use crate::pass::multi_lock::{self, MemberEngines, OtherLock};
+use crate::pass::owners::fill_owner_states;
+use crate::pass::report::{
     publish_events, record_backend_state, record_failed_calls, record_observations, record_spans,
     regarding,
 };
-use super::templates;
-use super::writer::{ApiStore, PassStore, PassWriter};
-use crate::metrics::{BackendOperation, ControllerKind, ReconcileErrorKind};
+use crate::runtime::backends::BackendLookupError;
+use crate::runtime::caches::cache_filled;
+use crate::runtime::context::Context;
+use crate::templates;
+use crate::writer::{ApiStore, PassStore, PassWriter};
 use turnstile_api::{error_chain, BackendKind, ClusterDistributedLock, DistributedLock, LockClaim};
 use turnstile_lock::Backend;
 

@@ -20,9 +20,9 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use super::events::{EventPublisher, Repeats};
-use super::leader::LeadershipGate;
+use crate::leader::LeadershipGate;
 use crate::metrics::Metrics;
+use crate::writer::events::{EventPublisher, Repeats};
 use turnstile_api::{
     object_event_reasons, ClusterDistributedLock, ClusterDistributedLockSpec, DistributedLock,
     DistributedLockSpec, LockClaim, LockClaimSpec,

@@ -25,11 +25,11 @@ use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::backend_call::perform;
 use crate::core::{
     plan, BackendOp, BackendView, CallTerms, ClaimView, LockInput, LockView, MemberLock, OpOutcome,
     Seconds,
 };
+use crate::pass::backend_call::perform;
 use turnstile_api::error_chain;
 use turnstile_lock::Backend;
 

@@ -7,9 +7,9 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::Client;
 use prometheus_client::metrics::counter::Counter;
 
-use super::budget::WriteBudget;
+use crate::writer::budget::WriteBudget;
 
-use super::core::{EventSeverity, PlannedEvent};
+use crate::core::{EventSeverity, PlannedEvent};
 use turnstile_api::event_reasons;
 
 /// Whether an Event can be published again about the same object with the same reason.
@@ -30,7 +30,7 @@ pub struct EventPolicy {
     /// Publish `Normal` Events (`Queued`, `Acquired`, `Released`, `Renewed`, ...) at all.
     pub normal: bool,
     /// At most this many `Normal` Events a second on average, in bursts of up to
-    /// [`crate::budget::BURST_SECONDS`] seconds' worth; the rest are counted in
+    /// [`crate::writer::budget::BURST_SECONDS`] seconds' worth; the rest are counted in
     /// `turnstile_events_skipped_total` and logged at debug. Zero: no limit.
     pub normal_per_second: u32,
 }

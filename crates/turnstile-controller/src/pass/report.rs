@@ -8,14 +8,14 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::reflector::ObjectRef;
 use kube::Resource;
 
-use crate::context::Context;
 use crate::core::{
     BackendOp, BackendView, Decision, EventSubject, FinalizerChange, GrantEnd, LockInput,
     Observation, OpOutcome, PlannedOp,
 };
-use crate::events::publish;
 use crate::metrics::{BackendOperation, LockLostCause, Metrics, ReconcileErrorKind};
+use crate::runtime::context::Context;
 use crate::traces::SpanLock;
+use crate::writer::events::publish;
 use turnstile_api::{BackendKind, ClusterDistributedLock, DistributedLock, LockClaim};
 
 /// The backend's state after a pass: the queue-depth gauge, and the outage wake-ups (the

@@ -21,8 +21,8 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 
-use super::arrivals::Arrivals;
-use super::core::{WorkloadKind, WorkloadOwner};
+use crate::core::{WorkloadKind, WorkloadOwner};
+use crate::runtime::arrivals::Arrivals;
 use turnstile_api::LockClaim;
 
 /// `(namespace, lock name)`; the namespace is empty for a `ClusterDistributedLock`.

@@ -23,8 +23,8 @@ use std::sync::Arc;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::Resource;
 
-use super::claim_index::{ClaimIndex, LockKey};
-use super::core::WorkloadKind;
+use crate::core::WorkloadKind;
+use crate::runtime::claim_index::{ClaimIndex, LockKey};
 use turnstile_api::{ClusterDistributedLock, DistributedLock, LockClaim};
 
 /// The field selector of the Pod watch: Pods that succeeded or failed.

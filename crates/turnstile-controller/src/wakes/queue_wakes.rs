@@ -11,8 +11,8 @@ use kube::runtime::reflector::ObjectRef;
 use turnstile_api::DistributedLock;
 use turnstile_lock::Backend;
 
-use crate::backend_call::WAITER_LEASE;
-use crate::lock_wakes::LockWakes;
+use crate::pass::backend_call::WAITER_LEASE;
+use crate::wakes::lock_wakes::LockWakes;
 
 /// The subscriptions live now, one per backend key and owner.
 #[derive(Debug, Clone, Default)]

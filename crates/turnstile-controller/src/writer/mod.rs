@@ -6,6 +6,15 @@
 //! [`PassWrites`] decides a lock pass's writes from the core's [`Decision`], and a
 //! [`PassWriter`] makes them through a [`PassStore`]: the API server ([`ApiStore`]), or the
 //! simulated one of the controller's property tests, which so run the shell's own pass.
+//!
+//! Beside it: [`patch`] (the merge patches), [`own_writes`] (a lock's pass waits until the
+//! cache shows its previous pass's writes), [`events`] (Events are writes too) and
+//! [`budget`] (how many optional writes a second).
+
+pub mod budget;
+pub mod events;
+pub mod own_writes;
+pub mod patch;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
@@ -21,8 +30,8 @@ use serde_json::Value;
 use crate::core::{claim_address, ClaimChange, Decision, FinalizerChange, LockInput};
 use crate::error::ControllerError;
 use crate::leader::LeadershipGate;
-use crate::own_writes::GONE;
-use crate::patch::merge_diff;
+use crate::writer::own_writes::GONE;
+use crate::writer::patch::merge_diff;
 use turnstile_api::{
     ClusterDistributedLock, DistributedLock, LockClaim, LockClaimStatus, FINALIZER,
 };

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use kube::runtime::reflector::ObjectRef;
 
-use crate::backends::Backends;
-use crate::lock_wakes::LockWakes;
+use crate::runtime::backends::Backends;
+use crate::wakes::lock_wakes::LockWakes;
 use turnstile_api::{BackendKind, DistributedLock};
 
 /// How often a backend with waiting locks is asked whether it is back.

@@ -27,8 +27,8 @@ use kube::core::{PartialObjectMeta, Selector, SelectorExt};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::ResourceExt;
 
-use super::claim_index::ClaimIndex;
-use super::context::Context;
+use crate::runtime::claim_index::ClaimIndex;
+use crate::runtime::context::Context;
 use turnstile_api::{ClaimPhase, ClusterDistributedLock, LockClaim};
 
 /// Whether a claim on a cluster lock is in the lock's queue.

@@ -15,8 +15,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client};
 
-use super::caches::cache_filled;
-use super::core::{claim_address, ClaimView, OwnerState, WorkloadKind, WorkloadOwner};
+use crate::core::{claim_address, ClaimView, OwnerState, WorkloadKind, WorkloadOwner};
+use crate::runtime::caches::cache_filled;
 use futures::FutureExt;
 use turnstile_api::{ClaimPhase, LockClaim};
 
