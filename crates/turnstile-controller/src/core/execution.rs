@@ -152,13 +152,14 @@ impl ExecutionGate {
                 self.step = Some(step);
             }
             Step::Follow { expect } => {
-                let Some(step) = self.step.as_mut() else {
-                    return;
-                };
-                let answer = verdict(outcome, expect);
-                if step.claim == planned.claim && step.verdict == Verdict::Done {
-                    step.verdict = answer;
-                    self.grants_blocked |= step.grant && answer != Verdict::Done;
+                // Admitted only while its step went through: its answer is the step's now.
+                if let Some(step) = self
+                    .step
+                    .as_mut()
+                    .filter(|step| step.claim == planned.claim)
+                {
+                    step.verdict = verdict(outcome, expect);
+                    self.grants_blocked |= step.grant && step.verdict != Verdict::Done;
                 }
             }
             // What a give-back answers changes nothing: a grant not given back now is given
@@ -175,15 +176,12 @@ impl ExecutionGate {
 }
 
 /// The calls of the step led by `ops[lead]` that come after it (its follow-ups and
-/// give-backs), with their indices.
+/// give-backs, which the plan lays out right after their lead), with their indices.
 fn rest_of_step(ops: &[PlannedOp], lead: usize) -> impl Iterator<Item = (usize, &PlannedOp)> {
-    let claim = ops.get(lead).and_then(|planned| planned.claim.as_ref());
     ops.iter()
         .enumerate()
         .skip(lead + 1)
-        .take_while(move |(_, planned)| {
-            planned.claim.as_ref() == claim && !matches!(planned.step, Step::Lead { .. })
-        })
+        .take_while(|(_, planned)| !matches!(planned.step, Step::Lead { .. }))
 }
 
 fn answer(outcomes: &[OpOutcome], index: usize) -> OpOutcome {
@@ -368,6 +366,35 @@ mod tests {
         assert_eq!(outcomes[4], granted(7), "the next grant runs");
         assert_eq!(step_outcome(&ops, &outcomes, 0), granted(4));
         assert_eq!(member_tokens(&ops, &outcomes, 0), [("b".to_owned(), 6)]);
+    }
+
+    #[test]
+    fn a_step_cut_short_is_no_grant() {
+        // Leadership lost between the lead and the follow-up: the lead went through, the
+        // follow-up was never made.
+        let ops = grant_step();
+        let outcomes = [granted(4), OpOutcome::Skipped];
+        assert_eq!(step_outcome(&ops, &outcomes, 0), OpOutcome::Skipped);
+        // A step's follow-ups end at the next lead: the next claim's grant is not this one's.
+        let mut outcomes = vec![
+            granted(4),
+            granted(6),
+            OpOutcome::Skipped,
+            OpOutcome::Skipped,
+        ];
+        outcomes.push(OpOutcome::Busy { retry_after: None });
+        let mut ops = ops;
+        ops[4].step = Step::Follow {
+            expect: Expect::Any,
+        };
+        ops[4].claim = Some("m".to_owned());
+        assert_eq!(
+            step_outcome(&ops, &outcomes, 0),
+            BUSY,
+            "a follow-up of the step"
+        );
+        ops[4].step = Step::LEAD;
+        assert_eq!(step_outcome(&ops, &outcomes, 0), granted(4), "another step");
     }
 
     #[test]
