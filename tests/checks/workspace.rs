@@ -645,7 +645,8 @@ fn the_controllers_modules_import_one_another_in_one_direction() {
     // The graph was read: the pass's modules are in it with their known imports.
     assert!(modules.len() > 20, "{modules:?}");
     for (from, to) in [
-        ("pass::lock_reconciler", "pass::multi_lock"),
+        ("pass::lock_reconciler", "pass::gather"),
+        ("pass::execute", "pass::multi_lock"),
         ("pass::multi_lock", "pass::backend_call"),
         ("runtime", "runtime::context"),
         ("writer", "leader"),

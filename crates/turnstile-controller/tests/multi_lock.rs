@@ -1,10 +1,11 @@
 //! Claims on several locks, property-tested through the shell's own pass: a simulated API
 //! server with four locks and their claims (single and multi-lock, over overlapping sets), the
 //! real in-memory lock engine, a paused clock, and passes of the locks in random order, each
-//! the pass `lock_reconciler` makes (read the other locks → plan → backend calls followed
-//! onto the other locks → fold → give back → the writer's patches).
+//! the pass the shell makes (read the other locks → plan → the calls, on the other locks too,
+//! as the plan lists them → fold → the writer's patches).
 //!
-//! Checked after every pass: never a claim `Held` on part of its locks; no backend keeps a
+//! Checked after every pass: never a claim `Held` on part of its locks, nor one whose grant
+//! is missing from one of its locks' backends while its lease runs; no backend keeps a
 //! grant of a claim that is not held; never more holders than `maxHolders` on a lock; tokens
 //! strictly increasing per lock; nobody granted while an earlier claim on one of its locks
 //! still waits (FIFO per lock). And at the end, with every holder letting go once granted,
@@ -25,7 +26,7 @@ use turnstile_api::{
 use turnstile_controller::core::{
     BackendView, CallTerms, ClaimView, LockInput, LockView, LEASE_CUT,
 };
-use turnstile_controller::pass::lock_reconciler::{run_pass, Engine};
+use turnstile_controller::pass::execute::{run_pass, Engine};
 use turnstile_controller::pass::multi_lock::{other_locks_needed, prepare, OtherLock};
 use turnstile_controller::runtime::arrivals::Arrivals;
 use turnstile_controller::writer::{PassStore, PassWriter};

@@ -1,5 +1,5 @@
 //! One backend call of a pass: the core's [`BackendOp`] made on the lock engine, its answer
-//! as the core's [`OpOutcome`]. The lock's own calls (`lock_reconciler::execute`) and the
+//! as the core's [`OpOutcome`]. The lock's own calls (`pass::execute`) and the
 //! calls followed onto a multi-lock claim's other locks (`multi_lock`) both go through it.
 
 use turnstile_lock::{AcquireMode, AcquireOutcome, AcquireRequest, Backend, LockError, ShareMode};

@@ -1,9 +1,10 @@
 //! One pass over a lock, in the shell: what the pure [`core`](crate::core) decides on is
 //! gathered here, its plan is carried out here, and what it decided is reported from here.
 //!
-//! - [`lock_reconciler`]: the pass itself — gather (the lock, its claims, [`owners`]' states,
-//!   one backend snapshot) → plan → execute → fold → write ([`run_pass`](lock_reconciler::run_pass),
-//!   which the controller's property tests run too);
+//! - [`lock_reconciler`]: the pass itself, in three steps: [`gather`] (the lock, its claims,
+//!   [`owners`]' states, one backend snapshot) → [`execute`] (plan → the calls → fold → write:
+//!   [`run_pass`](execute::run_pass), which the controller's property tests run too) →
+//!   [`report`];
 //! - [`backend_call`]: one planned call made on the lock engine;
 //! - [`multi_lock`]: claims on several locks — the other locks read for the core, and the
 //!   backends its calls on them are made on;
@@ -15,6 +16,8 @@
 
 pub mod backend_call;
 pub mod cluster_locks;
+pub mod execute;
+pub mod gather;
 pub mod lock_reconciler;
 pub mod multi_lock;
 pub mod owners;

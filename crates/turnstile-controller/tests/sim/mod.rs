@@ -26,7 +26,7 @@ use turnstile_controller::core::{
     plan, BackendView, ClaimView, Decision, EventSubject, LockInput, LockView, OpOutcome,
     OwnerState,
 };
-use turnstile_controller::pass::lock_reconciler::{run_pass, Engine, PassOutcome};
+use turnstile_controller::pass::execute::{run_pass, Engine, PassOutcome};
 use turnstile_controller::pass::multi_lock::MemberEngines;
 use turnstile_controller::runtime::arrivals::Arrivals;
 use turnstile_controller::writer::patch::apply_merge_patch;
