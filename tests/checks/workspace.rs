@@ -623,8 +623,8 @@ fn the_controllers_modules_import_one_another_in_one_direction() {
         let grouped = GROUPS.contains(&parts[0].as_str()) && parts.len() == 2;
         // What `super` is, where it is a module of the graph's level.
         let parent: Option<Vec<String>> = match parts.as_slice() {
-            [_] | [_, _] if parts.last().is_some_and(|last| last == "mod") => Some(Vec::new()),
             [_] => Some(Vec::new()),
+            [_, last] if last == "mod" => Some(Vec::new()),
             [group, _] if grouped => Some(vec![group.clone()]),
             _ => None,
         };

@@ -184,15 +184,16 @@ fn rest_of_step(ops: &[PlannedOp], lead: usize) -> impl Iterator<Item = (usize, 
         .take_while(|(_, planned)| !matches!(planned.step, Step::Lead { .. }))
 }
 
-fn answer(outcomes: &[OpOutcome], index: usize) -> OpOutcome {
-    outcomes.get(index).cloned().unwrap_or(OpOutcome::Skipped)
+/// The answer to `ops[index]` (a call with no answer was not made).
+pub(super) fn answer(outcomes: &[OpOutcome], index: usize) -> &OpOutcome {
+    outcomes.get(index).unwrap_or(&OpOutcome::Skipped)
 }
 
 /// What the step led by `ops[lead]` came to for its claim: the lead's answer, unless a
 /// follow-up did not go through — then that one's (a grant with another token than
 /// expected counts as busy: it is not the grant asked for).
 pub fn step_outcome(ops: &[PlannedOp], outcomes: &[OpOutcome], lead: usize) -> OpOutcome {
-    let led = answer(outcomes, lead);
+    let led = answer(outcomes, lead).clone();
     let went_through = match ops.get(lead).map(|planned| planned.step) {
         Some(Step::Lead { expect }) => verdict(&led, expect) == Verdict::Done,
         _ => false,
@@ -206,13 +207,13 @@ pub fn step_outcome(ops: &[PlannedOp], outcomes: &[OpOutcome], lead: usize) -> O
             continue;
         };
         let outcome = answer(outcomes, index);
-        match verdict(&outcome, expect) {
+        match verdict(outcome, expect) {
             Verdict::Done => {}
             Verdict::Refused if matches!(outcome, OpOutcome::Granted { .. }) => {
                 return OpOutcome::Busy { retry_after: None }
             }
             // Skipped too: the pass stopped (leadership lost) before the step was whole.
-            _ => return outcome,
+            _ => return outcome.clone(),
         }
     }
     led
@@ -225,7 +226,7 @@ pub fn member_tokens(ops: &[PlannedOp], outcomes: &[OpOutcome], lead: usize) -> 
         .filter_map(
             |(index, planned)| match (&planned.on_lock, answer(outcomes, index)) {
                 (Some(lock), OpOutcome::Granted { fencing_token, .. }) => {
-                    Some((lock.clone(), fencing_token))
+                    Some((lock.clone(), *fencing_token))
                 }
                 _ => None,
             },

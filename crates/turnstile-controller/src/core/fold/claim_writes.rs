@@ -97,8 +97,7 @@ fn finalizer_change(
     let (input, outcomes, now) = (folder.input, folder.outcomes, folder.now);
     // The claim's own grant and, on several locks, every other lock's.
     let settled = |op: &Option<usize>| {
-        release_settled(input, *op, outcomes)
-            && members_given_back(folder.plan, outcomes, &claim.name)
+        release_settled(input, *op, outcomes) && members_given_back(folder.plan, outcomes, claim)
     };
     match intent {
         Intent::Delete { release_op } => {

@@ -22,7 +22,7 @@ use std::time::Duration;
 use turnstile_api::{reasons, ClaimPhase, LockClaimStatus};
 
 use super::decision::{Decision, FinalizerChange};
-use super::execution::Step;
+use super::execution::{answer, Step};
 use super::model::{seconds_of, BackendView, ClaimView, LockInput, OwnerState, Seconds};
 use super::ops::{BackendOp, OpOutcome};
 use super::plan::{LockMode, Plan};
@@ -46,34 +46,33 @@ pub const MAX_BUSY_RETRY: Duration = Duration::from_secs(2);
 /// Wake this much after a deadline, so that the whole second has surely passed.
 const DEADLINE_MARGIN: Duration = Duration::from_millis(50);
 
-fn outcome(outcomes: &[OpOutcome], op: usize) -> &OpOutcome {
-    outcomes.get(op).unwrap_or(&OpOutcome::Skipped)
-}
-
 /// Whether the backend no longer holds a grant for the claim (so its finalizer may go).
 fn release_settled(input: &LockInput, op: Option<usize>, outcomes: &[OpOutcome]) -> bool {
     match &input.backend {
         BackendView::NotConfigured { .. } => true,
         BackendView::Unavailable { .. } => false,
         BackendView::Ready { .. } => {
-            op.is_none_or(|op| matches!(outcome(outcomes, op), OpOutcome::Released { .. }))
+            op.is_none_or(|op| matches!(answer(outcomes, op), OpOutcome::Released { .. }))
         }
     }
 }
 
 /// Whether every other lock's grant the pass gave back for `claim` (a claim on several
-/// locks that does not hold after it) is back.
-fn members_given_back(plan: &Plan, outcomes: &[OpOutcome], claim: &str) -> bool {
+/// locks that does not hold after it) is back. A claim on one lock gave nothing back there.
+fn members_given_back(plan: &Plan, outcomes: &[OpOutcome], claim: &ClaimView) -> bool {
+    if claim.members.is_empty() {
+        return true;
+    }
     plan.ops
         .iter()
         .enumerate()
         .filter(|(_, planned)| {
             planned.on_lock.is_some()
-                && planned.claim.as_deref() == Some(claim)
+                && planned.claim.as_deref() == Some(claim.name.as_str())
                 && matches!(planned.op, BackendOp::Release { .. })
                 && matches!(planned.step, Step::Lead { .. })
         })
-        .all(|(index, _)| matches!(outcome(outcomes, index), OpOutcome::Released { .. }))
+        .all(|(index, _)| matches!(answer(outcomes, index), OpOutcome::Released { .. }))
 }
 
 /// A claim's status after the pass, before positions are assigned.

@@ -33,6 +33,29 @@ fn acquire(
     }
 }
 
+/// `op` on `member`, a follow-up of the claim's lead whose answer must meet `expect`.
+fn follow(claim: &ClaimView, member: &MemberLock, op: BackendOp, expect: Expect) -> PlannedOp {
+    PlannedOp::on_member(claim, &member.name, op, Step::Follow { expect })
+}
+
+/// On `member`: its fence counter raised to `floor`, then the claim's grant for `purpose`,
+/// whose token must meet `expect`.
+fn take(
+    claim: &ClaimView,
+    member: &MemberLock,
+    ttl: Duration,
+    purpose: AcquirePurpose,
+    floor: u64,
+    expect: Expect,
+) -> [PlannedOp; 2] {
+    let raise = BackendOp::RaiseFloor { floor };
+    let acquire = acquire(claim, member, ttl, purpose);
+    [
+        follow(claim, member, raise, Expect::Any),
+        follow(claim, member, acquire, expect),
+    ]
+}
+
 /// `lead` with its expectation, then `follows`, then the give-backs: the claim's grant on
 /// its own lock (`own_give_back`, when the step may leave one there) and on every other lock.
 fn step(
@@ -74,17 +97,18 @@ pub(super) fn grant(
     }
     let mut follows = Vec::new();
     for member in &claim.members {
-        let follow =
-            |op, expect| PlannedOp::on_member(claim, &member.name, op, Step::Follow { expect });
         if member.holds == Some(true) {
-            follows.push(follow(release(claim, false), Expect::Any));
+            follows.push(follow(claim, member, release(claim, false), Expect::Any));
         }
-        let floor = BackendOp::RaiseFloor {
-            floor: member.high_water,
-        };
-        follows.push(follow(floor, Expect::Any));
-        let take = acquire(claim, member, ttl, AcquirePurpose::Grant);
-        follows.push(follow(take, Expect::Above(member.high_water)));
+        let above = Expect::Above(member.high_water);
+        follows.extend(take(
+            claim,
+            member,
+            ttl,
+            AcquirePurpose::Grant,
+            member.high_water,
+            above,
+        ));
     }
     step(
         claim,
@@ -116,14 +140,16 @@ pub(super) fn reattach(
     {
         // No token recorded: no grant is the one lost (tokens start at 1).
         let recorded = member.fencing_token.unwrap_or(0);
-        let follow =
-            |op, expect| PlannedOp::on_member(claim, &member.name, op, Step::Follow { expect });
-        let floor = BackendOp::RaiseFloor {
-            floor: recorded.saturating_sub(1),
-        };
-        follows.push(follow(floor, Expect::Any));
-        let take = acquire(claim, member, ttl, AcquirePurpose::Reattach);
-        follows.push(follow(take, Expect::Exactly(recorded)));
+        let floor = recorded.saturating_sub(1);
+        let same = Expect::Exactly(recorded);
+        follows.extend(take(
+            claim,
+            member,
+            ttl,
+            AcquirePurpose::Reattach,
+            floor,
+            same,
+        ));
     }
     step(
         claim,
@@ -149,14 +175,7 @@ pub(super) fn renew(claim: &ClaimView, lead: PlannedOp, ttl: Duration) -> Vec<Pl
                 owner: claim.owner_token.clone(),
                 ttl,
             };
-            PlannedOp::on_member(
-                claim,
-                &member.name,
-                extend,
-                Step::Follow {
-                    expect: Expect::Any,
-                },
-            )
+            follow(claim, member, extend, Expect::Any)
         })
         .collect();
     step(claim, lead, Expect::Any, follows, None)
