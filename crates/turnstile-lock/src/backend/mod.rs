@@ -56,6 +56,8 @@ pub mod mongo;
 #[cfg(feature = "redis")]
 pub mod redis;
 mod state;
+#[cfg(test)]
+mod tests;
 mod wake;
 
 use std::fmt;
