@@ -67,6 +67,9 @@ struct GrantTerms {
     lock_delay: Duration,
 }
 
+#[cfg(test)]
+mod tests;
+
 impl KeyState {
     fn prune(&mut self, now: Instant) {
         // A lease that ran out ended involuntarily: its lock-delay starts at its end.
