@@ -13,7 +13,9 @@
 # docs/src/development/mutation-testing.md records each run. $TURNSTILE_MUTANTS_SKIP (words,
 # e.g. "redis mongo etcd") leaves out the tests whose names contain them: the engine's files
 # that decide for the memory backend are judged by its conformance cases alone, in minutes
-# per mutant instead of the whole suite's.
+# per mutant instead of the whole suite's. $TURNSTILE_MUTANTS_ONLY (one word, e.g. "etcd") keeps
+# only the tests whose names contain it: a network backend's files are judged by that
+# backend's conformance cases and unit tests against its real server.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,10 +30,13 @@ files=()
 for file in "$@"; do
   files+=(-f "$file")
 done
-skips=()
+filters=()
 for word in ${TURNSTILE_MUTANTS_SKIP:-}; do
-  skips+=(--skip "$word")
+  filters+=(--skip "$word")
 done
+if [ -n "${TURNSTILE_MUTANTS_ONLY:-}" ]; then
+  filters+=("$TURNSTILE_MUTANTS_ONLY")
+fi
 # Incremental builds: every mutant rebuilds one crate.
 export CARGO_INCREMENTAL=1 CARGO_PROFILE_DEV_DEBUG=line-tables-only
 cd "$repo"
@@ -39,11 +44,11 @@ case "$scope" in
   core)
     exec cargo mutants -p turnstile-controller "${files[@]}" --output "$out" --timeout 240 \
       --test-workspace=false -- --lib --test core_semantics --test controller_core --test multi_lock \
-      -- "${skips[@]}"
+      -- "${filters[@]}"
     ;;
   engine)
     exec cargo mutants -p turnstile-lock "${files[@]}" --output "$out" --timeout 240 \
-      --test-workspace=false -- --lib --test conformance -- "${skips[@]}"
+      --test-workspace=false -- --lib --test conformance -- "${filters[@]}"
     ;;
   *)
     echo "usage: $0 core|engine FILE..." >&2
