@@ -30,6 +30,8 @@ files=()
 for file in "$@"; do
   files+=(-f "$file")
 done
+# A mutant that makes a test hang counts as caught ("timeout") once this many seconds pass.
+timeout=${TURNSTILE_MUTANTS_TIMEOUT:-240}
 filters=()
 for word in ${TURNSTILE_MUTANTS_SKIP:-}; do
   filters+=(--skip "$word")
@@ -42,12 +44,12 @@ export CARGO_INCREMENTAL=1 CARGO_PROFILE_DEV_DEBUG=line-tables-only
 cd "$repo"
 case "$scope" in
   core)
-    exec cargo mutants -p turnstile-controller "${files[@]}" --output "$out" --timeout 240 \
+    exec cargo mutants -p turnstile-controller "${files[@]}" --output "$out" --timeout "$timeout" \
       --test-workspace=false -- --lib --test core_semantics --test controller_core --test multi_lock \
       -- "${filters[@]}"
     ;;
   engine)
-    exec cargo mutants -p turnstile-lock "${files[@]}" --output "$out" --timeout 240 \
+    exec cargo mutants -p turnstile-lock "${files[@]}" --output "$out" --timeout "$timeout" \
       --test-workspace=false -- --lib --test conformance -- "${filters[@]}"
     ;;
   *)

@@ -279,3 +279,35 @@ fn the_fence_counter_only_rises_and_holders_are_shown_in_grant_order() {
         .all(|holder| holder.expires_in == 9 * SECOND));
     assert_eq!(snapshot.fencing_token, 10);
 }
+
+#[test]
+fn a_request_not_yet_queued_is_judged_at_the_place_its_priority_would_give_it() {
+    let (mut lock, t0) = (KeyState::default(), Instant::now());
+    lock.acquire(&request("holder", SECOND, AcquireMode::Wait), t0);
+    let low = AcquireRequest {
+        waiter_lease: 60 * SECOND,
+        ..request("low", SECOND, AcquireMode::Wait)
+    };
+    lock.acquire(&low, t0);
+    // The holder's lease ran out; "low" has not come back yet, so the lock is free.
+    let free = t0 + SECOND;
+    let try_at = |lock: &mut KeyState, owner, priority| {
+        lock.acquire(
+            &AcquireRequest {
+                priority,
+                ..request(owner, SECOND, AcquireMode::Try)
+            },
+            free,
+        )
+    };
+    assert!(
+        token(&try_at(&mut lock, "lower", -1)).is_none(),
+        "behind low"
+    );
+    assert!(token(&try_at(&mut lock, "same", 0)).is_none(), "behind low");
+    assert_eq!(
+        token(&try_at(&mut lock, "urgent", 5)),
+        Some(2),
+        "ahead of every lower priority"
+    );
+}
