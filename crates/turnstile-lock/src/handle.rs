@@ -266,3 +266,90 @@ impl Drop for Grant {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Locker, MemoryBackend};
+
+    const TTL: Duration = Duration::from_secs(30);
+
+    #[tokio::test]
+    async fn a_lock_tells_what_it_holds() {
+        let locker = Locker::new(MemoryBackend::new());
+        let request = locker.lock("k", TTL).max_holders(3).owner("me");
+        let lock = request.acquire().await.expect("acquire");
+        assert_eq!(
+            (lock.key(), lock.owner(), lock.ttl(), lock.max_holders()),
+            ("k", "me", TTL, 3)
+        );
+        assert_eq!(lock.fencing_token(), 1);
+        let shown = format!("{lock:?}");
+        for part in [
+            "backend: \"memory\"",
+            "key: \"k\"",
+            "owner: \"me\"",
+            "fencing_token: 1",
+            "lost: false",
+            "released: false",
+        ] {
+            assert!(shown.contains(part), "{shown} shows {part}");
+        }
+        lock.release().await.expect("release");
+        assert!(format!("{lock:?}").contains("released: true"));
+    }
+
+    #[tokio::test]
+    async fn a_released_handle_never_speaks_for_a_later_grant_to_the_same_owner() {
+        let locker = Locker::new(MemoryBackend::new());
+        let request = locker.lock("k", TTL).owner("me");
+        let first = request.acquire().await.expect("acquire");
+        let other_handle = first.clone();
+        first.release().await.expect("release");
+        assert!(other_handle.is_released(), "released through any handle");
+        assert!(!other_handle.is_lost(), "released is not lost");
+        let second = request.acquire().await.expect("acquire again");
+        assert_eq!(second.fencing_token(), 2);
+        assert!(!first.is_locked().await.expect("is_locked"));
+        assert!(matches!(
+            first.extend(TTL).await,
+            Err(LockError::LockLost { .. })
+        ));
+        assert!(second.is_locked().await.expect("is_locked"));
+        second.release().await.expect("release");
+    }
+
+    #[tokio::test]
+    async fn a_release_that_finds_the_grant_gone_marks_the_lock_lost() {
+        let locker = Locker::new(MemoryBackend::new());
+        let kept = locker.lock("k", TTL).acquire().await.expect("acquire");
+        kept.release().await.expect("release");
+        assert!(
+            !kept.is_lost(),
+            "a release that found its grant loses nothing"
+        );
+
+        let taken = locker.lock("k", TTL).acquire().await.expect("acquire");
+        // Someone else ended the grant behind this handle's back.
+        assert!(locker
+            .backend()
+            .release("k", taken.owner(), 1)
+            .await
+            .expect("release"));
+        assert!(!taken.is_lost(), "nothing told the handle yet");
+        taken
+            .release()
+            .await
+            .expect("a lost grant's release is no error");
+        assert!(taken.is_lost());
+
+        let checked = locker.lock("k", TTL).acquire().await.expect("acquire");
+        locker
+            .backend()
+            .release("k", checked.owner(), 1)
+            .await
+            .expect("release");
+        assert!(!checked.is_locked().await.expect("is_locked"));
+        assert!(checked.is_lost(), "is_locked's answer marks it lost");
+    }
+}
