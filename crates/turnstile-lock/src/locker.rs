@@ -314,11 +314,10 @@ impl LockRequest {
                 // then look again: a release between the attempt and the subscription named
                 // us to nobody. This confirmation is part of the same attempt.
                 subscription = Some(self.backend.subscribe(&self.key, owner).await?);
-                let confirm_sent_at = Instant::now();
+                // Whatever is granted from here on, by this attempt or a hand-off after it,
+                // starts no earlier than this attempt was sent.
+                sent_at = Instant::now();
                 outcome = self.attempt(owner, mode, waiter_lease).await?;
-                if !outcome.is_granted() {
-                    sent_at = confirm_sent_at;
-                }
             }
             let retry_after = match outcome {
                 AcquireOutcome::Granted {
@@ -479,7 +478,144 @@ impl Drop for CancelGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::counting::CountingBackend;
     use crate::MemoryBackend;
+
+    fn counted(backend: &Arc<CountingBackend>) -> Locker {
+        Locker::from_arc(Arc::clone(backend) as Arc<dyn Backend>)
+    }
+
+    /// Lets every task that can run, run (the clock is paused: nothing else advances it).
+    async fn settle() {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_locker_keeps_the_retry_policy_it_was_given() {
+        let locker = Locker::new(MemoryBackend::new()).with_retry(RetryPolicy::no_retry());
+        assert_eq!(locker.retry_policy().retry_times, Some(0));
+        assert_eq!(locker.backend().kind(), "memory");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_uncontended_acquire_is_one_attempt_and_no_subscription() {
+        let backend = Arc::new(CountingBackend::default());
+        let lock = counted(&backend)
+            .lock("k", Duration::from_secs(30))
+            .acquire()
+            .await
+            .expect("acquire");
+        assert_eq!(CountingBackend::count(&backend.acquires), 1);
+        assert_eq!(CountingBackend::count(&backend.subscribes), 0);
+        lock.release().await.expect("release");
+    }
+
+    /// A holder, then a waiter that polls every `delay` while the holder keeps the lock for
+    /// `hold`; the waiter's task and the holder's lock.
+    async fn hold_and_wait(
+        locker: &Locker,
+        delay: Duration,
+        hold: Duration,
+    ) -> (tokio::task::JoinHandle<LockResult<Lock>>, Lock) {
+        let holder = locker.lock("k", hold).acquire().await.expect("acquire");
+        let waiter = locker
+            .lock("k", Duration::from_secs(30))
+            .retry(RetryPolicy::forever().retry_delay(delay));
+        let waiting = tokio::spawn(async move { waiter.acquire().await });
+        settle().await;
+        (waiting, holder)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_contended_wait_subscribes_once_then_is_woken_by_the_hand_off() {
+        let backend = Arc::new(CountingBackend::default());
+        let locker = counted(&backend);
+        let hour = Duration::from_secs(3600);
+        let (waiting, holder) = hold_and_wait(&locker, hour, hour).await;
+        // The holder's attempt, the waiter's, and the one confirming after it subscribed.
+        assert_eq!(CountingBackend::count(&backend.acquires), 3);
+        assert_eq!(CountingBackend::count(&backend.subscribes), 1);
+        holder.release().await.expect("release");
+        let next = tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("handed over, not polled an hour later")
+            .expect("task")
+            .expect("acquire");
+        assert_eq!(next.fencing_token(), 2);
+        assert_eq!(CountingBackend::count(&backend.acquires), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_subscription_made_at_once_saves_the_confirming_attempt_and_is_made_once() {
+        let backend = Arc::new(CountingBackend::subscribing_at_once());
+        let locker = counted(&backend);
+        let second = Duration::from_secs(1);
+        let (waiting, holder) = hold_and_wait(&locker, second, Duration::from_secs(3600)).await;
+        assert_eq!(CountingBackend::count(&backend.acquires), 2);
+        // Three polls later, still one subscription each (asked before the first attempt).
+        tokio::time::sleep(3 * second + second / 2).await;
+        settle().await;
+        assert_eq!(CountingBackend::count(&backend.acquires), 5);
+        assert_eq!(CountingBackend::count(&backend.live_subscribes), 2);
+        assert_eq!(CountingBackend::count(&backend.subscribes), 0);
+        holder.release().await.expect("release");
+        waiting.await.expect("task").expect("acquire");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_keeps_its_place_between_two_polls() {
+        let backend = Arc::new(CountingBackend::default());
+        let locker = counted(&backend);
+        let delay = Duration::from_secs(10);
+        let (waiting, holder) = hold_and_wait(&locker, delay, Duration::from_secs(3600)).await;
+        // Its heartbeat covers two pauses and a second more: after 8 s it is still queued.
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        let queue = locker.snapshot("k").await.expect("snapshot").waiters;
+        assert_eq!(queue.len(), 1);
+        holder.release().await.expect("release");
+        waiting.await.expect("task").expect("acquire");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_short_hand_off_lease_is_extended_unless_max_hold_capped_it() {
+        let secs = Duration::from_secs;
+        // The hand-off lease is what is left of the waiter's heartbeat (5 s), capped by its ttl
+        // and max hold: extended at once only when that is below both.
+        let cases = [
+            (secs(30), None, 1),
+            (secs(30), Some(secs(20)), 1),
+            (secs(30), Some(secs(5)), 0),
+            (secs(3), None, 0),
+        ];
+        for (ttl, max_hold, extends) in cases {
+            let backend = Arc::new(CountingBackend::default());
+            let locker = counted(&backend);
+            let holder = locker
+                .lock("k", secs(3600))
+                .acquire()
+                .await
+                .expect("acquire");
+            let mut waiter = locker
+                .lock("k", ttl)
+                .retry(RetryPolicy::forever().retry_delay(secs(2)));
+            if let Some(max_hold) = max_hold {
+                waiter = waiter.max_hold(max_hold);
+            }
+            let waiting = tokio::spawn(async move { waiter.acquire().await });
+            settle().await;
+            holder.release().await.expect("release");
+            let lock = waiting.await.expect("task").expect("acquire");
+            settle().await;
+            assert_eq!(
+                CountingBackend::count(&backend.extends),
+                extends,
+                "ttl {ttl:?}, max hold {max_hold:?}"
+            );
+            lock.release().await.expect("release");
+        }
+    }
 
     #[tokio::test]
     async fn without_a_mode_a_semaphore_is_shared_and_a_mutex_exclusive() {

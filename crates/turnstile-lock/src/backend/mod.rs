@@ -48,6 +48,8 @@
 //! multiplexed connection keeps order). Owner tokens are unique per request, so that release can
 //! never hurt anyone else.
 
+#[cfg(test)]
+pub(crate) mod counting;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod memory;

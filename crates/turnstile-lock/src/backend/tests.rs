@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::counting::CountingBackend;
 use super::*;
 use crate::error::LockError;
 
@@ -209,54 +210,11 @@ async fn a_shared_backend_forwards_every_call() {
     assert!(shared.subscribe_if_live("k", "c").is_none());
 }
 
-/// A memory backend that can always subscribe at once (as Redis can while its channel is
-/// subscribed): shows that `Arc<B>` forwards the answer rather than the default `None`.
-#[derive(Debug, Default)]
-struct SubscribedAtOnce {
-    inner: MemoryBackend,
-    wakes: WakeRegistry,
-}
-
-#[async_trait]
-impl Backend for SubscribedAtOnce {
-    fn kind(&self) -> &'static str {
-        "subscribed-at-once"
-    }
-    async fn acquire(&self, request: &AcquireRequest<'_>) -> LockResult<AcquireOutcome> {
-        self.inner.acquire(request).await
-    }
-    async fn release(&self, key: &str, owner: &str, max_holders: u32) -> LockResult<bool> {
-        self.inner.release(key, owner, max_holders).await
-    }
-    async fn extend(&self, key: &str, owner: &str, ttl: Duration) -> LockResult<Option<Duration>> {
-        self.inner.extend(key, owner, ttl).await
-    }
-    async fn is_held(&self, key: &str, owner: &str) -> LockResult<bool> {
-        self.inner.is_held(key, owner).await
-    }
-    async fn snapshot(&self, key: &str) -> LockResult<LockSnapshot> {
-        self.inner.snapshot(key).await
-    }
-    async fn raise_fencing_floor(&self, key: &str, floor: u64) -> LockResult<u64> {
-        self.inner.raise_fencing_floor(key, floor).await
-    }
-    async fn subscribe(&self, key: &str, owner: &str) -> LockResult<WakeSubscription> {
-        self.inner.subscribe(key, owner).await
-    }
-    fn subscribe_if_live(&self, key: &str, owner: &str) -> Option<WakeSubscription> {
-        Some(self.wakes.register(key, owner, None))
-    }
-}
-
 #[test]
 fn a_shared_backend_forwards_a_subscription_made_at_once() {
-    let shared: Arc<SubscribedAtOnce> = Arc::default();
+    let shared = Arc::new(CountingBackend::subscribing_at_once());
     let backend: &dyn Backend = &shared;
-    assert_eq!(backend.kind(), "subscribed-at-once");
-    let subscription = backend.subscribe_if_live("k", "a");
-    assert!(subscription.is_some());
-    assert!(
-        shared.wakes.wake("k", "a"),
-        "the forwarded subscription is registered"
-    );
+    assert_eq!(backend.kind(), "counting");
+    assert!(backend.subscribe_if_live("k", "a").is_some());
+    assert_eq!(CountingBackend::count(&shared.live_subscribes), 1);
 }
