@@ -230,4 +230,37 @@ mod tests {
         );
         assert_eq!(plan_after(&policy, 1, DEFAULT_TOTAL_TIME), None);
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn forever_never_stops_no_retry_stops_at_once_and_fail_after_is_kept() {
+        let day = Duration::from_secs(86_400);
+        assert_eq!(
+            plan_after(&RetryPolicy::forever(), 1_000_000, day),
+            Some(DEFAULT_RETRY_DELAY)
+        );
+        assert_eq!(
+            plan_after(&RetryPolicy::no_retry(), 0, Duration::ZERO),
+            None
+        );
+        assert_eq!(RetryPolicy::new().fail_after_limit(), None);
+        let limited = RetryPolicy::new().fail_after(ms(250));
+        assert_eq!(limited.fail_after_limit(), Some(ms(250)));
+        assert_eq!(limited.fail_after(None).fail_after_limit(), None);
+    }
+
+    #[test]
+    fn a_policy_shows_its_settings_and_whether_a_function_decides() {
+        let shown = format!("{:?}", RetryPolicy::no_retry().fail_after(ms(250)));
+        for part in [
+            "retry_times: Some(0)",
+            "retry_delay: 500ms",
+            "total_time: Some(30s)",
+            "fail_after: Some(250ms)",
+            "delay_fn: None",
+        ] {
+            assert!(shown.contains(part), "{shown} shows {part}");
+        }
+        let custom = RetryPolicy::new().delay_fn(|_| RetryDecision::Stop);
+        assert!(format!("{custom:?}").contains("delay_fn: Some(\"custom\")"));
+    }
 }

@@ -241,3 +241,100 @@ impl Drop for WakeSubscription {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use futures::FutureExt;
+
+    use super::*;
+
+    /// The wake-up waiting for `subscription`, without waiting for one.
+    fn pending(subscription: &WakeSubscription) -> Option<WakeUp> {
+        subscription.notified().now_or_never()
+    }
+
+    #[test]
+    fn a_wake_reaches_the_registered_owner_only_while_one_registration_is_left() {
+        let registry = WakeRegistry::new();
+        assert!(!registry.wake("k", "a"), "nobody registered");
+        let first = registry.register("k", "a", None);
+        let second = registry.register("k", "a", None);
+        assert_eq!(format!("{registry:?}"), "WakeRegistry { topics: 1 }");
+        drop(first);
+        assert!(
+            registry.wake("k", "a"),
+            "the second registration is still there"
+        );
+        assert_eq!(pending(&second), Some(WakeUp::Retry));
+        assert_eq!(pending(&second), None, "one wake-up, taken once");
+        assert!(!registry.wake("k", "b"), "another owner");
+        drop(second);
+        assert!(!registry.wake("k", "a"));
+        assert_eq!(registry.topic_count(), 0);
+    }
+
+    #[test]
+    fn a_hand_off_is_delivered_once_with_its_grant() {
+        let registry = WakeRegistry::new();
+        let subscription = registry.register("k", "a", None);
+        let handoff = Handoff {
+            fencing_token: 7,
+            lease: Duration::from_secs(3),
+        };
+        assert!(registry.hand_off("k", "a", handoff));
+        assert_eq!(pending(&subscription), Some(WakeUp::Granted(handoff)));
+        assert_eq!(subscription.take_handoff(), WakeUp::Retry);
+    }
+
+    #[test]
+    fn everyone_or_one_topic_can_be_woken_after_messages_may_have_been_lost() {
+        let registry = WakeRegistry::new();
+        let on_k = registry.register("k", "a", None);
+        let also_on_k = registry.register("k", "b", None);
+        let on_j = registry.register("j", "a", None);
+        registry.wake_topic("k");
+        assert_eq!(pending(&on_k), Some(WakeUp::Retry));
+        assert_eq!(pending(&also_on_k), Some(WakeUp::Retry));
+        assert_eq!(pending(&on_j), None, "another topic");
+        registry.wake_topic("nobody");
+        registry.wake_all();
+        for subscription in [&on_k, &also_on_k, &on_j] {
+            assert_eq!(pending(subscription), Some(WakeUp::Retry));
+        }
+    }
+
+    #[test]
+    fn dropping_a_subscription_unregisters_it_then_runs_its_cleanup() {
+        let registry = WakeRegistry::new();
+        let cleaned = Arc::new(AtomicBool::new(false));
+        let subscription = {
+            let (cleaned, registry) = (Arc::clone(&cleaned), registry.clone());
+            registry.clone().register(
+                "k",
+                "a",
+                Some(Box::new(move || {
+                    assert_eq!(registry.topic_count(), 0, "unregistered first");
+                    cleaned.store(true, Ordering::SeqCst);
+                })),
+            )
+        };
+        assert_eq!(
+            format!("{subscription:?}"),
+            "WakeSubscription { topic: \"k\", owner: \"a\" }"
+        );
+        drop(subscription);
+        assert!(cleaned.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn a_counted_entry_goes_with_its_last_reference() {
+        let mut table: HashMap<String, usize> = HashMap::from([("k".to_owned(), 2)]);
+        assert!(!drop_counted(&mut table, "k", |count| count));
+        assert_eq!(table.get("k"), Some(&1));
+        assert!(drop_counted(&mut table, "k", |count| count));
+        assert!(table.is_empty());
+        assert!(!drop_counted(&mut table, "k", |count| count), "none left");
+    }
+}
