@@ -30,6 +30,12 @@ files=()
 for file in "$@"; do
   files+=(-f "$file")
 done
+# $TURNSTILE_MUTANTS_RE (a regex over mutant names, e.g. function names) narrows a run to
+# the mutants a fix was for, to check it.
+only_mutants=()
+if [ -n "${TURNSTILE_MUTANTS_RE:-}" ]; then
+  only_mutants+=(--re "$TURNSTILE_MUTANTS_RE")
+fi
 # A mutant that makes a test hang counts as caught ("timeout") once this many seconds pass.
 timeout=${TURNSTILE_MUTANTS_TIMEOUT:-240}
 filters=()
@@ -44,12 +50,12 @@ export CARGO_INCREMENTAL=1 CARGO_PROFILE_DEV_DEBUG=line-tables-only
 cd "$repo"
 case "$scope" in
   core)
-    exec cargo mutants -p turnstile-controller "${files[@]}" --output "$out" --timeout "$timeout" \
+    exec cargo mutants -p turnstile-controller "${files[@]}" "${only_mutants[@]}" --output "$out" --timeout "$timeout" \
       --test-workspace=false -- --lib --test core_semantics --test controller_core --test multi_lock \
       -- "${filters[@]}"
     ;;
   engine)
-    exec cargo mutants -p turnstile-lock "${files[@]}" --output "$out" --timeout "$timeout" \
+    exec cargo mutants -p turnstile-lock "${files[@]}" "${only_mutants[@]}" --output "$out" --timeout "$timeout" \
       --test-workspace=false -- --lib --test conformance -- "${filters[@]}"
     ;;
   *)
