@@ -294,6 +294,7 @@ mod tests {
         let on_k = registry.register("k", "a", None);
         let also_on_k = registry.register("k", "b", None);
         let on_j = registry.register("j", "a", None);
+        assert_eq!(registry.topic_count(), 2);
         registry.wake_topic("k");
         assert_eq!(pending(&on_k), Some(WakeUp::Retry));
         assert_eq!(pending(&also_on_k), Some(WakeUp::Retry));
