@@ -107,8 +107,9 @@ use ShareMode::{Exclusive as X, Shared as S};
 #[test]
 fn a_request_is_admitted_when_it_and_everyone_ahead_fit_together() {
     assert!(X.is_exclusive() && !S.is_exclusive());
-    // (held, held exclusive, ahead, request, max holders) → admitted?
-    let cases: &[(usize, bool, &[ShareMode], ShareMode, u32, bool)] = &[
+    /// Held, held exclusive, the modes ahead, the request's, max holders → admitted?
+    type Case = (usize, bool, &'static [ShareMode], ShareMode, u32, bool);
+    let cases: &[Case] = &[
         (0, false, &[], X, 1, true),
         (1, true, &[], X, 1, false),
         (1, false, &[], X, 3, false),
