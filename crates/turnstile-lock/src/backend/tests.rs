@@ -162,19 +162,10 @@ async fn a_shared_backend_forwards_every_call() {
     let shared: &dyn Backend = &backend;
     assert_eq!(shared.kind(), "memory");
     let ttl = Duration::from_secs(30);
+    let wait = |owner| AcquireRequest::new("k", owner, ttl, 1, AcquireMode::Wait, ttl);
     assert_eq!(shared.raise_fencing_floor("k", 41).await.ok(), Some(41));
     let waiting = shared.subscribe("k", "b").await.expect("subscribe");
-    let granted = shared
-        .acquire(&AcquireRequest::new(
-            "k",
-            "a",
-            ttl,
-            1,
-            AcquireMode::Wait,
-            ttl,
-        ))
-        .await
-        .expect("acquire");
+    let granted = shared.acquire(&wait("a")).await.expect("acquire");
     assert!(matches!(
         granted,
         AcquireOutcome::Granted {
@@ -182,17 +173,7 @@ async fn a_shared_backend_forwards_every_call() {
             ..
         }
     ));
-    let queued = shared
-        .acquire(&AcquireRequest::new(
-            "k",
-            "b",
-            ttl,
-            1,
-            AcquireMode::Wait,
-            ttl,
-        ))
-        .await
-        .expect("acquire");
+    let queued = shared.acquire(&wait("b")).await.expect("acquire");
     assert!(matches!(
         queued,
         AcquireOutcome::Waiting { position: 1, .. }
