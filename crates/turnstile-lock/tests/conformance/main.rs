@@ -10,7 +10,8 @@ mod harness;
 mod support;
 
 /// Instantiates every case as a test in module `$backend`, each with a fresh backend from
-/// `harness::$backend()`.
+/// `harness::$backend()`; the cancellation case also checks that its trials cut acquires short
+/// on every backend mode across the network.
 macro_rules! conformance_suite {
     ($backend:ident) => {
         mod $backend {
@@ -36,7 +37,6 @@ macro_rules! conformance_suite {
                 run_releases_on_success_error_and_panic,
                 dropping_an_unreleased_lock_releases_it,
                 retry_policy_bounds_the_wait,
-                timeouts_and_cancellation_leave_no_ghost_grant,
                 cancelled_waiter_leaves_the_queue_and_passes_the_turn,
                 stress_mutex_counts_zero_violations,
                 stress_semaphore_counts_zero_violations,
@@ -63,9 +63,25 @@ macro_rules! conformance_suite {
                 else {
                     return;
                 };
-                let _ = crate::cases::$case(harness).await;
+                crate::cases::$case(harness).await;
             }
         )+
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn timeouts_and_cancellation_leave_no_ghost_grant() {
+            let Some(harness) =
+                Option::<crate::harness::Harness>::from(crate::harness::$backend().await)
+            else {
+                return;
+            };
+            let cut_short = crate::cases::timeouts_and_cancellation_leave_no_ghost_grant(harness).await;
+            // Against a store across the network the trials must really cut acquires short,
+            // or they prove nothing there (an in-process acquire may finish before any cut).
+            assert!(
+                cut_short > 0 || stringify!($backend) == "memory",
+                "no acquire was cut short"
+            );
+        }
     };
 }
 
@@ -79,31 +95,3 @@ conformance_suite!(redis_sentinel_acks);
 conformance_suite!(mongo);
 conformance_suite!(etcd);
 conformance_suite!(etcd_cluster_tls_auth);
-
-/// Against a remote backend the cancellation trials must really cut acquires short, or
-/// `timeouts_and_cancellation_leave_no_ghost_grant` proves nothing there.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_cancellation_trials_cut_acquires_short() {
-    let cut_short =
-        cases::timeouts_and_cancellation_leave_no_ghost_grant(harness::redis().await).await;
-    assert!(cut_short > 0);
-}
-
-/// The same check against etcd, where a cancelled acquire's transaction may still land.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_cancellation_trials_cut_acquires_short() {
-    let cut_short =
-        cases::timeouts_and_cancellation_leave_no_ghost_grant(harness::etcd().await).await;
-    assert!(cut_short > 0);
-}
-
-/// The same check against MongoDB, where a cancelled acquire may still be applied by the
-/// server after the caller gave up.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mongo_cancellation_trials_cut_acquires_short() {
-    let Some(harness) = harness::mongo().await else {
-        return;
-    };
-    let cut_short = cases::timeouts_and_cancellation_leave_no_ghost_grant(harness).await;
-    assert!(cut_short > 0);
-}
